@@ -1,0 +1,17 @@
+# The two commands a newcomer needs (see README.md):
+#   make serve   set up .venv, build the tiny models if missing, serve tiny-omni
+#   make test    set up .venv and run the whole test suite
+.PHONY: setup serve test lint
+
+setup:
+	@bash scripts/setup.sh
+
+serve: setup
+	.venv/bin/omnix serve
+
+test: setup
+	@bash scripts/test-deps.sh
+	.venv/bin/python -m pytest -q -p no:cacheprovider
+
+lint: setup
+	.venv/bin/ruff check omnix tests

@@ -1,0 +1,35 @@
+"""``omnix bench NAME``: dispatch to one benchmark module.
+
+Owns: the bench sub-verbs.  Each benchmark lives in ``omnix/bench/NAME.py``
+with ``add_arguments(parser)`` and ``run(args) -> int``; every one accepts
+``--json`` and then prints its figures as one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHES = {
+    "log": "appends/s to the memory and disk logs, fold rate, state size",
+    "hop": "one orchestration hop's latency and chunk events/s through a worker",
+    "engines": "omnix vs direct vLLM (TTFT, tokens/s) and TTFP with/without async chunk",
+    "http": "SSE streams/s and events/s through the HTTP layer",
+    "replay": "fold and drive replay speed on a 1M-event trace",
+    "telemetry": "throughput with telemetry on vs off",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name, help_ in BENCHES.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--json", action="store_true", help="print figures as one JSON object on the last line")
+        try:
+            importlib.import_module(f"omnix.bench.{name}").add_arguments(p)
+        except ModuleNotFoundError:
+            pass
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(importlib.import_module(f"omnix.bench.{args.bench}").run(args) or 0)

@@ -1,0 +1,71 @@
+"""The ``omnix`` command line: one verb per capability.
+
+Owns: the top-level parser and lazy dispatch.  Each verb lives in the module
+that owns the capability and exposes ``add_arguments(parser)`` and
+``run(args) -> int``; importing them lazily keeps ``omnix --help`` fast and
+keeps a codec worker from importing vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "serve": ("omnix.http.serve", "serve a pipeline over the OpenAI-compatible HTTP API"),
+    "worker": ("omnix.stages.worker_cli", "run one stage worker and join a server"),
+    "models": ("omnix.models.cli", "build the tiny local models the built-in pipelines use"),
+    "pipelines": ("omnix.pipelines.cli", "list, show and validate pipeline configs"),
+    "generate": ("omnix.offline_cli", "run one request through a pipeline without HTTP"),
+    "trace": ("omnix.replay.trace_cli", "export a request's events as a replayable trace"),
+    "replay": ("omnix.replay.cli", "replay a captured trace: show, drive, counterfactual, faults"),
+    "telemetry": ("omnix.telemetry.cli", "re-emit the spans and metrics of a captured trace"),
+    "bench": ("omnix.bench.cli", "benchmarks that print figures (log, hop, engines, http, replay, telemetry)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="omnix",
+        description="omnix: an event-sourced orchestration engine for multi-stage "
+        "omni-modality model pipelines.",
+    )
+    parser.add_argument("--version", action="version", version=f"omnix {_version()}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb, (module, help_) in VERBS.items():
+        p = sub.add_parser(verb, help=help_, description=help_)
+        p.set_defaults(_module=module)
+        # Only the chosen verb's module is imported to add its arguments.
+        if verb in _requested_verb():
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def _requested_verb() -> tuple[str, ...]:
+    for arg in sys.argv[1:]:
+        if not arg.startswith("-"):
+            return (arg,)
+    return ()
+
+
+def _version() -> str:
+    from omnix import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    parser = build_parser()
+    args = parser.parse_args()
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 0
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,490 @@
+"""The reducer: request and worker state as a pure fold over the log.
+
+Owns: ``RequestState``/``StageState``/``WorkerState``, ``reduce_request`` and
+``reduce_worker`` (pure: immutable states in, a new immutable state out),
+transition validation (``IllegalTransition``), and ``Fold``, the accumulator
+that maps ids to their latest state, with snapshots and a digest.
+
+Does not own storage or ordering (the log assigns positions) nor decisions
+(the orchestrator reads these states and appends its own events).
+
+Because states are frozen Structs, a snapshot is a shallow copy of two dicts
+and ``fold(snapshot + suffix) == fold(all)`` holds by construction.  The
+digest is a blake2b over the msgpack encoding of the states in id order, so
+two folds of the same log agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+import msgspec
+
+from omnix.events.types import (
+    Admitted,
+    CancelRequested,
+    Cancelled,
+    Chunk,
+    DeadlineExpired,
+    Event,
+    Failed,
+    Finished,
+    Progress,
+    Rejected,
+    RequestEvent,
+    Routed,
+    StageFailed,
+    StageFinished,
+    StageStarted,
+    WorkerJoined,
+    WorkerLost,
+    event_tag,
+)
+
+RequestStatus = Literal["admitted", "running", "cancelling", "finished", "cancelled", "failed", "rejected"]
+StageStatus = Literal["routed", "running", "finished", "failed", "aborted", "lost"]
+TERMINAL_STATUSES = frozenset({"finished", "cancelled", "failed", "rejected"})
+_ACTIVE_STAGE = ("routed", "running")
+
+
+class IllegalTransition(ValueError):
+    """An event that the request's current state does not allow."""
+
+    def __init__(self, key: str, event: Event, reason: str, prior: str = "") -> None:
+        self.key = key
+        self.event = event
+        self.reason = reason
+        where = f" at pos {event.pos}" if event.pos >= 0 else ""
+        text = f"{key}: illegal {event_tag(event)}{where}: {reason}"
+        if prior:
+            text += f" (after {prior})"
+        super().__init__(text)
+
+
+class StageState(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    name: str
+    replica: int
+    status: StageStatus = "routed"
+    pieces: int = 0  # Routed events received (input pieces)
+    input_closed: bool = False
+    chunks: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+    routed_ts: int = 0
+    started_ts: int = 0
+    first_chunk_ts: int = 0
+    last_chunk_ts: int = 0
+    finished_ts: int = 0
+    first_chunk_pos: int = -1
+    last_chunk_pos: int = -1
+    progress_step: int = 0
+    progress_total: int = 0
+    abort_sent: bool = False  # an abort has been asked of this stage
+
+    @property
+    def active(self) -> bool:
+        return self.status in _ACTIVE_STAGE
+
+
+class RequestState(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    request_id: str
+    status: RequestStatus
+    pipeline: str
+    admitted_pos: int
+    admitted_ts: int
+    outputs: tuple[str, ...]
+    deadline_ns: int = 0
+    stages: tuple[StageState, ...] = ()
+    first_token_ts: int = 0  # first text chunk of any stage
+    first_audio_ts: int = 0  # first audio chunk (TTFP)
+    first_image_ts: int = 0
+    cancel_reason: str = ""
+    cancel_pos: int = -1
+    terminal_pos: int = -1
+    terminal_ts: int = 0
+    terminal_type: str = ""
+    reason: str = ""
+    last_pos: int = -1
+    events: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def stage(self, name: str) -> StageState | None:
+        for st in self.stages:
+            if st.name == name:
+                return st
+        return None
+
+    def active_stages(self) -> tuple[StageState, ...]:
+        return tuple(st for st in self.stages if st.status in _ACTIVE_STAGE)
+
+
+class WorkerState(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    worker_id: str
+    stage: str
+    replica: int
+    engine: str
+    capacity: int
+    alive: bool = True
+    pid: int = 0
+    joined_pos: int = -1
+    lost_pos: int = -1
+    lost_reason: str = ""
+    incarnation: int = 1
+
+
+def _replace_stage(rs: RequestState, new: StageState) -> tuple[StageState, ...]:
+    return tuple(new if st.name == new.name else st for st in rs.stages)
+
+
+def _terminal_desc(rs: RequestState) -> str:
+    return f"{rs.terminal_type} at pos {rs.terminal_pos}"
+
+
+def _need_stage(rs: RequestState, ev: Event, stage: str, replica: int) -> StageState:
+    st = rs.stage(stage)
+    if st is None:
+        raise IllegalTransition(rs.request_id, ev, f"stage {stage!r} was never routed")
+    if st.replica != replica:
+        raise IllegalTransition(
+            rs.request_id, ev, f"stage {stage!r} runs on replica {st.replica}, not {replica}"
+        )
+    return st
+
+
+def _need_active(rs: RequestState, ev: Event, stage: str, replica: int) -> StageState:
+    st = _need_stage(rs, ev, stage, replica)
+    if st.status not in _ACTIVE_STAGE:
+        raise IllegalTransition(rs.request_id, ev, f"stage {stage!r} is already {st.status}")
+    return st
+
+
+def _terminate(rs: RequestState, ev: Event, status: RequestStatus, reason: str) -> RequestState:
+    return msgspec.structs.replace(
+        rs,
+        status=status,
+        reason=reason,
+        terminal_pos=ev.pos,
+        terminal_ts=ev.ts_ns,
+        terminal_type=event_tag(ev),
+        last_pos=ev.pos,
+        events=rs.events + 1,
+    )
+
+
+def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
+    """Fold one request event into the request's state.  Pure.
+
+    Raises ``IllegalTransition`` for an event the state does not allow: any
+    event after a terminal one, a chunk out of order, a stage event for a
+    stage never routed, a second admission.
+    """
+    rid = ev.request_id
+    if rs is None:
+        if isinstance(ev, Admitted):
+            dl = ev.spec.deadline_ms
+            return RequestState(
+                request_id=rid,
+                status="admitted",
+                pipeline=ev.pipeline,
+                admitted_pos=ev.pos,
+                admitted_ts=ev.ts_ns,
+                outputs=tuple(ev.spec.outputs),
+                deadline_ns=ev.ts_ns + dl * 1_000_000 if dl > 0 else 0,
+                last_pos=ev.pos,
+                events=1,
+            )
+        if isinstance(ev, Rejected):
+            rs = RequestState(
+                request_id=rid,
+                status="rejected",
+                pipeline=ev.pipeline,
+                admitted_pos=-1,
+                admitted_ts=ev.ts_ns,
+                outputs=tuple(ev.spec.outputs),
+            )
+            return _terminate(rs, ev, "rejected", ev.reason)
+        raise IllegalTransition(rid, ev, "request was never admitted")
+
+    if rs.status in TERMINAL_STATUSES:
+        raise IllegalTransition(rid, ev, "request already ended", _terminal_desc(rs))
+
+    cls = type(ev)
+    if cls is Chunk:
+        st = _need_active(rs, ev, ev.stage, ev.replica)
+        if ev.index != st.chunks:
+            raise IllegalTransition(
+                rid, ev, f"chunk index {ev.index} of stage {ev.stage!r}, expected {st.chunks}"
+            )
+        new_st = msgspec.structs.replace(
+            st,
+            status="running",
+            chunks=st.chunks + 1,
+            first_chunk_ts=st.first_chunk_ts or ev.ts_ns,
+            last_chunk_ts=ev.ts_ns,
+            first_chunk_pos=ev.pos if st.first_chunk_pos < 0 else st.first_chunk_pos,
+            last_chunk_pos=ev.pos,
+            started_ts=st.started_ts or ev.ts_ns,
+        )
+        m = ev.modality
+        return msgspec.structs.replace(
+            rs,
+            status="running" if rs.status == "admitted" else rs.status,
+            stages=_replace_stage(rs, new_st),
+            first_token_ts=rs.first_token_ts or (ev.ts_ns if m == "text" else 0),
+            first_audio_ts=rs.first_audio_ts or (ev.ts_ns if m == "audio" else 0),
+            first_image_ts=rs.first_image_ts or (ev.ts_ns if m == "image" else 0),
+            last_pos=ev.pos,
+            events=rs.events + 1,
+        )
+    if cls is Routed:
+        st = rs.stage(ev.stage)
+        if st is None:
+            if ev.seq != 0:
+                raise IllegalTransition(rid, ev, f"first piece for stage {ev.stage!r} has seq {ev.seq}")
+            if rs.status == "cancelling":
+                raise IllegalTransition(rid, ev, "request is cancelling")
+            new_st = StageState(
+                name=ev.stage,
+                replica=ev.replica,
+                pieces=1,
+                input_closed=ev.last,
+                routed_ts=ev.ts_ns,
+            )
+            stages = rs.stages + (new_st,)
+        else:
+            if st.status not in _ACTIVE_STAGE:
+                raise IllegalTransition(rid, ev, f"stage {ev.stage!r} is already {st.status}")
+            if st.replica != ev.replica:
+                raise IllegalTransition(
+                    rid, ev, f"stage {ev.stage!r} runs on replica {st.replica}, not {ev.replica}"
+                )
+            if st.input_closed:
+                raise IllegalTransition(rid, ev, f"input of stage {ev.stage!r} is already closed")
+            if ev.seq != st.pieces:
+                raise IllegalTransition(
+                    rid, ev, f"piece seq {ev.seq} for stage {ev.stage!r}, expected {st.pieces}"
+                )
+            new_st = msgspec.structs.replace(st, pieces=st.pieces + 1, input_closed=ev.last)
+            stages = _replace_stage(rs, new_st)
+        return msgspec.structs.replace(
+            rs,
+            status="running" if rs.status == "admitted" else rs.status,
+            stages=stages,
+            last_pos=ev.pos,
+            events=rs.events + 1,
+        )
+    if cls is StageStarted:
+        st = _need_active(rs, ev, ev.stage, ev.replica)
+        new_st = msgspec.structs.replace(st, status="running", started_ts=st.started_ts or ev.ts_ns)
+        return msgspec.structs.replace(
+            rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
+        )
+    if cls is Progress:
+        st = _need_active(rs, ev, ev.stage, ev.replica)
+        new_st = msgspec.structs.replace(
+            st, status="running", progress_step=ev.step, progress_total=ev.total
+        )
+        return msgspec.structs.replace(
+            rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
+        )
+    if cls is StageFinished:
+        st = _need_active(rs, ev, ev.stage, ev.replica)
+        if ev.chunks != st.chunks:
+            raise IllegalTransition(
+                rid, ev, f"stage {ev.stage!r} reports {ev.chunks} chunks, log has {st.chunks}"
+            )
+        new_st = msgspec.structs.replace(
+            st,
+            status="aborted" if ev.finish_reason == "aborted" else "finished",
+            finish_reason=ev.finish_reason,
+            prompt_tokens=ev.prompt_tokens,
+            output_tokens=ev.output_tokens,
+            finished_ts=ev.ts_ns,
+        )
+        return msgspec.structs.replace(
+            rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
+        )
+    if cls is StageFailed:
+        st = _need_active(rs, ev, ev.stage, ev.replica)
+        new_st = msgspec.structs.replace(
+            st, status="failed", finish_reason="error", finished_ts=ev.ts_ns
+        )
+        return msgspec.structs.replace(
+            rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
+        )
+    if cls is CancelRequested:
+        if rs.status == "cancelling":
+            # A second cancel (say, a disconnect after a client cancel) is a
+            # fact worth keeping but changes nothing.
+            return msgspec.structs.replace(rs, last_pos=ev.pos, events=rs.events + 1)
+        return msgspec.structs.replace(
+            rs,
+            status="cancelling",
+            cancel_reason=ev.reason,
+            cancel_pos=ev.pos,
+            stages=tuple(
+                msgspec.structs.replace(st, abort_sent=True) if st.status in _ACTIVE_STAGE else st
+                for st in rs.stages
+            ),
+            last_pos=ev.pos,
+            events=rs.events + 1,
+        )
+    if cls is DeadlineExpired:
+        return msgspec.structs.replace(rs, last_pos=ev.pos, events=rs.events + 1)
+    if cls is Cancelled:
+        if rs.status != "cancelling":
+            raise IllegalTransition(rid, ev, "cancelled without a cancel request")
+        return _terminate(rs, ev, "cancelled", ev.reason)
+    if cls is Failed:
+        stages = tuple(
+            msgspec.structs.replace(st, abort_sent=True) if st.status in _ACTIVE_STAGE else st
+            for st in rs.stages
+        )
+        return msgspec.structs.replace(_terminate(rs, ev, "failed", ev.reason), stages=stages)
+    if cls is Finished:
+        if rs.status == "cancelling":
+            raise IllegalTransition(rid, ev, "finished while cancelling")
+        active = rs.active_stages()
+        if active:
+            raise IllegalTransition(
+                rid, ev, f"finished while stage {active[0].name!r} is still {active[0].status}"
+            )
+        return _terminate(rs, ev, "finished", "")
+    if cls is Admitted or cls is Rejected:
+        raise IllegalTransition(rid, ev, "request id already admitted", f"admitted at pos {rs.admitted_pos}")
+    raise IllegalTransition(rid, ev, "unknown request event type")
+
+
+def mark_stage_lost(rs: RequestState, stage: str, ts_ns: int) -> RequestState:
+    """The replica running ``stage`` for this request is gone (WorkerLost)."""
+    st = rs.stage(stage)
+    if st is None or st.status not in _ACTIVE_STAGE:
+        return rs
+    new_st = msgspec.structs.replace(st, status="lost", finished_ts=ts_ns)
+    return msgspec.structs.replace(rs, stages=_replace_stage(rs, new_st))
+
+
+def reduce_worker(ws: WorkerState | None, ev: WorkerJoined | WorkerLost) -> WorkerState:
+    """Fold one worker event.  A replica may rejoin after it was lost."""
+    if isinstance(ev, WorkerJoined):
+        if ws is not None and ws.alive:
+            raise IllegalTransition(
+                ev.worker_id, ev, "worker already joined", f"joined at pos {ws.joined_pos}"
+            )
+        return WorkerState(
+            worker_id=ev.worker_id,
+            stage=ev.stage,
+            replica=ev.replica,
+            engine=ev.engine,
+            capacity=ev.capacity,
+            pid=ev.pid,
+            joined_pos=ev.pos,
+            incarnation=1 if ws is None else ws.incarnation + 1,
+        )
+    if ws is None or not ws.alive:
+        raise IllegalTransition(ev.worker_id, ev, "worker is not joined")
+    return msgspec.structs.replace(ws, alive=False, lost_pos=ev.pos, lost_reason=ev.reason)
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """The fold at a log position: apply events from ``next_pos`` on."""
+
+    next_pos: int
+    requests: dict[str, RequestState]
+    workers: dict[str, WorkerState]
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+
+
+class Fold:
+    """Latest state per request and per worker: ``fold(log)``.
+
+    ``apply`` validates and folds one event (raising ``IllegalTransition``
+    and leaving the fold untouched on an illegal one).  WorkerLost also
+    marks the stages that replica was running for each live request as
+    ``lost``; that is part of the fold, so it is replayed identically.
+    """
+
+    __slots__ = ("requests", "workers", "next_pos", "_by_worker")
+
+    def __init__(self, snapshot: Snapshot | None = None) -> None:
+        self.requests: dict[str, RequestState] = {}
+        self.workers: dict[str, WorkerState] = {}
+        self.next_pos = 0
+        # worker_id -> request ids with an active stage on it (insertion
+        # ordered: a dict used as an ordered set).
+        self._by_worker: dict[str, dict[str, None]] = {}
+        if snapshot is not None:
+            self.requests.update(snapshot.requests)
+            self.workers.update(snapshot.workers)
+            self.next_pos = snapshot.next_pos
+            for rs in self.requests.values():
+                self._index_active(rs)
+
+    def _index_active(self, rs: RequestState) -> None:
+        for st in rs.stages:
+            if st.status in _ACTIVE_STAGE:
+                wid = worker_id(st.name, st.replica)
+                self._by_worker.setdefault(wid, {})[rs.request_id] = None
+
+    def check(self, ev: Event) -> None:
+        """Validate without applying (raises ``IllegalTransition``)."""
+        if isinstance(ev, RequestEvent):
+            reduce_request(self.requests.get(ev.request_id), ev)
+        else:
+            reduce_worker(self.workers.get(ev.worker_id), ev)  # type: ignore[arg-type]
+
+    def apply(self, ev: Event) -> None:
+        if isinstance(ev, RequestEvent):
+            rid = ev.request_id
+            old = self.requests.get(rid)
+            new = reduce_request(old, ev)
+            self.requests[rid] = new
+            cls = type(ev)
+            if cls is Routed and (old is None or old.stage(ev.stage) is None):
+                self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
+            elif cls is StageFinished or cls is StageFailed:
+                self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)
+            elif new.status in TERMINAL_STATUSES:
+                for st in new.stages:
+                    self._by_worker.get(worker_id(st.name, st.replica), {}).pop(rid, None)
+        else:
+            wid = ev.worker_id
+            self.workers[wid] = reduce_worker(self.workers.get(wid), ev)  # type: ignore[arg-type]
+            if isinstance(ev, WorkerLost):
+                for rid in self._by_worker.pop(wid, {}):
+                    rs = self.requests[rid]
+                    self.requests[rid] = mark_stage_lost(rs, ev.stage, ev.ts_ns)
+        self.next_pos = ev.pos + 1 if ev.pos >= 0 else self.next_pos + 1
+
+    def requests_on(self, wid: str) -> tuple[str, ...]:
+        """Live requests with an active stage on worker ``wid``, in routing order."""
+        return tuple(self._by_worker.get(wid, ()))
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.next_pos, dict(self.requests), dict(self.workers))
+
+    def digest(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for rid in sorted(self.requests):
+            h.update(_state_encoder.encode(self.requests[rid]))
+        for wid in sorted(self.workers):
+            h.update(_state_encoder.encode(self.workers[wid]))
+        return h.hexdigest()
+
+
+def worker_id(stage: str, replica: int) -> str:
+    return f"{stage}/{replica}"
+
+
+def fold(events, snapshot: Snapshot | None = None) -> Fold:
+    f = Fold(snapshot)
+    for ev in events:
+        f.apply(ev)
+    return f

@@ -1,0 +1,327 @@
+"""The event vocabulary: every request and worker transition omnix records.
+
+Owns: the immutable msgspec Structs that make up the log, the one tagged
+union ``Event`` and the small value types they embed (request specs, blob
+references, sampling parameters).  Does not own encoding (``codec.py``),
+folding (``reducer.py``) or storage (``log.py``, ``disklog.py``).
+
+Schema rules (the log is forever):
+  * Every event is ``frozen=True, array_like=True``: encoded as a msgpack
+    array ``[tag, field, field, ...]`` in declaration order.  A type can only
+    grow by appending fields *with defaults* at the end; never reorder,
+    rename a tag or remove a field.  ``SCHEMA_VERSION`` is bumped whenever a
+    field is appended so readers know what they are looking at.
+  * ``pos`` is assigned by the log (``-1`` before append); ``ts_ns`` is the
+    injected clock's reading in Unix nanoseconds (``0`` means "stamp on
+    append").  Decisions carry the timestamp of the event that caused them,
+    so replay on a virtual clock reproduces them byte for byte.
+  * ``cause`` is the log position of the event that led to this one
+    (``-1`` when it came from outside: a client, a worker, a timer).
+
+Events are either *inputs* (facts from outside the orchestrator: a client
+asked, a worker produced, a timer expired) or *decisions* (what the
+orchestrator appended in reaction).  ``DECISION_TYPES`` lists the latter;
+replay re-derives decisions from inputs and compares.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+Modality = Literal["text", "audio", "image", "codec"]
+"""What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
+
+CancelReason = Literal["client", "disconnect", "deadline", "shutdown"]
+FailReason = Literal[
+    "stage_lost",
+    "stage_error",
+    "stage_timeout",
+    "no_replica",
+    "shutdown",
+]
+RejectReason = Literal["overloaded", "not_ready", "shutting_down"]
+
+
+# --------------------------------------------------------------------------
+# Embedded value types
+# --------------------------------------------------------------------------
+
+
+class BlobRef(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A content-addressed payload stored beside the log.
+
+    ``digest`` is the hex blake2b-128 of the bytes; ``dtype``/``shape``
+    describe an array payload (``dtype == "bytes"`` and ``shape == ()`` for
+    opaque bytes such as a PNG, whose ``media_type`` says what it is).
+    """
+
+    digest: str
+    nbytes: int
+    dtype: str = "bytes"
+    shape: tuple[int, ...] = ()
+    media_type: str = ""
+
+
+class ChatMessage(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    role: str
+    content: str
+
+
+class StageParams(
+    msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True
+):
+    """Sampling / generation parameters for one stage.
+
+    Every field is optional: ``None`` means "use the stage's default".  The
+    pipeline config supplies defaults; a request may override per stage
+    (vLLM-Omni's ``sampling_params_list``).  Encoded as a map (not an array)
+    because it is also the user-facing shape in configs and HTTP bodies.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+    # diffusion
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    width: int | None = None
+    height: int | None = None
+    # speech
+    voice: str | None = None
+    speed: float | None = None
+
+
+class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Everything a client asked for, as recorded at admission.
+
+    ``seed`` is chosen before admission (by the client or the API layer) so
+    randomness enters the log as data.  ``outputs`` names the modalities the
+    client wants; the orchestrator runs only the stages needed for them.
+    ``deadline_ms`` is relative to the admission timestamp (0: none).
+    """
+
+    prompt: str = ""
+    messages: tuple[ChatMessage, ...] = ()
+    outputs: tuple[Modality, ...] = ("text",)
+    stage_params: dict[str, StageParams] = {}
+    seed: int = 0
+    deadline_ms: int = 0
+    api: str = ""
+    model: str = ""
+    traceparent: str = ""
+
+
+# --------------------------------------------------------------------------
+# Events
+# --------------------------------------------------------------------------
+
+
+class _Base(
+    msgspec.Struct,
+    frozen=True,
+    array_like=True,
+    gc=False,
+    kw_only=True,
+    tag_field="type",
+):
+    pos: int = -1
+    ts_ns: int = 0
+
+
+class RequestEvent(_Base, frozen=True, kw_only=True):
+    request_id: str
+
+
+class WorkerEvent(_Base, frozen=True, kw_only=True):
+    worker_id: str
+    stage: str
+    replica: int
+
+
+# -- request lifecycle ------------------------------------------------------
+
+
+class Admitted(RequestEvent, frozen=True, kw_only=True, tag="admitted"):
+    """The request was accepted; its spec is now part of the log."""
+
+    pipeline: str
+    spec: RequestSpec
+
+
+class Rejected(RequestEvent, frozen=True, kw_only=True, tag="rejected"):
+    """Admission was refused (overload, not ready).  Terminal, and the only
+    event such a request ever has."""
+
+    pipeline: str
+    spec: RequestSpec
+    reason: RejectReason
+    message: str = ""
+
+
+class Routed(RequestEvent, frozen=True, kw_only=True, tag="routed"):
+    """Input piece ``seq`` for ``stage`` goes to ``replica``.
+
+    ``seq == 0`` starts the stage; later pieces stream more input (async
+    chunk).  ``sources`` are the positions of the upstream events whose
+    payloads form this piece (the ``Admitted`` event for a source stage,
+    ``Chunk`` events otherwise).  ``last`` closes the stage's input.
+    """
+
+    stage: str
+    replica: int
+    seq: int
+    sources: tuple[int, ...]
+    last: bool
+    cause: int = -1
+
+
+class StageStarted(RequestEvent, frozen=True, kw_only=True, tag="stage_started"):
+    """The worker began executing the request for this stage."""
+
+    stage: str
+    replica: int
+
+
+class Progress(RequestEvent, frozen=True, kw_only=True, tag="progress"):
+    """Step ``step`` of ``total`` done (diffusion steps, decoder frames)."""
+
+    stage: str
+    replica: int
+    step: int
+    total: int
+
+
+class Chunk(RequestEvent, frozen=True, kw_only=True, tag="chunk"):
+    """A piece of stage output.  ``index`` counts from 0 per (request, stage)
+    and must be contiguous.  Small payloads are inline (``text``,
+    ``token_ids``); arrays and images are ``blob`` references."""
+
+    stage: str
+    replica: int
+    index: int
+    modality: Modality
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    blob: BlobRef | None = None
+
+
+class StageFinished(RequestEvent, frozen=True, kw_only=True, tag="stage_finished"):
+    """The stage is done with this request.  ``finish_reason`` is the
+    engine's (``stop``, ``length``) or ``aborted`` when it acknowledges an
+    abort."""
+
+    stage: str
+    replica: int
+    chunks: int
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+class StageFailed(RequestEvent, frozen=True, kw_only=True, tag="stage_failed"):
+    """The stage's engine raised for this request (the worker lives on)."""
+
+    stage: str
+    replica: int
+    message: str
+
+
+class CancelRequested(RequestEvent, frozen=True, kw_only=True, tag="cancel_requested"):
+    """Someone asked to stop the request: the client, its disconnect, the
+    deadline, shutdown.  Aborts go to every active stage; ``Cancelled``
+    follows once they acknowledge."""
+
+    reason: CancelReason
+    cause: int = -1
+
+
+class DeadlineExpired(RequestEvent, frozen=True, kw_only=True, tag="deadline_expired"):
+    """A timer fired.  ``scope`` is ``"request"`` for the request deadline or
+    a stage name for that stage's timeout (no chunk within ``timeout_s``)."""
+
+    scope: str
+
+
+class Cancelled(RequestEvent, frozen=True, kw_only=True, tag="cancelled"):
+    """Terminal: the request was cancelled; ``cause`` is its CancelRequested."""
+
+    reason: CancelReason
+    cause: int = -1
+
+
+class Failed(RequestEvent, frozen=True, kw_only=True, tag="failed"):
+    """Terminal: the request failed.  ``cause`` is the event that doomed it
+    (a ``WorkerLost``, a ``StageFailed``, a ``DeadlineExpired``)."""
+
+    reason: FailReason
+    message: str = ""
+    stage: str = ""
+    cause: int = -1
+
+
+class Finished(RequestEvent, frozen=True, kw_only=True, tag="finished"):
+    """Terminal: every needed stage finished; ``cause`` is the last one."""
+
+    cause: int = -1
+
+
+# -- workers ------------------------------------------------------------------
+
+
+class WorkerJoined(WorkerEvent, frozen=True, kw_only=True, tag="worker_joined"):
+    """A replica completed its handshake and can take ``capacity`` requests."""
+
+    engine: str
+    capacity: int
+    pid: int = 0
+
+
+class WorkerLost(WorkerEvent, frozen=True, kw_only=True, tag="worker_lost"):
+    """A replica is gone (process exit, missed heartbeats, shutdown)."""
+
+    reason: str
+
+
+Event = Union[
+    Admitted,
+    Rejected,
+    Routed,
+    StageStarted,
+    Progress,
+    Chunk,
+    StageFinished,
+    StageFailed,
+    CancelRequested,
+    DeadlineExpired,
+    Cancelled,
+    Failed,
+    Finished,
+    WorkerJoined,
+    WorkerLost,
+]
+
+EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]
+TERMINAL_TYPES: tuple[type, ...] = (Rejected, Cancelled, Failed, Finished)
+REQUEST_EVENT_TYPES: tuple[type, ...] = tuple(
+    t for t in EVENT_TYPES if issubclass(t, RequestEvent)
+)
+WORKER_EVENT_TYPES: tuple[type, ...] = (WorkerJoined, WorkerLost)
+
+#: Appended by the orchestrator; everything else is an input.  CancelRequested
+#: is both: a client's is an input, a deadline's is a decision (it has a cause).
+DECISION_TYPES: tuple[type, ...] = (Routed, Cancelled, Failed, Finished)
+
+
+def event_tag(ev: Event) -> str:
+    return ev.__struct_config__.tag  # type: ignore[union-attr]
+
+
+def is_terminal(ev: Event) -> bool:
+    return isinstance(ev, TERMINAL_TYPES)

@@ -1,0 +1,147 @@
+"""Typed pipeline configuration: stages, edges, forwarding, final outputs.
+
+Owns: the msgspec Structs a pipeline TOML file decodes into (unknown fields
+are rejected, not ignored) and the engine argument types, one per engine
+kind, as a tagged union on ``kind``.  Validation of the graph lives in
+``validate.py``; the built-in configs and name lookup in ``registry.py``.
+
+Example::
+
+    name = "tiny-omni"
+    [[stages]]
+    name = "thinker"
+    engine = { kind = "vllm", model = "thinker" }
+    sampling = { temperature = 0.0, max_tokens = 48 }
+
+    [[edges]]
+    source = "thinker"
+    target = "talker"
+    forward = "sentence"
+
+    [outputs]
+    text = "thinker"
+    audio = "code2wav"
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+from omnix.events.types import Modality, StageParams
+
+_STRICT = dict(frozen=True, forbid_unknown_fields=True, kw_only=True)
+
+
+class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
+    """An autoregressive stage on vLLM ``AsyncLLM``.  ``model`` is a local
+    folder, or the name of a tiny model omnix builds (``thinker``,
+    ``talker``) resolved against the model cache."""
+
+    model: str
+    dtype: str = "float32"
+    max_model_len: int = 512
+    max_num_seqs: int = 32
+    kv_cache_gib: float = 1.0
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.5
+    # The stage's input is token ids of another vocabulary (talker reading
+    # thinker text): offset them into this model's vocabulary.
+    input_mode: Literal["text", "chat", "token_ids"] = "chat"
+    output_modality: Modality = "text"
+
+
+class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):
+    """A diffusion stage: a diffusers pipeline loaded from a local folder."""
+
+    model: str
+    dtype: str = "float32"
+    device: str = "auto"
+    default_steps: int = 8
+    default_size: int = 64
+
+
+class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):
+    """A torch codec decoder: codec token chunks in, PCM chunks out."""
+
+    model: str
+    device: str = "auto"
+    sample_rate: int = 24000
+
+
+class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
+    """A deterministic engine for tests of the runtime and orchestrator.
+
+    For each input piece it yields ``chunks_per_piece`` outputs (text
+    ``"t{n} "`` or codec ids) after ``delay_ms`` each.  ``fail_at`` raises
+    at that output index; ``crash_at`` kills the worker process there;
+    ``hang_at`` stops producing (for timeout tests).  Never a product
+    default.
+    """
+
+    chunks_per_piece: int = 4
+    delay_ms: float = 0.0
+    output_modality: Modality = "text"
+    capacity: int = 8
+    fail_at: int = -1
+    crash_at: int = -1
+    hang_at: int = -1
+    start_delay_ms: float = 0.0
+    # Echo input text back instead of numbered tokens.
+    echo: bool = False
+
+
+EngineArgs = Union[VllmArgs, DiffusersArgs, CodecArgs, ScriptedArgs]
+
+
+class StageConfig(msgspec.Struct, **_STRICT):
+    name: str
+    engine: EngineArgs
+    replicas: int = 1
+    sampling: StageParams = StageParams()
+    # No output (chunk or finish) from the stage within this many seconds
+    # fails the request: no wait without a bound.
+    timeout_s: float = 120.0
+    # On the loss of a replica, re-run the stage on another one (only
+    # possible while the stage has not yet emitted output).
+    retry: bool = False
+    # Requests waiting for a replica's credit, beyond which admission is
+    # refused.
+    max_queue: int = 64
+
+
+Forward = Literal["chunk", "sentence", "finish"]
+
+
+class EdgeConfig(msgspec.Struct, **_STRICT):
+    """``source``'s output feeds ``target``.
+
+    ``forward``: ``chunk`` forwards every ``every`` output chunks (async
+    chunk), ``sentence`` forwards at sentence ends (or after ``every``
+    chunks without one), ``finish`` forwards everything when the source
+    finishes.
+    """
+
+    source: str
+    target: str
+    forward: Forward = "finish"
+    every: int = 8
+
+
+class PipelineConfig(msgspec.Struct, **_STRICT):
+    name: str
+    stages: tuple[StageConfig, ...]
+    edges: tuple[EdgeConfig, ...] = ()
+    # modality -> the stage whose output is the request's output of it
+    outputs: dict[Modality, str] = {}
+    description: str = ""
+    # Bound on how long a cancelled request waits for its stages to
+    # acknowledge aborts before it is declared cancelled anyway.
+    abort_timeout_s: float = 2.0
+
+    def stage(self, name: str) -> StageConfig:
+        for st in self.stages:
+            if st.name == name:
+                return st
+        raise KeyError(name)
