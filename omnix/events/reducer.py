@@ -46,6 +46,7 @@ RequestStatus = Literal["admitted", "running", "cancelling", "finished", "cancel
 StageStatus = Literal["routed", "running", "finished", "failed", "aborted", "lost"]
 TERMINAL_STATUSES = frozenset({"finished", "cancelled", "failed", "rejected"})
 _ACTIVE_STAGE = ("routed", "running")
+_RETRYABLE = ("failed", "lost")
 
 
 class IllegalTransition(ValueError):
@@ -82,6 +83,8 @@ class StageState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     progress_step: int = 0
     progress_total: int = 0
     abort_sent: bool = False  # an abort has been asked of this stage
+    attempt: int = 1  # > 1 after a retry on another replica
+    last_activity_ts: int = 0  # last event of any kind from this stage
 
     @property
     def active(self) -> bool:
@@ -229,6 +232,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             first_chunk_pos=ev.pos if st.first_chunk_pos < 0 else st.first_chunk_pos,
             last_chunk_pos=ev.pos,
             started_ts=st.started_ts or ev.ts_ns,
+            last_activity_ts=ev.ts_ns,
         )
         m = ev.modality
         return msgspec.structs.replace(
@@ -254,8 +258,24 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
                 pieces=1,
                 input_closed=ev.last,
                 routed_ts=ev.ts_ns,
+                last_activity_ts=ev.ts_ns,
             )
-            stages = rs.stages + (new_st,)
+            stages = (*rs.stages, new_st)
+        elif ev.seq == 0 and st.status in _RETRYABLE and st.chunks == 0:
+            # A retry: the stage failed or lost its replica before it produced
+            # anything, so it starts over (possibly on another replica).
+            if rs.status == "cancelling":
+                raise IllegalTransition(rid, ev, "request is cancelling")
+            new_st = StageState(
+                name=ev.stage,
+                replica=ev.replica,
+                pieces=1,
+                input_closed=ev.last,
+                routed_ts=ev.ts_ns,
+                last_activity_ts=ev.ts_ns,
+                attempt=st.attempt + 1,
+            )
+            stages = _replace_stage(rs, new_st)
         else:
             if st.status not in _ACTIVE_STAGE:
                 raise IllegalTransition(rid, ev, f"stage {ev.stage!r} is already {st.status}")
@@ -269,7 +289,9 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
                 raise IllegalTransition(
                     rid, ev, f"piece seq {ev.seq} for stage {ev.stage!r}, expected {st.pieces}"
                 )
-            new_st = msgspec.structs.replace(st, pieces=st.pieces + 1, input_closed=ev.last)
+            new_st = msgspec.structs.replace(
+                st, pieces=st.pieces + 1, input_closed=ev.last, last_activity_ts=ev.ts_ns
+            )
             stages = _replace_stage(rs, new_st)
         return msgspec.structs.replace(
             rs,
@@ -280,14 +302,20 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
         )
     if cls is StageStarted:
         st = _need_active(rs, ev, ev.stage, ev.replica)
-        new_st = msgspec.structs.replace(st, status="running", started_ts=st.started_ts or ev.ts_ns)
+        new_st = msgspec.structs.replace(
+            st, status="running", started_ts=st.started_ts or ev.ts_ns, last_activity_ts=ev.ts_ns
+        )
         return msgspec.structs.replace(
             rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
         )
     if cls is Progress:
         st = _need_active(rs, ev, ev.stage, ev.replica)
         new_st = msgspec.structs.replace(
-            st, status="running", progress_step=ev.step, progress_total=ev.total
+            st,
+            status="running",
+            progress_step=ev.step,
+            progress_total=ev.total,
+            last_activity_ts=ev.ts_ns,
         )
         return msgspec.structs.replace(
             rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
@@ -447,7 +475,7 @@ class Fold:
             new = reduce_request(old, ev)
             self.requests[rid] = new
             cls = type(ev)
-            if cls is Routed and (old is None or old.stage(ev.stage) is None):
+            if cls is Routed and ev.seq == 0:
                 self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
             elif cls is StageFinished or cls is StageFailed:
                 self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)

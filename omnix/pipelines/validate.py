@@ -1,0 +1,185 @@
+"""Pipeline validation and loading: every config error is found before start.
+
+Owns: ``load_pipeline`` (a built-in name, a TOML/YAML/JSON path or text,
+decoded with msgspec into ``PipelineConfig``), ``validate_pipeline`` (graph
+and reference checks) and ``PipelineError``.  Each problem gets its own
+message naming what is wrong, where, and what would fix it.  Per-request
+checks live in ``omnix.pipelines.plan``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from omnix.pipelines.config import PipelineConfig
+from omnix.stages.engine import engine_kinds
+
+SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")
+
+
+class PipelineError(ValueError):
+    """A pipeline config that cannot run.  ``problems`` lists every issue."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid pipeline config {source}:\n{lines}")
+
+
+def _decode(text: str | bytes, fmt: str, source: str) -> PipelineConfig:
+    try:
+        if fmt == "toml":
+            return msgspec.toml.decode(text, type=PipelineConfig)
+        if fmt in ("yaml", "yml"):
+            return msgspec.yaml.decode(text, type=PipelineConfig)
+        if fmt == "json":
+            return msgspec.json.decode(text, type=PipelineConfig)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        if "Expected `str` of" in msg or "Invalid value" in msg and "kind" in msg:
+            msg += f" (engine kinds: {', '.join(engine_kinds())})"
+        raise PipelineError(source, [msg]) from None
+    except msgspec.DecodeError as exc:
+        raise PipelineError(source, [f"not valid {fmt.upper()}: {exc}"]) from None
+    raise PipelineError(source, [f"unknown config format {fmt!r}; use .toml, .yaml or .json"])
+
+
+def parse_pipeline(text: str | bytes, fmt: str = "toml", source: str = "<text>") -> PipelineConfig:
+    cfg = _decode(text, fmt, source)
+    validate_pipeline(cfg, source)
+    return cfg
+
+
+def load_pipeline(name_or_path: str | Path) -> PipelineConfig:
+    """A built-in pipeline by name (``tiny-omni``), or a config file path."""
+    from omnix.pipelines.registry import builtin_path, builtin_names
+
+    p = Path(name_or_path)
+    if not p.exists():
+        bp = builtin_path(str(name_or_path))
+        if bp is None:
+            raise PipelineError(
+                str(name_or_path),
+                [
+                    "no such file and no built-in pipeline of that name "
+                    f"(built-in: {', '.join(builtin_names())})"
+                ],
+            )
+        p = bp
+    fmt = p.suffix.lstrip(".").lower()
+    return parse_pipeline(p.read_bytes(), fmt, str(p))
+
+
+def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
+    problems: list[str] = []
+    names = [st.name for st in cfg.stages]
+    if not names:
+        problems.append("no stages: a pipeline needs at least one [[stages]] entry")
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            problems.append(f"stage {n!r} is declared twice; stage names must be unique")
+        seen.add(n)
+        if not n or "/" in n or n == "request":
+            problems.append(f"stage name {n!r} is not allowed (non-empty, no '/', not 'request')")
+    for st in cfg.stages:
+        if st.replicas < 1:
+            problems.append(f"stage {st.name!r}: replicas must be >= 1, got {st.replicas}")
+        if st.timeout_s <= 0:
+            problems.append(f"stage {st.name!r}: timeout_s must be > 0, got {st.timeout_s}")
+        if st.max_queue < 0:
+            problems.append(f"stage {st.name!r}: max_queue must be >= 0, got {st.max_queue}")
+    incoming: dict[str, list[str]] = {n: [] for n in names}
+    for i, e in enumerate(cfg.edges):
+        where = f"edge #{i + 1} ({e.source} -> {e.target})"
+        if e.source not in seen:
+            problems.append(f"{where}: unknown source stage {e.source!r} (stages: {', '.join(names)})")
+        if e.target not in seen:
+            problems.append(f"{where}: unknown target stage {e.target!r} (stages: {', '.join(names)})")
+        if e.source == e.target:
+            problems.append(f"{where}: a stage cannot feed itself")
+        if e.every < 1:
+            problems.append(f"{where}: every must be >= 1, got {e.every}")
+        if e.target in incoming:
+            if e.source in incoming[e.target]:
+                problems.append(f"{where}: duplicate edge")
+            incoming[e.target].append(e.source)
+    for target, sources in incoming.items():
+        if len(sources) > 1:
+            streaming = [
+                e.source for e in cfg.edges if e.target == target and e.forward != "finish"
+            ]
+            if streaming:
+                problems.append(
+                    f"stage {target!r} has several inputs ({', '.join(sources)}); fan-in waits "
+                    f"for every input to finish, so those edges need forward = \"finish\" "
+                    f"(edge from {streaming[0]!r} streams)"
+                )
+    cycle = _find_cycle(names, cfg)
+    if cycle:
+        problems.append(f"the edges form a cycle: {' -> '.join(cycle)}; a pipeline must be acyclic")
+    if not cfg.outputs:
+        problems.append("no [outputs]: say which stage produces each final modality, e.g. text = \"thinker\"")
+    for modality, stage in cfg.outputs.items():
+        if stage not in seen:
+            problems.append(
+                f"outputs.{modality} = {stage!r}: no such stage (stages: {', '.join(names)})"
+            )
+            continue
+        produced = stage_output_modality(cfg, stage)
+        if produced is not None and produced != modality:
+            problems.append(
+                f"outputs.{modality} = {stage!r}, but stage {stage!r} produces {produced}, not {modality}"
+            )
+    if cfg.abort_timeout_s <= 0:
+        problems.append(f"abort_timeout_s must be > 0, got {cfg.abort_timeout_s}")
+    if problems:
+        raise PipelineError(source, problems)
+
+
+def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:
+    """What a stage's engine produces, when its kind says (None: any)."""
+    eng = cfg.stage(stage).engine
+    kind = type(eng).__struct_config__.tag
+    if kind == "vllm":
+        return eng.output_modality  # type: ignore[union-attr]
+    if kind == "diffusers":
+        return "image"
+    if kind == "codec":
+        return "audio"
+    if kind == "scripted":
+        return eng.output_modality  # type: ignore[union-attr]
+    return None
+
+
+def _find_cycle(names: list[str], cfg: PipelineConfig) -> list[str]:
+    out: dict[str, list[str]] = {n: [] for n in names}
+    for e in cfg.edges:
+        if e.source in out and e.target in out:
+            out[e.source].append(e.target)
+    color = dict.fromkeys(names, 0)
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str]:
+        color[n] = 1
+        stack.append(n)
+        for m in out[n]:
+            if color[m] == 1:
+                return [*stack[stack.index(m) :], m]
+            if color[m] == 0:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        color[n] = 2
+        return []
+
+    for n in names:
+        if color[n] == 0:
+            found = visit(n)
+            if found:
+                return found
+    return []
