@@ -111,6 +111,7 @@ class RequestState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     reason: str = ""
     last_pos: int = -1
     events: int = 0
+    cancel_ts: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -141,7 +142,14 @@ class WorkerState(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 def _replace_stage(rs: RequestState, new: StageState) -> tuple[StageState, ...]:
-    return tuple(new if st.name == new.name else st for st in rs.stages)
+    # Hot path (every chunk): an index loop and one slice-concat is ~3x
+    # cheaper than a generator expression over the tuple.
+    stages = rs.stages
+    name = new.name
+    for i, st in enumerate(stages):
+        if st.name == name:
+            return (*stages[:i], new, *stages[i + 1 :])
+    return stages
 
 
 def _terminal_desc(rs: RequestState) -> str:
@@ -355,6 +363,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             status="cancelling",
             cancel_reason=ev.reason,
             cancel_pos=ev.pos,
+            cancel_ts=ev.ts_ns,
             stages=tuple(
                 msgspec.structs.replace(st, abort_sent=True) if st.status in _ACTIVE_STAGE else st
                 for st in rs.stages
@@ -475,7 +484,11 @@ class Fold:
             new = reduce_request(old, ev)
             self.requests[rid] = new
             cls = type(ev)
-            if cls is Routed and ev.seq == 0:
+            # Events that can neither start nor end a stage's occupancy of a
+            # worker (the bulk of the log) skip the worker index entirely.
+            if cls is Chunk or cls is StageStarted or cls is Progress:
+                pass
+            elif cls is Routed and ev.seq == 0:
                 self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
             elif cls is StageFinished or cls is StageFailed:
                 self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)
