@@ -289,7 +289,7 @@ class WorkerLost(WorkerEvent, frozen=True, kw_only=True, tag="worker_lost"):
     reason: str
 
 
-Event = Union[
+Event = Union[  # noqa: UP007 (one tagged union, listed one per line)
     Admitted,
     Rejected,
     Routed,

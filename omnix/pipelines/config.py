@@ -25,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -92,7 +92,7 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     echo: bool = False
 
 
-EngineArgs = Union[VllmArgs, DiffusersArgs, CodecArgs, ScriptedArgs]
+EngineArgs = VllmArgs | DiffusersArgs | CodecArgs | ScriptedArgs
 
 
 class StageConfig(msgspec.Struct, **_STRICT):

@@ -16,7 +16,7 @@ import msgspec
 from omnix.pipelines.config import PipelineConfig
 from omnix.stages.engine import engine_kinds
 
-SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")
+SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
 
 
 class PipelineError(ValueError):
@@ -39,7 +39,7 @@ def _decode(text: str | bytes, fmt: str, source: str) -> PipelineConfig:
             return msgspec.json.decode(text, type=PipelineConfig)
     except msgspec.ValidationError as exc:
         msg = str(exc)
-        if "Expected `str` of" in msg or "Invalid value" in msg and "kind" in msg:
+        if "Expected `str` of" in msg or ("Invalid value" in msg and "kind" in msg):
             msg += f" (engine kinds: {', '.join(engine_kinds())})"
         raise PipelineError(source, [msg]) from None
     except msgspec.DecodeError as exc:
@@ -55,7 +55,7 @@ def parse_pipeline(text: str | bytes, fmt: str = "toml", source: str = "<text>")
 
 def load_pipeline(name_or_path: str | Path) -> PipelineConfig:
     """A built-in pipeline by name (``tiny-omni``), or a config file path."""
-    from omnix.pipelines.registry import builtin_path, builtin_names
+    from omnix.pipelines.registry import builtin_names, builtin_path
 
     p = Path(name_or_path)
     if not p.exists():

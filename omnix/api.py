@@ -1,0 +1,380 @@
+"""The offline Python API: build a pipeline, submit requests, stream outputs.
+
+Owns: ``Omni`` (async; what the HTTP layer adapts) and ``OmniSync`` (a small
+blocking wrapper for scripts, like vLLM-Omni's ``Omni.generate``), and the
+wiring of one server process: log, blob store, orchestrator, sequencer,
+dispatcher, timer and stage runtime.  Also ``Output``/``RequestResult``,
+the user-facing view of a request's chunks.
+
+Does not own any decision (the orchestrator), any worker (the runtime) or
+any protocol (HTTP).  Everything a caller learns comes from the log: the
+outputs of a request are its chunk events from the pipeline's output
+stages, read back by tailing the log.
+
+    async with Omni("tiny-text") as omni:
+        result = await omni.generate(RequestSpec(prompt="hello"))
+        print(result.text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from omnix.events.blobs import BlobStore, DiskBlobStore, MemoryBlobStore
+from omnix.events.clock import Clock, SystemClock
+from omnix.events.log import EventLog, MemoryLog
+from omnix.events.reducer import RequestState
+from omnix.events.types import (
+    TERMINAL_TYPES,
+    Admitted,
+    CancelReason,
+    CancelRequested,
+    Chunk,
+    Event,
+    Rejected,
+    RequestSpec,
+)
+from omnix.orchestrator.decide import Orchestrator
+from omnix.orchestrator.dispatch import Dispatcher, Runtime
+from omnix.orchestrator.sequencer import Sequencer
+from omnix.orchestrator.timers import DeadlineTimer
+from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
+from omnix.pipelines.validate import load_pipeline
+
+
+class Overloaded(RuntimeError):
+    """Admission was refused; ``event`` is the recorded ``Rejected``."""
+
+    def __init__(self, event: Rejected) -> None:
+        super().__init__(f"request refused ({event.reason}): {event.message}")
+        self.event = event
+
+
+class ShuttingDown(RuntimeError):
+    pass
+
+
+class Output(msgspec.Struct):
+    """One streamed piece of a request's final output."""
+
+    modality: str
+    stage: str
+    index: int
+    pos: int
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    array: np.ndarray | None = None
+    data: bytes = b""
+    media_type: str = ""
+
+
+class RequestResult(msgspec.Struct):
+    request_id: str
+    status: str
+    reason: str
+    text: str
+    token_ids: list[int]
+    audio: np.ndarray | None
+    images: list[bytes]
+    state: RequestState
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished"
+
+
+def new_request_id() -> str:
+    return "req-" + secrets.token_hex(8)
+
+
+def new_seed() -> int:
+    return secrets.randbits(31)
+
+
+class Omni:
+    """One pipeline served in this process, with its workers.
+
+    ``runtime`` is injectable (tests drive the orchestrator with an
+    in-process scripted runtime); by default a ``StageRuntime`` spawns the
+    pipeline's worker processes.  ``log_dir`` makes the log and blobs
+    durable (``DIR/events``, ``DIR/blobs``, ``DIR/pipeline.json``).
+    """
+
+    def __init__(
+        self,
+        pipeline: PipelineConfig | str | os.PathLike[str],
+        *,
+        log_dir: str | os.PathLike[str] | None = None,
+        log: EventLog | None = None,
+        blobs: BlobStore | None = None,
+        runtime: Runtime | None = None,
+        clock: Clock | None = None,
+        runtime_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.pipeline = (
+            pipeline if isinstance(pipeline, PipelineConfig) else load_pipeline(pipeline)
+        )
+        self.graph = PipelineGraph(self.pipeline)
+        self.clock = clock or SystemClock()
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        if log is None:
+            log = self._open_log()
+        self.log = log
+        if blobs is None:
+            blobs = DiskBlobStore(self.log_dir / "blobs") if self.log_dir else MemoryBlobStore()
+        self.blobs = blobs
+        self.orchestrator = Orchestrator(self.pipeline)
+        self.sequencer = Sequencer(self.log, self.orchestrator)
+        self._runtime_options = runtime_options or {}
+        self.runtime: Any = runtime
+        self.dispatcher: Dispatcher | None = None
+        self.timer = DeadlineTimer(self.sequencer, self.clock)
+        self._accepting = False
+        self._started = False
+        self._stopped = False
+
+    def _open_log(self) -> EventLog:
+        if self.log_dir is None:
+            return MemoryLog(self.clock)
+        from omnix.events.disklog import DiskLog
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "pipeline.json").write_bytes(msgspec.json.encode(self.pipeline))
+        return DiskLog(self.log_dir / "events", clock=self.clock)
+
+    # -- lifecycle ----------------------------------------------------------
+    async def start(self) -> Omni:
+        if self._started:
+            return self
+        self._started = True
+        if self.runtime is None:
+            from omnix.stages.runtime import StageRuntime
+
+            self.runtime = StageRuntime(
+                self.pipeline, emit=self.sequencer.emit, blobs=self.blobs, **self._runtime_options
+            )
+        self.dispatcher = Dispatcher(self.log, self.runtime, self.blobs, self.pipeline)
+        self.log.add_listener(self.dispatcher)
+        # A virtual-time runtime (tests) drives the timer itself.
+        self.timer.attach(None if getattr(self.runtime, "virtual_time", False) else asyncio.get_running_loop())
+        start = getattr(self.runtime, "start", None)
+        if start is not None:
+            await start()
+        self._accepting = True
+        return self
+
+    async def __aenter__(self) -> Omni:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def shutdown(self, grace_s: float = 5.0) -> None:
+        """Stop admitting; let in-flight requests finish for ``grace_s``;
+        cancel the rest (reason ``shutdown``) and wait for their terminal
+        events (bounded by the pipeline's abort timeout); stop the runtime."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._accepting = False
+        live = self.orchestrator.live_requests
+        if live:
+            await self._wait_terminal(live, grace_s)
+        live = self.orchestrator.live_requests
+        for rid in live:
+            self.cancel(rid, "shutdown")
+        if live:
+            await self._wait_terminal(live, self.pipeline.abort_timeout_s + 1.0)
+        self.timer.close()
+        if self.runtime is not None and hasattr(self.runtime, "shutdown"):
+            await self.runtime.shutdown()
+        self.log.close()
+
+    async def _wait_terminal(self, rids: tuple[str, ...], limit_s: float) -> None:
+        async def one(rid: str) -> None:
+            async for _ in self.events(rid):
+                pass
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(r) for r in rids)), limit_s)
+        except TimeoutError:
+            pass
+
+    # -- requests -------------------------------------------------------------
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def ready(self) -> dict[str, int]:
+        """Ready replicas per stage (as the log records them)."""
+        return {n: self.orchestrator.ready_replicas(n) for n in self.graph.stage_names}
+
+    def validate(self, spec: RequestSpec) -> None:
+        validate_request(self.graph, spec)
+
+    def submit(self, spec: RequestSpec, request_id: str | None = None) -> Admitted | Rejected:
+        """Validate and admit ``spec``.  Raises ``RequestError`` for a bad
+        request (nothing is appended) and ``ShuttingDown`` after shutdown
+        began; returns the appended ``Admitted`` or ``Rejected``."""
+        if not self._accepting:
+            raise ShuttingDown("the server is not accepting requests")
+        validate_request(self.graph, spec)
+        rid = request_id or new_request_id()
+        if rid in self.log.state.requests:
+            raise RequestError(f"request id {rid!r} is already in use", "request_id", "duplicate_id")
+        return self.sequencer.submit(rid, spec)
+
+    def cancel(self, request_id: str, reason: CancelReason = "client") -> bool:
+        """Ask to cancel; False when the request is unknown or already over."""
+        rs = self.log.state.requests.get(request_id)
+        if rs is None or rs.terminal:
+            return False
+        self.sequencer.emit(CancelRequested(request_id=request_id, reason=reason))
+        return True
+
+    def state(self, request_id: str) -> RequestState | None:
+        return self.log.state.requests.get(request_id)
+
+    async def events(self, request_id: str, start: int = 0) -> AsyncIterator[Event]:
+        """The request's events from log position ``start``, ending with its
+        terminal event."""
+        async for ev in self.log.tail(start, request_id=request_id):
+            yield ev
+            if isinstance(ev, TERMINAL_TYPES):
+                return
+
+    def output_stages(self, spec: RequestSpec) -> dict[str, str]:
+        """stage -> modality for the outputs the request asked for."""
+        return {self.pipeline.outputs[m]: m for m in spec.outputs}
+
+    def to_output(self, ev: Chunk) -> Output:
+        array = None
+        data = b""
+        if ev.blob is not None:
+            if ev.blob.dtype == "bytes":
+                data = self.blobs.get(ev.blob)
+            else:
+                array = self.blobs.get_array(ev.blob)
+        return Output(
+            modality=ev.modality,
+            stage=ev.stage,
+            index=ev.index,
+            pos=ev.pos,
+            text=ev.text,
+            token_ids=ev.token_ids,
+            array=array,
+            data=data,
+            media_type=ev.blob.media_type if ev.blob is not None else "",
+        )
+
+    async def stream(self, request_id: str) -> AsyncIterator[Output]:
+        """Final outputs as they are produced; ends at the terminal event."""
+        wanted: dict[str, str] | None = None
+        async for ev in self.events(request_id):
+            if isinstance(ev, Admitted):
+                wanted = self.output_stages(ev.spec)
+            elif isinstance(ev, Chunk) and wanted and wanted.get(ev.stage) == ev.modality:
+                yield self.to_output(ev)
+
+    async def generate(self, spec: RequestSpec, request_id: str | None = None) -> RequestResult:
+        """Submit and wait for the whole result.  Raises ``Overloaded``."""
+        ev = self.submit(spec, request_id)
+        if isinstance(ev, Rejected):
+            raise Overloaded(ev)
+        return await self.collect(ev.request_id)
+
+    async def collect(self, request_id: str) -> RequestResult:
+        text: list[str] = []
+        ids: list[int] = []
+        audio: list[np.ndarray] = []
+        images: list[bytes] = []
+        async for out in self.stream(request_id):
+            if out.modality == "text":
+                text.append(out.text)
+                ids.extend(out.token_ids)
+            elif out.modality == "audio" and out.array is not None:
+                audio.append(out.array)
+            elif out.modality == "image":
+                images.append(out.data)
+        rs = self.log.state.requests[request_id]
+        return RequestResult(
+            request_id=request_id,
+            status=rs.status,
+            reason=rs.reason,
+            text="".join(text),
+            token_ids=ids,
+            audio=np.concatenate(audio) if audio else None,
+            images=images,
+            state=rs,
+        )
+
+
+class OmniSync:
+    """Blocking wrapper for scripts: an event loop in a background thread.
+
+    ``generate`` takes prompts and returns results in order, like vLLM's
+    ``LLM.generate``.  Use it as a context manager, or call ``close``.
+    """
+
+    def __init__(self, pipeline: PipelineConfig | str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="omnix-loop", daemon=True)
+        self._thread.start()
+        self.omni = Omni(pipeline, **kwargs)
+        self._call(self.omni.start())
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def generate(
+        self,
+        prompts: str | list[str],
+        *,
+        outputs: tuple[str, ...] = ("text",),
+        sampling_params_list: dict[str, Any] | None = None,
+        seed: int | None = None,
+    ) -> list[RequestResult]:
+        from omnix.events.types import StageParams
+
+        items = [prompts] if isinstance(prompts, str) else list(prompts)
+        params = {
+            k: v if isinstance(v, StageParams) else msgspec.convert(v, StageParams)
+            for k, v in (sampling_params_list or {}).items()
+        }
+
+        async def run_all() -> list[RequestResult]:
+            specs = [
+                RequestSpec(
+                    prompt=p,
+                    outputs=outputs,  # type: ignore[arg-type]
+                    stage_params=params,
+                    seed=new_seed() if seed is None else seed,
+                    api="offline",
+                )
+                for p in items
+            ]
+            return list(await asyncio.gather(*(self.omni.generate(s) for s in specs)))
+
+        return self._call(run_all())
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._call(self.omni.shutdown())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> OmniSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

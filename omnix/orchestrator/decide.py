@@ -1,0 +1,507 @@
+"""The orchestrator's decisions: a pure function of (pipeline config, log).
+
+Owns: ``Orchestrator``, which admits or rejects requests and, for every
+event appended to the log, returns the decision events that follow from it
+(``Routed``, ``CancelRequested`` on a deadline, ``Cancelled``, ``Failed``,
+``Finished``), plus ``due_times`` (when a request's timeouts fall due, for
+the timer to compare with the wall clock).
+
+Does not own effects (sending work and aborts: ``dispatch.py``), time
+(``timers.py`` appends ``DeadlineExpired`` when a due time passes) or the
+append loop (``sequencer.py``).
+
+Rules that keep replay exact:
+  * No clock, no randomness.  A decision's ``ts_ns`` is its cause's.
+  * Everything it keeps besides the fold (plans, queues, load) is derived
+    from the events it has been shown, in log order, so a fresh
+    Orchestrator fed the same log makes the same decisions.
+  * Only ordered containers: lists, tuples and insertion-ordered dicts, and
+    ties broken by an explicit key (load, then replica index).
+
+``RULES_VERSION`` names the decision logic.  A deliberate change of rules
+bumps it and keeps the old behaviour reachable behind ``self.rules`` so
+traces recorded under the old rules still replay (as Temporal keeps
+logic flags in its histories).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omnix.events.reducer import Fold, RequestState, worker_id
+from omnix.events.types import (
+    Admitted,
+    Cancelled,
+    CancelRequested,
+    Chunk,
+    DeadlineExpired,
+    Event,
+    Failed,
+    Finished,
+    Rejected,
+    RequestSpec,
+    Routed,
+    StageFailed,
+    StageFinished,
+    WorkerJoined,
+    WorkerLost,
+)
+from omnix.pipelines.config import EdgeConfig, PipelineConfig
+from omnix.pipelines.plan import PipelineGraph
+from omnix.pipelines.validate import SENTENCE_ENDS
+
+RULES_VERSION = 1
+MAX_ATTEMPTS = 2  # a retried stage runs at most twice
+
+
+@dataclass(slots=True)
+class _EdgeBuf:
+    """Upstream chunk positions not yet forwarded along one edge."""
+
+    positions: list[int] = field(default_factory=list)
+    text_tail: str = ""
+    source_done: bool = False
+
+
+@dataclass(slots=True)
+class _Target:
+    """One needed stage of one request: its input pieces and placement."""
+
+    pending: list[tuple[tuple[int, ...], bool]] = field(default_factory=list)
+    routed: list[tuple[tuple[int, ...], bool]] = field(default_factory=list)
+    replica: int = -1  # -1: not placed yet
+    active: bool = False  # holds a slot of its replica
+    done: bool = False
+    queued_ts: int = 0  # waiting for a replica since (0: not waiting)
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class _Plan:
+    request_id: str
+    admitted_pos: int
+    needed: tuple[str, ...]
+    targets: dict[str, _Target]
+    edges: dict[tuple[str, str], _EdgeBuf]
+
+
+class Orchestrator:
+    """Admission, routing, forwarding, cancellation and failure decisions."""
+
+    def __init__(self, pipeline: PipelineConfig, *, rules: int = RULES_VERSION) -> None:
+        if rules > RULES_VERSION:
+            raise ValueError(
+                f"decision rules v{rules} are newer than this omnix (v{RULES_VERSION}); upgrade omnix"
+            )
+        self.pipeline = pipeline
+        self.rules = rules
+        self.graph = PipelineGraph(pipeline)
+        self._live: dict[str, _Plan] = {}
+        self._load: dict[str, int] = {}
+        self._replicas: dict[str, list[int]] = {n: [] for n in self.graph.stage_names}
+        self._queues: dict[str, dict[str, None]] = {n: {} for n in self.graph.stage_names}
+
+    # -- introspection (tests, /ready, timers) ----------------------------
+    @property
+    def live_requests(self) -> tuple[str, ...]:
+        return tuple(self._live)
+
+    def queue_length(self, stage: str) -> int:
+        return len(self._queues[stage])
+
+    def load(self, stage: str, replica: int) -> int:
+        return self._load.get(worker_id(stage, replica), 0)
+
+    def ready_replicas(self, stage: str) -> int:
+        return len(self._replicas[stage])
+
+    # -- admission --------------------------------------------------------
+    def admit(self, state: Fold, request_id: str, spec: RequestSpec, ts_ns: int = 0) -> Admitted | Rejected:
+        """Admit ``spec`` or refuse it; the caller appends the result.
+
+        The spec must already be valid for the pipeline
+        (``omnix.pipelines.plan.validate_request``).
+        """
+        name = self.pipeline.name
+        needed = self.graph.needed_stages(tuple(spec.outputs))
+        for stage in needed:
+            if not self._replicas[stage]:
+                return Rejected(
+                    request_id=request_id,
+                    ts_ns=ts_ns,
+                    pipeline=name,
+                    spec=spec,
+                    reason="not_ready",
+                    message=f"stage {stage!r} has no ready replica",
+                )
+        for stage in needed:
+            cfg = self.pipeline.stage(stage)
+            if len(self._queues[stage]) >= cfg.max_queue and self._pick(state, stage) < 0:
+                return Rejected(
+                    request_id=request_id,
+                    ts_ns=ts_ns,
+                    pipeline=name,
+                    spec=spec,
+                    reason="overloaded",
+                    message=f"stage {stage!r} is at capacity and its queue is full "
+                    f"({cfg.max_queue} waiting)",
+                )
+        return Admitted(request_id=request_id, ts_ns=ts_ns, pipeline=name, spec=spec)
+
+    # -- reaction -----------------------------------------------------------
+    def react(self, ev: Event, state: Fold) -> list[Event]:
+        """Decisions that follow from ``ev`` (already appended and folded)."""
+        cls = type(ev)
+        if cls is Chunk:
+            return self._on_chunk(ev, state)
+        if cls is StageFinished:
+            return self._on_stage_finished(ev, state)
+        if cls is Admitted:
+            return self._on_admitted(ev, state)
+        if cls is CancelRequested:
+            return self._on_cancel_requested(ev, state)
+        if cls is StageFailed:
+            return self._on_stage_failed(ev, state)
+        if cls is DeadlineExpired:
+            return self._on_deadline(ev, state)
+        if cls is Finished or cls is Cancelled or cls is Failed:
+            return self._on_terminal(ev, state)
+        if cls is WorkerJoined:
+            reps = self._replicas[ev.stage]
+            if ev.replica not in reps:
+                reps.append(ev.replica)
+                reps.sort()
+            self._load[ev.worker_id] = 0
+            return self._drain(ev.stage, ev, state)
+        if cls is WorkerLost:
+            return self._on_worker_lost(ev, state)
+        return []  # Routed, StageStarted, Progress, Rejected: nothing to decide
+
+    # -- handlers -----------------------------------------------------------
+    def _on_admitted(self, ev: Admitted, state: Fold) -> list[Event]:
+        needed = self.graph.needed_stages(tuple(ev.spec.outputs))
+        edges = {
+            (e.source, e.target): _EdgeBuf()
+            for n in needed
+            for e in self.graph.out_edges[n]
+            if e.target in needed
+        }
+        plan = _Plan(ev.request_id, ev.pos, needed, {n: _Target() for n in needed}, edges)
+        self._live[ev.request_id] = plan
+        out: list[Event] = []
+        for stage in self.graph.sources(needed):
+            plan.targets[stage].pending.append(((ev.pos,), True))
+            out += self._flush(plan, stage, ev, state)
+        return out
+
+    def _on_chunk(self, ev: Chunk, state: Fold) -> list[Event]:
+        plan = self._live.get(ev.request_id)
+        if plan is None or state.requests[ev.request_id].status == "cancelling":
+            return []
+        out: list[Event] = []
+        for edge in self.graph.out_edges[ev.stage]:
+            buf = plan.edges.get((edge.source, edge.target))
+            if buf is None:
+                continue
+            buf.positions.append(ev.pos)
+            if edge.forward == "finish":
+                continue
+            if edge.forward == "sentence":
+                buf.text_tail = (buf.text_tail + ev.text)[-8:]
+                boundary = buf.text_tail.rstrip(" ").endswith(SENTENCE_ENDS)
+            else:
+                boundary = False
+            if boundary or len(buf.positions) >= edge.every:
+                plan.targets[edge.target].pending.append((tuple(buf.positions), False))
+                buf.positions.clear()
+                buf.text_tail = ""
+                out += self._flush(plan, edge.target, ev, state)
+        return out
+
+    def _on_stage_finished(self, ev: StageFinished, state: Fold) -> list[Event]:
+        plan = self._live.get(ev.request_id)
+        if plan is None:
+            return []
+        self._release_slot(plan, ev.stage)
+        rs = state.requests[ev.request_id]
+        out: list[Event] = []
+        if rs.status == "cancelling":
+            out += self._maybe_cancelled(rs, ev)
+        else:
+            for edge in self.graph.out_edges[ev.stage]:
+                buf = plan.edges.get((edge.source, edge.target))
+                if buf is None:
+                    continue
+                buf.source_done = True
+                out += self._close_input(plan, edge.target, ev, state)
+            if all(self._stage_status(rs, n) == "finished" for n in plan.needed):
+                out.append(Finished(request_id=ev.request_id, ts_ns=ev.ts_ns, cause=ev.pos))
+        out += self._drain(ev.stage, ev, state)
+        return out
+
+    def _on_stage_failed(self, ev: StageFailed, state: Fold) -> list[Event]:
+        plan = self._live.get(ev.request_id)
+        if plan is None:
+            return []
+        self._release_slot(plan, ev.stage)
+        out = self._stage_gone(plan, ev.stage, ev, state, "stage_error", ev.message)
+        return out + self._drain(ev.stage, ev, state)
+
+    def _on_worker_lost(self, ev: WorkerLost, state: Fold) -> list[Event]:
+        reps = self._replicas[ev.stage]
+        if ev.replica in reps:
+            reps.remove(ev.replica)
+        self._load.pop(ev.worker_id, None)
+        out: list[Event] = []
+        for plan in list(self._live.values()):
+            tgt = plan.targets.get(ev.stage)
+            if tgt is None or not tgt.active or tgt.replica != ev.replica:
+                continue
+            tgt.active = False
+            out += self._stage_gone(
+                plan,
+                ev.stage,
+                ev,
+                state,
+                "stage_lost",
+                f"replica {ev.worker_id} was lost ({ev.reason})",
+            )
+        return out
+
+    def _stage_gone(
+        self, plan: _Plan, stage: str, ev: Event, state: Fold, reason: str, message: str
+    ) -> list[Event]:
+        """A stage of a live request stopped without finishing: retry or fail."""
+        rs = state.requests[plan.request_id]
+        if rs.status == "cancelling":
+            return self._maybe_cancelled(rs, ev)
+        st = rs.stage(stage)
+        tgt = plan.targets[stage]
+        cfg = self.pipeline.stage(stage)
+        if cfg.retry and st is not None and st.chunks == 0 and tgt.attempts < MAX_ATTEMPTS:
+            # Re-run from its first piece on whichever replica is free next.
+            tgt.pending = tgt.routed + tgt.pending
+            tgt.routed = []
+            tgt.replica = -1
+            tgt.done = False
+            return self._flush(plan, stage, ev, state)
+        return [
+            Failed(
+                request_id=plan.request_id,
+                ts_ns=ev.ts_ns,
+                reason=reason,  # type: ignore[arg-type]
+                message=message,
+                stage=stage,
+                cause=ev.pos,
+            )
+        ]
+
+    def _on_cancel_requested(self, ev: CancelRequested, state: Fold) -> list[Event]:
+        plan = self._live.get(ev.request_id)
+        if plan is None:
+            return []
+        for stage, tgt in plan.targets.items():
+            if tgt.queued_ts:
+                self._queues[stage].pop(plan.request_id, None)
+                tgt.queued_ts = 0
+        return self._maybe_cancelled(state.requests[ev.request_id], ev)
+
+    def _on_deadline(self, ev: DeadlineExpired, state: Fold) -> list[Event]:
+        plan = self._live.get(ev.request_id)
+        if plan is None:
+            return []
+        rs = state.requests[ev.request_id]
+        cancelling = rs.status == "cancelling"
+        if ev.scope == "request":
+            if cancelling:
+                return []
+            return [
+                CancelRequested(
+                    request_id=ev.request_id, ts_ns=ev.ts_ns, reason="deadline", cause=ev.pos
+                )
+            ]
+        if ev.scope == "abort":
+            if not cancelling:
+                return []
+            return [
+                Cancelled(
+                    request_id=ev.request_id,
+                    ts_ns=ev.ts_ns,
+                    reason=rs.cancel_reason,  # type: ignore[arg-type]
+                    cause=ev.pos,
+                )
+            ]
+        tgt = plan.targets.get(ev.scope)
+        if tgt is None or tgt.done or cancelling:
+            return []
+        cfg = self.pipeline.stage(ev.scope)
+        waiting = "a replica" if tgt.replica < 0 else "output"
+        return [
+            Failed(
+                request_id=ev.request_id,
+                ts_ns=ev.ts_ns,
+                reason="stage_timeout" if tgt.replica >= 0 else "no_replica",
+                message=f"stage {ev.scope!r} waited {cfg.timeout_s:g}s for {waiting}",
+                stage=ev.scope,
+                cause=ev.pos,
+            )
+        ]
+
+    def _on_terminal(self, ev: Event, state: Fold) -> list[Event]:
+        plan = self._live.pop(ev.request_id, None)  # type: ignore[union-attr]
+        if plan is None:
+            return []
+        stages: list[str] = []
+        for stage, tgt in plan.targets.items():
+            if tgt.active:
+                self._dec_load(stage, tgt.replica)
+                tgt.active = False
+                stages.append(stage)
+            if tgt.queued_ts:
+                self._queues[stage].pop(plan.request_id, None)
+        out: list[Event] = []
+        for stage in stages:
+            out += self._drain(stage, ev, state)
+        return out
+
+    # -- helpers ------------------------------------------------------------
+    def _maybe_cancelled(self, rs: RequestState, ev: Event) -> list[Event]:
+        if rs.active_stages():
+            return []
+        return [
+            Cancelled(
+                request_id=rs.request_id,
+                ts_ns=ev.ts_ns,
+                reason=rs.cancel_reason,  # type: ignore[arg-type]
+                cause=rs.cancel_pos,
+            )
+        ]
+
+    @staticmethod
+    def _stage_status(rs: RequestState, name: str) -> str:
+        st = rs.stage(name)
+        return st.status if st is not None else "pending"
+
+    def _close_input(self, plan: _Plan, target: str, ev: Event, state: Fold) -> list[Event]:
+        """An upstream of ``target`` finished: forward what is left, and
+        close the input once every upstream has finished (fan-in)."""
+        ins: tuple[EdgeConfig, ...] = tuple(
+            e for e in self.graph.in_edges[target] if (e.source, e.target) in plan.edges
+        )
+        bufs = [plan.edges[(e.source, e.target)] for e in ins]
+        if not all(b.source_done for b in bufs):
+            return []
+        sources: list[int] = []
+        for b in bufs:
+            sources += b.positions
+            b.positions.clear()
+        plan.targets[target].pending.append((tuple(sources), True))
+        return self._flush(plan, target, ev, state)
+
+    def _pick(self, state: Fold, stage: str) -> int:
+        """The ready replica of ``stage`` with the least outstanding work and
+        a free credit (ties: lowest index); -1 when none."""
+        best, best_load = -1, 0
+        for rep in self._replicas[stage]:
+            wid = worker_id(stage, rep)
+            ws = state.workers.get(wid)
+            if ws is None or not ws.alive:
+                continue
+            load = self._load.get(wid, 0)
+            if load < ws.capacity and (best < 0 or load < best_load):
+                best, best_load = rep, load
+        return best
+
+    def _flush(self, plan: _Plan, stage: str, ev: Event, state: Fold) -> list[Event]:
+        """Route ``stage``'s pending pieces, placing the stage first if needed."""
+        tgt = plan.targets[stage]
+        if not tgt.pending:
+            return []
+        if tgt.replica < 0:
+            rep = self._pick(state, stage)
+            if rep < 0:
+                if not tgt.queued_ts:
+                    tgt.queued_ts = ev.ts_ns or 1
+                    self._queues[stage][plan.request_id] = None
+                return []
+            tgt.replica = rep
+            tgt.active = True
+            tgt.attempts += 1
+            tgt.queued_ts = 0
+            self._queues[stage].pop(plan.request_id, None)
+            wid = worker_id(stage, rep)
+            self._load[wid] = self._load.get(wid, 0) + 1
+        out: list[Event] = []
+        for sources, last in tgt.pending:
+            out.append(
+                Routed(
+                    request_id=plan.request_id,
+                    ts_ns=ev.ts_ns,
+                    stage=stage,
+                    replica=tgt.replica,
+                    seq=len(tgt.routed),
+                    sources=sources,
+                    last=last,
+                    cause=ev.pos,
+                )
+            )
+            tgt.routed.append((sources, last))
+        tgt.pending.clear()
+        return out
+
+    def _drain(self, stage: str, ev: Event, state: Fold) -> list[Event]:
+        """Give freed credits of ``stage`` to queued requests, oldest first."""
+        queue = self._queues[stage]
+        out: list[Event] = []
+        while queue:
+            if self._pick(state, stage) < 0:
+                break
+            rid = next(iter(queue))
+            plan = self._live.get(rid)
+            if plan is None:  # pragma: no cover - terminal requests leave the queue
+                queue.pop(rid)
+                continue
+            out += self._flush(plan, stage, ev, state)
+        return out
+
+    def _release_slot(self, plan: _Plan, stage: str) -> None:
+        tgt = plan.targets.get(stage)
+        if tgt is not None and tgt.active:
+            tgt.active = False
+            self._dec_load(stage, tgt.replica)
+        if tgt is not None:
+            tgt.done = True
+
+    def _dec_load(self, stage: str, replica: int) -> None:
+        wid = worker_id(stage, replica)
+        if wid in self._load and self._load[wid] > 0:
+            self._load[wid] -= 1
+
+    # -- timeouts -------------------------------------------------------------
+    def due_times(self, request_id: str, state: Fold) -> list[tuple[int, str]]:
+        """``(due_ns, scope)`` for each timeout of a live request, earliest
+        first.  The timer appends ``DeadlineExpired(scope)`` once the wall
+        clock passes one; the decision is then made by ``react``."""
+        plan = self._live.get(request_id)
+        rs = state.requests.get(request_id)
+        if plan is None or rs is None or rs.terminal:
+            return []
+        out: list[tuple[int, str]] = []
+        if rs.status == "cancelling":
+            return [(rs.cancel_ts + _s(self.pipeline.abort_timeout_s), "abort")]
+        if rs.deadline_ns:
+            out.append((rs.deadline_ns, "request"))
+        for stage, tgt in plan.targets.items():
+            timeout = _s(self.pipeline.stage(stage).timeout_s)
+            if tgt.queued_ts:
+                out.append((tgt.queued_ts + timeout, stage))
+            elif tgt.active:
+                st = rs.stage(stage)
+                if st is not None and st.active:
+                    out.append((st.last_activity_ts + timeout, stage))
+        out.sort()
+        return out
+
+
+def _s(seconds: float) -> int:
+    return int(seconds * 1_000_000_000)

@@ -1,0 +1,127 @@
+"""Effects of decisions: turn appended events into runtime calls.
+
+Owns: ``Dispatcher``, a synchronous log listener that, for a ``Routed``
+event, assembles the stage's input piece from the events it names (the
+request's prompt, upstream chunks and their blobs) and sends it; for a
+cancel or a failure, sends aborts to every stage still active; and after a
+terminal event tells the runtime to forget the request.
+
+Does not decide anything: every call it makes is implied by one event, so
+replay can run the orchestrator without it.  It is the only place the
+payloads of earlier events are read back for forwarding.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from omnix.events.blobs import BlobStore
+from omnix.events.log import EventLog
+from omnix.events.types import (
+    Admitted,
+    Cancelled,
+    CancelRequested,
+    Chunk,
+    Event,
+    Failed,
+    Finished,
+    RequestSpec,
+    Routed,
+)
+from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.plan import merge_params
+from omnix.stages.engine import InputPiece
+from omnix.stages.work import WorkItem
+
+
+class Runtime(Protocol):
+    def send(self, work: WorkItem) -> None: ...
+    def abort(self, request_id: str, stage: str, replica: int) -> None: ...
+    def release(self, request_id: str) -> None: ...
+
+
+class Dispatcher:
+    def __init__(self, log: EventLog, runtime: Runtime, blobs: BlobStore, pipeline: PipelineConfig) -> None:
+        self.log = log
+        self.runtime = runtime
+        self.blobs = blobs
+        self.pipeline = pipeline
+        self._specs: dict[str, RequestSpec] = {}
+
+    def __call__(self, ev: Event) -> None:
+        cls = type(ev)
+        if cls is Routed:
+            self.runtime.send(self.work_item(ev))  # type: ignore[arg-type]
+        elif cls is Admitted:
+            self._specs[ev.request_id] = ev.spec  # type: ignore[union-attr]
+        elif cls is CancelRequested:
+            rs = self.log.state.requests[ev.request_id]  # type: ignore[union-attr]
+            if rs.cancel_pos == ev.pos:  # the first cancel; later ones change nothing
+                self._abort_active(ev.request_id)  # type: ignore[union-attr]
+        elif cls is Failed:
+            self._abort_active(ev.request_id)  # type: ignore[union-attr]
+            self._release(ev.request_id)  # type: ignore[union-attr]
+        elif cls is Cancelled or cls is Finished:
+            self._release(ev.request_id)  # type: ignore[union-attr]
+
+    def _abort_active(self, request_id: str) -> None:
+        rs = self.log.state.requests[request_id]
+        for st in rs.active_stages():
+            self.runtime.abort(request_id, st.name, st.replica)
+
+    def _release(self, request_id: str) -> None:
+        self._specs.pop(request_id, None)
+        self.runtime.release(request_id)
+
+    def spec(self, request_id: str) -> RequestSpec:
+        spec = self._specs.get(request_id)
+        if spec is None:
+            # Not seen live (a dispatcher attached to a reopened log).
+            pos = self.log.state.requests[request_id].admitted_pos
+            spec = self.log.get(pos).spec  # type: ignore[union-attr]
+            self._specs[request_id] = spec
+        return spec
+
+    def work_item(self, ev: Routed) -> WorkItem:
+        spec = self.spec(ev.request_id)
+        stage_cfg = self.pipeline.stage(ev.stage)
+        return WorkItem(
+            request_id=ev.request_id,
+            stage=ev.stage,
+            replica=ev.replica,
+            seq=ev.seq,
+            last=ev.last,
+            pieces=self.pieces(ev.sources),
+            params=merge_params(stage_cfg.sampling, spec.stage_params.get(ev.stage)),
+            seed=spec.seed,
+        )
+
+    def pieces(self, sources: tuple[int, ...]) -> tuple[InputPiece, ...]:
+        """One input piece per source stage, its chunks joined in order."""
+        out: list[InputPiece] = []
+        group: list[Chunk] = []
+        for pos in sources:
+            ev = self.log.get(pos)
+            if isinstance(ev, Admitted):
+                out.append(InputPiece(text=ev.spec.prompt, messages=ev.spec.messages))
+            elif isinstance(ev, Chunk):
+                if group and group[0].stage != ev.stage:
+                    out.append(self._join(group))
+                    group = []
+                group.append(ev)
+        if group:
+            out.append(self._join(group))
+        return tuple(out)
+
+    def _join(self, chunks: list[Chunk]) -> InputPiece:
+        text = "".join(c.text for c in chunks)
+        ids: tuple[int, ...] = ()
+        for c in chunks:
+            ids += c.token_ids
+        arrays = [self.blobs.get_array(c.blob) for c in chunks if c.blob is not None and c.blob.dtype != "bytes"]
+        array = None
+        if arrays:
+            array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+        return InputPiece(text=text, token_ids=ids, array=array, modality=chunks[0].modality)

@@ -1,0 +1,89 @@
+"""The append loop: inputs in, decisions out, in one total order.
+
+Owns: ``Sequencer``, the single writer that appends input events (from
+clients, workers and timers) and then, synchronously and before anything
+else can append, every decision the orchestrator derives from them, each of
+which is shown to the orchestrator in turn.  That makes the log's order,
+and so every decision, a function of the order of inputs alone; replay
+drives the same class.
+
+Does not own the decisions (``decide.py``) or their effects (listeners on
+the log, ``dispatch.py``).
+
+Late worker events (a chunk after the request was cancelled) are illegal
+transitions; ``emit`` drops them and counts them instead of raising into
+the runtime, which is what "work for a cancelled request that arrives late
+is dropped" means at this layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from omnix.events.log import EventLog
+from omnix.events.reducer import IllegalTransition
+from omnix.events.types import Admitted, Event, Rejected, RequestSpec
+from omnix.orchestrator.decide import Orchestrator
+
+log = logging.getLogger(__name__)
+
+
+class Sequencer:
+    def __init__(self, log: EventLog, orchestrator: Orchestrator) -> None:
+        self.log = log
+        self.orchestrator = orchestrator
+        self.dropped = 0  # late worker events refused by the reducer
+        self._busy = False
+        self._backlog: deque[Event] = deque()
+
+    def submit(self, request_id: str, spec: RequestSpec, ts_ns: int = 0) -> Admitted | Rejected:
+        """Admit (or reject) a validated request; returns the appended event."""
+        if self._busy:  # pragma: no cover - admission never runs inside a cascade
+            raise RuntimeError("submit() called from inside an append cascade")
+        decision = self.orchestrator.admit(self.log.state, request_id, spec, ts_ns)
+        out = self._run(decision)
+        return out  # type: ignore[return-value]
+
+    def append(self, ev: Event) -> Event:
+        """Append an input event and its consequences; raises on an illegal one."""
+        if self._busy:
+            # A listener (an effect) produced an input while a cascade runs:
+            # it goes after the cascade, never inside it.
+            self._backlog.append(ev)
+            return ev
+        return self._run(ev)
+
+    def emit(self, ev: Event) -> None:
+        """``append`` for worker and timer inputs: illegal late events are
+        dropped (counted), never raised into the caller."""
+        try:
+            self.append(ev)
+        except IllegalTransition as exc:
+            self.dropped += 1
+            log.debug("dropped late event: %s", exc)
+
+    def _run(self, ev: Event) -> Event:
+        self._busy = True
+        try:
+            first = self._cascade(ev)
+            while self._backlog:
+                nxt = self._backlog.popleft()
+                try:
+                    self._cascade(nxt)
+                except IllegalTransition as exc:
+                    self.dropped += 1
+                    log.debug("dropped late event: %s", exc)
+            return first
+        finally:
+            self._busy = False
+
+    def _cascade(self, ev: Event) -> Event:
+        log_, orch = self.log, self.orchestrator
+        first = log_.append(ev)
+        todo = deque((first,))
+        while todo:
+            cur = todo.popleft()
+            for decision in orch.react(cur, log_.state):
+                todo.append(log_.append(decision))
+        return first

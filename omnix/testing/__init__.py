@@ -1,0 +1,1 @@
+"""Test support that ships with omnix (never used by the product path)."""
