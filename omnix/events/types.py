@@ -105,6 +105,9 @@ class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
     randomness enters the log as data.  ``outputs`` names the modalities the
     client wants; the orchestrator runs only the stages needed for them.
     ``deadline_ms`` is relative to the admission timestamp (0: none).
+    ``options`` records how the client asked to receive the response
+    (API-specific: ``stream``, ``include_usage``, ``audio_format``...), so
+    the bytes it was sent can be regenerated from the log alone.
     """
 
     prompt: str = ""
@@ -116,6 +119,7 @@ class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
     api: str = ""
     model: str = ""
     traceparent: str = ""
+    options: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------
