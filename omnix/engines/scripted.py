@@ -1,0 +1,150 @@
+"""A deterministic test engine: scripted outputs, failures, crashes and hangs.
+
+Owns: ``ScriptedEngine``, the engine behind ``kind = "scripted"`` stages.
+It exists to test the runtime and the orchestrator with real worker
+processes and no model; it is never a product default.
+
+Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
+
+* For each input piece it yields ``chunks_per_piece`` outputs, sleeping
+  ``delay_ms`` before each: text ``"t{n} "``; for ``output_modality =
+  "codec"`` one codec frame ``token_ids=(n,)``; for ``"audio"`` a small
+  float32 array (240 samples of value ``n``); for ``"image"`` opaque bytes
+  (``media_type="application/x-scripted"``).  With ``echo`` each piece
+  yields one output carrying the piece back (its text, the last message's
+  content, its token ids or its array).
+* ``params.num_inference_steps = K`` makes it report K progress steps
+  before each piece's outputs (exercises Progress events).
+* ``params.max_tokens`` stops the request with ``finish_reason="length"``
+  after that many outputs, otherwise ``"stop"``: reported on a final
+  payload-free output (not a chunk) with ``prompt_tokens`` = number of
+  input pieces and ``output_tokens`` = number of outputs.
+* ``fail_at = n`` raises ``ScriptedFailure`` instead of output n;
+  ``crash_at = n`` kills the whole worker process (``os._exit(1)``, no
+  goodbye, exactly like a segfault or an OOM kill); ``hang_at = n`` stops
+  producing forever (until aborted).
+* ``start_delay_ms`` blocks the event loop in ``start()`` with
+  ``time.sleep``, as vLLM's model loading does, so tests can check that
+  heartbeats flow from their thread meanwhile.
+* With ``delay_ms == 0`` it still yields to the loop every few outputs so
+  aborts and other requests get served.
+
+Journal: when the environment variable ``OMNIX_SCRIPTED_JOURNAL`` names a
+file, the engine appends one JSON line per lifecycle call (``start``,
+``generate``, ``abort``, ``close``) with its pid and the request id.  Tests
+read it to check that the engine *saw* an abort, or that work was dropped
+and never executed.  ``engine.aborted`` holds the same for in-process use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from omnix.pipelines.config import ScriptedArgs
+from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+
+JOURNAL_ENV = "OMNIX_SCRIPTED_JOURNAL"
+_YIELD_EVERY = 16  # with delay_ms == 0: give the loop a turn this often
+
+
+class ScriptedFailure(RuntimeError):
+    """The failure ``fail_at`` asks for."""
+
+
+class ScriptedEngine:
+    def __init__(self, args: ScriptedArgs) -> None:
+        if not isinstance(args, ScriptedArgs):
+            raise TypeError(f"ScriptedEngine needs ScriptedArgs, got {type(args).__name__}")
+        self.args = args
+        self.aborted: list[str] = []
+        self._journal = os.environ.get(JOURNAL_ENV) or None
+
+    def _note(self, event: str, request_id: str = "") -> None:
+        if self._journal is None:
+            return
+        line = json.dumps({"pid": os.getpid(), "event": event, "request_id": request_id})
+        with open(self._journal, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    async def start(self) -> EngineInfo:
+        if self.args.start_delay_ms > 0:
+            # Deliberately blocking: this is what a real model load does to the loop.
+            time.sleep(self.args.start_delay_ms / 1000)  # noqa: ASYNC251
+        self._note("start")
+        return EngineInfo(engine="scripted", capacity=self.args.capacity, device="cpu", model="scripted")
+
+    async def generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        a = self.args
+        rid = request.request_id
+        self._note("generate", rid)
+        delay = a.delay_ms / 1000
+        steps = request.params.num_inference_steps or 0
+        max_tokens = request.params.max_tokens
+        n = 0
+        pieces = 0
+        async for piece in inputs:
+            pieces += 1
+            for step in range(1, steps + 1):
+                yield EngineOutput(modality=a.output_modality, step=step, total=steps)
+            count = 1 if a.echo else a.chunks_per_piece
+            for _ in range(count):
+                if max_tokens is not None and n >= max_tokens:
+                    break
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif n % _YIELD_EVERY == _YIELD_EVERY - 1:
+                    await asyncio.sleep(0)
+                if n == a.crash_at:
+                    os._exit(1)  # a hard crash: no goodbye, no flush, no cleanup
+                if n == a.fail_at:
+                    raise ScriptedFailure(f"scripted failure at output {n} of request {rid}")
+                if n == a.hang_at:
+                    await asyncio.Event().wait()  # until cancelled
+                yield self._echo(piece) if a.echo else self._output(n)
+                n += 1
+            if max_tokens is not None and n >= max_tokens:
+                break
+        # A payload-free last output carries the finish metadata (as vLLM's
+        # final delta often does); the worker does not count it as a chunk.
+        yield EngineOutput(
+            modality=a.output_modality,
+            finish_reason="length" if max_tokens is not None and n >= max_tokens else "stop",
+            prompt_tokens=pieces,
+            output_tokens=n,
+        )
+
+    def _output(self, n: int) -> EngineOutput:
+        m = self.args.output_modality
+        if m == "codec":
+            return EngineOutput(modality="codec", token_ids=(n,))
+        if m == "audio":
+            return EngineOutput(modality="audio", array=np.full(240, n, dtype=np.float32))
+        if m == "image":
+            return EngineOutput(
+                modality="image", data=b"scripted-image-%d" % n, media_type="application/x-scripted"
+            )
+        return EngineOutput(modality="text", text=f"t{n} ")
+
+    def _echo(self, piece: InputPiece) -> EngineOutput:
+        m = self.args.output_modality
+        if piece.array is not None:
+            return EngineOutput(modality=m, array=piece.array)
+        if piece.token_ids:
+            return EngineOutput(modality=m, token_ids=piece.token_ids)
+        text = piece.text or (piece.messages[-1].content if piece.messages else "")
+        return EngineOutput(modality=m, text=text)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self._note("abort", request_id)
+
+    async def close(self) -> None:
+        self._note("close")

@@ -1,0 +1,177 @@
+"""Child processes of the stage runtime: spawn, watch, capture output, kill.
+
+Owns: ``WorkerProcess``, one spawned worker: started in its own session
+(process group) so that killing it also kills anything it spawned (vLLM
+starts an engine-core process); watched with a pidfd on the event loop, so
+a ``kill -9`` is noticed within milliseconds (a killed process sends
+nothing); its stdout+stderr read through one pipe on the loop, forwarded
+line by line with a ``[stage/replica]`` prefix and the last lines kept for
+error messages.  Does not own restarts or what a death means
+(``runtime.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable
+
+TAIL_LINES = 30
+
+
+class WorkerProcess:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        label: str,
+        loop: asyncio.AbstractEventLoop,
+        on_exit: Callable[[WorkerProcess], None],
+        *,
+        forward_output: bool = True,
+    ) -> None:
+        self.label = label
+        self._loop = loop
+        self._on_exit = on_exit
+        self._forward = forward_output
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._partial = b""
+        self._exited = False
+        r, w = os.pipe()
+        try:
+            self.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=w,
+                stderr=w,
+                env=env,
+                start_new_session=True,  # own process group: killpg reaches grandchildren
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        self.pid = self.popen.pid
+        self._out_fd: int | None = r
+        os.set_blocking(r, False)
+        loop.add_reader(r, self._read_output)
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+            loop.add_reader(self._pidfd, self.poll)
+        except (AttributeError, OSError):
+            self._pidfd = None  # no pidfd (old kernel): the runtime's tick polls
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def describe_exit(self) -> str:
+        rc = self.popen.returncode
+        if rc is None:
+            return f"worker process {self.pid} is running"
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            return f"worker process {self.pid} was killed by {name}"
+        return f"worker process {self.pid} exited with code {rc}"
+
+    def last_output(self, n: int = 12) -> str:
+        lines = list(self.tail)[-n:]
+        return "\n".join("    " + ln for ln in lines) if lines else "    (no output)"
+
+    def poll(self) -> int | None:
+        """Reap if exited; calls ``on_exit`` once.  Safe to call any time."""
+        rc = self.popen.poll()
+        if rc is None or self._exited:
+            return rc
+        self._exited = True
+        self._read_output()  # what it said last, before we describe its death
+        self._close_fds()
+        # Anything it spawned dies with it (same process group).
+        self._killpg(signal.SIGKILL)
+        self._on_exit(self)
+        return rc
+
+    def terminate(self) -> None:
+        self._killpg(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._killpg(signal.SIGKILL)
+
+    def _killpg(self, sig: int) -> None:
+        # The group outlives its leader while members remain, and Linux does
+        # not reuse a pid that is still a group id: this cannot hit a stranger.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def wait_blocking(self, timeout: float) -> int | None:
+        """Wait for the exit (any thread: does not touch the loop; ``poll()`` after)."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _read_output(self) -> None:
+        fd = self._out_fd
+        if fd is None:
+            return
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                if self._partial:
+                    self._line(self._partial)
+                    self._partial = b""
+                with contextlib.suppress(ValueError, OSError, RuntimeError):
+                    self._loop.remove_reader(fd)
+                os.close(fd)
+                self._out_fd = None
+                return
+            data = self._partial + data
+            *lines, self._partial = data.split(b"\n")
+            for ln in lines:
+                self._line(ln)
+
+    def _line(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        self.tail.append(text)
+        if self._forward:
+            try:
+                sys.stderr.write(f"[{self.label}] {text}\n")
+            except (ValueError, OSError):
+                pass
+
+    def _close_fds(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(ValueError, OSError, RuntimeError):
+                self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def close(self) -> None:
+        """Stop watching (after the process is gone); closes our fds."""
+        self._read_output()
+        if self._out_fd is not None:
+            with contextlib.suppress(ValueError, OSError, RuntimeError):
+                self._loop.remove_reader(self._out_fd)
+            os.close(self._out_fd)
+            self._out_fd = None
+        self._close_fds()

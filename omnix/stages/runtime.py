@@ -1,0 +1,736 @@
+"""The stage runtime: worker processes, replicas, liveness, credits, over ZMQ.
+
+Owns: ``StageRuntime``, the orchestrator's only handle on stage workers.  It
+binds one ROUTER endpoint, spawns ``replicas`` worker processes per stage
+(or waits for hand-started ones), runs the HELLO -> WELCOME -> READY
+handshake, sends ``WorkItem``s and aborts, turns worker outputs into
+events (``StageStarted``, ``Chunk``, ``Progress``, ``StageFinished``,
+``StageFailed``, ``WorkerJoined``, ``WorkerLost``) handed to ``emit``, keeps
+per-replica credits (never more than ``capacity`` requests in flight),
+detects lost workers and restarts them.
+
+Does not own decisions: which replica gets a request, what happens to
+requests on a lost worker (fail or retry), queueing beyond credits, time
+outs of stages: those are the orchestrator's, made from the events this
+emits.
+
+Threading and re-entrancy: everything runs on the event loop thread that
+called ``start()``.  ``emit`` is only ever called from the loop's own
+callbacks (socket readable, process exited, liveness tick), never from
+inside ``send``/``abort``/``release``, so the orchestrator may call those
+from its event listeners without being re-entered.
+
+Liveness: a spawned worker is watched by pidfd (a ``kill -9`` is seen in
+milliseconds); every worker, spawned or not, sends heartbeats from a thread
+every ``heartbeat_interval_s``; silence for ``lost_after_s`` (minus one
+check interval, so the bound holds) makes it lost.  Before judging
+silence the runtime reads whatever is queued on its socket, so a server
+loop that was busy does not mistake its own backlog for dead workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+import zmq
+
+import omnix
+from omnix.events.blobs import BlobStore
+from omnix.events.types import (
+    Chunk,
+    Event,
+    Progress,
+    StageFailed,
+    StageFinished,
+    StageStarted,
+    WorkerJoined,
+    WorkerLost,
+)
+from omnix.pipelines.config import PipelineConfig, StageConfig
+from omnix.stages.procs import WorkerProcess
+from omnix.stages.work import WorkItem
+from omnix.stages.worker import PARENT_ENV, TOKEN_ENV
+from omnix.transport import messages as m
+from omnix.transport.codec import FrameEncoder
+from omnix.transport.sockets import (
+    MAX_DRAIN,
+    LoopReader,
+    default_ipc_endpoint,
+    make_router,
+    recv_parts,
+    remove_endpoint_dir,
+)
+
+log = logging.getLogger("omnix.runtime")
+
+SlotState = Literal["down", "starting", "joining", "ready"]
+# down: no worker; starting: spawned, no HELLO yet; joining: welcomed,
+# loading its engine (heartbeats flow); ready: READY received, takes work.
+
+_SHUTDOWN_GRACE_S = 3.0  # a worker told to shut down gets this long before SIGTERM
+_RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)  # by consecutive failed starts
+
+
+class RuntimeErrorBase(RuntimeError):
+    """Base of the runtime's own errors."""
+
+
+class WorkerStartError(RuntimeErrorBase):
+    """``start()`` could not bring every replica up."""
+
+
+class ReplicaUnavailable(RuntimeErrorBase):
+    """Work was sent to a replica that is not ready (never joined, or lost)."""
+
+
+class CapacityExceeded(RuntimeErrorBase):
+    """A new request (seq 0) was sent to a replica with no free credit."""
+
+
+class _Run:
+    """One request on one replica, from its seq 0 until Done/Error or loss."""
+
+    __slots__ = ("aborted", "next_seq", "released")
+
+    def __init__(self) -> None:
+        self.next_seq = 1
+        self.aborted = False
+        self.released = False
+
+
+class _Slot:
+    __slots__ = (
+        "active", "capacity", "config", "engine", "expected_token", "failures", "identity",
+        "joined_at", "last_seen", "pid", "proc", "replica", "restart_handle", "stage",
+        "started_at", "state", "token", "worker_id",
+    )
+
+    def __init__(self, config: StageConfig, replica: int) -> None:
+        self.config = config
+        self.stage = config.name
+        self.replica = replica
+        self.worker_id = f"{config.name}/{replica}"
+        self.state: SlotState = "down"
+        self.proc: WorkerProcess | None = None
+        self.expected_token: str | None = None  # the token of the process we spawned
+        self.token: str | None = None  # the welcomed incarnation's token
+        self.identity: bytes | None = None
+        self.pid = 0
+        self.capacity = 0
+        self.engine = ""
+        self.active: dict[str, _Run] = {}
+        self.last_seen = 0.0
+        self.started_at = 0.0
+        self.joined_at = 0.0
+        self.failures = 0
+        self.restart_handle: asyncio.TimerHandle | None = None
+
+    def where(self) -> str:
+        return f"stage {self.stage!r} replica {self.replica}"
+
+
+class StageRuntime:
+    """Runs a pipeline's stage workers.  See the module docstring and docs/runtime.md."""
+
+    def __init__(
+        self,
+        pipeline: PipelineConfig,
+        emit: Callable[[Event], None],
+        blobs: BlobStore,
+        *,
+        endpoint: str | None = None,
+        heartbeat_interval_s: float = 0.5,
+        lost_after_s: float = 2.0,
+        start_timeout_s: float = 120.0,
+        restart: bool = True,
+        spawn: bool = True,
+        worker_env: dict[str, str] | None = None,
+        python: str = sys.executable,
+        forward_worker_output: bool = True,
+    ) -> None:
+        if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
+            raise ValueError(
+                f"lost_after_s={lost_after_s} must be at least twice heartbeat_interval_s="
+                f"{heartbeat_interval_s}: a single late heartbeat must not declare a worker lost"
+            )
+        self.pipeline = pipeline
+        self._emit_fn = emit
+        self.blobs = blobs
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.lost_after_s = lost_after_s
+        self.start_timeout_s = start_timeout_s
+        self.restart = restart
+        self.spawn = spawn
+        self.worker_env = dict(worker_env or {})
+        self.python = python
+        self.forward_worker_output = forward_worker_output
+        self._tmpdir: str | None = None
+        if endpoint is None:
+            endpoint, self._tmpdir = default_ipc_endpoint()
+        self._endpoint = endpoint
+        # Check often enough that silence is judged within the bound.
+        self._tick_s = min(heartbeat_interval_s, lost_after_s / 8)
+        self._silence_s = lost_after_s - self._tick_s
+        self._slots: dict[str, list[_Slot]] = {
+            st.name: [_Slot(st, r) for r in range(st.replicas)] for st in pipeline.stages
+        }
+        self._by_identity: dict[bytes, _Slot] = {}
+        self._by_token: dict[str, _Slot] = {}
+        self._enc = FrameEncoder()
+        self._dec = m.decoders(m.SERVER_BOUND)
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._reader: LoopReader | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._changed: asyncio.Event | None = None
+        self._start_errors: list[str] = []
+        self._starting = False
+        self._started = False
+        self._closed = False
+        self._procs: list[WorkerProcess] = []  # every process ever spawned (for the finalizer)
+        self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+
+    # -- public API ---------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """What ``omnix worker --connect`` uses (tcp port 0 is resolved after start)."""
+        return self._endpoint
+
+    def ready_replicas(self, stage: str) -> int:
+        return sum(1 for s in self._stage_slots(stage) if s.state == "ready")
+
+    def capacity(self, stage: str, replica: int) -> int:
+        """The replica's credit count (0 unless ready)."""
+        s = self._slot(stage, replica)
+        return s.capacity if s.state == "ready" else 0
+
+    def in_flight(self, stage: str, replica: int) -> int:
+        """Requests started on the replica and not yet finished/failed/lost."""
+        return len(self._slot(stage, replica).active)
+
+    async def start(self, wait: bool | None = None) -> None:
+        """Bind, spawn the workers and (by default when spawning) wait for all.
+
+        ``wait`` defaults to ``self.spawn``: with ``spawn=False`` the runtime
+        binds and returns, and hand-started workers join whenever they come
+        (``WorkerJoined`` says so; ``wait_ready()`` waits for them).
+        Raises ``WorkerStartError`` naming the stage that did not come up.
+        """
+        if self._started:
+            raise RuntimeErrorBase("StageRuntime.start() was already called")
+        if self._closed:
+            raise RuntimeErrorBase("StageRuntime was shut down; build a new one")
+        self._started = True
+        loop = self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self._ctx = zmq.Context()
+        self._sock, self._endpoint = make_router(self._ctx, self._endpoint)
+        self._reader = LoopReader(loop, self._sock, self._drain)
+        self._tick_handle = loop.call_later(self._tick_s, self._tick)
+        if self.spawn:
+            for slot in self._all_slots():
+                self._spawn(slot)
+        if wait is None:
+            wait = self.spawn
+        if wait:
+            self._starting = True
+            try:
+                await self.wait_ready(self.start_timeout_s)
+            except BaseException:
+                await self.shutdown()
+                raise
+            finally:
+                self._starting = False
+
+    async def wait_ready(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Wait until every replica of every stage is ready."""
+        assert self._changed is not None, "call start() first"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._start_errors:
+                raise WorkerStartError("\n".join(self._start_errors))
+            missing = [s for s in self._all_slots() if s.state != "ready"]
+            if not missing:
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WorkerStartError(self._not_ready_message(missing, timeout or 0))
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    def send(self, work: WorkItem) -> None:
+        """Send ``work`` to its replica now (non-blocking).
+
+        Raises ``ReplicaUnavailable`` if the replica is not ready and
+        ``CapacityExceeded`` for a seq-0 item beyond its credits: both are
+        orchestrator bugs, reported loudly.  A continuation for a request
+        the replica does not run (it ended, was aborted or lost) is dropped.
+        """
+        slot = self._slot(work.stage, work.replica)
+        if slot.state != "ready":
+            raise ReplicaUnavailable(
+                f"{slot.where()} is not ready ({slot.state}); route only to replicas with a "
+                f"WorkerJoined and no later WorkerLost (request {work.request_id})"
+            )
+        rid = work.request_id
+        run = slot.active.get(rid)
+        if work.seq == 0:
+            if run is not None:
+                raise RuntimeErrorBase(f"request {rid} already runs on {slot.where()}; seq 0 sent twice")
+            if len(slot.active) >= slot.capacity:
+                log.error("over-capacity send refused: %s has %d/%d in flight", slot.where(),
+                          len(slot.active), slot.capacity)
+                raise CapacityExceeded(
+                    f"{slot.where()} has capacity {slot.capacity} and {len(slot.active)} requests "
+                    f"in flight; request {rid} must wait for a StageFinished/StageFailed there "
+                    "(the orchestrator's queue holds it, not the runtime)"
+                )
+            slot.active[rid] = _Run()
+        elif run is None or run.aborted:
+            log.debug("dropping piece %d of request %s: not running on %s", work.seq, rid, slot.where())
+            return
+        else:
+            run.next_seq = work.seq + 1
+        self._send_to(slot, m.WORK, work)
+
+    def abort(self, request_id: str, stage: str, replica: int) -> None:
+        """Ask the replica to stop ``request_id``; it answers StageFinished(aborted).
+
+        A no-op when the replica does not run the request (already ended, or
+        the replica is lost: its WorkerLost already ended the stage).
+        """
+        slot = self._slot(stage, replica)
+        run = slot.active.get(request_id)
+        if run is None or run.aborted or slot.state != "ready":
+            return
+        run.aborted = True
+        self._send_to(slot, m.ABORT, m.Abort(request_id))
+
+    def release(self, request_id: str) -> None:
+        """Forget ``request_id`` (call after its terminal event).
+
+        If a replica still runs it (a terminal decision without aborts) it
+        is aborted, its credit stays taken until the worker acknowledges,
+        and no further events are emitted for it.
+        """
+        for slot in self._all_slots():
+            run = slot.active.get(request_id)
+            if run is None:
+                continue
+            run.released = True
+            if not run.aborted and slot.state == "ready":
+                run.aborted = True
+                self._send_to(slot, m.ABORT, m.Abort(request_id))
+
+    async def shutdown(self) -> None:
+        """Stop every worker; idempotent.  Afterwards no child process remains."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        slots = self._all_slots()
+        for slot in slots:
+            if slot.restart_handle is not None:
+                slot.restart_handle.cancel()
+            if slot.identity is not None and self._sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._sock.send_multipart(
+                        self._enc.encode(m.SHUTDOWN, m.Shutdown("server shutdown"), slot.identity)
+                    )
+            if slot.state == "ready":
+                self._emit(WorkerLost(worker_id=slot.worker_id, stage=slot.stage,
+                                      replica=slot.replica, reason="shutdown"))
+            slot.state = "down"
+            slot.active.clear()
+        self._by_identity.clear()
+        self._by_token.clear()
+        procs = [p for p in self._procs if p.returncode is None]
+        deadline = time.monotonic() + _SHUTDOWN_GRACE_S
+        while procs and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            procs = [p for p in procs if p.poll() is None]
+        for p in procs:
+            log.warning("worker %s (pid %d) ignored shutdown; terminating", p.label, p.pid)
+            p.terminate()
+        for p in procs:
+            if await asyncio.to_thread(p.wait_blocking, 2.0) is None:
+                p.kill()
+                await asyncio.to_thread(p.wait_blocking, 5.0)
+        for p in self._procs:
+            p.poll()
+            p.kill()  # any grandchildren left in its group
+            p.close()
+        if self._reader is not None:
+            self._reader.close()
+        if self._sock is not None:
+            self._sock.close(0)
+        if self._ctx is not None:
+            self._ctx.term()
+        remove_endpoint_dir(self._tmpdir)
+        self._finalizer.detach()
+        if self._changed is not None:
+            self._changed.set()
+
+    # -- slots --------------------------------------------------------------
+    def _stage_slots(self, stage: str) -> list[_Slot]:
+        try:
+            return self._slots[stage]
+        except KeyError:
+            raise KeyError(
+                f"pipeline {self.pipeline.name!r} has no stage {stage!r} "
+                f"(stages: {', '.join(self._slots)})"
+            ) from None
+
+    def _slot(self, stage: str, replica: int) -> _Slot:
+        slots = self._stage_slots(stage)
+        if not 0 <= replica < len(slots):
+            raise KeyError(f"stage {stage!r} has replicas 0..{len(slots) - 1}, not {replica}")
+        return slots[replica]
+
+    def _all_slots(self) -> list[_Slot]:
+        return [s for slots in self._slots.values() for s in slots]
+
+    def _changed_state(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    # -- spawning -----------------------------------------------------------
+    def _spawn(self, slot: _Slot) -> None:
+        slot.restart_handle = None
+        if self._closed:
+            return
+        assert self._loop is not None
+        token = secrets.token_hex(8)
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = "1"  # see ARCHITECTURE.md; worker_env may override
+        env["PYTHONUNBUFFERED"] = "1"
+        root = os.path.dirname(os.path.dirname(os.path.abspath(omnix.__file__)))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.update(self.worker_env)
+        env[TOKEN_ENV] = token
+        env[PARENT_ENV] = str(os.getpid())
+        argv = [
+            self.python, "-m", "omnix.stages.worker_cli",
+            "--connect", self._endpoint, "--stage", slot.stage, "--replica", str(slot.replica),
+        ]
+        proc = WorkerProcess(
+            argv, env, slot.worker_id, self._loop, self._on_proc_exit,
+            forward_output=self.forward_worker_output,
+        )
+        self._procs[:] = [p for p in self._procs if p.returncode is None]
+        self._procs.append(proc)
+        slot.proc = proc
+        slot.expected_token = token
+        slot.state = "starting"
+        slot.pid = proc.pid
+        slot.started_at = time.monotonic()
+        log.debug("spawned %s as pid %d", slot.worker_id, proc.pid)
+
+    def _on_proc_exit(self, proc: WorkerProcess) -> None:
+        slot = next((s for s in self._all_slots() if s.proc is proc), None)
+        if slot is None or self._closed:
+            return
+        why = proc.describe_exit()
+        if slot.state == "down":
+            return  # already handled (lost by heartbeat, then killed)
+        if slot.state != "ready" and self._starting:
+            self._start_errors.append(
+                f"{slot.where()} did not come up: {why} before it was ready; its last output:\n"
+                f"{proc.last_output()}"
+            )
+        elif slot.state != "ready":
+            log.error("%s died while starting: %s; last output:\n%s", slot.worker_id, why, proc.last_output())
+        self._lose(slot, why)
+
+    def _schedule_restart(self, slot: _Slot) -> None:
+        if self._closed or not self.spawn or not self.restart or self._starting:
+            return
+        assert self._loop is not None
+        delay = _RESTART_BACKOFF_S[min(slot.failures, len(_RESTART_BACKOFF_S) - 1)]
+        slot.failures += 1
+        if delay:
+            log.warning("restarting %s in %.1f s (%d failed starts in a row)", slot.worker_id, delay, slot.failures - 1)
+        slot.restart_handle = self._loop.call_later(delay, self._spawn, slot)
+
+    # -- loss -----------------------------------------------------------------
+    def _lose(self, slot: _Slot, reason: str) -> None:
+        """The slot's worker is gone (or disowned): emit, clean up, restart."""
+        if slot.state == "down":
+            return
+        was_ready = slot.state == "ready"
+        if slot.identity is not None:
+            self._by_identity.pop(slot.identity, None)
+        if slot.token is not None:
+            self._by_token.pop(slot.token, None)
+        slot.identity = None
+        slot.token = None
+        slot.state = "down"
+        slot.active.clear()  # its requests are lost; the reducer marks their stages
+        if slot.proc is not None and slot.proc.returncode is None:
+            # Alive but silent (hung, stopped, partitioned): make sure it can
+            # never come back as a ghost next to its replacement.
+            slot.proc.kill()
+        if was_ready:
+            log.warning("lost %s: %s", slot.worker_id, reason)
+            self._emit(WorkerLost(worker_id=slot.worker_id, stage=slot.stage,
+                                  replica=slot.replica, reason=reason))
+            slot.failures = 0
+        self._changed_state()
+        if slot.proc is not None:
+            self._schedule_restart(slot)
+
+    def _tick(self) -> None:
+        if self._closed:
+            return
+        assert self._loop is not None
+        self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
+        self._drain()  # heartbeats already queued count: our own lateness is not their death
+        now = time.monotonic()
+        for slot in self._all_slots():
+            proc = slot.proc
+            if proc is not None and proc.returncode is None:
+                proc.poll()  # no-op with a pidfd; the fallback otherwise
+            st = slot.state
+            if st in ("joining", "ready") and now - slot.last_seen > self._silence_s:
+                self._lose(slot, f"no heartbeat for {now - slot.last_seen:.1f} s")
+            elif st == "starting" and not self._starting and now - slot.started_at > self.start_timeout_s:
+                log.error("%s did not say hello within %.0f s; killing it", slot.worker_id, self.start_timeout_s)
+                if proc is not None:
+                    proc.kill()
+
+    # -- receiving ------------------------------------------------------------
+    def _drain(self) -> None:
+        sock = self._sock
+        if sock is None or self._closed:
+            return
+        for _ in range(MAX_DRAIN):
+            try:
+                identity = sock.recv(zmq.NOBLOCK)
+                mtype, body, aux = recv_parts(sock)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            dec = self._dec.get(mtype)
+            if dec is None:
+                log.error("ignoring a message of unknown type %r (a newer worker?)", mtype)
+                continue
+            try:
+                msg = dec.decode(body, aux)
+            except msgspec.DecodeError as exc:
+                log.error("ignoring a malformed %r message: %s", mtype, exc)
+                continue
+            if mtype == m.OUTPUTS:
+                slot = self._by_identity.get(identity)
+                if slot is not None:
+                    slot.last_seen = time.monotonic()
+                    self._on_records(slot, msg)
+            elif mtype == m.HEARTBEAT:
+                self._on_heartbeat(identity, msg)
+            elif mtype == m.HELLO:
+                self._on_hello(identity, msg)
+            elif mtype == m.READY:
+                self._on_ready(identity, msg)
+            elif mtype == m.START_FAILED:
+                self._on_start_failed(identity, msg)
+            elif mtype == m.GOODBYE:
+                slot = self._by_identity.get(identity)
+                if slot is not None and slot.token == msg.token:
+                    self._lose(slot, f"worker exited: {msg.reason}")
+            if self._closed:
+                return
+        assert self._reader is not None
+        self._reader.reschedule()
+
+    def _on_records(self, slot: _Slot, records: list[m.Record]) -> None:
+        emit = self._emit
+        stage = slot.stage
+        replica = slot.replica
+        active = slot.active
+        for rec in records:
+            rid = rec.request_id
+            run = active.get(rid)
+            cls = type(rec)
+            if cls is m.Done or cls is m.Error:
+                active.pop(rid, None)
+            if run is None or run.released:
+                continue
+            if cls is m.Output:
+                blob = None
+                if rec.array is not None:
+                    blob = self.blobs.put_array(rec.array, rec.media_type)
+                elif rec.data:
+                    blob = self.blobs.put(rec.data, rec.media_type)
+                emit(Chunk(request_id=rid, stage=stage, replica=replica, index=rec.index,
+                           modality=rec.modality, text=rec.text, token_ids=rec.token_ids, blob=blob))
+            elif cls is m.Started:
+                emit(StageStarted(request_id=rid, stage=stage, replica=replica))
+            elif cls is m.ProgressRec:
+                emit(Progress(request_id=rid, stage=stage, replica=replica, step=rec.step, total=rec.total))
+            elif cls is m.Done:
+                emit(StageFinished(request_id=rid, stage=stage, replica=replica, chunks=rec.chunks,
+                                   finish_reason=rec.finish_reason, prompt_tokens=rec.prompt_tokens,
+                                   output_tokens=rec.output_tokens))
+            else:
+                emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=rec.message))
+            if slot.state != "ready":
+                return  # an event listener shut us down or lost the slot
+
+    def _on_heartbeat(self, identity: bytes, hb: m.Heartbeat) -> None:
+        slot = self._by_token.get(hb.token)
+        assert self._sock is not None
+        if slot is None:
+            msg = self._enc.encode(m.REFUSED, m.Refused(
+                "this server does not know the worker (it was declared lost or the server "
+                "restarted); start it again"), identity)
+        else:
+            slot.last_seen = time.monotonic()
+            msg = self._enc.encode(m.HEARTBEAT_ACK, m.HeartbeatAck(), identity)
+        with contextlib.suppress(zmq.ZMQError):  # its connection may be gone
+            self._sock.send_multipart(msg)
+
+    def _refuse(self, identity: bytes, reason: str) -> None:
+        log.warning("refused a worker: %s", reason)
+        assert self._sock is not None
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.send_multipart(self._enc.encode(m.REFUSED, m.Refused(reason), identity))
+
+    def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
+        if hello.protocol != m.PROTOCOL_VERSION:
+            return self._refuse(identity, (
+                f"protocol version {hello.protocol} differs from the server's "
+                f"{m.PROTOCOL_VERSION}; run the same omnix version on both sides"))
+        slots = self._slots.get(hello.stage)
+        if slots is None:
+            return self._refuse(identity, (
+                f"pipeline {self.pipeline.name!r} has no stage {hello.stage!r} "
+                f"(stages: {', '.join(self._slots)})"))
+        slot: _Slot | None
+        if self.spawn:
+            slot = next((s for s in slots if s.expected_token == hello.token and s.state == "starting"), None)
+            if slot is None:
+                return self._refuse(identity, (
+                    f"the workers of stage {hello.stage!r} are spawned by this server itself "
+                    "(spawn=True); hand-started workers join a server started with spawn=False"))
+        elif hello.replica >= 0:
+            if hello.replica >= len(slots):
+                return self._refuse(identity, (
+                    f"stage {hello.stage!r} has replicas 0..{len(slots) - 1}, not {hello.replica}"))
+            slot = slots[hello.replica]
+            if slot.state != "down":
+                return self._refuse(identity, (
+                    f"replica {hello.replica} of stage {hello.stage!r} already has a worker "
+                    f"(pid {slot.pid}, {slot.state}); pick another --replica or omit it"))
+        else:
+            slot = next((s for s in slots if s.state == "down"), None)
+            if slot is None:
+                return self._refuse(identity, (
+                    f"all {len(slots)} replicas of stage {hello.stage!r} have workers; raise "
+                    "`replicas` in the pipeline config to add more"))
+        assert self._sock is not None
+        slot.state = "joining"
+        slot.token = hello.token
+        slot.identity = identity
+        slot.pid = hello.pid
+        slot.last_seen = time.monotonic()
+        self._by_identity[identity] = slot
+        self._by_token[hello.token] = slot
+        welcome = m.Welcome(
+            replica=slot.replica,
+            config=slot.config,
+            pipeline=self.pipeline.name,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            server_lost_after_s=max(10.0, 5 * self.lost_after_s),
+        )
+        self._send_to(slot, m.WELCOME, welcome)
+        log.debug("welcomed %s (pid %d)", slot.worker_id, hello.pid)
+
+    def _on_ready(self, identity: bytes, ready: m.Ready) -> None:
+        slot = self._by_identity.get(identity)
+        if slot is None or slot.token != ready.token or slot.state != "joining":
+            return self._refuse(identity, "READY from a worker that is not joining; say HELLO first")
+        slot.state = "ready"
+        slot.capacity = ready.capacity
+        slot.engine = ready.engine
+        slot.last_seen = slot.joined_at = time.monotonic()
+        slot.failures = 0
+        self._emit(WorkerJoined(worker_id=slot.worker_id, stage=slot.stage, replica=slot.replica,
+                                engine=ready.engine, capacity=ready.capacity, pid=slot.pid))
+        self._changed_state()
+
+    def _on_start_failed(self, identity: bytes, msg: m.StartFailed) -> None:
+        slot = self._by_identity.get(identity)
+        if slot is None or slot.token != msg.token:
+            return
+        text = f"{slot.where()} could not load its engine: {msg.message}"
+        if self._starting:
+            self._start_errors.append(text)
+        else:
+            log.error("%s", text)
+        self._lose(slot, text)
+
+    # -- sending ----------------------------------------------------------------
+    def _send_to(self, slot: _Slot, mtype: bytes, msg: object) -> None:
+        sock = self._sock
+        assert sock is not None and slot.identity is not None
+        frames = self._enc.encode(mtype, msg, slot.identity)
+        try:
+            if len(frames) == 3:
+                sock.send_multipart(frames)
+            else:
+                sock.send_multipart(frames, copy=False)
+        except zmq.ZMQError as exc:
+            # ROUTER_MANDATORY: its connection is gone.  Declare it lost from
+            # the loop, not from inside the caller's send().
+            assert self._loop is not None
+            self._loop.call_soon(self._lose, slot, f"unreachable: {exc}")
+            return
+        assert self._reader is not None
+        self._reader.kick()
+
+    def _emit(self, ev: Event) -> None:
+        try:
+            self._emit_fn(ev)
+        except Exception:
+            # emit must not raise (contract); if it does, keep serving.
+            log.exception("emit(%s) raised; event dropped", type(ev).__name__)
+
+    def _not_ready_message(self, missing: list[_Slot], timeout: float) -> str:
+        lines = []
+        for s in missing:
+            if s.state == "down" and not self.spawn:
+                lines.append(
+                    f"{s.where()}: no worker joined within {timeout:.0f} s; start one with "
+                    f"`omnix worker --connect {self._endpoint} --stage {s.stage}`")
+            elif s.state == "starting":
+                lines.append(f"{s.where()}: the worker (pid {s.pid}) never said hello within {timeout:.0f} s")
+            elif s.state == "joining":
+                lines.append(
+                    f"{s.where()}: the worker (pid {s.pid}) was still loading its engine after "
+                    f"{timeout:.0f} s; raise start_timeout_s if its model loads slowly")
+            else:
+                lines.append(f"{s.where()}: not ready ({s.state})")
+            if s.proc is not None and s.proc.tail:
+                lines.append("  its last output:\n" + s.proc.last_output())
+        return "stage workers not ready:\n" + "\n".join(lines)
+
+
+def _kill_all(procs: list[WorkerProcess]) -> None:
+    """Finalizer: a runtime dropped without shutdown() still leaves no child."""
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+            p.wait_blocking(2.0)

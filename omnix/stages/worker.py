@@ -1,0 +1,537 @@
+"""One stage worker process: handshake, engine, per-request tasks, heartbeats.
+
+Owns: ``Worker`` (what runs inside ``omnix worker``): it connects to a
+stage runtime, says HELLO, gets its stage's config, loads the engine, says
+READY, then runs one asyncio task per request, feeding ``WorkItem`` pieces
+into ``engine.generate`` through a queue-backed async iterator and
+streaming outputs back in batches.  A heartbeat thread proves the process
+alive even while the engine load blocks the loop.  Does not own the
+protocol's shape (``omnix.transport``) nor any decisions about requests:
+it reports what happened, the orchestrator decides.
+
+Per request the worker sends ``Started`` once, outputs, then exactly one of
+``Done`` (``finish_reason="aborted"`` when acknowledging an abort) or
+``Error`` (the engine raised; the worker lives on).  An abort for a request
+it no longer runs is ignored; work for a request it has aborted is dropped
+(a bounded memory of aborted ids).
+
+Exit codes: 0 clean shutdown, 2 refused by the server, 3 the engine failed
+to load, 4 no answer to HELLO, 5 the server stopped answering heartbeats
+(or the parent that spawned this worker died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+import msgspec
+import zmq
+
+from omnix.pipelines.config import StageConfig
+from omnix.stages.engine import Engine, EngineInfo, GenerateRequest, InputPiece, load_engine
+from omnix.stages.work import WorkItem
+from omnix.transport import messages as m
+from omnix.transport.codec import FrameEncoder
+from omnix.transport.sockets import MAX_DRAIN, LoopReader, make_dealer, recv_parts
+
+log = logging.getLogger("omnix.worker")
+
+TOKEN_ENV = "OMNIX_WORKER_TOKEN"  # set by the runtime for the workers it spawns
+PARENT_ENV = "OMNIX_PARENT_PID"  # the spawning runtime's pid: die with it
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+EXIT_ENGINE_FAILED = 3
+EXIT_NO_SERVER = 4
+EXIT_SERVER_LOST = 5
+
+MAX_BATCH = 256  # records per OUTPUTS message before an immediate flush
+ABORTED_MEMORY = 4096  # recently aborted request ids remembered to drop late work
+_HARD_EXIT_GRACE_S = 5.0  # after asking the loop to stop, exit anyway
+
+
+class WorkerExit(Exception):
+    """Ends the worker with an exit code and a message for its operator."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Inputs:
+    """The async iterator ``engine.generate`` reads a request's pieces from."""
+
+    __slots__ = ("_closed", "_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[InputPiece] = deque()
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def push(self, pieces: tuple[InputPiece, ...], last: bool) -> None:
+        self._items.extend(pieces)
+        if last:
+            self._closed = True
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def __aiter__(self) -> _Inputs:
+        return self
+
+    async def __anext__(self) -> InputPiece:
+        while not self._items:
+            if self._closed:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
+class _Req:
+    __slots__ = ("aborted", "chunks", "done", "inputs", "last", "next_seq", "rid", "started", "task")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.inputs = _Inputs()
+        self.task: asyncio.Task[None] | None = None
+        self.chunks = 0
+        self.next_seq = 1
+        self.started = False
+        self.done = False
+        self.aborted = False
+        self.last: Any = None  # the engine's latest output (finish metadata)
+
+
+class Worker:
+    """A stage worker bound to one server endpoint.  ``await run()`` -> exit code."""
+
+    def __init__(
+        self,
+        connect: str,
+        stage: str,
+        replica: int = -1,
+        *,
+        token: str | None = None,
+        parent_pid: int = 0,
+        hello_timeout_s: float = 60.0,
+    ) -> None:
+        self.connect = connect
+        self.stage = stage
+        self.replica = replica
+        self.token = token or secrets.token_hex(8)
+        self.parent_pid = parent_pid
+        self.hello_timeout_s = hello_timeout_s
+        self.config: StageConfig | None = None
+        self.engine: Engine | None = None
+        self.capacity = 0
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._reader: LoopReader | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._enc = FrameEncoder()
+        self._dec = m.decoders(m.WORKER_BOUND)
+        self._active: dict[str, _Req] = {}
+        self._aborted: OrderedDict[str, None] = OrderedDict()
+        self._outbox: list[m.Record] = []
+        self._welcome: asyncio.Future[m.Welcome] | None = None
+        self._stopped: asyncio.Event | None = None
+        self._exit_code = EXIT_OK
+        self._exit_reason = ""
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+        self._server_gone = False
+
+    # -- lifecycle -----------------------------------------------------------
+    async def run(self) -> int:
+        loop = self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        self._ctx = zmq.Context()
+        self._sock = make_dealer(self._ctx, self.connect, b"w" + self.token.encode())
+        self._reader = LoopReader(loop, self._sock, self._drain)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop, EXIT_OK, f"received {signal.Signals(sig).name}")
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        try:
+            welcome = await self._handshake()
+            self._start_heartbeats(welcome)
+            await self._load_engine()
+            await self._stopped.wait()
+            return self._exit_code
+        except WorkerExit as exc:
+            print(f"omnix worker {self.stage}/{self.replica}: {exc}", file=sys.stderr, flush=True)
+            self._exit_reason = str(exc)
+            return exc.code
+        finally:
+            await self._teardown()
+
+    def stop(self, code: int = EXIT_OK, reason: str = "") -> None:
+        """Ask the worker to exit (thread-unsafe: call on the loop)."""
+        if self._stopped is None or self._stopped.is_set():
+            return
+        self._exit_code = code
+        self._exit_reason = reason
+        if code != EXIT_OK or reason:
+            log.info("worker %s/%s stopping: %s", self.stage, self.replica, reason)
+        self._stopped.set()
+
+    async def _handshake(self) -> m.Welcome:
+        loop = asyncio.get_running_loop()
+        self._welcome = loop.create_future()
+        hello = m.Hello(
+            protocol=m.PROTOCOL_VERSION,
+            stage=self.stage,
+            replica=self.replica,
+            pid=os.getpid(),
+            token=self.token,
+            host=socket.gethostname(),
+        )
+        self._send(m.HELLO, hello)
+        try:
+            welcome = await asyncio.wait_for(self._welcome, self.hello_timeout_s)
+        except TimeoutError:
+            raise WorkerExit(
+                EXIT_NO_SERVER,
+                f"no answer from a stage runtime at {self.connect} within "
+                f"{self.hello_timeout_s:.0f} s; check that the server is running and that "
+                "the address (and port) is the one it printed",
+            ) from None
+        self.replica = welcome.replica
+        self.config = welcome.config
+        return welcome
+
+    async def _load_engine(self) -> None:
+        cfg = self.config
+        assert cfg is not None
+        kind = type(cfg.engine).__struct_config__.tag
+        try:
+            engine = load_engine(kind, cfg.engine)
+            self.engine = engine
+            info = await engine.start()
+            if not isinstance(info, EngineInfo) or info.capacity < 1:
+                raise TypeError(f"engine {kind!r} start() returned {info!r}, not an EngineInfo with capacity >= 1")
+        except Exception as exc:
+            log.exception("engine %r for stage %r failed to start", kind, self.stage)
+            self._send(m.START_FAILED, m.StartFailed(self.token, f"{type(exc).__name__}: {exc}"))
+            raise WorkerExit(
+                EXIT_ENGINE_FAILED,
+                f"engine {kind!r} for stage {self.stage!r} failed to start: {type(exc).__name__}: {exc}",
+            ) from exc
+        _apply_thread_limits()
+        self.capacity = info.capacity
+        self._send(m.READY, m.Ready(self.token, info.engine, info.capacity, info.device, info.model))
+        log.info(
+            "worker %s/%d ready: engine %s, capacity %d, pid %d",
+            self.stage, self.replica, info.engine, info.capacity, os.getpid(),
+        )
+
+    async def _teardown(self) -> None:
+        tasks = [r.task for r in self._active.values() if r.task is not None and not r.task.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+        self._flush()
+        if self.engine is not None:
+            try:
+                await asyncio.wait_for(self.engine.close(), 10.0)
+            except Exception:
+                log.exception("engine close failed")
+        if self._sock is not None and not self._server_gone and self._welcome is not None and self._welcome.done():
+            try:
+                self._send(m.GOODBYE, m.Goodbye(self.token, self._exit_reason or "exiting"))
+            except zmq.ZMQError:
+                pass
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=2.0)
+        if self._reader is not None:
+            self._reader.close()
+        if self._sock is not None:
+            self._sock.close(linger=500)  # let the last outputs and the goodbye out
+        if self._ctx is not None:
+            self._ctx.term()
+
+    # -- heartbeats (own thread, own socket) -----------------------------------
+    def _start_heartbeats(self, welcome: m.Welcome) -> None:
+        self._hb_thread = threading.Thread(
+            target=self._heartbeat_main,
+            args=(welcome.heartbeat_interval_s, welcome.server_lost_after_s),
+            name="omnix-heartbeat",
+            daemon=True,
+        )
+        self._hb_thread.start()
+
+    def _heartbeat_main(self, interval: float, server_lost_after: float) -> None:
+        assert self._ctx is not None
+        sock = make_dealer(self._ctx, self.connect, b"h" + self.token.encode(), hwm=4, linger_ms=0)
+        enc = FrameEncoder()
+        ack_dec = m.decoders(m.WORKER_BOUND)
+        last_ack = time.monotonic()
+        try:
+            while not self._hb_stop.is_set():
+                try:
+                    sock.send_multipart(
+                        enc.encode(m.HEARTBEAT, m.Heartbeat(self.token, len(self._active))),
+                        flags=zmq.NOBLOCK,
+                    )
+                except zmq.Again:
+                    pass
+                deadline = time.monotonic() + interval
+                while (left := deadline - time.monotonic()) > 0 and not self._hb_stop.is_set():
+                    if not sock.poll(int(left * 1000) + 1):
+                        continue
+                    mtype, body, _ = recv_parts(sock)
+                    if mtype == m.HEARTBEAT_ACK:
+                        last_ack = time.monotonic()
+                    elif mtype == m.REFUSED:
+                        reason = ack_dec[m.REFUSED].decode(body).reason
+                        self._fatal(EXIT_SERVER_LOST, f"the server disowned this worker: {reason}")
+                        return
+                if self.parent_pid and os.getppid() != self.parent_pid:
+                    self._fatal(EXIT_SERVER_LOST, f"the runtime that spawned this worker (pid {self.parent_pid}) is gone")
+                    return
+                silent = time.monotonic() - last_ack
+                if silent > server_lost_after:
+                    self._fatal(
+                        EXIT_SERVER_LOST,
+                        f"the server at {self.connect} has not answered heartbeats for {silent:.1f} s; "
+                        "exiting so a process manager can restart this worker",
+                    )
+                    return
+        finally:
+            sock.close(0)
+
+    def _fatal(self, code: int, reason: str) -> None:
+        """From the heartbeat thread: stop the worker; hard-exit if the loop is stuck."""
+        print(f"omnix worker {self.stage}/{self.replica}: {reason}", file=sys.stderr, flush=True)
+        self._server_gone = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self.stop, code, reason)
+            except RuntimeError:
+                pass
+        if not self._hb_stop.wait(_HARD_EXIT_GRACE_S):
+            if os.getsid(0) == os.getpid():
+                # We lead our own session (spawned by a runtime): take any
+                # engine subprocesses down with us.
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            os._exit(code)
+
+    # -- receiving ------------------------------------------------------------
+    def _drain(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        for _ in range(MAX_DRAIN):
+            try:
+                mtype, body, aux = recv_parts(sock)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return  # socket closed under us during teardown
+            dec = self._dec.get(mtype)
+            if dec is None:
+                log.error("ignoring a message of unknown type %r (protocol mismatch?)", mtype)
+                continue
+            try:
+                msg = dec.decode(body, aux)
+            except msgspec.DecodeError as exc:
+                log.error("ignoring a malformed %r message: %s", mtype, exc)
+                continue
+            if mtype == m.WORK:
+                self._on_work(msg)
+            elif mtype == m.ABORT:
+                self._on_abort(msg.request_id)
+            elif mtype == m.WELCOME:
+                if self._welcome is not None and not self._welcome.done():
+                    self._welcome.set_result(msg)
+            elif mtype == m.REFUSED:
+                exc = WorkerExit(EXIT_REFUSED, f"the server refused this worker: {msg.reason}")
+                if self._welcome is not None and not self._welcome.done():
+                    self._welcome.set_exception(exc)
+                else:
+                    self.stop(EXIT_REFUSED, str(exc))
+            elif mtype == m.SHUTDOWN:
+                self._server_gone = True  # no goodbye needed
+                self.stop(EXIT_OK, msg.reason or "the server asked this worker to shut down")
+        assert self._reader is not None
+        self._reader.reschedule()
+
+    def _on_work(self, item: WorkItem) -> None:
+        rid = item.request_id
+        req = self._active.get(rid)
+        if item.seq == 0:
+            if req is not None:
+                log.error("request %s: a second seq 0 while it runs; dropped", rid)
+                return
+            if rid in self._aborted:
+                log.info("request %s was aborted; dropping its work", rid)
+                return
+            if self.engine is None:
+                self._record(m.Error(rid, "worker received work before its engine was ready"))
+                return
+            if len(self._active) >= self.capacity:
+                log.error("request %s: over capacity (%d running); refused", rid, len(self._active))
+                self._record(m.Error(
+                    rid,
+                    f"worker {self.stage}/{self.replica} is at its capacity of {self.capacity} "
+                    "requests; the runtime should not have sent more (credit accounting bug)",
+                ))
+                return
+            req = _Req(rid)
+            req.inputs.push(item.pieces, item.last)
+            self._active[rid] = req
+            assert self._loop is not None
+            req.task = self._loop.create_task(self._execute(req, item))
+            req.task.add_done_callback(lambda t, r=req: self._on_task_done(r, t))
+            return
+        if req is None or req.aborted:
+            if rid not in self._aborted:
+                log.debug("request %s: piece %d for a request not running here; dropped", rid, item.seq)
+            return
+        if item.seq != req.next_seq:
+            log.error("request %s: piece seq %d, expected %d (pieces out of order)", rid, item.seq, req.next_seq)
+        req.next_seq = item.seq + 1
+        req.inputs.push(item.pieces, item.last)
+
+    def _on_abort(self, rid: str) -> None:
+        self._aborted[rid] = None
+        if len(self._aborted) > ABORTED_MEMORY:
+            self._aborted.popitem(last=False)
+        req = self._active.get(rid)
+        if req is None or req.done or req.aborted:
+            return  # not running (any more): ignored, no reply
+        req.aborted = True
+        assert self._loop is not None and self.engine is not None
+        # Tell the engine (it frees its own resources: vLLM's KV blocks) and
+        # stop consuming its outputs now; the task's end acknowledges.
+        self._loop.create_task(self._engine_abort(rid))
+        if req.task is not None:
+            req.task.cancel()
+
+    async def _engine_abort(self, rid: str) -> None:
+        try:
+            assert self.engine is not None
+            await self.engine.abort(rid)
+        except Exception:
+            log.exception("engine.abort(%r) raised", rid)
+
+    # -- running a request -------------------------------------------------------
+    async def _execute(self, req: _Req, item: WorkItem) -> None:
+        rid = req.rid
+        req.started = True
+        record = self._record
+        record(m.Started(rid))
+        engine = self.engine
+        assert engine is not None
+        gen = engine.generate(GenerateRequest(rid, item.stage, item.params, item.seed), req.inputs)
+        try:
+            async for out in gen:
+                req.last = out
+                if out.text or out.token_ids or out.data or out.array is not None:
+                    record(m.Output(
+                        rid, req.chunks, out.modality, out.text, out.token_ids,
+                        out.array, out.data, out.media_type,
+                    ))
+                    req.chunks += 1
+                elif out.total > 0:
+                    record(m.ProgressRec(rid, out.step, out.total))
+                # else: payload-free finish metadata, not a chunk
+        except asyncio.CancelledError:
+            raise  # an abort (acknowledged in _on_task_done) or shutdown
+        except Exception as exc:
+            req.done = True
+            if req.aborted:  # some engines raise when aborted: that is the ack
+                record(self._done(req, "aborted"))
+                return
+            log.warning("request %s failed on stage %s: %s: %s", rid, self.stage, type(exc).__name__, exc)
+            record(m.Error(rid, f"{type(exc).__name__}: {exc}"))
+            return
+        req.done = True
+        reason = "aborted" if req.aborted else (getattr(req.last, "finish_reason", "") or "stop")
+        record(self._done(req, reason))
+
+    @staticmethod
+    def _done(req: _Req, reason: str) -> m.Done:
+        last = req.last
+        return m.Done(
+            req.rid,
+            req.chunks,
+            reason,
+            getattr(last, "prompt_tokens", 0) or 0,
+            getattr(last, "output_tokens", 0) or 0,
+        )
+
+    def _on_task_done(self, req: _Req, task: asyncio.Task[None]) -> None:
+        self._active.pop(req.rid, None)
+        if req.done:
+            return
+        req.done = True
+        if task.cancelled():
+            if req.aborted:
+                if not req.started:
+                    self._record(m.Started(req.rid))
+                self._record(self._done(req, "aborted"))
+            # else: cancelled by shutdown; the server is going away
+            return
+        exc = task.exception()
+        self._record(m.Error(req.rid, f"worker error: {type(exc).__name__}: {exc}"))
+
+    # -- sending ------------------------------------------------------------------
+    def _record(self, rec: m.Record) -> None:
+        box = self._outbox
+        box.append(rec)
+        if len(box) == 1:
+            # Everything recorded in this loop iteration leaves in one message.
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+        elif len(box) >= MAX_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._outbox or self._sock is None:
+            return
+        records, self._outbox = self._outbox, []
+        try:
+            self._send(m.OUTPUTS, records)
+        except zmq.ZMQError as exc:
+            log.error("could not send %d output records: %s", len(records), exc)
+
+    def _send(self, mtype: bytes, msg: Any) -> None:
+        sock = self._sock
+        assert sock is not None
+        frames = self._enc.encode(mtype, msg)
+        if len(frames) == 2:
+            sock.send_multipart(frames)
+        else:
+            sock.send_multipart(frames, copy=False)
+        if self._reader is not None:
+            self._reader.kick()
+
+
+def _apply_thread_limits() -> None:
+    """Cap torch's intra-op threads to OMP_NUM_THREADS (the runtime sets 1):
+    on small machines a streaming loop and torch's pool fight for cores."""
+    torch = sys.modules.get("torch")
+    n = os.environ.get("OMP_NUM_THREADS")
+    if torch is not None and n and n.isdigit() and int(n) > 0:
+        try:
+            torch.set_num_threads(int(n))
+        except Exception:
+            pass

@@ -1,0 +1,193 @@
+"""The stage protocol: every message between the runtime and its workers.
+
+Owns: the message types (one byte each, the first frame of a message), the
+msgspec Structs of their bodies, the batched output records a worker sends,
+``PROTOCOL_VERSION`` and one typed decoder per message type.  Does not own
+sockets (``sockets.py``), encoding rules (``codec.py``) or what either side
+does with a message (``omnix.stages.runtime``, ``omnix.stages.worker``).
+
+Conversation (worker DEALER -> server ROUTER, one endpoint)::
+
+    worker                              server
+    HELLO(stage, replica|-1, pid, token) ->
+                                     <- WELCOME(replica, StageConfig, timings)
+                                        or REFUSED(reason)   (worker exits 2)
+    [heartbeat thread starts: HEARTBEAT -> / <- HEARTBEAT_ACK, own socket]
+    [loads its engine: load_engine(kind, cfg.engine); start()]
+    READY(engine info) ->               emits WorkerJoined
+                                     <- WORK(WorkItem) / ABORT(request_id)
+    OUTPUTS([Started|Output|ProgressRec|Done|Error, ...]) ->
+    GOODBYE(reason) ->                  (on a clean exit)
+                                     <- SHUTDOWN
+
+Compatibility: bodies are ``array_like`` Structs; a field may only be
+appended with a default.  A HELLO whose ``protocol`` differs from ours is
+refused with a message naming both versions.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from omnix.events.types import Modality
+from omnix.pipelines.config import StageConfig
+from omnix.stages.work import WorkItem
+from omnix.transport.codec import FrameDecoder
+
+PROTOCOL_VERSION = 1
+
+# -- message type bytes (first frame) ---------------------------------------
+HELLO = b"H"
+WELCOME = b"C"
+REFUSED = b"N"
+READY = b"R"
+START_FAILED = b"X"
+OUTPUTS = b"O"
+GOODBYE = b"G"
+HEARTBEAT = b"B"
+HEARTBEAT_ACK = b"b"
+WORK = b"W"
+ABORT = b"A"
+SHUTDOWN = b"S"
+
+_MSG = dict(frozen=True, array_like=True, gc=False)
+
+
+class Hello(msgspec.Struct, **_MSG):
+    """First message of a worker.  ``replica == -1`` asks the server to
+    assign a free one.  ``token`` names this worker incarnation: heartbeats
+    carry it, and a spawned worker gets it from the server (env var) so the
+    server can tell its own child from a stranger."""
+
+    protocol: int
+    stage: str
+    replica: int
+    pid: int
+    token: str
+    host: str = ""
+
+
+class Welcome(msgspec.Struct, frozen=True, array_like=True):
+    """The server's answer: which replica this worker is, the stage's whole
+    config (a hand-started worker needs only ``--connect`` and ``--stage``)
+    and the liveness timings both sides use."""
+
+    replica: int
+    config: StageConfig
+    pipeline: str
+    heartbeat_interval_s: float
+    server_lost_after_s: float
+
+
+class Refused(msgspec.Struct, **_MSG):
+    """The server will not take this worker; ``reason`` says why and what to do."""
+
+    reason: str
+
+
+class Ready(msgspec.Struct, **_MSG):
+    """The engine is loaded; ``capacity`` concurrent requests may be sent."""
+
+    token: str
+    engine: str
+    capacity: int
+    device: str = "cpu"
+    model: str = ""
+
+
+class StartFailed(msgspec.Struct, **_MSG):
+    """The engine could not be loaded; the worker exits after sending this."""
+
+    token: str
+    message: str
+
+
+class Goodbye(msgspec.Struct, **_MSG):
+    """The worker is exiting on purpose (signal, shutdown, server lost)."""
+
+    token: str
+    reason: str
+
+
+class Heartbeat(msgspec.Struct, **_MSG):
+    token: str
+    active: int = 0
+
+
+class HeartbeatAck(msgspec.Struct, **_MSG):
+    pass
+
+
+class Abort(msgspec.Struct, **_MSG):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, **_MSG):
+    reason: str = ""
+
+
+# -- output records (worker -> server, several per OUTPUTS message) -----------
+_REC = dict(frozen=True, array_like=True, gc=False, tag_field="k")
+
+
+class Started(msgspec.Struct, tag="s", **_REC):
+    request_id: str
+
+
+class Output(msgspec.Struct, tag="o", **_REC):
+    """One chunk.  ``index`` counts from 0 per request on this stage."""
+
+    request_id: str
+    index: int
+    modality: Modality
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    array: np.ndarray | None = None
+    data: bytes = b""
+    media_type: str = ""
+
+
+class ProgressRec(msgspec.Struct, tag="p", **_REC):
+    request_id: str
+    step: int
+    total: int
+
+
+class Done(msgspec.Struct, tag="f", **_REC):
+    request_id: str
+    chunks: int
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+class Error(msgspec.Struct, tag="e", **_REC):
+    request_id: str
+    message: str
+
+
+Record = Started | Output | ProgressRec | Done | Error
+
+# One typed decoder per message type (the worker and the server each build
+# their own set: decoders hold per-call state and are not thread-safe).
+SERVER_BOUND: dict[bytes, type] = {
+    HELLO: Hello,
+    READY: Ready,
+    START_FAILED: StartFailed,
+    OUTPUTS: list[Record],  # type: ignore[dict-item]
+    GOODBYE: Goodbye,
+    HEARTBEAT: Heartbeat,
+}
+WORKER_BOUND: dict[bytes, type] = {
+    WELCOME: Welcome,
+    REFUSED: Refused,
+    WORK: WorkItem,
+    ABORT: Abort,
+    SHUTDOWN: Shutdown,
+    HEARTBEAT_ACK: HeartbeatAck,
+}
+
+
+def decoders(table: dict[bytes, type]) -> dict[bytes, FrameDecoder]:
+    return {k: FrameDecoder(t) for k, t in table.items()}

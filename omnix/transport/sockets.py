@@ -1,0 +1,159 @@
+"""ZMQ sockets for the stage protocol: endpoints, options, receiving, loop pumping.
+
+Owns: the socket options (and why), default endpoints, reading one message
+as ``(identity, type, body, array_buffers)`` and ``LoopReader``, which
+drives a plain (non-asyncio) ZMQ socket from an asyncio loop.  Does not own
+what messages mean.
+
+Socket layout (one endpoint, so ``omnix worker --connect ADDR`` is all a
+worker needs): the server binds a ROUTER; each worker connects a DEALER for
+work, control and outputs (used only on the worker's event loop thread) and
+a second DEALER for heartbeats (used only by its heartbeat thread: ZMQ
+sockets are not thread-safe, and heartbeats must flow while the engine
+loads with the loop blocked).
+
+High-water marks: ``0`` (unlimited) on the ROUTER and the work DEALER, as
+vLLM does.  A ROUTER at its HWM silently *drops* messages, which would lose
+a work item or an abort and hang a request with no error; a DEALER at its
+HWM *blocks* (or fails with EAGAIN), which would stall the event loop.
+Memory is bounded by the protocol instead: the server never has more than
+``capacity`` requests in flight per worker (credits), and the orchestrator
+bounds the pieces per request.  Outputs are bounded by the engines' pace;
+the server drains them as they come (the event log is the buffer).  The
+heartbeat DEALER has a small HWM and sends with NOBLOCK: a stale heartbeat
+is worthless, so dropping one beats queueing it.
+
+The ROUTER sets ``ROUTER_MANDATORY`` so a send to a worker whose connection
+is gone raises instead of vanishing; the runtime then declares it lost.
+Workers set their routing id from their token, so a TCP reconnect keeps
+the identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+
+import zmq
+
+MAX_DRAIN = 256  # messages read per loop callback before yielding to other work
+
+
+def default_ipc_endpoint() -> tuple[str, str]:
+    """An ``ipc://`` endpoint in a fresh private temp dir; returns (endpoint, dir)."""
+    d = tempfile.mkdtemp(prefix="omnix-")
+    return f"ipc://{d}/stages.sock", d
+
+
+def remove_endpoint_dir(d: str | None) -> None:
+    if d:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def check_endpoint(endpoint: str) -> None:
+    if not endpoint.startswith(("ipc://", "tcp://")):
+        raise ValueError(
+            f"endpoint {endpoint!r} is neither ipc://PATH (one host) nor tcp://HOST:PORT "
+            "(across hosts)"
+        )
+    if endpoint.startswith("ipc://") and len(endpoint) - 6 > 100:
+        raise ValueError(
+            f"ipc path {endpoint[6:]!r} is {len(endpoint) - 6} bytes; Unix sockets allow "
+            "about 107: use a shorter path (e.g. under /tmp)"
+        )
+
+
+def make_router(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, str]:
+    """Bind the server's ROUTER; returns it and the bound endpoint (tcp port 0 resolved)."""
+    check_endpoint(endpoint)
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    if endpoint.startswith("ipc://"):
+        os.makedirs(os.path.dirname(endpoint[6:]) or ".", exist_ok=True)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise OSError(
+            f"cannot bind the stage runtime to {endpoint}: {exc}; pick a free port or path"
+        ) from exc
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def make_dealer(
+    ctx: zmq.Context, endpoint: str, routing_id: bytes, *, hwm: int = 0, linger_ms: int = 1000
+) -> zmq.Socket:
+    check_endpoint(endpoint)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.ROUTING_ID, routing_id)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    # Reconnect quickly after a server restart or a network blip.
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    sock.connect(endpoint)
+    return sock
+
+
+def recv_parts(sock: zmq.Socket) -> tuple[bytes, bytes, list[memoryview]]:
+    """Read the rest of a message after its identity/type: (type, body, arrays).
+
+    Small frames are received as bytes (cheapest for small messages); array
+    frames as zero-copy ``zmq.Frame`` buffers.  Raises ``zmq.Again`` only
+    for the first frame.
+    """
+    mtype = sock.recv(zmq.NOBLOCK)
+    body = sock.recv() if sock.rcvmore else b""
+    aux: list[memoryview] = []
+    while sock.rcvmore:
+        aux.append(sock.recv(copy=False).buffer)
+    return mtype, body, aux
+
+
+class LoopReader:
+    """Call ``on_readable()`` on the loop whenever ``sock`` may hold messages.
+
+    A ZMQ socket's FD is edge-triggered and only says "state may have
+    changed": the handler must read until ``zmq.Again``.  A send (or any
+    ``getsockopt(EVENTS)``) can consume the edge while messages wait, so the
+    owner calls ``kick()`` after sending.  ``on_readable`` may stop early
+    (after ``MAX_DRAIN`` messages) and call ``reschedule()``.
+    """
+
+    __slots__ = ("_fd", "_loop", "_on_readable", "_pending", "_sock")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: zmq.Socket, on_readable: Callable[[], None]
+    ) -> None:
+        self._loop = loop
+        self._sock = sock
+        self._on_readable = on_readable
+        self._pending = False
+        self._fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(self._fd, self._fire)
+
+    def _fire(self) -> None:
+        self._pending = False
+        self._on_readable()
+
+    def reschedule(self) -> None:
+        if not self._pending:
+            self._pending = True
+            self._loop.call_soon(self._fire)
+
+    def kick(self) -> None:
+        if not self._pending and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.reschedule()
+
+    def close(self) -> None:
+        try:
+            self._loop.remove_reader(self._fd)
+        except (ValueError, OSError, RuntimeError):
+            pass
