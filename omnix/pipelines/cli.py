@@ -1,0 +1,67 @@
+"""``omnix pipelines``: list, show and validate pipeline configs.
+
+Owns: the verb's arguments and printing.  Loading and validation are
+``validate.py``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from omnix.pipelines.registry import DEFAULT_PIPELINE, builtin_names
+from omnix.pipelines.validate import PipelineError, load_pipeline, stage_output_modality
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.add_parser("list", help="list the built-in pipelines")
+    show = sub.add_parser("show", help="print a pipeline's stages, edges and outputs")
+    show.add_argument("pipeline", nargs="?", default=DEFAULT_PIPELINE, help="built-in name or config path")
+    show.add_argument("--json", action="store_true", help="print the decoded config as JSON")
+    val = sub.add_parser("validate", help="check config files; exit 1 on the first invalid one")
+    val.add_argument("pipelines", nargs="+", help="built-in names or config paths")
+
+
+def run(args: argparse.Namespace) -> int:
+    action = args.action or "list"
+    if action == "list":
+        for name in builtin_names():
+            cfg = load_pipeline(name)
+            mark = " (default)" if name == DEFAULT_PIPELINE else ""
+            print(f"{name:12s} {cfg.description}{mark}")
+        return 0
+    if action == "show":
+        try:
+            cfg = load_pipeline(args.pipeline)
+        except PipelineError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        if args.json:
+            print(msgspec.json.format(msgspec.json.encode(cfg).decode()))
+            return 0
+        print(f"pipeline {cfg.name}: {cfg.description}")
+        for st in cfg.stages:
+            kind = type(st.engine).__struct_config__.tag
+            model = getattr(st.engine, "model", "")
+            out = stage_output_modality(cfg, st.name) or "?"
+            print(f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={st.replicas} "
+                  f"timeout={st.timeout_s:g}s retry={'yes' if st.retry else 'no'}")
+        for e in cfg.edges:
+            how = f"every {e.every} chunks" if e.forward == "chunk" else (
+                "at sentence ends" if e.forward == "sentence" else "when the source finishes")
+            print(f"  edge  {e.source} -> {e.target}: forward {how}")
+        for m, s in cfg.outputs.items():
+            print(f"  output {m}: {s}")
+        return 0
+    bad = 0
+    for p in args.pipelines:
+        try:
+            load_pipeline(p)
+            print(f"ok       {p}")
+        except PipelineError as exc:
+            print(exc, file=sys.stderr)
+            bad += 1
+    return 1 if bad else 0
