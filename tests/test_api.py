@@ -1,0 +1,83 @@
+"""The offline API end to end through real worker processes (scripted
+engines): submit, stream, collect, the sync wrapper, and shutdown order."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from omnix.api import Omni, OmniSync, Overloaded, ShuttingDown
+from omnix.events.types import TERMINAL_TYPES, Cancelled, Chunk, RequestSpec, WorkerJoined
+from omnix.pipelines.plan import RequestError
+from omnix.pipelines.validate import parse_pipeline
+
+from .orchestrator.conftest import OMNI_LIKE, omni_like
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes once reaped.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_generate_streams_text_and_audio_through_real_workers():
+    async with Omni(parse_pipeline(OMNI_LIKE)) as omni:
+        ev = omni.submit(RequestSpec(prompt="hi", outputs=("text", "audio"), seed=3))
+        outs = [o async for o in omni.stream(ev.request_id)]
+        assert {o.modality for o in outs} == {"text", "audio"}
+        result = await omni.collect(ev.request_id)
+        assert result.ok and result.text.startswith("t0 t1 ")
+        assert result.audio is not None and result.audio.dtype.name == "float32"
+        assert omni.sequencer.dropped == 0
+        # The thinker's output streamed into the talker before it finished.
+        evs = omni.log.events_for(ev.request_id)
+        first_talker = min(e.pos for e in evs if isinstance(e, Chunk) and e.stage == "talker")
+        thinker_done = max(e.pos for e in evs if isinstance(e, Chunk) and e.stage == "thinker")
+        assert first_talker < thinker_done
+
+
+async def test_invalid_request_appends_nothing():
+    async with Omni(parse_pipeline(OMNI_LIKE)) as omni:
+        before = len(omni.log)
+        with pytest.raises(RequestError):
+            omni.submit(RequestSpec(prompt="hi", outputs=("image",)))
+        assert len(omni.log) == before
+
+
+async def test_shutdown_cancels_what_does_not_finish_in_the_grace_period():
+    cfg = omni_like(talker='engine = { kind = "scripted", output_modality = "codec", hang_at = 1 }')
+    omni = Omni(cfg)
+    await omni.start()
+    pids = [e.pid for e in omni.log.read() if isinstance(e, WorkerJoined)]
+    ev = omni.submit(RequestSpec(prompt="hi", outputs=("text", "audio")))
+    await omni.shutdown(grace_s=0.5)
+    end = [e for e in omni.log.events_for(ev.request_id) if isinstance(e, TERMINAL_TYPES)]
+    assert len(end) == 1 and isinstance(end[0], Cancelled) and end[0].reason == "shutdown"
+    with pytest.raises(ShuttingDown):
+        omni.submit(RequestSpec(prompt="late"))
+    await omni.shutdown()  # idempotent
+    assert pids and not any(_alive(p) for p in pids)
+
+
+async def test_generate_raises_overloaded_with_the_recorded_rejection():
+    cfg = omni_like(thinker='max_queue = 0\nengine = { kind = "scripted", capacity = 1, hang_at = 0 }')
+    async with Omni(cfg) as omni:
+        omni.submit(RequestSpec(prompt="a"))
+        with pytest.raises(Overloaded) as err:
+            await omni.generate(RequestSpec(prompt="b"))
+        assert err.value.event.reason == "overloaded"
+
+
+def test_sync_wrapper_generates_in_order():
+    with OmniSync(parse_pipeline(OMNI_LIKE)) as omni:
+        results = omni.generate(["a", "b"], sampling_params_list={"thinker": {"max_tokens": 3}}, seed=1)
+    assert [r.text for r in results] == ["t0 t1 t2 ", "t0 t1 t2 "]
+    assert all(r.ok for r in results)
