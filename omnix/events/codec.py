@@ -46,7 +46,9 @@ def decode_event(data: bytes | memoryview) -> Event:
             f"(reads versions 1..{SCHEMA_VERSION}); upgrade omnix to read this log"
         )
     try:
-        return _decoder.decode(memoryview(data)[1:])
+        # Slicing the bytes (a small copy) is cheaper than a memoryview
+        # slice for event-sized records; a memoryview input stays a view.
+        return _decoder.decode(data[1:])
     except msgspec.DecodeError as exc:
         raise SchemaError(f"malformed event record: {exc}") from exc
 

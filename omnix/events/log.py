@@ -16,6 +16,7 @@ but its position and can never make memory grow.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
@@ -67,6 +68,11 @@ class EventLog:
         for ev in self.read(pos, pos + 1):
             return ev
         raise IndexError(f"no event at position {pos} (log has {self.next_pos})")
+
+    def _positions_since(self, request_id: str, start: int) -> list[int]:
+        """The request's positions ``>= start``; backends override it to avoid
+        rescanning a long request's index on every wake of a tail."""
+        return [p for p in self._positions(request_id) if p >= start]
 
     # -- public API ----------------------------------------------------
     @property
@@ -162,7 +168,7 @@ class EventLog:
                     pos = stop
                     continue
             else:
-                positions = [p for p in self._positions(request_id) if p >= pos]
+                positions = self._positions_since(request_id, pos)
                 if positions:
                     for p in positions:
                         yield self.get(p)
@@ -218,3 +224,7 @@ class MemoryLog(EventLog):
 
     def _positions(self, request_id: str) -> list[int]:
         return self._index.get(request_id, [])
+
+    def _positions_since(self, request_id: str, start: int) -> list[int]:
+        idx = self._index.get(request_id, [])
+        return idx[bisect.bisect_left(idx, start) :]
