@@ -467,6 +467,10 @@ class Snapshot(msgspec.Struct, frozen=True):
     next_pos: int
     requests: dict[str, RequestState]
     workers: dict[str, WorkerState]
+    #: worker id -> the live requests with an active stage on it, in routing
+    #: order (``Fold.requests_on``).  The order cannot be rebuilt from the
+    #: states, and decisions iterate it, so the snapshot carries it.
+    by_worker: dict[str, tuple[str, ...]] = {}
 
 
 _state_encoder = msgspec.msgpack.Encoder()
@@ -494,10 +498,18 @@ class Fold:
             self.requests.update(snapshot.requests)
             self.workers.update(snapshot.workers)
             self.next_pos = snapshot.next_pos
-            for rs in self.requests.values():
-                self._index_active(rs)
+            if snapshot.by_worker:
+                for wid, rids in snapshot.by_worker.items():
+                    self._by_worker[wid] = dict.fromkeys(rids)
+            else:  # a snapshot without the occupancy: rebuild it (admission order)
+                for rs in self.requests.values():
+                    self._index_active(rs)
 
     def _index_active(self, rs: RequestState) -> None:
+        # A terminal request keeps its stages' last status (a Failed one may
+        # still say "running") but occupies no worker: apply() dropped it.
+        if rs.status in TERMINAL_STATUSES:
+            return
         for st in rs.stages:
             if st.status in _ACTIVE_STAGE:
                 wid = worker_id(st.name, st.replica)
@@ -542,7 +554,12 @@ class Fold:
         return tuple(self._by_worker.get(wid, ()))
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.next_pos, dict(self.requests), dict(self.workers))
+        return Snapshot(
+            self.next_pos,
+            dict(self.requests),
+            dict(self.workers),
+            {wid: tuple(rids) for wid, rids in self._by_worker.items() if rids},
+        )
 
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=16)
