@@ -1,0 +1,67 @@
+"""Fixtures for the core's tests: a log of either backend, small event helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from omnix.events.clock import ManualClock
+from omnix.events.disklog import DiskLog, LogConfig
+from omnix.events.log import EventLog, MemoryLog
+from omnix.events.types import (
+    Admitted,
+    Chunk,
+    Event,
+    Finished,
+    RequestSpec,
+    Routed,
+    StageFinished,
+    StageStarted,
+)
+
+SPEC = RequestSpec(prompt="hi", outputs=("text",))
+
+
+def request_events(rid: str, chunks: int = 3, stage: str = "thinker") -> list[Event]:
+    """A complete one-stage request: admitted ... finished."""
+    return [
+        Admitted(request_id=rid, pipeline="p", spec=SPEC),
+        Routed(request_id=rid, stage=stage, replica=0, seq=0, sources=(), last=True),
+        StageStarted(request_id=rid, stage=stage, replica=0),
+        *(
+            Chunk(request_id=rid, stage=stage, replica=0, index=i, modality="text", text=f"t{i}")
+            for i in range(chunks)
+        ),
+        StageFinished(request_id=rid, stage=stage, replica=0, chunks=chunks),
+        Finished(request_id=rid),
+    ]
+
+
+def interleaved(n_requests: int, chunks: int = 3) -> list[Event]:
+    """Several requests' events, round-robin (as concurrent requests log)."""
+    lives = [request_events(f"req-{i}", chunks) for i in range(n_requests)]
+    out: list[Event] = []
+    for k in range(max(len(x) for x in lives)):
+        out.extend(life[k] for life in lives if k < len(life))
+    return out
+
+
+@pytest.fixture(params=["memory", "disk"])
+def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., EventLog]]:
+    """A factory for a fresh log of each backend (closed at teardown)."""
+    made: list[EventLog] = []
+
+    def factory(**config: object) -> EventLog:
+        if request.param == "memory":
+            log: EventLog = MemoryLog(clock=ManualClock())
+        else:
+            cfg = LogConfig(**{"fsync": "none", **config})  # type: ignore[arg-type]
+            log = DiskLog(tmp_path / f"log{len(made)}", cfg, clock=ManualClock())
+        made.append(log)
+        return log
+
+    yield factory
+    for log in made:
+        log.close()
