@@ -1,0 +1,154 @@
+"""The aiohttp application and server around one ``Omni``.
+
+Owns: ``build_app`` (routes, middlewares: OpenAI-style errors, API key;
+body size limit; the telemetry projection that backs /metrics, started
+and stopped with the app) and ``HttpServer`` (bind, serve, close), the
+programmatic way to serve an ``Omni`` — tests and embedders use it:
+
+    async with Omni(pipeline) as omni, HttpServer(omni, port=0) as server:
+        ...  # server.url == "http://127.0.0.1:PORT"
+
+Does not own the runtime's lifecycle (the caller starts and shuts down
+``Omni``; ``serve.py`` does both for ``omnix serve``), nor any handler
+(``routes.py``).
+
+Handler cancellation is on: when a client disconnects, aiohttp cancels its
+handler, which is how a dropped stream becomes ``Cancelled(disconnect)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from omnix.api import Omni
+from omnix.http.auth import auth_middleware
+from omnix.http.errors import error_middleware
+from omnix.http.routes import Routes
+
+log = logging.getLogger("omnix.http")
+
+#: Largest request body accepted (bytes); larger ones get 413.
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+
+OMNI_KEY: web.AppKey[Omni] = web.AppKey("omni", Omni)
+ROUTES_KEY: web.AppKey[Routes] = web.AppKey("routes", Routes)
+
+
+def _make_telemetry(omni: Omni) -> Any:
+    """The telemetry behind /metrics, or None (logged) when unavailable."""
+    try:
+        from omnix.telemetry import Telemetry
+    except Exception as exc:  # an optional dependency missing, a broken install
+        log.warning("metrics disabled: omnix.telemetry could not be imported (%s)", exc)
+        return None
+    return Telemetry.from_env(omni.pipeline.name)
+
+
+def build_app(
+    omni: Omni,
+    *,
+    api_key: str | None = None,
+    telemetry: Any = True,
+    client_max_size: int = DEFAULT_MAX_BODY,
+) -> web.Application:
+    """The application serving ``omni``.
+
+    ``telemetry``: a ``Telemetry`` to expose at /metrics, ``True`` to build
+    one from the environment (it follows ``omni.log`` while the app runs),
+    or ``False``/``None`` for none (/metrics answers 501).
+    """
+    middlewares = [error_middleware]
+    if api_key:
+        middlewares.append(auth_middleware(api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
+    tel = _make_telemetry(omni) if telemetry is True else (telemetry or None)
+    routes = Routes(omni, telemetry=tel)
+    routes.add_to(app)
+    app[OMNI_KEY] = omni
+    app[ROUTES_KEY] = routes
+    if tel is not None and telemetry is True:
+
+        async def follow_log(app: web.Application) -> Any:
+            task = asyncio.create_task(tel.run(omni.log), name="omnix-telemetry")
+            yield
+            await tel.aclose(task)
+
+        app.cleanup_ctx.append(follow_log)
+    return app
+
+
+class HttpServer:
+    """Serve ``omni`` on ``host:port`` (``port=0``: any free port)."""
+
+    def __init__(
+        self,
+        omni: Omni,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        telemetry: Any = True,
+        client_max_size: int = DEFAULT_MAX_BODY,
+        access_log: bool = False,
+    ) -> None:
+        self.omni = omni
+        self.host = host
+        self.port = port
+        self.app = build_app(
+            omni, api_key=api_key, telemetry=telemetry, client_max_size=client_max_size
+        )
+        self.routes = self.app[ROUTES_KEY]
+        self._access_log = access_log
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> HttpServer:
+        """Bind and serve.  Requests are answered 503 (not ready) until
+        ``omni`` accepts them; call ``mark_serving`` once it is started
+        (done automatically when ``omni`` is already started)."""
+        kwargs: dict[str, Any] = {"handler_cancellation": True}
+        if not self._access_log:
+            kwargs["access_log"] = None
+        runner = web.AppRunner(self.app, **kwargs)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        server = site._server
+        if server is not None and getattr(server, "sockets", None):
+            self.port = server.sockets[0].getsockname()[1]
+        if self.omni.accepting:
+            self.mark_serving()
+        return self
+
+    def mark_serving(self) -> None:
+        self.routes.phase = "serving"
+
+    def mark_stopping(self) -> None:
+        self.routes.phase = "stopping"
+
+    async def close(self) -> None:
+        """Stop serving (open connections are closed).  Shut ``omni`` down
+        first to let in-flight responses end cleanly."""
+        self.mark_stopping()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> HttpServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

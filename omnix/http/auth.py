@@ -1,0 +1,52 @@
+"""API-key authentication for the HTTP API.
+
+Owns: ``auth_middleware(api_key)``: with a key configured, every route but
+``/health`` (liveness probes carry no credentials) requires
+``Authorization: Bearer KEY``; anything else is answered 401 with OpenAI's
+error body and a ``WWW-Authenticate`` challenge.  The comparison is
+constant-time.
+
+Does not own key management (one key, given to ``omnix serve --api-key``
+or ``$OMNIX_API_KEY``) nor authorization (every valid key may do
+everything, including cancelling and reading any request).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+
+from omnix.http.errors import ApiError, Handler
+
+#: Routes anyone may call.
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+def auth_middleware(api_key: str):  # -> aiohttp middleware
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in PUBLIC_PATHS:
+            return await handler(request)
+        given = request.headers.get("Authorization", "")
+        if not given:
+            raise ApiError(
+                401,
+                "Missing API key: send the header 'Authorization: Bearer YOUR_KEY' "
+                "(the key this server was started with).",
+                code="missing_api_key",
+                headers={"WWW-Authenticate": 'Bearer realm="omnix"'},
+            )
+        if not hmac.compare_digest(given.encode(), expected):
+            raise ApiError(
+                401,
+                "Incorrect API key provided. Check the key this server was started with "
+                "(omnix serve --api-key).",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": 'Bearer realm="omnix", error="invalid_token"'},
+            )
+        return await handler(request)
+
+    return check_key

@@ -1,0 +1,694 @@
+"""Response rendering as a pure function of the log.
+
+Owns: turning a request's events (and the blobs they reference) into the
+exact bytes the HTTP API sends for it: status and headers (``Head``),
+OpenAI chat completions and ``chat.completion.chunk`` SSE streams, speech
+files, raw audio streams and ``speech.audio.*`` SSE streams, image
+responses, and the error bodies of refused, failed and cancelled requests.
+Also the SSE framing of ``/v1/requests/{id}/events`` and the JSON object
+form of events and states.
+
+Does not own reading the log, waiting, or sockets (``routes.py`` feeds
+events in as the log tail yields them), nor what a client asked for: that
+was recorded in ``RequestSpec.options`` at submission (``adapt.py``), so
+nothing here reads a clock, a random source or the server's config.
+
+The entry points, used by the live handlers *and* by replay:
+
+    render_response(events, blobs) -> Rendered      # head + whole body
+    render_stream(events, blobs) -> Iterator[bytes] # the body, piece by piece
+    StreamRenderer(blobs).feed(ev) -> list[bytes]   # incremental (live)
+
+``events`` are one request's events in log order (other events are
+ignored), or for a batched request (``messages`` as a list of
+conversations, images with ``n`` > 1) the events of all its members.
+``b"".join(render_stream(...)) == render_response(...).body`` always, and
+both equal what a client that stayed connected received.
+
+Determinism: ids derive from the request id, ``created`` from the Admitted
+event's ``ts_ns``, the model from ``spec.model``, usage from StageFinished
+counts, audio from chunk blobs through bitexact encoders.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+from msgspec import UNSET
+
+from omnix.events.blobs import BlobStore
+from omnix.events.reducer import RequestState
+from omnix.events.types import (
+    Admitted,
+    Cancelled,
+    Chunk,
+    Event,
+    Failed,
+    Finished,
+    Rejected,
+    RequestEvent,
+    RequestSpec,
+    StageFinished,
+    event_tag,
+)
+from omnix.http.audio import (
+    MEDIA_TYPES,
+    StreamEncoder,
+    as_mono_float,
+    encode_audio,
+    normalize_format,
+)
+from omnix.http.errors import error_body, error_type
+from omnix.http.schemas import (
+    AssistantMessage,
+    AudioOut,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChunkChoice,
+    Delta,
+    ImageData,
+    ImagesResponse,
+    SpeechAudioDelta,
+    SpeechAudioDone,
+    SpeechUsage,
+    Usage,
+)
+
+#: Bumped whenever the bytes rendered for the same events change; recorded
+#: in each request's options so a trace says which renderer produced it.
+RENDER_VERSION = "1"
+
+#: ``RequestSpec.api`` values of the HTTP routes.
+API_CHAT = "chat.completions"
+API_SPEECH = "audio.speech"
+API_IMAGES = "images.generations"
+
+#: Seconds a client should wait before retrying a refused request.
+RETRY_AFTER = {"overloaded": "1", "not_ready": "5", "shutting_down": "30"}
+
+#: How long the audio of a chat response is said to be valid (informational:
+#: omnix keeps audio in its blob store, not behind an audio id).
+AUDIO_EXPIRES_S = 24 * 3600
+
+SSE_DONE = b"data: [DONE]\n\n"
+_SSE_HEADERS = (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"))
+
+
+class Opt:
+    """Keys of ``RequestSpec.options`` written by ``adapt.py`` (all strings)."""
+
+    RENDER = "render"  # RENDER_VERSION at submission
+    STREAM = "stream"  # "1": streamed response (SSE or raw audio)
+    INCLUDE_USAGE = "include_usage"  # "1": chat stream ends with a usage chunk
+    TEXT_STAGE = "text_stage"  # the stage whose text chunks are the answer
+    AUDIO_STAGE = "audio_stage"
+    IMAGE_STAGE = "image_stage"
+    USAGE_STAGE = "usage_stage"  # the stage whose StageFinished gives usage
+    AUDIO_FORMAT = "audio_format"  # wav | mp3 | flac | opus | aac | pcm
+    SAMPLE_RATE = "sample_rate"
+    VOICE = "voice"
+    STREAM_FORMAT = "stream_format"  # speech: "" | audio | sse
+    RESPONSE_FORMAT = "response_format"  # images: b64_json
+    GROUP = "group"  # batched requests: the group id ...
+    GROUP_INDEX = "group_index"  # ... this member's choice index ...
+    GROUP_SIZE = "group_size"  # ... and the number of members
+
+
+class Head(msgspec.Struct, frozen=True):
+    """Status and headers of a response (aiohttp adds Date, Server, framing).
+
+    ``streamed`` heads are sent before the body is known (chunked transfer);
+    the others go with a complete body.  ``abort`` asks the server to cut
+    the connection instead of ending the body cleanly: a raw audio stream
+    whose request failed must not look complete to its client.
+    """
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    streamed: bool = False
+
+    def header(self, name: str) -> str | None:
+        low = name.lower()
+        for k, v in self.headers:
+            if k.lower() == low:
+                return v
+        return None
+
+
+class Rendered(msgspec.Struct, frozen=True):
+    head: Head
+    body: bytes
+    #: True when the connection was cut after ``body`` (a failed raw stream).
+    aborted: bool = False
+
+
+_enc = msgspec.json.Encoder()
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + _enc.encode(obj) + b"\n\n"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _flag(spec: RequestSpec, key: str) -> bool:
+    return spec.options.get(key, "") == "1"
+
+
+def _created(ev: RequestEvent) -> int:
+    return ev.ts_ns // 1_000_000_000
+
+
+# --------------------------------------------------------------------------
+# Errors of admitted-then-ended and refused requests
+# --------------------------------------------------------------------------
+
+
+def terminal_error(ev: Event) -> tuple[int, bytes, tuple[tuple[str, str], ...]] | None:
+    """(status, error body, extra headers) for a request that did not
+    finish; None for ``Finished``."""
+    rid = ev.request_id  # type: ignore[union-attr]
+    if isinstance(ev, Rejected):
+        status = 429 if ev.reason == "overloaded" else 503
+        msg = (
+            f"request {rid} was not admitted ({ev.reason}): {ev.message or ev.reason}. "
+            "Retry after the number of seconds in the Retry-After header."
+        )
+        return (
+            status,
+            error_body(msg, error_type(status), None, ev.reason),
+            (("Retry-After", RETRY_AFTER.get(ev.reason, "1")),),
+        )
+    if isinstance(ev, Failed):
+        status = {"stage_timeout": 504, "no_replica": 503, "shutdown": 503}.get(ev.reason, 500)
+        where = f" on stage {ev.stage!r}" if ev.stage else ""
+        detail = f": {ev.message}" if ev.message else ""
+        msg = f"request {rid} failed{where} ({ev.reason}){detail}"
+        return status, error_body(msg, error_type(status), None, ev.reason), ()
+    if isinstance(ev, Cancelled):
+        status, code, why = {
+            "deadline": (504, "deadline_exceeded", "its deadline passed"),
+            "shutdown": (503, "shutdown", "the server is shutting down; retry on another server"),
+            "client": (409, "cancelled", f"POST /v1/requests/{rid}/cancel asked for it"),
+            "disconnect": (499, "client_disconnected", "its client disconnected"),
+        }[ev.reason]
+        msg = f"request {rid} was cancelled: {why}"
+        return status, error_body(msg, error_type(status), None, code), ()
+    return None
+
+
+# --------------------------------------------------------------------------
+# One request's outputs, folded from its events
+# --------------------------------------------------------------------------
+
+
+class Summary:
+    """What rendering needs from one request's events (a small pure fold)."""
+
+    def __init__(self, blobs: BlobStore, collect_media: bool = True) -> None:
+        self.blobs = blobs
+        # A streamed response encodes media as it goes and keeps none.
+        self.collect_media = collect_media
+        self.request_id = ""
+        self.spec: RequestSpec | None = None
+        self.created = 0
+        self.text: list[str] = []
+        self.audio: list[np.ndarray] = []
+        self.audio_rate = 0  # from a blob's media type, when it says
+        self.images: list[bytes] = []
+        self.finished: dict[str, StageFinished] = {}
+        self.terminal: Event | None = None
+
+    @property
+    def options(self) -> dict[str, str]:
+        return self.spec.options if self.spec is not None else {}
+
+    def feed(self, ev: Event) -> None:
+        cls = type(ev)
+        if cls is Chunk:
+            opts = self.options
+            if ev.modality == "text" and ev.stage == opts.get(Opt.TEXT_STAGE):
+                self.text.append(ev.text)
+            elif not self.collect_media:
+                pass
+            elif ev.modality == "audio" and ev.stage == opts.get(Opt.AUDIO_STAGE):
+                arr = self.chunk_audio(ev)
+                if arr is not None:
+                    self.audio.append(arr)
+            elif ev.modality == "image" and ev.stage == opts.get(Opt.IMAGE_STAGE):
+                img = self.chunk_image(ev)
+                if img is not None:
+                    self.images.append(img)
+        elif cls is StageFinished:
+            self.finished[ev.stage] = ev
+        elif cls is Admitted or cls is Rejected:
+            self.request_id = ev.request_id
+            self.spec = ev.spec
+            self.created = _created(ev)
+            if cls is Rejected:
+                self.terminal = ev
+        elif cls is Finished or cls is Cancelled or cls is Failed:
+            self.terminal = ev
+
+    def chunk_audio(self, ev: Chunk) -> np.ndarray | None:
+        ref = ev.blob
+        if ref is None:
+            return None
+        if ref.dtype == "bytes":  # raw 16-bit PCM bytes
+            raw = np.frombuffer(self.blobs.get(ref), dtype="<i2")
+            arr = raw.astype(np.float32) / 32768.0
+        else:
+            arr = as_mono_float(self.blobs.get_array(ref))
+        if not self.audio_rate and "rate=" in ref.media_type:
+            try:
+                self.audio_rate = int(ref.media_type.split("rate=", 1)[1].split(";", 1)[0])
+            except ValueError:
+                pass
+        return arr
+
+    def chunk_image(self, ev: Chunk) -> bytes | None:
+        ref = ev.blob
+        if ref is None:
+            return None
+        if ref.dtype == "bytes":
+            return self.blobs.get(ref)  # already encoded (image/png)
+        from PIL import Image
+
+        arr = np.asarray(self.blobs.get_array(ref))
+        if arr.dtype != np.uint8:
+            arr = (np.clip(arr, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="PNG")
+        return buf.getvalue()
+
+    @property
+    def sample_rate(self) -> int:
+        return self.audio_rate or int(self.options.get(Opt.SAMPLE_RATE, "24000") or 24000)
+
+    @property
+    def audio_format(self) -> str:
+        return normalize_format(self.options.get(Opt.AUDIO_FORMAT, "wav") or "wav")
+
+    def usage(self) -> tuple[int, int]:
+        """(prompt tokens, output tokens) of the usage stage."""
+        st = self.finished.get(self.options.get(Opt.USAGE_STAGE, ""))
+        return (st.prompt_tokens, st.output_tokens) if st is not None else (0, 0)
+
+    def finish_reason(self) -> str:
+        opts = self.options
+        for key in (Opt.TEXT_STAGE, Opt.AUDIO_STAGE, Opt.IMAGE_STAGE):
+            st = self.finished.get(opts.get(key, ""))
+            if st is not None:
+                return st.finish_reason
+        return "stop"
+
+    def all_audio(self) -> np.ndarray:
+        return np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.float32)
+
+
+def _json_head(status: int, rids: Sequence[str], extra: tuple[tuple[str, str], ...] = ()) -> Head:
+    return Head(
+        status, (("Content-Type", "application/json"), ("X-Request-Id", ",".join(rids)), *extra)
+    )
+
+
+# --------------------------------------------------------------------------
+# Whole (non-streamed) bodies, possibly of a batch
+# --------------------------------------------------------------------------
+
+
+def _chat_body(members: list[Summary]) -> bytes:
+    first = members[0]
+    spec = first.spec
+    assert spec is not None
+    choices = []
+    prompt = completion = 0
+    for i, s in enumerate(members):
+        text = "".join(s.text)
+        audio: Any = UNSET
+        if s.options.get(Opt.AUDIO_STAGE):
+            data = encode_audio(s.all_audio(), s.sample_rate, s.audio_format)  # type: ignore[arg-type]
+            audio = AudioOut(
+                id=f"audio-{s.request_id}",
+                data=_b64(data),
+                expires_at=s.created + AUDIO_EXPIRES_S,
+                transcript=text,
+            )
+        has_text = bool(s.options.get(Opt.TEXT_STAGE))
+        msg = AssistantMessage(content=text if has_text else None, audio=audio)
+        choices.append(ChatChoice(index=i, message=msg, finish_reason=s.finish_reason()))
+        p, c = s.usage()
+        prompt += p
+        completion += c
+    group = first.options.get(Opt.GROUP) or first.request_id
+    body = ChatCompletion(
+        id=f"chatcmpl-{group}",
+        created=first.created,
+        model=spec.model,
+        choices=choices,
+        usage=Usage(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        ),
+        request_ids=[s.request_id for s in members],
+    )
+    return _enc.encode(body)
+
+
+def _images_body(members: list[Summary]) -> bytes:
+    data = [ImageData(b64_json=_b64(img)) for s in members for img in s.images]
+    body = ImagesResponse(
+        created=members[0].created, data=data, request_ids=[s.request_id for s in members]
+    )
+    return _enc.encode(body)
+
+
+def _whole(members: list[Summary]) -> Rendered:
+    """A complete response for finished (or refused/failed) members."""
+    rids = [s.request_id for s in members]
+    for s in members:
+        if s.terminal is None:
+            raise ValueError(
+                f"request {s.request_id} has no terminal event: cannot render its response yet"
+            )
+        err = terminal_error(s.terminal)
+        if err is not None:
+            status, body, extra = err
+            return Rendered(_json_head(status, rids, extra), body)
+    spec = members[0].spec
+    assert spec is not None
+    if spec.api == API_CHAT:
+        return Rendered(_json_head(200, rids), _chat_body(members))
+    if spec.api == API_IMAGES:
+        return Rendered(_json_head(200, rids), _images_body(members))
+    if spec.api == API_SPEECH:
+        s = members[0]
+        fmt = s.audio_format
+        data = encode_audio(s.all_audio(), s.sample_rate, fmt)  # type: ignore[arg-type]
+        head = Head(200, (("Content-Type", MEDIA_TYPES[fmt]), ("X-Request-Id", s.request_id)))
+        return Rendered(head, data)
+    raise ValueError(f"request {rids[0]}: no renderer for api {spec.api!r}")
+
+
+# --------------------------------------------------------------------------
+# Streams (one request)
+# --------------------------------------------------------------------------
+
+
+class _ChatStream:
+    """``chat.completion.chunk`` SSE: a role chunk at admission, content and
+    audio deltas as chunks arrive, a finish chunk, an optional usage chunk,
+    ``[DONE]``.  A request that fails or is cancelled mid-stream ends with
+    an ``{"error": ...}`` event and ``[DONE]``."""
+
+    def __init__(self, s: Summary) -> None:
+        self.s = s
+        spec = s.spec
+        assert spec is not None
+        self.id = f"chatcmpl-{s.request_id}"
+        self.model = spec.model
+        self.usage = _flag(spec, Opt.INCLUDE_USAGE)
+        self.text_stage = spec.options.get(Opt.TEXT_STAGE, "")
+        self.audio_stage = spec.options.get(Opt.AUDIO_STAGE, "")
+        self.audio_id = f"audio-{s.request_id}"
+        self.encoder: StreamEncoder | None = None
+        if self.audio_stage:
+            self.encoder = StreamEncoder(s.audio_format, s.sample_rate)  # type: ignore[arg-type]
+
+    def _chunk(self, delta: Delta, finish: str | None = None) -> bytes:
+        return _sse(
+            ChatCompletionChunk(
+                id=self.id,
+                created=self.s.created,
+                model=self.model,
+                choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                usage=None if self.usage else UNSET,
+            )
+        )
+
+    def feed(self, ev: Event) -> list[bytes]:
+        cls = type(ev)
+        if cls is Chunk:
+            if ev.stage == self.text_stage and ev.modality == "text":
+                if not ev.text:
+                    return []
+                return [self._chunk(Delta(content=ev.text))]
+            if ev.stage == self.audio_stage and ev.modality == "audio" and self.encoder is not None:
+                arr = self.s.chunk_audio(ev)
+                data = self.encoder.write(arr) if arr is not None else b""
+                return (
+                    [self._chunk(Delta(audio=AudioOut(id=self.audio_id, data=_b64(data))))]
+                    if data
+                    else []
+                )
+            return []
+        if cls is Admitted:
+            return [self._chunk(Delta(role="assistant", content=""))]
+        if cls is Finished:
+            out = []
+            if self.encoder is not None:
+                tail = self.encoder.finish()
+                audio = AudioOut(
+                    id=self.audio_id,
+                    data=_b64(tail),
+                    expires_at=self.s.created + AUDIO_EXPIRES_S,
+                    transcript="".join(self.s.text),
+                )
+                out.append(self._chunk(Delta(audio=audio)))
+            out.append(self._chunk(Delta(), self.s.finish_reason()))
+            if self.usage:
+                p, c = self.s.usage()
+                out.append(
+                    _sse(
+                        ChatCompletionChunk(
+                            id=self.id,
+                            created=self.s.created,
+                            model=self.model,
+                            choices=[],
+                            usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c),
+                        )
+                    )
+                )
+            out.append(SSE_DONE)
+            return out
+        if cls is Failed or cls is Cancelled:
+            err = terminal_error(ev)
+            assert err is not None
+            return [b"data: " + err[1] + b"\n\n", SSE_DONE]
+        return []
+
+
+class _SpeechStream:
+    """``stream_format="audio"``: the encoded bytes as they are produced;
+    ``"sse"``: ``speech.audio.delta`` events with base64 bytes of the same
+    encoded stream, then ``speech.audio.done`` with usage."""
+
+    def __init__(self, s: Summary) -> None:
+        self.s = s
+        spec = s.spec
+        assert spec is not None
+        self.sse = spec.options.get(Opt.STREAM_FORMAT) == "sse"
+        self.audio_stage = spec.options.get(Opt.AUDIO_STAGE, "")
+        self.encoder = StreamEncoder(s.audio_format, s.sample_rate)  # type: ignore[arg-type]
+        self.aborted = False
+
+    def _out(self, data: bytes) -> list[bytes]:
+        if not data:
+            return []
+        return [_sse(SpeechAudioDelta(audio=_b64(data)))] if self.sse else [data]
+
+    def feed(self, ev: Event) -> list[bytes]:
+        cls = type(ev)
+        if cls is Chunk:
+            if ev.stage == self.audio_stage and ev.modality == "audio":
+                arr = self.s.chunk_audio(ev)
+                return self._out(self.encoder.write(arr)) if arr is not None else []
+            return []
+        if cls is Finished:
+            out = self._out(self.encoder.finish())
+            if self.sse:
+                p, c = self.s.usage()
+                out.append(
+                    _sse(
+                        SpeechAudioDone(
+                            usage=SpeechUsage(input_tokens=p, output_tokens=c, total_tokens=p + c)
+                        )
+                    )
+                )
+            return out
+        if cls is Failed or cls is Cancelled:
+            if self.sse:
+                err = terminal_error(ev)
+                assert err is not None
+                return [b'data: {"type":"error",' + err[1][1:] + b"\n\n"]
+            self.aborted = True  # a truncated file must not look complete
+            return []
+        return []
+
+
+class StreamRenderer:
+    """Incremental rendering of one request: ``feed`` each of its events in
+    log order; it returns the body bytes to send now.  ``head`` is set once
+    known: at admission for a streamed response, at the terminal event for
+    a whole one (whose body is then the one piece returned).  ``done`` after
+    the terminal event; ``aborted`` when the connection must be cut."""
+
+    def __init__(self, blobs: BlobStore) -> None:
+        self.summary = Summary(blobs)
+        self.head: Head | None = None
+        self.done = False
+        self.aborted = False
+        self._stream: _ChatStream | _SpeechStream | None = None
+
+    def feed(self, ev: Event) -> list[bytes]:
+        if self.done or not isinstance(ev, RequestEvent):
+            return []
+        s = self.summary
+        cls = type(ev)
+        if cls is Admitted and _flag(ev.spec, Opt.STREAM):
+            s.collect_media = False
+        s.feed(ev)
+        if cls is Admitted and _flag(ev.spec, Opt.STREAM):
+            rid = ev.request_id
+            if ev.spec.api == API_CHAT:
+                self._stream = _ChatStream(s)
+                self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)
+            elif ev.spec.api == API_SPEECH:
+                self._stream = _SpeechStream(s)
+                ctype = "text/event-stream" if self._stream.sse else MEDIA_TYPES[s.audio_format]
+                extra = (("Cache-Control", "no-cache"),) if self._stream.sse else ()
+                self.head = Head(
+                    200, (("Content-Type", ctype), *extra, ("X-Request-Id", rid)), streamed=True
+                )
+            else:
+                raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed form")
+        out = self._stream.feed(ev) if self._stream is not None else []
+        if s.terminal is not None:
+            self.done = True
+            if self._stream is None:
+                whole = _whole([s])
+                self.head = whole.head
+                out = [whole.body]
+            elif isinstance(self._stream, _SpeechStream):
+                self.aborted = self._stream.aborted
+        return out
+
+
+# --------------------------------------------------------------------------
+# Public pure functions
+# --------------------------------------------------------------------------
+
+
+def _split(events: Iterable[Event]) -> dict[str, list[Event]]:
+    by_rid: dict[str, list[Event]] = {}
+    for ev in events:
+        if isinstance(ev, RequestEvent):
+            by_rid.setdefault(ev.request_id, []).append(ev)
+    if not by_rid:
+        raise ValueError("no request events to render")
+    return by_rid
+
+
+def _group_order(by_rid: dict[str, list[Event]], blobs: BlobStore) -> list[Summary]:
+    members = []
+    groups = set()
+    for evs in by_rid.values():
+        s = Summary(blobs)
+        for ev in evs:
+            s.feed(ev)
+        if s.spec is None:
+            raise ValueError(f"request {evs[0].request_id}: its Admitted/Rejected event is missing")
+        groups.add(s.options.get(Opt.GROUP) or s.request_id)
+        members.append(s)
+    if len(groups) > 1:
+        raise ValueError(
+            f"events of {len(groups)} unrelated requests given; render one response at a time"
+        )
+    members.sort(key=lambda s: int(s.options.get(Opt.GROUP_INDEX, "0") or 0))
+    size = int(members[0].options.get(Opt.GROUP_SIZE, "1") or 1)
+    if len(members) != size:
+        raise ValueError(f"batched response needs all {size} members' events, got {len(members)}")
+    return members
+
+
+def render_response(events: Iterable[Event], blobs: BlobStore) -> Rendered:
+    """The complete response (status, headers, body) the HTTP API sent for
+    the request(s) these events belong to.  The events must reach each
+    request's terminal event."""
+    by_rid = _split(events)
+    if len(by_rid) == 1:
+        (evs,) = by_rid.values()
+        r = StreamRenderer(blobs)
+        body = b"".join(piece for ev in evs for piece in r.feed(ev))
+        if not r.done or r.head is None:
+            raise ValueError(
+                f"request {evs[0].request_id} has no terminal event: cannot render its response yet"
+            )
+        return Rendered(r.head, body, r.aborted)
+    return _whole(_group_order(by_rid, blobs))
+
+
+def render_stream(events: Iterable[Event], blobs: BlobStore) -> Iterator[bytes]:
+    """The body as the pieces the server wrote, in order (for a streamed
+    response, one piece per SSE event or encoded audio piece; a whole
+    response is one piece).  Stops early if the events stop early."""
+    by_rid = _split(events)
+    if len(by_rid) == 1:
+        (evs,) = by_rid.values()
+        r = StreamRenderer(blobs)
+        for ev in evs:
+            yield from r.feed(ev)
+        return
+    yield _whole(_group_order(by_rid, blobs)).body
+
+
+# --------------------------------------------------------------------------
+# Events and states as JSON
+# --------------------------------------------------------------------------
+
+
+def event_sse(ev: Event) -> bytes:
+    """One event of ``/v1/requests/{id}/events``: ``id`` is its log
+    position (what Last-Event-ID resumes after), ``event`` its type tag,
+    ``data`` the event as msgspec JSON (a tagged array; decode it with
+    ``msgspec.json.decode(data, type=omnix.events.types.Event)``)."""
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (ev.pos, event_tag(ev).encode(), _enc.encode(ev))
+
+
+def event_object_sse(ev: Event) -> bytes:
+    """Like ``event_sse`` with ``data`` as a JSON object (``?format=object``)."""
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (
+        ev.pos,
+        event_tag(ev).encode(),
+        _enc.encode(as_object(ev)),
+    )
+
+
+def as_object(value: Any) -> Any:
+    """A Struct (array-like or not) as nested dicts with field names, tagged
+    structs with their ``type``; other values as msgspec would encode them."""
+    if isinstance(value, msgspec.Struct):
+        cfg = value.__struct_config__
+        out: dict[str, Any] = {}
+        if cfg.tag is not None:
+            out[cfg.tag_field or "type"] = cfg.tag
+        for name in value.__struct_fields__:
+            out[name] = as_object(getattr(value, name))
+        return out
+    if isinstance(value, (list, tuple)):
+        return [as_object(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_object(v) for k, v in value.items()}
+    return value
+
+
+def state_json(rs: RequestState) -> bytes:
+    """GET /v1/requests/{id}: the folded state as a JSON object."""
+    return _enc.encode(as_object(rs))

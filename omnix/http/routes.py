@@ -1,0 +1,389 @@
+"""The HTTP API's handlers: read a body, submit, stream the log back.
+
+Owns: one aiohttp handler per route (``Routes``), the submission of a
+planned request through ``Omni.submit`` (after validating every member, so
+a bad request appends nothing), and the live loop of a response: tail the
+request's events and write what ``render.StreamRenderer`` makes of each.
+A client that goes away mid-response cancels its request
+(``Omni.cancel(rid, "disconnect")``): aiohttp cancels the handler when the
+connection drops (``handler_cancellation=True``) or a write fails.
+
+Does not own routing between stages (the orchestrator), the mapping of
+bodies to specs (``adapt.py``), any byte of a response body
+(``render.py``) or the server's lifecycle (``app.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+from multidict import CIMultiDict
+
+from omnix.api import Omni, ShuttingDown, new_request_id, new_seed
+from omnix.events.types import Rejected
+from omnix.http import adapt
+from omnix.http.errors import ApiError, from_decode_error, from_request_error
+from omnix.http.render import (
+    RETRY_AFTER,
+    Head,
+    Opt,
+    Rendered,
+    StreamRenderer,
+    event_object_sse,
+    event_sse,
+    render_response,
+    state_json,
+)
+from omnix.http.schemas import (
+    CancelResult,
+    ChatCompletionRequest,
+    Health,
+    ImageRequest,
+    ModelCard,
+    ModelList,
+    Readiness,
+    SpeechRequest,
+)
+from omnix.pipelines.plan import RequestError
+
+log = logging.getLogger("omnix.http")
+
+T = TypeVar("T")
+_enc = msgspec.json.Encoder()
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
+    t: msgspec.json.Decoder(t) for t in (ChatCompletionRequest, SpeechRequest, ImageRequest)
+}
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    resp = web.Response(status=status, body=_enc.encode(obj), content_type="application/json")
+    if headers:
+        resp.headers.update(headers)
+    return resp
+
+
+def _headers(head: Head) -> CIMultiDict[str]:
+    return CIMultiDict(head.headers)
+
+
+class Routes:
+    """The handlers, bound to one ``Omni``."""
+
+    def __init__(self, omni: Omni, *, telemetry: Any = None) -> None:
+        self.omni = omni
+        self.telemetry = telemetry
+        self.served = adapt.Served(omni.pipeline, new_request_id=new_request_id, new_seed=new_seed)
+        self.started_at = int(time.time())
+        #: "starting" until the runtime is ready, "serving", then "stopping".
+        self.phase = "starting"
+
+    def add_to(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/audio/speech", self.speech)
+        r.add_post("/v1/images/generations", self.images)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/ready", self.ready)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/v1/requests/{id}", self.request_state)
+        r.add_get("/v1/requests/{id}/events", self.request_events)
+        r.add_post("/v1/requests/{id}/cancel", self.request_cancel)
+        r.add_get("/v1/requests/{id}/trace", self.request_trace)
+        from omnix.http.openapi import openapi_handler
+
+        r.add_get("/openapi.json", openapi_handler)
+
+    # -- bodies ---------------------------------------------------------------
+    async def _body(self, request: web.Request, typ: type[T]) -> T:
+        raw = await request.read()  # over client_max_size: aiohttp raises 413
+        if not raw.strip():
+            raise ApiError(
+                400, "The request body is empty: send a JSON object.", code="invalid_json"
+            )
+        try:
+            return _DECODERS[typ].decode(raw)
+        except msgspec.DecodeError as exc:
+            raise from_decode_error(exc) from None
+
+    # -- OpenAI routes ----------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request, ChatCompletionRequest)
+        plan = adapt.chat_plan(
+            body, self.served, traceparent=adapt.traceparent_of(request.headers.get("traceparent"))
+        )
+        return await self._run(request, plan)
+
+    async def speech(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request, SpeechRequest)
+        plan = adapt.speech_plan(
+            body, self.served, traceparent=adapt.traceparent_of(request.headers.get("traceparent"))
+        )
+        return await self._run(request, plan)
+
+    async def images(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request, ImageRequest)
+        plan = adapt.image_plan(
+            body, self.served, traceparent=adapt.traceparent_of(request.headers.get("traceparent"))
+        )
+        return await self._run(request, plan)
+
+    # -- submission and the live response -----------------------------------------
+    def _not_accepting(self) -> ApiError:
+        if self.phase == "starting":
+            return ApiError(
+                503,
+                "The server is still loading its pipeline; retry shortly (GET /ready says when).",
+                code="not_ready",
+                headers={"Retry-After": RETRY_AFTER["not_ready"]},
+            )
+        return ApiError(
+            503,
+            "The server is shutting down and admits no new requests; retry on another server.",
+            code="shutting_down",
+            headers={"Retry-After": RETRY_AFTER["shutting_down"]},
+        )
+
+    def _submit(self, plan: adapt.Plan) -> Rejected | None:
+        """Admit every member of ``plan``; on a refusal, cancel the members
+        already admitted and return the refusal."""
+        omni = self.omni
+        if not omni.accepting:
+            raise self._not_accepting()
+        # Validate everything first: a bad member must not leave its
+        # siblings admitted (nothing at all is appended for a bad request).
+        for _, spec in plan.specs:
+            try:
+                omni.validate(spec)
+            except RequestError as exc:
+                raise from_request_error(exc) from None
+        admitted: list[str] = []
+        for rid, spec in plan.specs:
+            try:
+                ev = omni.submit(spec, rid)
+            except ShuttingDown:
+                for a in admitted:
+                    omni.cancel(a, "shutdown")
+                raise self._not_accepting() from None
+            except RequestError as exc:  # pragma: no cover - validated above
+                raise from_request_error(exc) from None
+            if isinstance(ev, Rejected):
+                for a in admitted:
+                    omni.cancel(a, "client")
+                return ev
+            admitted.append(rid)
+        return None
+
+    def _disconnected(self, rids: tuple[str, ...]) -> None:
+        for rid in rids:
+            if self.omni.cancel(rid, "disconnect"):
+                log.info("request %s: client disconnected; cancelling", rid)
+
+    async def _run(self, request: web.Request, plan: adapt.Plan) -> web.StreamResponse:
+        rejected = self._submit(plan)
+        if rejected is not None:
+            return self._whole_response(render_response([rejected], self.omni.blobs))
+        rids = plan.request_ids
+        try:
+            if plan.stream:
+                return await self._stream(request, rids[0])
+            return await self._collect(rids, plan)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self._disconnected(rids)
+            raise
+
+    @staticmethod
+    def _whole_response(r: Rendered) -> web.Response:
+        return web.Response(status=r.head.status, headers=_headers(r.head), body=r.body)
+
+    async def _collect(self, rids: tuple[str, ...], plan: adapt.Plan) -> web.StreamResponse:
+        events = []
+        for rid in rids:
+            async for ev in self.omni.events(rid):
+                events.append(ev)
+        states = [self.omni.state(rid) for rid in rids]
+        if not all(rs is not None and rs.terminal for rs in states):
+            raise self._not_accepting()  # the log closed under us: shutdown
+        heavy = any(
+            spec.options.get(Opt.AUDIO_STAGE) or spec.options.get(Opt.IMAGE_STAGE)
+            for _, spec in plan.specs
+        )
+        if heavy:  # encoding audio or images: keep the event loop free
+            rendered = await asyncio.to_thread(render_response, events, self.omni.blobs)
+        else:
+            rendered = render_response(events, self.omni.blobs)
+        return self._whole_response(rendered)
+
+    async def _stream(self, request: web.Request, rid: str) -> web.StreamResponse:
+        renderer = StreamRenderer(self.omni.blobs)
+        resp: web.StreamResponse | None = None
+        async for ev in self.omni.events(rid):
+            pieces = renderer.feed(ev)
+            if resp is None and renderer.head is not None:
+                head = renderer.head
+                if not head.streamed:
+                    return web.Response(
+                        status=head.status, headers=_headers(head), body=b"".join(pieces)
+                    )
+                resp = web.StreamResponse(status=head.status, headers=_headers(head))
+                await resp.prepare(request)
+            if resp is not None:
+                for piece in pieces:
+                    await resp.write(piece)
+            if renderer.done:
+                break
+        if resp is None:
+            raise self._not_accepting()
+        if renderer.aborted or not renderer.done:
+            # A raw audio stream whose request failed, or the log closed:
+            # cut the connection so the client cannot take it as complete.
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
+        await resp.write_eof()
+        return resp
+
+    # -- server routes -------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        p = self.omni.pipeline
+        card = ModelCard(
+            id=self.served.model,
+            created=self.started_at,
+            modalities=list(p.outputs),
+            stages=list(self.omni.graph.stage_names),
+        )
+        return _json(ModelList(data=[card]))
+
+    async def health(self, request: web.Request) -> web.Response:
+        return _json(Health())
+
+    def is_ready(self) -> bool:
+        ready = self.omni.ready()
+        return self.omni.accepting and all(n > 0 for n in ready.values())
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ok = self.is_ready()
+        body = Readiness(ready=ok, accepting=self.omni.accepting, stages=self.omni.ready())
+        return _json(
+            body, 200 if ok else 503, None if ok else {"Retry-After": RETRY_AFTER["not_ready"]}
+        )
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        if self.telemetry is None:
+            # Hook: omnix.telemetry (Prometheus exposition) is not available.
+            raise ApiError(
+                501,
+                "Metrics are not available: omnix.telemetry could not be loaded in this server "
+                "(see the server log).",
+                code="metrics_unavailable",
+            )
+        from omnix.telemetry import metrics_handler
+
+        handler = getattr(self, "_metrics_handler", None)
+        if handler is None:
+            handler = self._metrics_handler = metrics_handler(self.telemetry)
+        return await handler(request)
+
+    # -- omnix's request routes ---------------------------------------------------
+    def _known(self, request: web.Request) -> str:
+        rid = request.match_info["id"]
+        if self.omni.state(rid) is None:
+            raise ApiError(
+                404,
+                f"No request {rid!r} on this server. Request ids come back in the X-Request-Id "
+                "header and the request_ids field of responses.",
+                param="id",
+                code="request_not_found",
+            )
+        return rid
+
+    async def request_state(self, request: web.Request) -> web.Response:
+        rid = self._known(request)
+        rs = self.omni.state(rid)
+        assert rs is not None
+        return web.Response(
+            body=state_json(rs), content_type="application/json", headers={"X-Request-Id": rid}
+        )
+
+    async def request_events(self, request: web.Request) -> web.StreamResponse:
+        """SSE tail of one request's events, from the start or after the
+        ``Last-Event-ID`` (a log position) a reconnecting client sends; ends
+        after the terminal event.  ``?format=object`` for named fields."""
+        rid = self._known(request)
+        last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+        start = 0
+        if last:
+            try:
+                start = int(last) + 1
+            except ValueError:
+                raise ApiError(
+                    400,
+                    f"Last-Event-ID {last!r} is not an event id: send the id: of the last event received.",
+                    param="Last-Event-ID",
+                    code="invalid_value",
+                ) from None
+        fmt = request.query.get("format", "array")
+        if fmt not in ("array", "object"):
+            raise ApiError(
+                400, "format must be 'array' or 'object'.", param="format", code="invalid_value"
+            )
+        frame = event_object_sse if fmt == "object" else event_sse
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": rid,
+            }
+        )
+        await resp.prepare(request)
+        rs = self.omni.state(rid)
+        if not (rs is not None and rs.terminal and start > rs.terminal_pos):
+            async for ev in self.omni.events(rid, start):
+                await resp.write(frame(ev))
+        await resp.write_eof()
+        return resp
+
+    async def request_cancel(self, request: web.Request) -> web.Response:
+        rid = self._known(request)
+        asked = self.omni.cancel(rid, "client")
+        rs = self.omni.state(rid)
+        assert rs is not None
+        return _json(
+            CancelResult(request_id=rid, cancel_requested=asked, status=rs.status),
+            headers={"X-Request-Id": rid},
+        )
+
+    async def request_trace(self, request: web.Request) -> web.Response:
+        rid = self._known(request)
+        try:
+            from omnix.replay.trace import export_trace  # type: ignore[import-not-found]
+        except ImportError:
+            raise ApiError(
+                501,
+                "Trace export is not available in this build (omnix.replay.trace is missing). "
+                f"GET /v1/requests/{rid}/events gives the request's events meanwhile.",
+                code="trace_unavailable",
+            ) from None
+        rs = self.omni.state(rid)
+        if rs is not None and not rs.terminal:
+            raise ApiError(
+                409,
+                f"request {rid} is still {rs.status}: download its trace once it has ended.",
+                code="request_running",
+            )
+        omni = self.omni
+        # On the loop, not a thread: the log is appended to by this loop.
+        data = export_trace(omni.log, omni.blobs, omni.pipeline, [rid])
+        return web.Response(
+            body=data,
+            content_type="application/octet-stream",
+            headers={
+                "Content-Disposition": f'attachment; filename="{rid}.omnixtrace"',
+                "X-Request-Id": rid,
+            },
+        )

@@ -1,0 +1,335 @@
+"""The HTTP API's request and response bodies, as typed msgspec Structs.
+
+Owns: the shapes of every JSON body the server reads or writes, and their
+value constraints (``msgspec.Meta``), so a bad body fails in the decoder
+with a message that names the field.  Request Structs forbid unknown
+fields (OpenAI answers an unknown argument with 400; so do we).
+
+Does not own the meaning of a request (``adapt.py`` turns bodies into
+``RequestSpec``s) nor any rendering logic (``render.py`` fills the
+response Structs from the log).  ``openapi.py`` derives its schemas from
+these types.
+
+OpenAI parameters omnix cannot honour are still declared, with narrow
+types, so that a client sending them gets a precise "not supported" (422)
+instead of a generic "unknown field" (``adapt.py`` checks them).  Opaque
+sub-documents whose contents omnix never reads (``tools``,
+``response_format``) are ``msgspec.Raw``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from omnix.events.types import StageParams
+
+_REQ = dict(forbid_unknown_fields=True, kw_only=True)
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+PositiveInt = Annotated[int, Meta(ge=1, le=1_000_000)]
+Seed = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Voice = Annotated[str, Meta(min_length=1, max_length=64)]
+Speed = Annotated[float, Meta(ge=0.25, le=4.0)]
+Steps = Annotated[int, Meta(ge=1, le=1000)]
+
+#: Per-stage overrides: a list aligned with the pipeline's stages (``null``
+#: keeps a stage's defaults), or a map from stage name to overrides.
+SamplingParamsList = list[StageParams | None] | dict[str, StageParams]
+
+
+# --------------------------------------------------------------------------
+# Chat completions
+# --------------------------------------------------------------------------
+
+
+class TextPart(msgspec.Struct, tag="text", tag_field="type", **_REQ):
+    text: str
+
+
+class ImageUrl(msgspec.Struct, **_REQ):
+    url: str
+    detail: str = "auto"
+
+
+class ImageUrlPart(msgspec.Struct, tag="image_url", tag_field="type", **_REQ):
+    image_url: ImageUrl
+
+
+class InputAudio(msgspec.Struct, **_REQ):
+    data: str
+    format: str
+
+
+class InputAudioPart(msgspec.Struct, tag="input_audio", tag_field="type", **_REQ):
+    input_audio: InputAudio
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class Message(msgspec.Struct, **_REQ):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(msgspec.Struct, **_REQ):
+    include_usage: bool = False
+
+
+ChatAudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
+
+
+class AudioParams(msgspec.Struct, **_REQ):
+    format: ChatAudioFormat = "wav"
+    voice: Voice = "default"
+
+
+class ChatCompletionRequest(msgspec.Struct, **_REQ):
+    """POST /v1/chat/completions.
+
+    ``messages`` is one conversation (a list of messages) or a batch (a list
+    of conversations, answered with one choice each, non-streaming only).
+    ``sampling_params_list`` and ``top_k`` are vLLM(-Omni) extensions.
+    """
+
+    messages: list[Message | list[Message]]
+    model: str = ""
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioParams | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    seed: Seed | None = None
+    stop: str | Annotated[list[str], Meta(max_length=16)] | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    sampling_params_list: SamplingParamsList | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    # Declared so that using them gets a precise 422, not "unknown field".
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: msgspec.Raw | None = None
+    tools: msgspec.Raw | None = None
+    tool_choice: msgspec.Raw | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AudioOut(msgspec.Struct, kw_only=True):
+    """OpenAI's ``message.audio`` (and, streamed, ``delta.audio``)."""
+
+    id: str
+    data: str | UnsetType = UNSET
+    expires_at: int | UnsetType = UNSET
+    transcript: str | UnsetType = UNSET
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    # ``content`` is written even when null (as OpenAI does); UNSET fields
+    # are never written.
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    audio: AudioOut | UnsetType = UNSET
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    #: omnix: the request id behind each choice (``/v1/requests/{id}``).
+    request_ids: list[str]
+
+
+class Delta(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    audio: AudioOut | UnsetType = UNSET
+
+
+class ChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    # Absent unless stream_options.include_usage; then null on every chunk
+    # but the last, which has empty choices and the totals (as OpenAI does).
+    usage: Usage | UnsetType | None = UNSET
+
+
+# --------------------------------------------------------------------------
+# Speech
+# --------------------------------------------------------------------------
+
+SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
+class SpeechRequest(msgspec.Struct, **_REQ):
+    """POST /v1/audio/speech.  Without ``stream_format`` the whole file is
+    returned once generated; ``"audio"`` streams the encoded bytes as they
+    are produced (chunked transfer); ``"sse"`` streams
+    ``speech.audio.delta`` events."""
+
+    input: Annotated[str, Meta(min_length=1, max_length=16384)]
+    model: str = ""
+    voice: Voice = "default"
+    response_format: SpeechFormat = "mp3"
+    speed: Speed = 1.0
+    stream_format: Literal["audio", "sse"] | None = None
+    instructions: Annotated[str, Meta(max_length=4096)] | None = None
+    seed: Seed | None = None
+    sampling_params_list: SamplingParamsList | None = None
+
+
+class SpeechAudioDelta(msgspec.Struct, tag="speech.audio.delta", tag_field="type"):
+    audio: str
+
+
+class SpeechUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class SpeechAudioDone(msgspec.Struct, tag="speech.audio.done", tag_field="type"):
+    usage: SpeechUsage
+
+
+# --------------------------------------------------------------------------
+# Images
+# --------------------------------------------------------------------------
+
+Size = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$")]
+
+
+class ImageRequest(msgspec.Struct, **_REQ):
+    """POST /v1/images/generations.  ``seed``, ``steps`` (alias of
+    ``num_inference_steps``) and ``guidance_scale`` are omnix extensions."""
+
+    prompt: Annotated[str, Meta(min_length=1, max_length=32000)]
+    model: str = ""
+    n: Annotated[int, Meta(ge=1, le=16)] = 1
+    size: Size | None = None
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    seed: Seed | None = None
+    steps: Steps | None = None
+    num_inference_steps: Steps | None = None
+    guidance_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    sampling_params_list: SamplingParamsList | None = None
+    user: str | None = None
+
+
+class ImageData(msgspec.Struct, kw_only=True):
+    b64_json: str
+    revised_prompt: str | UnsetType = UNSET
+
+
+class ImagesResponse(msgspec.Struct, kw_only=True):
+    created: int
+    data: list[ImageData]
+    request_ids: list[str]
+
+
+# --------------------------------------------------------------------------
+# Models, health, omnix's own routes
+# --------------------------------------------------------------------------
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "omnix"
+    #: omnix: what the pipeline can produce and its stages, in order.
+    modalities: list[str]
+    stages: list[str]
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(msgspec.Struct, kw_only=True):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(msgspec.Struct, kw_only=True):
+    ready: bool
+    accepting: bool
+    #: ready replicas per stage
+    stages: dict[str, int]
+
+
+class CancelResult(msgspec.Struct, kw_only=True):
+    request_id: str
+    #: True when this call asked to cancel; False when it had already ended.
+    cancel_requested: bool
+    status: str
+
+
+__all__ = [
+    "AssistantMessage",
+    "AudioOut",
+    "AudioParams",
+    "CancelResult",
+    "ChatChoice",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChunkChoice",
+    "Delta",
+    "Health",
+    "ImageData",
+    "ImageRequest",
+    "ImagesResponse",
+    "Message",
+    "ModelCard",
+    "ModelList",
+    "Readiness",
+    "SpeechAudioDelta",
+    "SpeechAudioDone",
+    "SpeechRequest",
+    "SpeechUsage",
+    "StreamOptions",
+    "Usage",
+]

@@ -1,0 +1,233 @@
+"""``omnix serve``: run a pipeline behind the OpenAI-compatible HTTP API.
+
+Owns: the verb's arguments, building the tiny models a built-in pipeline
+needs when they are missing, the process lifecycle (bind the port first so
+a busy port fails in a second, not after model loading; start the runtime;
+serve; on Ctrl-C / SIGTERM stop admitting, let in-flight requests finish
+for ``--grace`` seconds, cancel the rest, stop the workers) and the log
+lines an operator needs (where it listens, which pipeline, how long loading
+took).
+
+Does not own the runtime (``Omni``/``StageRuntime``), the handlers
+(``omnix.http.routes``) or model building (``omnix.models``).
+
+    omnix serve [--pipeline NAME|PATH] [--host 127.0.0.1] [--port 8091]
+                [--api-key KEY] [--log-dir DIR] [--model-dir DIR]
+
+The event log lives in memory unless ``--log-dir`` is given (then
+``DIR/events`` and ``DIR/blobs`` are durable and traces survive restarts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omnix.pipelines.config import PipelineConfig
+
+log = logging.getLogger("omnix.serve")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8091
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from omnix.pipelines.registry import DEFAULT_PIPELINE
+
+    parser.add_argument(
+        "--pipeline",
+        default=DEFAULT_PIPELINE,
+        metavar="NAME|PATH",
+        help=f"built-in pipeline name or a TOML/JSON config file (default: {DEFAULT_PIPELINE})",
+    )
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST})"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port (default: {DEFAULT_PORT}; 0: any free)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("OMNIX_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNIX_API_KEY)",
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="keep the event log and blobs in DIR (default: in memory, lost on exit)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="where the tiny models are (built there if missing; default: $OMNIX_MODEL_DIR "
+        "or ~/.cache/omnix/models)",
+    )
+    parser.add_argument(
+        "--no-build", action="store_true", help="fail instead of building missing tiny models"
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get to finish on shutdown",
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=8.0,
+        help="largest request body accepted, MiB (default 8)",
+    )
+    parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def _tiny_models_needed(pipeline: PipelineConfig) -> list[str]:
+    """The tiny model names the pipeline's stages refer to."""
+    from omnix.models.paths import TINY_MODELS
+
+    names = []
+    for st in pipeline.stages:
+        model = getattr(st.engine, "model", None)
+        if isinstance(model, str) and model in TINY_MODELS and model not in names:
+            names.append(model)
+    return names
+
+
+def prepare_models(
+    pipeline: PipelineConfig, model_dir: Path | None, build: bool = True
+) -> Path | None:
+    """Build the tiny models ``pipeline`` needs if missing; export
+    ``OMNIX_MODEL_DIR`` so the workers resolve them there.  Returns the
+    model dir (None when the pipeline needs no tiny model)."""
+    names = _tiny_models_needed(pipeline)
+    if not names:
+        return None
+    from omnix.models.paths import default_model_dir
+
+    root = (model_dir or default_model_dir()).expanduser().resolve()
+    os.environ["OMNIX_MODEL_DIR"] = str(root)
+    from omnix.models.build import ensure_models, missing_models
+
+    todo = missing_models(root, None, names)
+    if todo:
+        if not build:
+            raise SystemExit(
+                f"tiny models {', '.join(todo)} are missing in {root}: run `omnix models init --dir {root}`"
+            )
+        log.info("building tiny models %s in %s (once)", ", ".join(todo), root)
+        t0 = time.perf_counter()
+        ensure_models(root, names=names, progress=sys.stderr.isatty())
+        log.info("built %s in %.1f s", ", ".join(todo), time.perf_counter() - t0)
+    return root
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from omnix.api import Omni
+    from omnix.http.app import HttpServer
+    from omnix.pipelines.validate import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    prepare_models(pipeline, args.model_dir, build=not args.no_build)
+    omni = Omni(pipeline, log_dir=args.log_dir)
+    server = HttpServer(
+        omni,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        client_max_size=int(args.max_body_mb * 1024 * 1024),
+        access_log=args.access_log,
+    )
+    try:
+        await server.start()
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", args.host, args.port, exc.strerror or exc)
+        return 1
+    log.info(
+        "listening on %s (pipeline %r: %s; log: %s; auth: %s); loading...",
+        server.url,
+        pipeline.name,
+        " -> ".join(st.name for st in pipeline.stages),
+        args.log_dir or "memory",
+        "api key" if args.api_key else "none",
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.info("%s: shutting down (again to force)", sig.name)
+            stop.set()
+        else:
+            log.warning("%s again: exiting now", sig.name)
+            os._exit(130)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, on_signal, sig)
+
+    t0 = time.perf_counter()
+    starting = asyncio.create_task(omni.start())
+    waiting = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if starting.done() and starting.exception() is None:
+        server.mark_serving()
+        log.info(
+            "ready in %.1f s: %s serving %r at %s (Ctrl-C to stop)",
+            time.perf_counter() - t0,
+            "omnix",
+            pipeline.name,
+            server.url,
+        )
+        await waiting
+    elif starting.done():
+        exc = starting.exception()
+        log.error("the pipeline failed to start: %s", exc)
+        code = 1
+    else:
+        starting.cancel()
+        with contextlib.suppress(BaseException):
+            await starting
+    waiting.cancel()
+
+    t1 = time.perf_counter()
+    server.mark_stopping()
+    await omni.shutdown(grace_s=args.grace)
+    await server.close()
+    log.info("stopped in %.1f s", time.perf_counter() - t1)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    try:
+        return runner(serve(args))
+    except KeyboardInterrupt:
+        return 130

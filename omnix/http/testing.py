@@ -1,0 +1,251 @@
+"""Serving scripted pipelines in-process, for HTTP tests and ``omnix bench http``.
+
+Owns: ``InProcessRuntime``, a real-time stage runtime that runs each
+stage's engine (``ScriptedEngine`` for ``kind = "scripted"``) as asyncio
+tasks in the server's own process, emitting the same events a worker
+would (StageStarted, Chunk, Progress, then StageFinished or StageFailed),
+and ``serve_scripted``, which starts an ``Omni`` plus ``HttpServer`` on
+either it or the real ``StageRuntime``.
+
+Why it exists: it measures and tests the HTTP layer without process hops,
+and it lets the HTTP tests run while the process runtime is elsewhere.
+Never a product default: ``omnix serve`` always runs real workers.
+
+Does not own worker semantics (``omnix.stages.worker`` does; this mirrors
+its per-request contract from docs/CONTRACTS.md) nor any decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from omnix.events.blobs import BlobStore
+from omnix.events.types import (
+    Chunk,
+    Event,
+    Progress,
+    StageFailed,
+    StageFinished,
+    StageStarted,
+    WorkerJoined,
+)
+from omnix.pipelines.config import PipelineConfig
+from omnix.stages.engine import Engine, GenerateRequest, InputPiece, load_engine
+from omnix.stages.work import WorkItem
+
+
+class _Inputs:
+    def __init__(self) -> None:
+        self.items: list[InputPiece] = []
+        self.closed = False
+        self.event = asyncio.Event()
+
+    def push(self, pieces: tuple[InputPiece, ...], last: bool) -> None:
+        self.items.extend(pieces)
+        self.closed = self.closed or last
+        self.event.set()
+
+    async def __aiter__(self) -> AsyncIterator[InputPiece]:
+        while True:
+            while self.items:
+                yield self.items.pop(0)
+            if self.closed:
+                return
+            self.event.clear()
+            await self.event.wait()
+
+
+class _Exec:
+    def __init__(self, work: WorkItem) -> None:
+        self.rid = work.request_id
+        self.stage = work.stage
+        self.replica = work.replica
+        self.inputs = _Inputs()
+        self.task: asyncio.Task[None] | None = None
+        self.chunks = 0
+        self.aborted = False
+        self.done = False
+
+
+class InProcessRuntime:
+    """The runtime contract (start/send/abort/release/shutdown), in process."""
+
+    def __init__(
+        self,
+        pipeline: PipelineConfig,
+        emit: Callable[[Event], None],
+        blobs: BlobStore,
+        *,
+        engine_factory: Callable[[Any], Engine] | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.emit = emit
+        self.blobs = blobs
+        self._factory = engine_factory
+        self.engines: dict[tuple[str, int], Engine] = {}
+        self._execs: dict[tuple[str, str], _Exec] = {}
+
+    async def start(self) -> None:
+        for st in self.pipeline.stages:
+            for rep in range(st.replicas):
+                args = st.engine
+                engine = (
+                    self._factory(args)
+                    if self._factory
+                    else load_engine(args.__struct_config__.tag, args)
+                )
+                info = await engine.start()
+                self.engines[(st.name, rep)] = engine
+                self.emit(
+                    WorkerJoined(
+                        worker_id=f"{st.name}/{rep}",
+                        stage=st.name,
+                        replica=rep,
+                        engine=info.engine,
+                        capacity=info.capacity,
+                    )
+                )
+
+    async def shutdown(self) -> None:
+        tasks = [ex.task for ex in self._execs.values() if ex.task is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._execs.clear()
+        for engine in self.engines.values():
+            await engine.close()
+
+    def send(self, work: WorkItem) -> None:
+        key = (work.request_id, work.stage)
+        ex = self._execs.get(key)
+        if work.seq == 0:
+            if ex is not None:
+                return
+            ex = _Exec(work)
+            self._execs[key] = ex
+            ex.inputs.push(work.pieces, work.last)
+            ex.task = asyncio.get_running_loop().create_task(self._run(ex, work))
+            return
+        if ex is not None and not ex.aborted:
+            ex.inputs.push(work.pieces, work.last)
+
+    def abort(self, request_id: str, stage: str, replica: int) -> None:
+        ex = self._execs.get((request_id, stage))
+        if ex is None or ex.done or ex.aborted:
+            return
+        ex.aborted = True
+        engine = self.engines[(stage, replica)]
+        asyncio.get_running_loop().create_task(engine.abort(request_id))
+        if ex.task is not None:
+            ex.task.cancel()
+
+    def release(self, request_id: str) -> None:
+        for key in [k for k in self._execs if k[0] == request_id]:
+            ex = self._execs.pop(key)
+            if ex.task is not None and not ex.done:
+                ex.task.cancel()
+
+    async def _run(self, ex: _Exec, work: WorkItem) -> None:
+        base = dict(request_id=ex.rid, stage=ex.stage, replica=ex.replica)
+        self.emit(StageStarted(**base))
+        engine = self.engines[(ex.stage, ex.replica)]
+        last: Any = None
+        try:
+            async for out in engine.generate(
+                GenerateRequest(ex.rid, ex.stage, work.params, work.seed), ex.inputs
+            ):
+                last = out
+                if out.text or out.token_ids or out.data or out.array is not None:
+                    blob = None
+                    if out.array is not None:
+                        blob = self.blobs.put_array(out.array, out.media_type)
+                    elif out.data:
+                        blob = self.blobs.put(out.data, out.media_type)
+                    self.emit(
+                        Chunk(
+                            **base,
+                            index=ex.chunks,
+                            modality=out.modality,
+                            text=out.text,
+                            token_ids=tuple(out.token_ids),
+                            blob=blob,
+                        )
+                    )
+                    ex.chunks += 1
+                elif out.total > 0:
+                    self.emit(Progress(**base, step=out.step, total=out.total))
+        except asyncio.CancelledError:
+            ex.done = True
+            if ex.aborted:
+                self.emit(StageFinished(**base, chunks=ex.chunks, finish_reason="aborted"))
+            return
+        except Exception as exc:
+            ex.done = True
+            if ex.aborted:
+                self.emit(StageFinished(**base, chunks=ex.chunks, finish_reason="aborted"))
+            else:
+                self.emit(StageFailed(**base, message=f"{type(exc).__name__}: {exc}"))
+            return
+        ex.done = True
+        self.emit(
+            StageFinished(
+                **base,
+                chunks=ex.chunks,
+                finish_reason="aborted"
+                if ex.aborted
+                else (getattr(last, "finish_reason", "") or "stop"),
+                prompt_tokens=getattr(last, "prompt_tokens", 0) or 0,
+                output_tokens=getattr(last, "output_tokens", 0) or 0,
+            )
+        )
+
+
+def process_runtime_available() -> bool:
+    """Whether ``omnix.stages.runtime.StageRuntime`` (real workers) exists."""
+    try:
+        from omnix.stages.runtime import StageRuntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.asynccontextmanager
+async def serve_scripted(
+    pipeline: PipelineConfig,
+    *,
+    processes: bool = False,
+    api_key: str | None = None,
+    telemetry: Any = False,
+    client_max_size: int | None = None,
+    runtime_options: dict[str, Any] | None = None,
+    omni_options: dict[str, Any] | None = None,
+) -> AsyncIterator[Any]:
+    """An ``Omni`` serving ``pipeline`` over HTTP on a free loopback port.
+
+    ``processes=True`` runs real worker processes (``StageRuntime``);
+    otherwise ``InProcessRuntime``.  Yields the ``HttpServer`` (``.url``,
+    ``.omni``)."""
+    from omnix.api import Omni
+    from omnix.http.app import DEFAULT_MAX_BODY, HttpServer
+
+    omni = Omni(pipeline, runtime_options=runtime_options, **(omni_options or {}))
+    if not processes:
+        omni.runtime = InProcessRuntime(pipeline, omni.sequencer.emit, omni.blobs)
+    await omni.start()
+    server = HttpServer(
+        omni,
+        api_key=api_key,
+        telemetry=telemetry,
+        client_max_size=client_max_size or DEFAULT_MAX_BODY,
+    )
+    try:
+        await server.start()
+        yield server
+    finally:
+        await omni.shutdown(grace_s=1.0)
+        await server.close()
