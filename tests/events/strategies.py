@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from omnix.events.types import (
     Admitted,
-    CancelRequested,
     Cancelled,
+    CancelRequested,
     Chunk,
     DeadlineExpired,
     Event,

@@ -87,7 +87,7 @@ def drive(log: EventLog, steps: list[Step]) -> None:
             continue
         if isinstance(ev, TERMINAL):
             terminal_at[rid] = stored.pos  # type: ignore[index]
-        if isinstance(ev, Admitted) or isinstance(ev, TERMINAL) and rid not in admitted:
+        if isinstance(ev, Admitted) or (isinstance(ev, TERMINAL) and rid not in admitted):
             admitted.add(rid)  # type: ignore[arg-type]
         if isinstance(ev, CancelRequested):
             cancel_asked.add(rid)  # type: ignore[arg-type]
