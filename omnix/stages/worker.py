@@ -294,7 +294,8 @@ class Worker:
                     pass
                 deadline = time.monotonic() + interval
                 while (left := deadline - time.monotonic()) > 0 and not self._hb_stop.is_set():
-                    if not sock.poll(int(left * 1000) + 1):
+                    # Short slices: a stop request must not wait out a whole interval.
+                    if not sock.poll(min(int(left * 1000) + 1, 50)):
                         continue
                     mtype, body, _ = recv_parts(sock)
                     if mtype == m.HEARTBEAT_ACK:
@@ -466,6 +467,9 @@ class Worker:
         req.done = True
         reason = "aborted" if req.aborted else (getattr(req.last, "finish_reason", "") or "stop")
         record(self._done(req, reason))
+        # The end of a request is latency-critical (the next stage or the
+        # client waits on it): send now rather than one loop turn later.
+        self._flush()
 
     @staticmethod
     def _done(req: _Req, reason: str) -> m.Done:

@@ -138,6 +138,9 @@ class LoopReader:
         self._pending = False
         self._fd = sock.getsockopt(zmq.FD)
         loop.add_reader(self._fd, self._fire)
+        # ZMQ signals the FD only when a pipe goes from "read found it empty"
+        # to non-empty: until one read attempt is made, arrivals are silent.
+        self.reschedule()
 
     def _fire(self) -> None:
         self._pending = False

@@ -1,0 +1,131 @@
+"""``omnix bench hop``: the cost of one orchestration hop and of streaming.
+
+Owns: two measurements of the stage runtime with a real worker process
+and a scripted engine, events appended to a ``MemoryLog`` (validated by
+the reducer, as in production):
+
+* hop latency: ``runtime.send(WorkItem)`` to a worker whose engine makes
+  one output, until that stage's ``StageFinished`` (after its
+  ``StageStarted`` and ``Chunk``) is in the log: p50 and p99 over
+  ``--hops`` sequential hops.
+* chunk events/s through one worker: one request whose engine streams
+  ``--chunks`` outputs as fast as it can; the rate at which Chunk events
+  land in the log.
+
+Does not measure engines or HTTP (``omnix bench engines``, ``bench http``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+from omnix.events.blobs import MemoryBlobStore
+from omnix.events.log import MemoryLog
+from omnix.events.types import (
+    Admitted,
+    Chunk,
+    Event,
+    RequestSpec,
+    Routed,
+    StageFailed,
+    StageFinished,
+)
+from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
+from omnix.stages.engine import InputPiece
+from omnix.stages.runtime import StageRuntime
+from omnix.stages.work import WorkItem
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hops", type=int, default=3000, help="sequential hops to time")
+    parser.add_argument("--chunks", type=int, default=100_000, help="chunks streamed for the rate")
+    parser.add_argument("--endpoint", default=None, help="tcp://127.0.0.1:0 to measure tcp (default ipc)")
+    parser.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop")
+
+
+def _pipeline(chunks: int) -> PipelineConfig:
+    return PipelineConfig(
+        name="bench-hop",
+        stages=(
+            StageConfig(name="one", engine=ScriptedArgs(chunks_per_piece=1, capacity=4)),
+            StageConfig(name="stream", engine=ScriptedArgs(chunks_per_piece=chunks, capacity=4)),
+        ),
+    )
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, float]:
+    log = MemoryLog()
+    done: dict[str, asyncio.Future[None]] = {}
+
+    def emit(ev: Event) -> None:
+        try:
+            log.append(ev)
+        except Exception:
+            return
+        if isinstance(ev, (StageFinished, StageFailed)):
+            fut = done.pop(ev.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    runtime = StageRuntime(
+        _pipeline(args.chunks), emit, MemoryBlobStore(), endpoint=args.endpoint,
+        forward_worker_output=False,
+    )
+    await runtime.start()
+    loop = asyncio.get_running_loop()
+    piece = (InputPiece(text="go"),)
+    try:
+        async def run_one(rid: str, stage: str) -> float:
+            log.append(Admitted(request_id=rid, pipeline="bench-hop", spec=RequestSpec(prompt="go")))
+            log.append(Routed(request_id=rid, stage=stage, replica=0, seq=0, sources=(0,), last=True))
+            fut = done[rid] = loop.create_future()
+            t0 = time.perf_counter_ns()
+            runtime.send(WorkItem(rid, stage, 0, 0, True, piece))
+            await fut
+            return (time.perf_counter_ns() - t0) / 1000
+
+        for i in range(200):  # warm up both processes' code paths
+            await run_one(f"w{i}", "one")
+        lat = sorted([await run_one(f"h{i}", "one") for i in range(args.hops)])
+        p50 = lat[len(lat) // 2]
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+
+        before = sum(1 for ev in log.read() if isinstance(ev, Chunk))
+        t0 = time.perf_counter()
+        await run_one("stream", "stream")
+        elapsed = time.perf_counter() - t0
+        chunks = sum(1 for ev in log.read() if isinstance(ev, Chunk)) - before
+        rate = chunks / elapsed
+    finally:
+        await runtime.shutdown()
+    return {
+        "hop_p50_us": round(p50, 1),
+        "hop_p99_us": round(p99, 1),
+        "chunk_events_per_s": round(rate),
+        "hops": args.hops,
+        "chunks": chunks,
+        "transport": "tcp" if (args.endpoint or "").startswith("tcp") else "ipc",
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    coro = _bench(args)
+    if args.no_uvloop:
+        res = asyncio.run(coro)
+    else:
+        try:
+            import uvloop
+        except ImportError:
+            res = asyncio.run(coro)
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                res = runner.run(coro)
+    if not getattr(args, "json", False):
+        print(f"hop p50 {res['hop_p50_us']:.0f} us, p99 {res['hop_p99_us']:.0f} us "
+              f"({res['hops']} hops over {res['transport']})")
+        print(f"chunk events/s through one worker: {res['chunk_events_per_s']:,} ({res['chunks']} chunks)")
+    print(json.dumps(res))
+    return 0

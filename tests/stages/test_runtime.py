@@ -1,0 +1,255 @@
+"""StageRuntime with real worker processes and sockets (scripted engines only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from omnix.engines.scripted import JOURNAL_ENV
+from omnix.events.types import (
+    Chunk,
+    Progress,
+    StageFailed,
+    StageFinished,
+    StageParams,
+    WorkerJoined,
+    WorkerLost,
+)
+from omnix.pipelines.config import CodecArgs, PipelineConfig, ScriptedArgs, StageConfig
+from omnix.stages.engine import InputPiece
+from omnix.stages.runtime import CapacityExceeded, ReplicaUnavailable, WorkerStartError
+from omnix.stages.work import WorkItem
+
+from .conftest import pid_alive, scripted_pipeline
+
+
+def _finished(h, rid):
+    return h.of(StageFinished, rid) or h.of(StageFailed, rid)
+
+
+async def test_replicas_join_and_stream_outputs(harness_factory):
+    h = harness_factory(scripted_pipeline(
+        text=(ScriptedArgs(chunks_per_piece=3), 2),
+        audio=(ScriptedArgs(chunks_per_piece=2, output_modality="audio"), 1),
+    ))
+    await h.rt.start()
+    joined = h.of(WorkerJoined)
+    assert sorted(e.worker_id for e in joined) == ["audio/0", "text/0", "text/1"]
+    assert all(e.engine == "scripted" and e.capacity == 8 and e.pid > 0 for e in joined)
+    assert h.rt.ready_replicas("text") == 2 and h.rt.ready_replicas("audio") == 1
+    h.send("a", "text", 0, (InputPiece(text="x"),), last=False)
+    h.send("b", "text", 1)
+    h.send("c", "audio", 0, params=StageParams(num_inference_steps=2))
+    h.send("a", "text", 0, (InputPiece(text="y"),), last=True)  # streamed input
+    for rid in "abc":
+        await h.wait_for(lambda rid=rid: _finished(h, rid), what=f"{rid} finished")
+    assert h.illegal == []
+    assert h.kinds("b") == ["StageStarted", "Chunk", "Chunk", "Chunk", "StageFinished"]
+    assert [c.text for c in h.of(Chunk, "a")] == [f"t{n} " for n in range(6)]
+    fin = h.of(StageFinished, "a")[0]
+    assert (fin.chunks, fin.finish_reason, fin.prompt_tokens, fin.output_tokens) == (6, "stop", 2, 6)
+    # Progress outputs are events of their own and do not count as chunks.
+    assert h.kinds("c") == ["StageStarted", "Progress", "Progress", "Chunk", "Chunk", "StageFinished"]
+    assert [(p.step, p.total) for p in h.of(Progress, "c")] == [(1, 2), (2, 2)]
+    blob = h.of(Chunk, "c")[1].blob
+    assert blob is not None and blob.dtype == "<f4"
+    assert np.array_equal(h.blobs.get_array(blob), np.full(240, 1, np.float32))
+    assert h.rt.in_flight("text", 0) == 0
+
+
+async def test_kill_9_mid_stream_is_lost_within_bound_and_replica_rejoins(harness_factory):
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=500, delay_ms=5), 1)),
+                        heartbeat_interval_s=0.25, lost_after_s=1.0)
+    await h.rt.start()
+    pid = h.joined_pids()[0]
+    h.send("r", "s")
+    await h.wait_for(lambda: len(h.of(Chunk, "r")) >= 3, what="3 chunks")
+    t_kill = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    await h.wait_for(lambda: h.of(WorkerLost), what="WorkerLost")
+    t_lost = next(t for t, e in h.events if isinstance(e, WorkerLost))
+    assert t_lost - t_kill < h.rt.lost_after_s
+    lost = h.of(WorkerLost)[0]
+    assert (lost.worker_id, lost.stage, lost.replica) == ("s/0", "s", 0)
+    assert "SIGKILL" in lost.reason
+    # The reducer marked the request's stage lost; the worker sent nothing more.
+    assert h.log.state.requests["r"].stage("s").status == "lost"
+    n_events = len(h.for_request("r"))
+    assert h.kinds("r")[-1] == "Chunk" and not _finished(h, "r")
+    # It restarts and rejoins under the same worker id with a new process.
+    await h.wait_for(lambda: len(h.of(WorkerJoined)) == 2, what="rejoin")
+    rejoined = h.of(WorkerJoined)[1]
+    assert rejoined.worker_id == "s/0" and rejoined.pid != pid and not pid_alive(pid)
+    assert h.log.state.workers["s/0"].incarnation == 2
+    h.send("r2", "s", params=StageParams(max_tokens=2))
+    await h.wait_for(lambda: _finished(h, "r2"), what="r2 on the new worker")
+    assert h.of(StageFinished, "r2")[0].finish_reason == "length"
+    assert len(h.for_request("r")) == n_events and h.illegal == []
+
+
+async def test_silent_worker_is_lost_by_heartbeat_and_replaced(harness_factory):
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(), 1)), heartbeat_interval_s=0.2, lost_after_s=1.0)
+    await h.rt.start()
+    pid = h.joined_pids()[0]
+    t_stop = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)  # alive, but silent: only heartbeats can tell
+    await h.wait_for(lambda: h.of(WorkerLost), timeout=5, what="WorkerLost")
+    t_lost = next(t for t, e in h.events if isinstance(e, WorkerLost))
+    assert t_lost - t_stop <= h.rt.lost_after_s + 0.15  # the bound, plus loop scheduling slack
+    assert "no heartbeat" in h.of(WorkerLost)[0].reason
+    await h.wait_for(lambda: len(h.of(WorkerJoined)) == 2, what="replacement")
+    await h.wait_for(lambda: not pid_alive(pid), timeout=3, what="the stopped worker killed")
+
+
+async def test_abort_reaches_engine_and_acknowledges_once(harness_factory, tmp_path):
+    journal = tmp_path / "journal.jsonl"
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=1000, delay_ms=5), 1)),
+                        worker_env={JOURNAL_ENV: str(journal)})
+    await h.rt.start()
+    h.send("r", "s", last=False)
+    await h.wait_for(lambda: len(h.of(Chunk, "r")) >= 2, what="2 chunks")
+    h.rt.abort("r", "s", 0)
+    h.rt.abort("r", "s", 0)  # a second abort is a no-op
+    await h.wait_for(lambda: _finished(h, "r"), what="abort ack")
+    fin = h.of(StageFinished, "r")
+    assert len(fin) == 1 and fin[0].finish_reason == "aborted"
+    assert fin[0].chunks == len(h.of(Chunk, "r"))
+    n = len(h.for_request("r"))
+    # Late pieces for the aborted request are dropped, an abort for a request
+    # that no longer runs is ignored: nothing more arrives for it.
+    h.rt.send(WorkItem("r", "s", 0, 1, True, (InputPiece(text="late"),)))
+    h.rt.abort("r", "s", 0)
+    h.send("other", "s", params=StageParams(max_tokens=1))
+    await h.wait_for(lambda: _finished(h, "other"), what="other finished")
+    assert len(h.for_request("r")) == n and h.kinds("r")[-1] == "StageFinished"
+    lines = [json.loads(ln) for ln in journal.read_text().splitlines()]
+    assert {"event": "abort", "request_id": "r"}.items() <= next(ln for ln in lines if ln["event"] == "abort").items()
+    assert [ln["request_id"] for ln in lines if ln["event"] == "generate"] == ["r", "other"]
+    assert h.illegal == []
+
+
+async def test_capacity_is_guarded_and_credits_return(harness_factory):
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=3, capacity=2, hang_at=1), 1)))
+    await h.rt.start()
+    h.send("a", "s")
+    h.send("b", "s")
+    assert h.rt.in_flight("s", 0) == 2 and h.rt.capacity("s", 0) == 2
+    with pytest.raises(CapacityExceeded, match="capacity 2"):
+        h.rt.send(WorkItem("c", "s", 0, 0, True, (InputPiece(text="x"),)))
+    with pytest.raises(KeyError, match="no stage 'nope'"):
+        h.rt.send(WorkItem("c", "nope", 0, 0, True, ()))
+    await h.wait_for(lambda: len(h.of(Chunk)) == 2, what="both hang after one chunk")
+    h.rt.abort("a", "s", 0)
+    await h.wait_for(lambda: _finished(h, "a"), what="a aborted")
+    assert h.rt.in_flight("s", 0) == 1
+    h.send("c", "s")  # the credit came back
+    h.rt.release("b")  # a terminal decision without an abort: aborted, and silenced
+    await h.wait_for(lambda: h.rt.in_flight("s", 0) == 1, what="b's credit back")
+    assert h.kinds("b") == ["StageStarted", "Chunk"]
+    assert h.illegal == []
+
+
+async def test_engine_failure_fails_request_worker_lives_on(harness_factory):
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=4, fail_at=2), 1)))
+    await h.rt.start()
+    h.send("r", "s")
+    await h.wait_for(lambda: _finished(h, "r"))
+    assert h.kinds("r") == ["StageStarted", "Chunk", "Chunk", "StageFailed"]
+    assert "scripted failure at output 2" in h.of(StageFailed, "r")[0].message
+    h.send("r2", "s", params=StageParams(max_tokens=1))
+    await h.wait_for(lambda: _finished(h, "r2"))
+    assert h.kinds("r2")[-1] == "StageFinished" and not h.of(WorkerLost)
+
+
+async def test_no_restart_makes_replica_unavailable(harness_factory):
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=100, crash_at=1), 1)), restart=False)
+    await h.rt.start()
+    h.send("r", "s")  # the engine kills its worker at output 1
+    await h.wait_for(lambda: h.of(WorkerLost), what="WorkerLost")
+    assert "exited with code 1" in h.of(WorkerLost)[0].reason
+    # Output 0 and the crash happen in one loop turn: the unsent batch dies with it.
+    assert h.kinds("r") == []
+    assert h.rt.ready_replicas("s") == 0
+    with pytest.raises(ReplicaUnavailable, match="not ready"):
+        h.rt.send(WorkItem("r2", "s", 0, 0, True, ()))
+    await asyncio.sleep(0.3)
+    assert len(h.of(WorkerJoined)) == 1
+
+
+async def test_heartbeats_flow_while_engine_load_blocks(harness_factory):
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=1500), 1)),
+                        heartbeat_interval_s=0.1, lost_after_s=0.5)
+    await h.rt.start()  # the load blocks the worker's loop 3x longer than the bound
+    assert h.rt.ready_replicas("s") == 1 and not h.of(WorkerLost)
+
+
+async def test_start_failure_names_the_stage_with_exit_code_and_output(harness_factory, tmp_path):
+    fake = tmp_path / "fakepython"
+    fake.write_text("#!/bin/sh\necho 'boom: cannot load weights' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    h = harness_factory(scripted_pipeline(talker=(ScriptedArgs(), 1)), python=str(fake))
+    with pytest.raises(WorkerStartError) as ei:
+        await h.rt.start()
+    msg = str(ei.value)
+    assert "stage 'talker' replica 0" in msg and "exited with code 3" in msg and "boom: cannot load weights" in msg
+    # A worker that starts but whose engine cannot load says so in the error.
+    h3 = harness_factory(PipelineConfig(name="p", stages=(
+        StageConfig(name="decoder", engine=CodecArgs(model=str(tmp_path / "no-such-model"))),)))
+    with pytest.raises(WorkerStartError, match="stage 'decoder' replica 0 could not load its engine"):
+        await h3.rt.start()
+
+
+async def test_shutdown_twice_leaves_no_child(harness_factory):
+    h = harness_factory(scripted_pipeline(a=(ScriptedArgs(chunks_per_piece=10_000, delay_ms=1), 2),
+                                          b=(ScriptedArgs(), 1)))
+    await h.rt.start()
+    pids = h.joined_pids()
+    assert len(pids) == 3 and all(pid_alive(p) for p in pids)
+    h.send("busy", "a")  # shut down with a request in flight
+    await h.wait_for(lambda: h.of(Chunk, "busy"))
+    await h.rt.shutdown()
+    await h.rt.shutdown()
+    assert not any(pid_alive(p) for p in pids)
+    assert psutil.Process().children(recursive=True) == []
+    assert sorted(e.reason for e in h.of(WorkerLost)) == ["shutdown"] * 3
+    assert h.rt.ready_replicas("a") == 0
+
+
+async def test_hand_started_worker_joins_over_tcp(harness_factory):
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=2), 1)),
+                        endpoint="tcp://127.0.0.1:0", spawn=False, heartbeat_interval_s=0.2, lost_after_s=1.0)
+    await h.rt.start()  # spawn=False: binds and returns
+    assert h.rt.endpoint.startswith("tcp://127.0.0.1:") and not h.rt.endpoint.endswith(":0")
+    cmd = [sys.executable, "-m", "omnix.cli", "worker", "--connect", h.rt.endpoint, "--stage", "s"]
+    worker = await asyncio.create_subprocess_exec(*cmd)
+    try:
+        await h.rt.wait_ready(20)
+        joined = h.of(WorkerJoined)[0]
+        assert (joined.worker_id, joined.pid) == ("s/0", worker.pid)
+        h.send("r", "s")
+        await h.wait_for(lambda: _finished(h, "r"))
+        assert [c.text for c in h.of(Chunk, "r")] == ["t0 ", "t1 "]
+        # A second worker for the single replica is refused and says why.
+        extra = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(extra.communicate(), 20)
+        assert extra.returncode == 2 and b"replicas of stage 's' have workers" in err
+        # Not our child: only heartbeats can tell it died.
+        t_kill = time.monotonic()
+        worker.kill()
+        await h.wait_for(lambda: h.of(WorkerLost), timeout=5, what="WorkerLost")
+        t_lost = next(t for t, e in h.events if isinstance(e, WorkerLost))
+        assert t_lost - t_kill <= h.rt.lost_after_s + 0.15
+        assert "no heartbeat" in h.of(WorkerLost)[0].reason
+        assert h.rt.ready_replicas("s") == 0
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.wait()
