@@ -211,19 +211,6 @@ def _check_chat_unsupported(body: ChatCompletionRequest) -> None:
         raise _unsupported("logprobs", "omnix does not return log probabilities; omit it.")
     if body.logit_bias:
         raise _unsupported("logit_bias", "omit it.")
-    for name in ("tools", "tool_choice"):
-        raw = getattr(body, name)
-        if raw is not None and bytes(raw).strip() not in (b"null", b"[]", b'"none"'):
-            raise _unsupported(name, "omnix does not run tool calls; omit it.")
-    if body.response_format is not None:
-        try:
-            kind = msgspec.json.decode(bytes(body.response_format), type=dict[str, object]).get(
-                "type"
-            )
-        except msgspec.DecodeError:
-            kind = None
-        if kind != "text":
-            raise _unsupported("response_format", 'only {"type": "text"} is supported.')
 
 
 def chat_plan(body: ChatCompletionRequest, served: Served, *, traceparent: str = "") -> Plan:

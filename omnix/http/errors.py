@@ -118,8 +118,12 @@ def _param_of(path: str) -> str | None:
     return path or None
 
 
-def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
-    """A body msgspec could not decode into the route's request Struct."""
+def from_decode_error(
+    exc: msgspec.DecodeError, unsupported: dict[str, str] | None = None
+) -> ApiError:
+    """A body msgspec could not decode into the route's request Struct.
+    ``unsupported`` maps top-level fields the API knows but omnix does not
+    take to the reason (answered 422 instead of "unknown field")."""
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
         m = _AT.search(text)
@@ -130,6 +134,13 @@ def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
             name = _UNKNOWN.search(what)
             if name:
                 param = f"{param}.{name.group(1)}" if param else name.group(1)
+        if unknown and unsupported and param in unsupported:
+            return ApiError(
+                422,
+                f"{param} is not supported: {unsupported[param]}",
+                param=param,
+                code="unsupported_parameter",
+            )
         where = f" at `{param}`" if param else ""
         return ApiError(
             400,

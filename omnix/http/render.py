@@ -596,6 +596,13 @@ def _split(events: Iterable[Event]) -> dict[str, list[Event]]:
     return by_rid
 
 
+def _batched(by_rid: dict[str, list[Event]]) -> bool:
+    """One member of a batch (whose response needs all of them)."""
+    first = next(iter(by_rid.values()))[0]
+    spec = getattr(first, "spec", None)
+    return spec is not None and int(spec.options.get(Opt.GROUP_SIZE, "1") or 1) > 1
+
+
 def _group_order(by_rid: dict[str, list[Event]], blobs: BlobStore) -> list[Summary]:
     members = []
     groups = set()
@@ -612,6 +619,12 @@ def _group_order(by_rid: dict[str, list[Event]], blobs: BlobStore) -> list[Summa
             f"events of {len(groups)} unrelated requests given; render one response at a time"
         )
     members.sort(key=lambda s: int(s.options.get(Opt.GROUP_INDEX, "0") or 0))
+    # A member refused at admission ended the batch there: its siblings
+    # already admitted were cancelled, later ones never submitted, and the
+    # client was sent the refusal alone.
+    for s in members:
+        if isinstance(s.terminal, Rejected):
+            return [s]
     size = int(members[0].options.get(Opt.GROUP_SIZE, "1") or 1)
     if len(members) != size:
         raise ValueError(f"batched response needs all {size} members' events, got {len(members)}")
@@ -623,16 +636,16 @@ def render_response(events: Iterable[Event], blobs: BlobStore) -> Rendered:
     the request(s) these events belong to.  The events must reach each
     request's terminal event."""
     by_rid = _split(events)
-    if len(by_rid) == 1:
-        (evs,) = by_rid.values()
-        r = StreamRenderer(blobs)
-        body = b"".join(piece for ev in evs for piece in r.feed(ev))
-        if not r.done or r.head is None:
-            raise ValueError(
-                f"request {evs[0].request_id} has no terminal event: cannot render its response yet"
-            )
-        return Rendered(r.head, body, r.aborted)
-    return _whole(_group_order(by_rid, blobs))
+    if len(by_rid) > 1 or _batched(by_rid):
+        return _whole(_group_order(by_rid, blobs))
+    (evs,) = by_rid.values()
+    r = StreamRenderer(blobs)
+    body = b"".join(piece for ev in evs for piece in r.feed(ev))
+    if not r.done or r.head is None:
+        raise ValueError(
+            f"request {evs[0].request_id} has no terminal event: cannot render its response yet"
+        )
+    return Rendered(r.head, body, r.aborted)
 
 
 def render_stream(events: Iterable[Event], blobs: BlobStore) -> Iterator[bytes]:
@@ -640,13 +653,13 @@ def render_stream(events: Iterable[Event], blobs: BlobStore) -> Iterator[bytes]:
     response, one piece per SSE event or encoded audio piece; a whole
     response is one piece).  Stops early if the events stop early."""
     by_rid = _split(events)
-    if len(by_rid) == 1:
-        (evs,) = by_rid.values()
-        r = StreamRenderer(blobs)
-        for ev in evs:
-            yield from r.feed(ev)
+    if len(by_rid) > 1 or _batched(by_rid):
+        yield _whole(_group_order(by_rid, blobs)).body
         return
-    yield _whole(_group_order(by_rid, blobs)).body
+    (evs,) = by_rid.values()
+    r = StreamRenderer(blobs)
+    for ev in evs:
+        yield from r.feed(ev)
 
 
 # --------------------------------------------------------------------------

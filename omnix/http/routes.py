@@ -40,6 +40,7 @@ from omnix.http.render import (
     state_json,
 )
 from omnix.http.schemas import (
+    UNSUPPORTED_CHAT_FIELDS,
     CancelResult,
     ChatCompletionRequest,
     Health,
@@ -100,7 +101,9 @@ class Routes:
         r.add_get("/openapi.json", openapi_handler)
 
     # -- bodies ---------------------------------------------------------------
-    async def _body(self, request: web.Request, typ: type[T]) -> T:
+    async def _body(
+        self, request: web.Request, typ: type[T], unsupported: dict[str, str] | None = None
+    ) -> T:
         raw = await request.read()  # over client_max_size: aiohttp raises 413
         if not raw.strip():
             raise ApiError(
@@ -109,11 +112,11 @@ class Routes:
         try:
             return _DECODERS[typ].decode(raw)
         except msgspec.DecodeError as exc:
-            raise from_decode_error(exc) from None
+            raise from_decode_error(exc, unsupported) from None
 
     # -- OpenAI routes ----------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request, ChatCompletionRequest)
+        body = await self._body(request, ChatCompletionRequest, UNSUPPORTED_CHAT_FIELDS)
         plan = adapt.chat_plan(
             body, self.served, traceparent=adapt.traceparent_of(request.headers.get("traceparent"))
         )

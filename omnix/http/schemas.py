@@ -12,9 +12,9 @@ these types.
 
 OpenAI parameters omnix cannot honour are still declared, with narrow
 types, so that a client sending them gets a precise "not supported" (422)
-instead of a generic "unknown field" (``adapt.py`` checks them).  Opaque
-sub-documents whose contents omnix never reads (``tools``,
-``response_format``) are ``msgspec.Raw``.
+instead of a generic "unknown field" (``adapt.py`` checks them); those
+whose values are free-form JSON (``tools``, ``response_format``) are
+listed in ``UNSUPPORTED_CHAT_FIELDS`` instead.
 """
 
 from __future__ import annotations
@@ -125,10 +125,23 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     logit_bias: dict[str, float] | None = None
-    response_format: msgspec.Raw | None = None
-    tools: msgspec.Raw | None = None
-    tool_choice: msgspec.Raw | None = None
     parallel_tool_calls: bool | None = None
+
+
+#: OpenAI chat parameters omnix does not take, with the reason: sending one
+#: is answered 422 ``unsupported_parameter`` with this text (not a generic
+#: "unknown field").  Their values would be free-form JSON, so they are not
+#: declared on the Struct.
+UNSUPPORTED_CHAT_FIELDS: dict[str, str] = {
+    "tools": "omnix does not run tool calls; omit it.",
+    "tool_choice": "omnix does not run tool calls; omit it.",
+    "functions": "omnix does not run function calls; omit it.",
+    "function_call": "omnix does not run function calls; omit it.",
+    "response_format": "omnix returns plain text; omit it.",
+    "prediction": "omit it.",
+    "reasoning_effort": "omit it.",
+    "web_search_options": "omit it.",
+}
 
 
 class Usage(msgspec.Struct, kw_only=True):

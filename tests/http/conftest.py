@@ -1,0 +1,138 @@
+"""Servers for the HTTP tests: scripted pipelines behind a real HttpServer.
+
+Each server is shared by the whole test session (starting real worker
+processes costs about a second).  Stages run in real worker processes
+through ``StageRuntime``; set ``OMNIX_HTTP_TEST_INPROC=1`` to run them in
+the server process instead (``omnix.http.testing.InProcessRuntime``).
+
+Tests that use these fixtures must run on the session's event loop:
+``pytestmark = pytest.mark.asyncio(loop_scope="session")``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest_asyncio
+
+from omnix.http.app import HttpServer
+from omnix.http.testing import process_runtime_available, serve_scripted
+from omnix.pipelines.validate import parse_pipeline
+
+API_KEY = "sk-test-omnix"
+
+OMNI = """
+name = "http-omni"
+[[stages]]
+name = "thinker"
+engine = { kind = "scripted", chunks_per_piece = 6, delay_ms = 1 }
+[[stages]]
+name = "talker"
+engine = { kind = "scripted", chunks_per_piece = 4, delay_ms = 1, output_modality = "codec" }
+[[stages]]
+name = "code2wav"
+engine = { kind = "scripted", chunks_per_piece = 1, delay_ms = 1, output_modality = "audio" }
+[[edges]]
+source = "thinker"
+target = "talker"
+forward = "sentence"
+every = 3
+[[edges]]
+source = "talker"
+target = "code2wav"
+forward = "chunk"
+every = 1
+[outputs]
+text = "thinker"
+audio = "code2wav"
+"""
+
+# Long enough to act on a request while it runs (~2 s), and a thinker of
+# capacity 1 with no queue: a second concurrent request is refused.
+SLOW = """
+name = "http-slow"
+[[stages]]
+name = "thinker"
+max_queue = 0
+engine = { kind = "scripted", chunks_per_piece = 200, delay_ms = 10, capacity = 1 }
+[[stages]]
+name = "code2wav"
+engine = { kind = "scripted", chunks_per_piece = 1, delay_ms = 1, output_modality = "audio" }
+[[edges]]
+source = "thinker"
+target = "code2wav"
+forward = "chunk"
+every = 4
+[outputs]
+text = "thinker"
+audio = "code2wav"
+"""
+
+IMAGE = """
+name = "http-image"
+[[stages]]
+name = "image"
+engine = { kind = "scripted", chunks_per_piece = 1, output_modality = "image" }
+[outputs]
+image = "image"
+"""
+
+#: Bodies over this get 413 on the test servers.
+MAX_BODY = 64 * 1024
+
+
+def use_processes() -> bool:
+    return process_runtime_available() and os.environ.get("OMNIX_HTTP_TEST_INPROC", "") != "1"
+
+
+async def _serve(text: str, **kwargs) -> AsyncIterator[HttpServer]:
+    async with serve_scripted(
+        parse_pipeline(text), processes=use_processes(), client_max_size=MAX_BODY, **kwargs
+    ) as server:
+        yield server
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def omni_server() -> AsyncIterator[HttpServer]:
+    async for s in _serve(OMNI, telemetry=True):
+        yield s
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def slow_server() -> AsyncIterator[HttpServer]:
+    async for s in _serve(SLOW):
+        yield s
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def image_server() -> AsyncIterator[HttpServer]:
+    async for s in _serve(IMAGE):
+        yield s
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def key_server() -> AsyncIterator[HttpServer]:
+    async for s in _serve(IMAGE, api_key=API_KEY):
+        yield s
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+def parse_sse(body: bytes) -> list[dict[str, str]]:
+    """SSE frames as dicts of their fields (``id``, ``event``, ``data``)."""
+    frames = []
+    for block in body.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        frame: dict[str, str] = {}
+        for line in block.split("\n"):
+            key, _, value = line.partition(":")
+            frame[key] = value[1:] if value.startswith(" ") else value
+        frames.append(frame)
+    return frames
