@@ -67,14 +67,14 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
 from omnix.events.clock import Clock
-from omnix.events.codec import SchemaError, encode_event
+from omnix.events.codec import SchemaError
 from omnix.events.log import EventLog, LogClosed
 from omnix.events.reducer import IllegalTransition
 from omnix.events.types import SCHEMA_VERSION, Event, RequestEvent
@@ -108,6 +108,10 @@ _READ_WINDOW = 1 << 20  # bytes read per pread when iterating a range
 _SCAN_CHUNK = 4 << 20  # bytes read at a time by recovery
 _MAX_READ_FDS = 8
 _VERSION_CRC = zlib.crc32(bytes((SCHEMA_VERSION,)))
+#: A record header plus the payload's version byte, written in one pack:
+#: the payload is codec.encode_event's form without building it as one bytes.
+_REC_V = struct.Struct("<IIB")
+_body_encoder = msgspec.msgpack.Encoder()
 #: The codec's form is [version byte] + msgpack; records are checked for the
 #: version byte here, so the msgpack part goes straight to a typed decoder.
 _event_decoder = msgspec.msgpack.Decoder(Event)
@@ -403,6 +407,7 @@ class DiskLog(EventLog):
         self.path = Path(path)
         self.config = config or LogConfig()
         self._policy = self.config.fsync
+        self._always = self._policy == "always"
         self._seg_limit = self.config.segment_bytes
         self._buf_limit = self.config.write_buffer_bytes
         self._failure: BaseException | None = None
@@ -582,7 +587,7 @@ class DiskLog(EventLog):
         if not self._segs:
             self._new_segment(self.state.next_pos)
             return
-        seg = self._segs[-1]
+        seg = self._active = self._segs[-1]
         self._fd = os.open(seg.path, os.O_RDWR)
         os.lseek(self._fd, seg.end, os.SEEK_SET)
         self._file_end = seg.end
@@ -602,7 +607,8 @@ class DiskLog(EventLog):
             raise
         self._fd = fd
         self._file_end = HEADER_SIZE
-        self._segs.append(_Segment(first_pos=first_pos, path=str(path), end=HEADER_SIZE))
+        self._active = _Segment(first_pos=first_pos, path=str(path), end=HEADER_SIZE)
+        self._segs.append(self._active)
         self._seg_firsts.append(first_pos)
 
     def _fsync_dir(self) -> None:
@@ -613,46 +619,59 @@ class DiskLog(EventLog):
             os.close(dfd)
 
     # -- storage hooks ----------------------------------------------------
-    def append(self, ev: Event) -> Event:
+    def _refusal(self) -> Exception:
         if self._failure is not None:
-            raise LogFailed(
+            return LogFailed(
                 f"{self.path}: an earlier write failed ({self._failure}); the log refuses "
                 "appends because its state may be ahead of the disk: reopen it to recover"
-            ) from self._failure
-        return super().append(ev)
+            )
+        return LogClosed(f"{self.path}: the event log is closed")
 
     def _store(self, ev: Event) -> None:
-        payload = encode_event(ev)
-        n = len(payload)
-        rec_len = REC_HEADER_SIZE + n
-        seg = self._segs[-1]
+        # The hot path of a disk append: encode, index, buffer.  No lock: the
+        # buffer is only ever appended to here, and the flusher takes bytes
+        # off its front (each a single GIL-held bytearray operation), so a
+        # record split between two writes still lands contiguously.
+        body = _body_encoder.encode(ev)
+        rec_len = REC_HEADER_SIZE + 1 + len(body)
+        seg = self._active
+        end = seg.end
+        pos = ev.pos
+        if end + rec_len > self._seg_limit and end > HEADER_SIZE:
+            self._guarded(self._rotate, pos)
+            seg = self._active
+            end = seg.end
+        self._offs.append(end)
+        if isinstance(ev, RequestEvent):
+            rid = ev.request_id
+            last = self._last
+            self._prev.append(last.get(rid, -1))
+            last[rid] = pos
+        else:
+            self._prev.append(-1)
+        seg.end = end + rec_len
+        buf = self._buf
+        buf += _REC_V.pack(rec_len - REC_HEADER_SIZE, zlib.crc32(body, _VERSION_CRC), SCHEMA_VERSION)
+        buf += body
+        self._buffered_pos = pos + 1
+        if self._always:
+            if not self._group_depth:
+                self._guarded(self._sync, True)
+        elif len(buf) >= self._buf_limit:
+            self._guarded(self._write_out)
+
+    def _guarded(self, fn: Callable[..., object], *args: object) -> None:
         try:
-            if seg.end + rec_len > self._seg_limit and seg.end > HEADER_SIZE:
-                self._rotate(ev.pos)
-                seg = self._segs[-1]
-            pos = ev.pos
-            self._offs.append(seg.end)
-            if isinstance(ev, RequestEvent):
-                rid = ev.request_id
-                last = self._last
-                self._prev.append(last.get(rid, -1))
-                last[rid] = pos
-            else:
-                self._prev.append(-1)
-            seg.end += rec_len
-            header = _REC.pack(n, zlib.crc32(payload))
-            with self._lock:
-                buf = self._buf
-                buf += header
-                buf += payload
-                self._buffered_pos = pos + 1
-                if len(buf) >= self._buf_limit and self._policy != "always":
-                    self._write_out_locked()
-            if self._policy == "always" and not self._group_depth:
-                self._sync(fsync=True)
+            fn(*args)
         except OSError as exc:
             self._fail(exc)
-            raise LogFailed(f"{self.path}: could not store position {ev.pos}: {exc}") from exc
+            raise LogFailed(
+                f"{self.path}: could not store position {self._buffered_pos - 1}: {exc}"
+            ) from exc
+
+    def _write_out(self) -> None:
+        with self._lock:
+            self._write_out_locked()
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Event]:
         n = self.state.next_pos
@@ -754,19 +773,26 @@ class DiskLog(EventLog):
 
     # -- writing, syncing -------------------------------------------------
     def _write_out_locked(self) -> None:
-        """Hand the buffer to the OS.  Caller holds ``_lock``."""
+        """Hand the buffer to the OS.  Caller holds ``_lock``.
+
+        Runs on the flusher thread too, concurrently with ``_store``
+        appending to the buffer: read the position first, then copy, so the
+        bytes written cover at least every record below that position.
+        """
+        pos = self._buffered_pos
         buf = self._buf
         if not buf:
             return
-        self._buf = bytearray()
-        mv = memoryview(buf)
+        data = bytes(buf)
+        del buf[: len(data)]  # only what was copied; later appends stay
+        mv = memoryview(data)
         fd = self._fd
         while mv:
             k = os.write(fd, mv)
             mv = mv[k:]
-        mv.release()
-        self._file_end += len(buf)
-        self._written_pos = self._buffered_pos
+        self._file_end += len(data)
+        if pos > self._written_pos:
+            self._written_pos = pos
 
     def _sync(self, fsync: bool) -> int:
         """Write the buffer out and (when ``fsync``) make it durable."""
@@ -810,6 +836,7 @@ class DiskLog(EventLog):
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
+            self._closed = True  # append() now raises _refusal(): LogFailed
             log.error("disk log %s failed: %s; appends are refused until reopened", self.path, exc)
         self._wake_durable(LogFailed(f"{self.path}: write or fsync failed: {exc}"))
 

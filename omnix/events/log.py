@@ -69,6 +69,11 @@ class EventLog:
             return ev
         raise IndexError(f"no event at position {pos} (log has {self.next_pos})")
 
+    def _refusal(self) -> Exception:
+        """The error ``append`` raises once the log is closed (a backend that
+        closed itself after a failure says why)."""
+        return LogClosed("the event log is closed")
+
     def _positions_since(self, request_id: str, start: int) -> list[int]:
         """The request's positions ``>= start``; backends override it to avoid
         rescanning a long request's index on every wake of a tail."""
@@ -85,7 +90,7 @@ class EventLog:
     def append(self, ev: Event) -> Event:
         """Validate, position, store and fold ``ev``; return the stored event."""
         if self._closed:
-            raise LogClosed("the event log is closed")
+            raise self._refusal()
         state = self.state
         ts = ev.ts_ns or self.clock.now_ns()
         ev = msgspec.structs.replace(ev, pos=state.next_pos, ts_ns=ts)

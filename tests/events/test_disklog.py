@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from omnix.events.clock import ManualClock
+from omnix.events.codec import encode_event
 from omnix.events.disklog import (
     HEADER_SIZE,
     CorruptLog,
@@ -68,6 +69,16 @@ def test_rotation_and_segment_headers(tmp_path: Path) -> None:
         assert first_pos == first == int(p.stem)
         first += len(records(p))
     assert first == len(events)
+    # Each record is [u32 length][u32 crc32(payload)][codec.encode_event(ev)].
+    pos = 0
+    for p in paths:
+        raw = p.read_bytes()
+        for off, total in records(p):
+            n, crc = struct.unpack_from("<II", raw, off)
+            payload = raw[off + 8 : off + total]
+            assert n == len(payload) and crc == zlib.crc32(payload)
+            assert payload == encode_event(events[pos])
+            pos += 1
 
 
 def test_read_from_any_position_matches_memory_log(tmp_path: Path) -> None:
