@@ -1,0 +1,398 @@
+"""Capture the replay corpus (``replay/`` at the project root).
+
+Owns: the corpus cases (a normal text+audio request, a cancel mid-stream,
+a worker lost mid-stream, a deadline expiry, a rejected overload, and a
+busy server whose trace needs the cross-request closure), running each on
+a fresh server, exporting its trace and checking it before writing it:
+every trace must fold to its digest and drive with zero divergence, and
+where the request came through HTTP the client's bytes must be
+regenerated exactly (they are saved beside the trace as ``NAME.body``).
+
+Does not own the trace format (``trace.py``) or replaying (``drive.py``).
+
+    omnix replay capture-corpus --out replay/              # both sets below
+    omnix replay capture-corpus --out replay/ --runtime sim
+    omnix replay capture-corpus --out replay/ --pipeline tiny-omni
+    python -m omnix.replay.capture --out replay/           # the same
+
+Sets, by file name prefix:
+
+* ``scripted-omni-*``: the built-in tiny-omni pipeline's graph (its edges,
+  forwarding and outputs) with scripted engines, served over HTTP through
+  real worker processes (``StageRuntime``) with a disk log, exported from
+  the log directory as ``omnix trace export`` does;
+* ``sim-omni-*``: the same pipeline on the virtual-time ``SimRuntime``;
+* ``tiny-omni-*`` (``--pipeline tiny-omni``): the built-in pipeline with
+  its real engines, once its models are built (``omnix models init``).
+
+Recapture when a behaviour change is intended (docs/replay.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from omnix.events.types import Chunk, Event, Rejected, RequestSpec
+from omnix.pipelines.config import PipelineConfig, ScriptedArgs
+
+CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected", "busy")
+
+MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def scripted_omni(**changes: object) -> PipelineConfig:
+    """tiny-omni's graph with scripted engines: the same stages, edges,
+    forwarding rules and outputs, outputs made by deterministic scripts."""
+    from omnix.pipelines.validate import load_pipeline, validate_pipeline
+
+    base = load_pipeline("tiny-omni")
+    engines = {
+        "thinker": ScriptedArgs(chunks_per_piece=24, delay_ms=4.0),
+        "talker": ScriptedArgs(chunks_per_piece=6, delay_ms=2.0, output_modality="codec"),
+        "code2wav": ScriptedArgs(chunks_per_piece=1, delay_ms=1.0, output_modality="audio"),
+    }
+    stages = []
+    for st in base.stages:
+        st = msgspec.structs.replace(st, engine=engines[st.name], sampling=type(st.sampling)())
+        extra = changes.get(st.name)
+        if isinstance(extra, dict):
+            st = msgspec.structs.replace(st, **extra)
+        stages.append(st)
+    cfg = msgspec.structs.replace(
+        base,
+        name="scripted-omni",
+        description="tiny-omni's graph on scripted engines (replay corpus)",
+        stages=tuple(stages),
+    )
+    validate_pipeline(cfg, "<scripted-omni>")
+    return cfg
+
+
+def _variant(cfg: PipelineConfig, case: str) -> PipelineConfig:
+    """The per-case server config: a full thinker for ``rejected``, two
+    talkers for ``busy``."""
+    def with_stage(name: str, **kw: object) -> PipelineConfig:
+        stages = tuple(
+            msgspec.structs.replace(st, **kw) if st.name == name else st for st in cfg.stages
+        )
+        return msgspec.structs.replace(cfg, stages=stages)
+
+    if case == "rejected":
+        eng = cfg.stage("thinker").engine
+        if isinstance(eng, ScriptedArgs):
+            return with_stage("thinker", max_queue=0, engine=msgspec.structs.replace(eng, capacity=1))
+        return with_stage("thinker", max_queue=0)
+    if case == "busy":
+        return with_stage("talker", replicas=2)
+    return cfg
+
+
+@dataclass
+class Captured:
+    name: str
+    path: Path
+    events: int
+    targets: tuple[str, ...]
+    body: bytes | None  # what the HTTP client received, when it went through HTTP
+
+
+def _check(data: bytes, body: bytes | None, name: str) -> None:
+    from omnix.replay.client import client_bytes
+    from omnix.replay.drive import drive
+    from omnix.replay.trace import read_trace
+
+    trace = read_trace(data)
+    res = drive(trace, raise_on_divergence=False)
+    if res.divergence is not None:
+        raise RuntimeError(f"captured {name} does not drive:\n{res.divergence.report()}")
+    if body is not None:
+        again = client_bytes(trace)
+        if again != body:
+            raise RuntimeError(
+                f"captured {name}: rendering the trace gives {len(again)} bytes, the client "
+                f"received {len(body)}; the HTTP renderer is not a pure function of the log"
+            )
+
+
+# --------------------------------------------------------------------------
+# Real workers (over HTTP when the HTTP layer is there)
+# --------------------------------------------------------------------------
+
+
+async def _capture_workers_case(cfg: PipelineConfig, case: str, prefix: str, out: Path) -> Captured:
+    from omnix.api import Omni
+    from omnix.replay.trace import export_from_dir, write_trace
+
+    try:
+        from omnix.http.app import HttpServer
+    except ImportError:  # pragma: no cover - an omnix without its HTTP layer
+        HttpServer = None  # type: ignore[assignment]
+
+    with tempfile.TemporaryDirectory(prefix="omnix-capture-") as tmp:
+        # Worker logs stay quiet; a worker that fails to start is reported
+        # with its last lines by the runtime anyway.
+        omni = Omni(_variant(cfg, case), log_dir=tmp, runtime_options={"forward_worker_output": False})
+        await omni.start()
+        server = None
+        if HttpServer is not None:
+            server = HttpServer(omni, telemetry=False)
+            await server.start()
+        try:
+            targets, body = await _run_case(omni, server, case)
+            # Every request must end before shutdown, or the shutdown's own
+            # cancels would become part of the case.
+            for rid in list(omni.log.state.requests):
+                await asyncio.wait_for(_until_terminal(omni, rid), 60)
+        finally:
+            await omni.shutdown(grace_s=5.0)
+            if server is not None:
+                await server.close()
+        data = export_from_dir(tmp, targets)
+    name = f"{prefix}-{case}"
+    _check(data, body, name)
+    path = write_trace(out / f"{name}.trace", data)
+    body_path = out / f"{name}.body"
+    if body is not None:
+        body_path.write_bytes(body)
+    elif body_path.exists():
+        body_path.unlink()
+    return Captured(name, path, len(read_events(data)), tuple(targets), body)
+
+
+def read_events(data: bytes) -> list[Event]:
+    from omnix.replay.trace import read_trace
+
+    return read_trace(data, verify=False).events
+
+
+async def _until_terminal(omni, rid: str) -> None:
+    async for _ in omni.events(rid):
+        pass
+
+
+async def _http_chat(server, session, *, stream: bool = True) -> tuple[int, str, bytes]:
+    body = {
+        "messages": MESSAGES,
+        "modalities": ["text", "audio"],
+        "audio": {"format": "pcm16", "voice": "default"},
+        "stream": stream,
+        "seed": 7,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    async with session.post(server.url + "/v1/chat/completions", json=body) as r:
+        raw = await r.read()
+        return r.status, r.headers.get("X-Request-Id", ""), raw
+
+
+def _on(omni, pred: Callable[[Event], bool], action: Callable[[Event], None]) -> None:
+    """Run ``action`` once, right after the first event matching ``pred``."""
+    done = False
+
+    def listener(ev: Event) -> None:
+        nonlocal done
+        if not done and pred(ev):
+            done = True
+            action(ev)
+
+    omni.log.add_listener(listener)
+
+
+def _kill_worker(omni, wid: str) -> None:
+    ws = omni.log.state.workers[wid]
+    if ws.pid <= 0:
+        raise RuntimeError(f"worker {wid} has no pid in the log: cannot kill it")
+    os.kill(ws.pid, signal.SIGKILL)
+
+
+async def _run_case(omni, server, case: str) -> tuple[list[str], bytes | None]:
+    """Run one case; the target request ids and the HTTP client's bytes."""
+    spec = RequestSpec(messages=(), prompt="Tell me about the sea.", outputs=("text", "audio"), seed=7)
+    if case == "cancel":
+        _on(
+            omni,
+            lambda ev: type(ev) is Chunk and ev.stage == "code2wav",
+            lambda ev: omni.cancel(ev.request_id, "client"),
+        )
+    elif case == "worker-lost":
+        _on(
+            omni,
+            lambda ev: type(ev) is Chunk and ev.stage == "talker" and ev.index == 2,
+            lambda ev: _kill_worker(omni, f"talker/{ev.replica}"),
+        )
+    if case == "deadline":
+        # The HTTP API has no deadline parameter: submit as the offline API does.
+        ev = omni.submit(msgspec.structs.replace(spec, deadline_ms=60), request_id="deadline-1")
+        return [ev.request_id], None
+    if server is None:
+        return await _run_case_offline(omni, spec, case)
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        if case in ("normal", "cancel", "worker-lost"):
+            _, rid, raw = await _http_chat(server, session)
+            return [rid], raw
+        if case == "rejected":
+            admitted = asyncio.Event()
+            _on(omni, lambda ev: True, lambda ev: admitted.set())
+            first = asyncio.ensure_future(_http_chat(server, session))
+            await admitted.wait()
+            # Ask until one is refused (a real engine's capacity is its own).
+            for _ in range(256):
+                status, rid, raw = await _http_chat(server, session, stream=False)
+                if status >= 400:
+                    break
+            else:  # pragma: no cover
+                raise RuntimeError("no request was refused: the overload case did not happen")
+            await first
+            return [rid], raw
+        # busy: four requests a few ms apart; the trace of the third needs
+        # the others (least-loaded talker choice, shared replicas).
+        tasks = []
+        for _ in range(4):
+            tasks.append(asyncio.ensure_future(_http_chat(server, session)))
+            await asyncio.sleep(0.015)
+        results = await asyncio.gather(*tasks)
+        admitted = [rid for rid in omni.log.state.requests]
+        third = admitted[2]
+        body = next(raw for _, rid, raw in results if rid == third)
+        return [third], body
+
+
+async def _run_case_offline(omni, spec: RequestSpec, case: str) -> tuple[list[str], bytes | None]:
+    if case in ("normal", "cancel", "worker-lost"):
+        ev = omni.submit(spec, request_id=f"{case}-1")
+        return [ev.request_id], None
+    if case == "rejected":
+        omni.submit(spec, request_id="rejected-0")
+        for i in range(1, 257):
+            ev = omni.submit(spec, request_id=f"rejected-{i}")
+            if isinstance(ev, Rejected):
+                return [ev.request_id], None
+        raise RuntimeError("no request was refused: the overload case did not happen")
+    rids = []
+    for i in range(4):
+        rids.append(omni.submit(spec, request_id=f"busy-{i}").request_id)
+        await asyncio.sleep(0.015)
+    return [rids[2]], None
+
+
+# --------------------------------------------------------------------------
+# The virtual-time simulator
+# --------------------------------------------------------------------------
+
+
+async def _capture_sim_case(cfg: PipelineConfig, case: str, out: Path) -> Captured:
+    from omnix.replay.trace import export_trace, write_trace
+    from omnix.testing.sim import start_sim
+
+    omni, sim = await start_sim(_variant(cfg, case))
+    spec = RequestSpec(prompt="Tell me about the sea.", outputs=("text", "audio"), seed=7)
+    targets: list[str]
+    if case == "deadline":
+        targets = [omni.submit(msgspec.structs.replace(spec, deadline_ms=20), request_id="deadline-1").request_id]
+    elif case == "rejected":
+        omni.submit(spec, request_id="rejected-0")
+        ev = omni.submit(spec, request_id="rejected-1")
+        assert isinstance(ev, Rejected), ev
+        targets = [ev.request_id]
+    elif case == "busy":
+        targets = []
+        for i in range(4):
+            targets.append(omni.submit(spec, request_id=f"busy-{i}").request_id)
+            for _ in range(9):
+                sim.step()
+        targets = [targets[2]]
+    else:
+        targets = [omni.submit(spec, request_id=f"{case}-1").request_id]
+        if case == "cancel":
+            while not any(type(e) is Chunk and e.stage == "code2wav" for e in omni.log.read()):
+                assert sim.step()
+            omni.cancel(targets[0], "client")
+        elif case == "worker-lost":
+            while not any(type(e) is Chunk and e.stage == "talker" and e.index == 2 for e in omni.log.read()):
+                assert sim.step()
+            sim.kill("talker", 0)
+    sim.run_until_idle()
+    data = export_trace(omni.log, omni.blobs, omni.pipeline, targets)
+    name = f"sim-omni-{case}"
+    _check(data, None, name)
+    path = write_trace(out / f"{name}.trace", data)
+    return Captured(name, path, len(read_events(data)), tuple(targets), None)
+
+
+# --------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------
+
+
+async def capture_corpus(
+    out: str | os.PathLike[str],
+    *,
+    runtime: str = "all",
+    pipeline: str | None = None,
+    cases: tuple[str, ...] = CASES,
+    report: Callable[[Captured], None] | None = None,
+) -> list[Captured]:
+    """Capture ``cases`` into ``out``; returns what was written."""
+    outdir = Path(out)
+    os.makedirs(outdir, exist_ok=True)
+    done: list[Captured] = []
+
+    async def step(coro: Awaitable[Captured]) -> None:
+        c = await coro
+        done.append(c)
+        if report is not None:
+            report(c)
+
+    if pipeline is not None:
+        from omnix.pipelines.validate import load_pipeline
+
+        cfg = load_pipeline(pipeline)
+        for case in cases:
+            await step(_capture_workers_case(cfg, case, cfg.name, outdir))
+        return done
+    cfg = scripted_omni()
+    if runtime in ("all", "sim"):
+        for case in cases:
+            await step(_capture_sim_case(cfg, case, outdir))
+    if runtime in ("all", "workers"):
+        for case in cases:
+            await step(_capture_workers_case(cfg, case, "scripted-omni", outdir))
+    return done
+
+
+def run_capture(out: str, *, runtime: str = "all", pipeline: str | None = None) -> int:
+    def report(c: Captured) -> None:
+        body = f", client body {len(c.body)} bytes" if c.body is not None else ""
+        print(f"wrote {c.path} ({c.events} events, target {', '.join(c.targets)}{body}): drives clean")
+
+    try:
+        asyncio.run(capture_corpus(out, runtime=runtime, pipeline=pipeline, report=report))
+    except Exception as exc:
+        print(f"omnix replay capture-corpus: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m omnix.replay.capture", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="replay")
+    p.add_argument("--runtime", choices=("all", "workers", "sim"), default="all")
+    p.add_argument("--pipeline", default=None)
+    a = p.parse_args(argv)
+    return run_capture(a.out, runtime=a.runtime, pipeline=a.pipeline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,558 @@
+"""Trace files: a self-contained, versioned capture of one or more requests.
+
+Owns: the trace file format (``TraceFile``), ``export_trace`` (cut a
+dependency-closed window out of a log, renumber it, attach blobs, pipeline
+and versions), ``read_trace``/``write_trace`` and ``Trace``, the decoded,
+verified in-memory form every replay mode works on.  Also
+``export_from_dir`` for logs on disk (``omnix trace export``).
+
+Does not own replaying (``drive.py``, ``faults.py``), presentation
+(``show.py``, ``html.py``) or the log itself (``omnix.events``).
+
+File layout::
+
+    b"OMNIXTRC"  u16 LE trace format version   msgpack(TraceFile)
+
+``TraceFile.events`` is ``codec.encode_events`` of the renumbered events
+(it carries its own event schema version byte), ``pipeline`` the msgpack
+encoding of the ``PipelineConfig``, ``blobs`` the referenced payloads by
+digest (sorted).  No wall clock, host name or path enters the file: the
+same log and request ids give the same bytes, whoever exports them.
+
+Why a window and not just the request's events: the orchestrator's
+decisions are cross-request (least-loaded replica choice, per-stage FIFO
+queues, admission refusal), so replaying one request's events alone would
+not reproduce them.  A trace holds the log segment from the last *idle
+point* before the first target's admission (a position no earlier request
+is still live across) to the end of the cascade that holds the last
+target's terminal event, plus every worker event before that segment.
+Every request live at any point of the segment is in it from its
+admission on, and transitively so for the requests those overlapped; see
+``docs/replay.md`` ("What a trace contains").
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+import omnix
+from omnix.events.blobs import BlobMissing, BlobStore, MemoryBlobStore, blob_digest
+from omnix.events.codec import SchemaError, decode_events, encode_events
+from omnix.events.log import EventLog
+from omnix.events.reducer import Fold, IllegalTransition, RequestState
+from omnix.events.types import (
+    SCHEMA_VERSION,
+    Cancelled,
+    CancelRequested,
+    Chunk,
+    Event,
+    Failed,
+    Finished,
+    RequestEvent,
+    Routed,
+    WorkerJoined,
+    WorkerLost,
+)
+from omnix.orchestrator.decide import RULES_VERSION
+from omnix.pipelines.config import PipelineConfig
+
+__all__ = [
+    "TRACE_FORMAT_VERSION",
+    "TRACE_MAGIC",
+    "Trace",
+    "TraceCorrupt",
+    "TraceError",
+    "TraceFile",
+    "export_from_dir",
+    "export_trace",
+    "is_decision",
+    "read_trace",
+    "request_digest",
+    "write_trace",
+]
+
+TRACE_MAGIC = b"OMNIXTRC"
+TRACE_FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sH")
+_INF = 1 << 62
+
+_DECISIONS = (Routed, Cancelled, Failed, Finished)
+
+
+def is_decision(ev: Event) -> bool:
+    """Appended by the orchestrator in reaction to an input (replay re-derives
+    these).  A CancelRequested is a decision when it has a cause (the
+    deadline's); a client's (``cause == -1``) is an input."""
+    cls = type(ev)
+    return cls in _DECISIONS or (cls is CancelRequested and ev.cause >= 0)  # type: ignore[union-attr]
+
+
+class TraceError(ValueError):
+    """A trace cannot be exported or read as asked (wrong request, missing
+    blob, not a trace file, newer format)."""
+
+
+class TraceCorrupt(TraceError):
+    """A trace whose contents do not agree with themselves: an event that
+    does not fold, a state digest or blob digest that does not match."""
+
+
+class TraceFile(msgspec.Struct, frozen=True, kw_only=True):
+    """The msgpack body of a trace file.  Fields are only ever appended,
+    with defaults; ``TRACE_FORMAT_VERSION`` is bumped when one is."""
+
+    format_version: int
+    omnix_version: str
+    schema_version: int  # event schema of the writer (also byte 0 of ``events``)
+    rules_version: int  # orchestrator decision rules the log was recorded under
+    targets: tuple[str, ...]  # the requests asked for (sorted); others came by closure
+    digest: str  # Fold.digest() of the (renumbered) events
+    request_digests: dict[str, str]  # per request (sorted): names what a tamper touched
+    pipeline: bytes  # msgspec msgpack of the PipelineConfig
+    events: bytes  # codec.encode_events(renumbered events)
+    # Source log position of each trace event as runs (first source pos, count).
+    origin: tuple[tuple[int, int], ...]
+    blobs: dict[str, bytes]  # digest -> bytes, sorted by digest
+
+
+_file_encoder = msgspec.msgpack.Encoder()
+_file_decoder = msgspec.msgpack.Decoder(TraceFile)
+_state_encoder = msgspec.msgpack.Encoder()
+
+
+def request_digest(rs: RequestState) -> str:
+    return blob_digest(_state_encoder.encode(rs))
+
+
+@dataclass
+class Trace:
+    """A decoded trace.  ``events`` are renumbered ``0..n-1``."""
+
+    events: list[Event]
+    blobs: MemoryBlobStore
+    pipeline: PipelineConfig
+    format_version: int
+    omnix_version: str
+    schema_version: int
+    rules_version: int
+    targets: tuple[str, ...]
+    digest: str
+    request_digests: dict[str, str]
+    origin: tuple[tuple[int, int], ...] = ()
+    source: str = "<bytes>"
+    _fold: Fold | None = field(default=None, repr=False)
+
+    @property
+    def request_ids(self) -> list[str]:
+        """Every request in the trace, in order of first appearance."""
+        seen: dict[str, None] = {}
+        for ev in self.events:
+            if isinstance(ev, RequestEvent) and ev.request_id not in seen:
+                seen[ev.request_id] = None
+        return list(seen)
+
+    def events_for(self, request_id: str) -> list[Event]:
+        return [
+            ev for ev in self.events if isinstance(ev, RequestEvent) and ev.request_id == request_id
+        ]
+
+    def fold(self) -> Fold:
+        """The fold of the trace's events (cached; validated on read)."""
+        if self._fold is None:
+            self._fold = _fold_checked(self.events, self.source)
+        return self._fold
+
+    def source_pos(self, pos: int) -> int:
+        """Where trace event ``pos`` was in the log it was exported from."""
+        k = pos
+        for first, count in self.origin:
+            if k < count:
+                return first + k
+            k -= count
+        raise IndexError(f"no event at trace position {pos} (trace has {len(self.events)})")
+
+    @property
+    def decisions(self) -> int:
+        return sum(1 for ev in self.events if is_decision(ev))
+
+
+# --------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------
+
+
+def export_trace(
+    log: EventLog,
+    blobs: BlobStore,
+    pipeline: PipelineConfig,
+    request_ids: Sequence[str] | None,
+    *,
+    rules_version: int = RULES_VERSION,
+) -> bytes:
+    """The trace of ``request_ids`` (``None``: the whole log) as bytes.
+
+    Deterministic: the same log, pipeline and request ids (in any order,
+    duplicates ignored) give the same bytes.  Raises ``TraceError`` for an
+    unknown request id or a referenced blob missing from ``blobs``.
+    ``rules_version`` is the orchestrator's rules the log was recorded
+    under (``Orchestrator.rules`` of the server; by default this omnix's).
+    """
+    n = log.next_pos
+    if request_ids is None:
+        targets: tuple[str, ...] = ()
+        first, last = 0, n - 1
+        prefix: list[int] = []
+    else:
+        targets = tuple(sorted(set(request_ids)))
+        if not targets:
+            raise TraceError("no request ids given: name at least one request to export")
+        first, last = _closure_window(log, targets)
+        prefix = _worker_positions_before(log, first)
+    events: list[Event] = [log.get(p) for p in prefix]
+    if last >= first:
+        events.extend(log.read(first, last + 1))
+    renumbered = _renumber(events, prefix, first)
+    origin = _runs([*prefix, *range(first, last + 1)])
+    return _encode(renumbered, blobs, pipeline, targets, origin, rules_version)
+
+
+def _closure_window(log: EventLog, targets: tuple[str, ...]) -> tuple[int, int]:
+    """``(first, last)`` log positions of the dependency-closed window."""
+    state = log.state
+    starts: list[int] = []
+    ends: list[int] = []
+    for rid in targets:
+        rs = state.requests.get(rid)
+        if rs is None:
+            known = len(state.requests)
+            raise TraceError(
+                f"request {rid!r} is not in this log ({known} requests are); "
+                "check the id (it is the one the API returned, e.g. in the response's id)"
+            )
+        s, e = _interval(rs)
+        starts.append(s)
+        ends.append(e)
+    t_start = min(starts)
+    t_end = max(ends)
+    if t_end >= _INF:
+        last = log.next_pos - 1  # a target still running: everything so far
+    else:
+        last = _cascade_end(log, t_end)
+    # The idle point: the latest request start s <= t_start such that every
+    # request that started before s had ended before s.  Everything from s
+    # on is then independent of what came before (bar the workers).
+    intervals = sorted(_interval(rs) for rs in state.requests.values())
+    first = t_start
+    max_end = -1
+    for s, e in intervals:
+        if s > t_start:
+            break
+        if max_end < s:
+            first = s
+        if e > max_end:
+            max_end = e
+    return first, last
+
+
+def _interval(rs: RequestState) -> tuple[int, int]:
+    start = rs.admitted_pos if rs.admitted_pos >= 0 else rs.terminal_pos
+    end = rs.terminal_pos if rs.terminal else _INF
+    return start, end
+
+
+def _cascade_end(log: EventLog, pos: int) -> int:
+    """The last position of the cascade holding ``pos``: the decisions that
+    followed it before the next input (a terminal event frees capacity, and
+    the Routed events that gives to queued requests come right after it)."""
+    n = log.next_pos
+    last = pos
+    p = pos + 1
+    while p < n:
+        batch = list(log.read(p, min(n, p + 64)))
+        for ev in batch:
+            if not is_decision(ev):
+                return last
+            last = ev.pos
+        p += len(batch)
+    return last
+
+
+def _worker_positions_before(log: EventLog, first: int) -> list[int]:
+    """Positions of every WorkerJoined/WorkerLost before ``first``."""
+    if first <= 0:
+        return []
+    workers = log.state.workers.values()
+    if all(ws.incarnation == 1 for ws in workers):
+        # Each worker joined once: the fold knows both positions, no scan.
+        out = [ws.joined_pos for ws in workers if 0 <= ws.joined_pos < first]
+        out += [ws.lost_pos for ws in workers if 0 <= ws.lost_pos < first]
+        return sorted(out)
+    return [
+        ev.pos for ev in log.read(0, first) if isinstance(ev, (WorkerJoined, WorkerLost))
+    ]
+
+
+def _renumber(events: list[Event], prefix: list[int], first: int) -> list[Event]:
+    base = len(prefix)
+    head = {p: i for i, p in enumerate(prefix)}
+    replace = msgspec.structs.replace
+
+    def remap(p: int, ev: Event) -> int:
+        if p < 0:
+            return p
+        if p >= first:
+            return base + p - first
+        try:
+            return head[p]
+        except KeyError:
+            raise TraceError(
+                f"event at log position {ev.pos} ({type(ev).__name__}) refers to position {p}, "
+                f"which is outside the exported window (starting at {first}); this is a bug "
+                "in the trace closure, please report it with the log"
+            ) from None
+
+    out: list[Event] = []
+    shift = base - first
+    for i, ev in enumerate(events):
+        new_pos = head[ev.pos] if i < base else ev.pos + shift
+        cls = type(ev)
+        if cls is Routed:
+            ev = replace(
+                ev,
+                pos=new_pos,
+                cause=remap(ev.cause, ev),
+                sources=tuple(remap(s, ev) for s in ev.sources),
+            )
+        elif cls is CancelRequested or cls is Cancelled or cls is Failed or cls is Finished:
+            ev = replace(ev, pos=new_pos, cause=remap(ev.cause, ev))  # type: ignore[union-attr]
+        elif ev.pos != new_pos:
+            ev = replace(ev, pos=new_pos)
+        out.append(ev)
+    return out
+
+
+def _runs(positions: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1])
+    return tuple((a, b) for a, b in runs)
+
+
+def _encode(
+    events: list[Event],
+    blobs: BlobStore,
+    pipeline: PipelineConfig,
+    targets: tuple[str, ...],
+    origin: tuple[tuple[int, int], ...],
+    rules_version: int,
+) -> bytes:
+    f = _fold_checked(events, "<export>")
+    digests: set[str] = set()
+    for ev in events:
+        if type(ev) is Chunk and ev.blob is not None:
+            digests.add(ev.blob.digest)
+    payloads: dict[str, bytes] = {}
+    for d in sorted(digests):
+        try:
+            payloads[d] = blobs.get(d)
+        except BlobMissing:
+            raise TraceError(
+                f"blob {d} referenced by the log is not in the blob store; export from the "
+                "server's log directory (DIR/blobs holds them) or pass the server's BlobStore"
+            ) from None
+    body = TraceFile(
+        format_version=TRACE_FORMAT_VERSION,
+        omnix_version=omnix.__version__,
+        schema_version=SCHEMA_VERSION,
+        rules_version=rules_version,
+        targets=targets,
+        digest=f.digest(),
+        request_digests={rid: request_digest(f.requests[rid]) for rid in sorted(f.requests)},
+        pipeline=msgspec.msgpack.encode(pipeline),
+        events=encode_events(events),
+        origin=origin,
+        blobs=payloads,
+    )
+    return _PREFIX.pack(TRACE_MAGIC, TRACE_FORMAT_VERSION) + _file_encoder.encode(body)
+
+
+def export_from_dir(
+    log_dir: str | os.PathLike[str],
+    request_ids: Sequence[str] | None,
+    *,
+    rules_version: int = RULES_VERSION,
+) -> bytes:
+    """``export_trace`` for a server's ``--log-dir`` (``DIR/events``,
+    ``DIR/blobs``, ``DIR/pipeline.json``).  Reads the log offline without
+    locking it, so it works beside a running server."""
+    from omnix.events.blobs import DiskBlobStore
+    from omnix.events.disklog import iter_log
+    from omnix.events.log import MemoryLog
+
+    root = Path(log_dir)
+    cfg_path = root / "pipeline.json"
+    if not (root / "events").is_dir() or not cfg_path.is_file():
+        raise TraceError(
+            f"{root} is not an omnix log directory (expected {root}/events and "
+            f"{root}/pipeline.json, as `omnix serve --log-dir DIR` writes)"
+        )
+    pipeline = msgspec.json.decode(cfg_path.read_bytes(), type=PipelineConfig)
+    log = MemoryLog(events=iter_log(root / "events"))
+    return export_trace(
+        log, DiskBlobStore(root / "blobs"), pipeline, request_ids, rules_version=rules_version
+    )
+
+
+# --------------------------------------------------------------------------
+# Reading and writing
+# --------------------------------------------------------------------------
+
+
+def write_trace(path: str | os.PathLike[str], data: bytes | Trace) -> Path:
+    """Write trace bytes atomically (temp file + rename)."""
+    if isinstance(data, Trace):
+        raise TraceError("write_trace takes the bytes export_trace returned, not a decoded Trace")
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-trace-")
+    try:
+        # mkstemp makes the file private; a trace is a plain shareable file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def read_trace(source: str | os.PathLike[str] | bytes, *, verify: bool = True) -> Trace:
+    """Decode a trace file (a path or its bytes).
+
+    With ``verify`` (the default) every event is re-folded and the state
+    digest, each request's digest and each blob's digest are checked;
+    ``TraceCorrupt`` says what does not match.  ``TraceError`` for a file
+    that is not a trace or was written by a newer omnix.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, where = bytes(source), "<bytes>"
+    else:
+        where = str(source)
+        try:
+            data = Path(source).read_bytes()
+        except FileNotFoundError:
+            raise TraceError(f"{where}: no such trace file") from None
+    if len(data) < _PREFIX.size or data[:8] != TRACE_MAGIC:
+        raise TraceError(
+            f"{where}: not an omnix trace (no {TRACE_MAGIC.decode()} header); traces come from "
+            "`omnix trace export` or GET /v1/requests/ID/trace"
+        )
+    _, version = _PREFIX.unpack_from(data)
+    if version > TRACE_FORMAT_VERSION or version == 0:
+        raise TraceError(
+            f"{where}: trace format v{version} is not readable by omnix {omnix.__version__} "
+            f"(reads v1..v{TRACE_FORMAT_VERSION}); upgrade omnix to replay it"
+        )
+    try:
+        body = _file_decoder.decode(memoryview(data)[_PREFIX.size :])
+    except msgspec.DecodeError as exc:
+        raise TraceCorrupt(f"{where}: the trace body does not decode ({exc}); the file is damaged") from exc
+    try:
+        events = decode_events(body.events)
+    except SchemaError as exc:
+        raise TraceError(f"{where}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise TraceCorrupt(f"{where}: the events do not decode ({exc}); the file is damaged") from exc
+    try:
+        pipeline = msgspec.msgpack.decode(body.pipeline, type=PipelineConfig)
+    except msgspec.DecodeError as exc:
+        raise TraceError(
+            f"{where}: the recorded pipeline config does not decode with this omnix ({exc})"
+        ) from exc
+    store = MemoryBlobStore()
+    for digest, payload in body.blobs.items():
+        if verify and blob_digest(payload) != digest:
+            raise TraceCorrupt(
+                f"{where}: blob {digest} does not hash to its digest: the file was modified "
+                "after export; re-export it from the log"
+            )
+        store._blobs[digest] = payload  # already verified: skip re-hashing in put()
+    trace = Trace(
+        events=events,
+        blobs=store,
+        pipeline=pipeline,
+        format_version=body.format_version,
+        omnix_version=body.omnix_version,
+        schema_version=body.schema_version,
+        rules_version=body.rules_version,
+        targets=body.targets,
+        digest=body.digest,
+        request_digests=body.request_digests,
+        origin=body.origin,
+        source=where,
+    )
+    if verify:
+        verify_trace(trace)
+    return trace
+
+
+def verify_trace(trace: Trace) -> None:
+    """Re-fold ``trace`` and compare with its recorded digests."""
+    for i, ev in enumerate(trace.events):
+        if ev.pos != i:
+            raise TraceCorrupt(
+                f"{trace.source}: event {i} carries position {ev.pos}; traces are numbered 0..n-1"
+            )
+    f = trace.fold()
+    got = f.digest()
+    if got == trace.digest:
+        return
+    changed = [
+        rid
+        for rid in sorted(set(f.requests) | set(trace.request_digests))
+        if rid not in f.requests
+        or trace.request_digests.get(rid) != request_digest(f.requests[rid])
+    ]
+    what = (
+        f"the state of request(s) {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''} differs"
+        if changed
+        else "the worker states differ"
+    )
+    raise TraceCorrupt(
+        f"{trace.source}: state digest mismatch: the events fold to {got}, the trace recorded "
+        f"{trace.digest}; {what}.  Either the file was modified after export, or this omnix's "
+        f"reducer folds differently from omnix {trace.omnix_version} that wrote it (a reducer "
+        "change must keep old logs folding the same)"
+    )
+
+
+def _fold_checked(events: Iterable[Event], where: str) -> Fold:
+    f = Fold()
+    apply = f.apply
+    for ev in events:
+        try:
+            apply(ev)
+        except IllegalTransition as exc:
+            raise TraceCorrupt(
+                f"{where}: event {ev.pos} does not fold: {exc}; the trace is damaged or was "
+                "edited"
+            ) from None
+    return f
+
+
+def iter_targets_or_all(trace: Trace) -> Iterator[str]:
+    """The target requests, or every request of a whole-log trace."""
+    yield from trace.targets or trace.request_ids
