@@ -13,14 +13,16 @@ Figures (``--json`` adds one JSON object as the last line):
 * ``disk_batched_fsync_events_per_s``: the same into a ``DiskLog`` with
   ``fsync="batch"`` (5 ms group commit), timed until ``close()`` has
   fsynced the last record.
-* ``fold_1m_seconds``: reopening that log of ``--events`` (default 1M)
-  events: read every segment, verify every checksum, decode, fold into a
-  fresh state and rebuild the indexes.  ``fold(log.read())`` (decode and
-  fold, no checks) is printed beside it.
-* ``state_bytes_per_request``: the deep in-memory size (``sys.getsizeof`` of
-  every object reachable from it, each counted once, shared strings
-  included) of the ``RequestState`` of a finished 3-stage request of the
-  mix; its msgpack size and the fold's measured cost per request are
+* ``fold_1m_seconds``: ``fold(log.read())`` over that log of ``--events``
+  (default 1M) events: read the segments, decode, reduce into a fresh
+  state; the log keeps no event objects.  ``reopen_1m_seconds`` beside it
+  is what a restart costs: recovery also verifies every checksum and
+  rebuilds the position and request indexes.
+* ``state_bytes_per_request``: measured memory the fold retains per request
+  (tracemalloc over 5,000 requests' decoded events: the state structs,
+  their strings, the dict slot).  The deep ``sys.getsizeof`` of one
+  finished 3-stage ``RequestState`` (every reachable object counted once,
+  shared strings included: an upper bound) and its msgpack size are
   printed beside it.
 * ``peak_rss_mb``: the process's peak resident set.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
 import shutil
 import sys
@@ -47,9 +50,10 @@ from pathlib import Path
 
 import msgspec
 
+from omnix.events.codec import decode_event, encode_event
 from omnix.events.disklog import DiskLog, LogConfig
 from omnix.events.log import MemoryLog
-from omnix.events.reducer import RequestState, fold
+from omnix.events.reducer import Fold, RequestState, fold
 from omnix.events.types import (
     Admitted,
     BlobRef,
@@ -79,11 +83,12 @@ class LogBenchResult(msgspec.Struct, frozen=True):
     # context
     events: int
     memory_events: int
-    fold_read_1m_seconds: float
+    reopen_1m_seconds: float
+    state_deep_sizeof_bytes: int
     state_encoded_bytes: int
-    fold_bytes_per_request: int
     disk_bytes_per_event: float
     disk_index_bytes_per_event: float
+    load_average: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -231,23 +236,32 @@ def bench_disk(root: Path, n: int, concurrency: int) -> tuple[float, int]:
 
 
 def state_sizes(concurrency: int) -> tuple[int, int, int]:
-    """(deep bytes of one finished request's state, its msgpack bytes,
-    measured fold bytes per request over many requests)."""
+    """(bytes the fold retains per request, deep bytes of one finished
+    request's state, its msgpack bytes).
+
+    The first is measured: fold 5,000 requests' events decoded from their
+    encoded form (as a reopened log does, so every string is the request's
+    own copy) under tracemalloc, and divide what stays allocated by the
+    number of requests: the state structs, their strings, the dict slot.
+    """
     log = MemoryLog(events=request_lifecycle("req-000000042"))
     rs = log.state.requests["req-000000042"]
     assert rs.status == "finished" and len(rs.stages) == 3
     deep = deep_sizeof(rs)
     encoded = len(msgspec.msgpack.encode(rs))
-    n_req = 20_000
-    events = list(workload(31 * n_req, concurrency))
+    n_req = 5_000
+    blobs = [encode_event(ev) for ev in MemoryLog(events=workload(31 * n_req, concurrency)).read()]
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    f = fold(events)
-    grown = tracemalloc.get_traced_memory()[0] - base
+    f = Fold()
+    for b in blobs:
+        f.apply(decode_event(b))
+    gc.collect()
+    retained = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     assert all(isinstance(s, RequestState) for s in f.requests.values())
-    return deep, encoded, grown // len(f.requests)
+    return retained // len(f.requests), deep, encoded
 
 
 def run(args: argparse.Namespace) -> int:
@@ -275,39 +289,47 @@ def run(args: argparse.Namespace) -> int:
         index_bytes = (
             log._offs.itemsize * len(log._offs) + log._prev.itemsize * len(log._prev)
         ) / len(log)
-        print(f"  reopen {len(log):,} events       {reopen:12.2f} s   "
-              "(read, verify checksums, decode, fold, index)")
+        gc.collect()
         t0 = time.perf_counter()
         replay = fold(log.read())
         fold_read = time.perf_counter() - t0
         assert replay.digest() == log.state.digest()
-        print(f"  fold(log.read())              {fold_read:12.2f} s   (decode + fold)")
+        print(f"  fold {len(log):,} events         {fold_read:12.2f} s   "
+              "(fold(log.read()): read, decode, reduce; nothing kept but the states)")
+        print(f"  reopen the log                {reopen:12.2f} s   "
+              "(recovery: read, verify every checksum, decode, fold, rebuild the indexes)")
         print(f"  disk log index                {index_bytes:12.1f} bytes/event in memory "
               f"(+ one dict entry per request); no event objects kept")
         log.close()
         del log, replay
         gc.collect()
 
-        deep, encoded, per_req = state_sizes(conc)
-        print(f"  state per request             {deep:12,d} bytes (deep sizeof of a finished "
-              f"3-stage RequestState); {encoded} bytes msgpack; fold costs {per_req:,} bytes/request")
+        per_req, deep, encoded = state_sizes(conc)
+        print(f"  state per request             {per_req:12,d} bytes retained by the fold per "
+              "request (tracemalloc, decoded events)")
+        print(f"                                {deep:12,d} bytes deep sizeof of one finished "
+              f"3-stage RequestState (shared strings counted); {encoded} bytes msgpack")
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         print(f"  peak RSS                      {rss:12.0f} MB")
+        load = os.getloadavg()[0]
+        print(f"  load average (1 min)          {load:12.2f}  on {os.cpu_count()} CPUs "
+              "(other processes' load lowers every rate above)")
 
         result = LogBenchResult(
             memory_append_fold_events_per_s=round(mem_rate),
             disk_batched_fsync_events_per_s=round(disk_rate),
-            fold_1m_seconds=round(reopen, 3),
-            state_bytes_per_request=deep,
+            fold_1m_seconds=round(fold_read, 3),
+            state_bytes_per_request=per_req,
             peak_rss_mb=round(rss, 1),
             events=n,
             memory_events=args.memory_events,
-            fold_read_1m_seconds=round(fold_read, 3),
+            reopen_1m_seconds=round(reopen, 3),
+            state_deep_sizeof_bytes=deep,
             state_encoded_bytes=encoded,
-            fold_bytes_per_request=per_req,
             disk_bytes_per_event=round(disk_bytes / n, 1),
             disk_index_bytes_per_event=round(index_bytes, 1),
+            load_average=round(load, 2),
         )
         failed = []
         for key, (op, target) in TARGETS.items():

@@ -17,6 +17,7 @@ two folds of the same log agree byte for byte.
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Literal
 
 import msgspec
@@ -141,6 +142,25 @@ class WorkerState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     incarnation: int = 1
 
 
+# States outlive their events: a request's state would otherwise keep its
+# own copy of every name it was built from (decoded events carry fresh
+# strings), about a third of a finished request's memory.  Pipeline and
+# stage names, finish reasons and output sets are small vocabularies, so
+# states share one copy of each.  Equal strings: the fold stays pure.
+_intern = sys.intern
+_OUTPUT_SETS: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _outputs(outputs: tuple[str, ...]) -> tuple[str, ...]:
+    key = tuple(outputs)
+    found = _OUTPUT_SETS.get(key)
+    if found is None:
+        found = tuple(_intern(o) for o in key)
+        if len(_OUTPUT_SETS) < 1024:  # modalities are a Literal; bound it anyway
+            _OUTPUT_SETS[key] = found
+    return found
+
+
 def _replace_stage(rs: RequestState, new: StageState) -> tuple[StageState, ...]:
     # Hot path (every chunk): an index loop and one slice-concat is ~3x
     # cheaper than a generator expression over the tuple.
@@ -201,10 +221,10 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             return RequestState(
                 request_id=rid,
                 status="admitted",
-                pipeline=ev.pipeline,
+                pipeline=_intern(ev.pipeline),
                 admitted_pos=ev.pos,
                 admitted_ts=ev.ts_ns,
-                outputs=tuple(ev.spec.outputs),
+                outputs=_outputs(ev.spec.outputs),
                 deadline_ns=ev.ts_ns + dl * 1_000_000 if dl > 0 else 0,
                 last_pos=ev.pos,
                 events=1,
@@ -213,10 +233,10 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             rs = RequestState(
                 request_id=rid,
                 status="rejected",
-                pipeline=ev.pipeline,
+                pipeline=_intern(ev.pipeline),
                 admitted_pos=-1,
                 admitted_ts=ev.ts_ns,
-                outputs=tuple(ev.spec.outputs),
+                outputs=_outputs(ev.spec.outputs),
             )
             return _terminate(rs, ev, "rejected", ev.reason)
         raise IllegalTransition(rid, ev, "request was never admitted")
@@ -294,7 +314,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             if rs.status == "cancelling":
                 raise IllegalTransition(rid, ev, "request is cancelling")
             new_st = StageState(
-                name=ev.stage,
+                name=_intern(ev.stage),
                 replica=ev.replica,
                 pieces=1,
                 input_closed=ev.last,
@@ -308,7 +328,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             if rs.status == "cancelling":
                 raise IllegalTransition(rid, ev, "request is cancelling")
             new_st = StageState(
-                name=ev.stage,
+                name=_intern(ev.stage),
                 replica=ev.replica,
                 pieces=1,
                 input_closed=ev.last,
@@ -370,7 +390,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
         new_st = msgspec.structs.replace(
             st,
             status="aborted" if ev.finish_reason == "aborted" else "finished",
-            finish_reason=ev.finish_reason,
+            finish_reason=_intern(ev.finish_reason),
             prompt_tokens=ev.prompt_tokens,
             output_tokens=ev.output_tokens,
             finished_ts=ev.ts_ns,
