@@ -22,10 +22,12 @@ events of one cascade, in a live server either).
     From then on its recorded outputs are dropped (a dead process sends
     nothing) until the recording has it join again.
 ``slow-stage@P:STAGE:MS``
-    Every recorded input from STAGE (started, progress, chunk, finished,
-    failed) at position >= P arrives MS milliseconds later than recorded:
-    the stage stalls for MS at P.  Inputs are merged again by time (ties in
-    recorded order), so other stages and requests overtake it.
+    STAGE stalls for MS milliseconds at P: every recorded input from STAGE
+    (started, progress, chunk, finished, failed) at position >= P arrives
+    MS later than recorded, and so does every input from the stages
+    downstream of it (they work on its output, so they cannot be ahead of
+    it).  Upstream stages and worker events keep their times; inputs are
+    merged again by time (ties in recorded order).
 ``cancel@P[:REQUEST]``
     Right after P the client cancels the request of event P (or REQUEST):
     a ``CancelRequested`` (reason ``client``) at P's timestamp.
@@ -326,15 +328,31 @@ def plan(trace: Trace, specs: list[FaultSpec]) -> tuple[list[Injection], dict[st
                 raise FaultError(
                     f"fault {spec}: no stage {spec.target!r} (stages: {', '.join(stages)})"
                 )
-            delays.setdefault(spec.target, []).append((spec.position, int(spec.ms * 1_000_000)))
+            affected = _downstream(trace.pipeline, spec.target)
+            for stage in affected:
+                delays.setdefault(stage, []).append((spec.position, int(spec.ms * 1_000_000)))
+            also = f" (and downstream {', '.join(affected[1:])})" if len(affected) > 1 else ""
             planned.append(
                 PlannedFault(
                     spec,
-                    f"stage {spec.target} stalls {spec.ms:g} ms from #{spec.position} on: its "
+                    f"stage {spec.target}{also} stalls {spec.ms:g} ms from #{spec.position} on: "
                     "outputs from there arrive that much later",
                 )
             )
     return injections, delays, planned
+
+
+def _downstream(cfg: PipelineConfig, stage: str) -> list[str]:
+    """``stage`` and every stage its output reaches, in declaration order."""
+    reach = {stage}
+    changed = True
+    while changed:
+        changed = False
+        for e in cfg.edges:
+            if e.source in reach and e.target not in reach:
+                reach.add(e.target)
+                changed = True
+    return [stage] + [st.name for st in cfg.stages if st.name in reach and st.name != stage]
 
 
 def inject(

@@ -1,0 +1,56 @@
+"""The corpus: every trace in replay/ is replayed on every run.
+
+A change that alters what the orchestrator decides on a recorded case
+fails here with the divergence report; a change to the HTTP renderer that
+alters a client's bytes fails on the ``.body`` beside the trace.  If the
+change is intended, version it and recapture (docs/replay.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnix.replay.drive import drive
+from omnix.replay.faults import check_invariants
+from omnix.replay.show import render_timeline
+from omnix.replay.trace import read_trace
+
+CORPUS = Path(__file__).resolve().parents[2] / "replay"
+TRACES = sorted(CORPUS.glob("*.trace"))
+CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected")
+
+
+def test_the_corpus_has_every_case():
+    names = {p.stem for p in TRACES}
+    for prefix in ("sim-omni", "scripted-omni"):
+        missing = [c for c in CASES if f"{prefix}-{c}" not in names]
+        assert not missing, f"replay/ lacks {prefix} traces for {missing}; recapture (docs/replay.md)"
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+def test_corpus_trace_replays(path: Path):
+    trace = read_trace(path)  # re-folds and checks every digest
+    res = drive(trace, raise_on_divergence=False)
+    if res.divergence is not None:
+        pytest.fail(
+            f"{path.name} no longer replays: a recorded decision changed.\n"
+            f"{res.divergence.report()}",
+            pytrace=False,
+        )
+    assert res.digest == trace.digest
+    assert check_invariants(trace.events, require_terminal=False) == []
+    f = trace.fold()
+    for rid in trace.targets:
+        assert f.requests[rid].terminal, f"{path.name}: target {rid} has no terminal event"
+    assert "re-folded, matches" in render_timeline(trace)
+    body = path.with_suffix(".body")
+    if body.exists():
+        from omnix.replay.client import client_bytes
+
+        again = client_bytes(trace)
+        assert again == body.read_bytes(), (
+            f"{path.name}: rendering the recorded events no longer gives the bytes the client "
+            f"received ({len(again)} vs {body.stat().st_size} bytes); the HTTP renderer changed"
+        )
