@@ -67,6 +67,7 @@ from omnix.transport.sockets import (
     LoopReader,
     default_ipc_endpoint,
     make_router,
+    readable,
     recv_parts,
     remove_endpoint_dir,
 )
@@ -341,6 +342,10 @@ class StageRuntime:
         self._closed = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        if self._reader is not None:
+            # Stop reading now: an unread, still-registered ZMQ FD stays
+            # readable and would spin the loop while workers exit.
+            self._reader.close()
         slots = self._all_slots()
         for slot in slots:
             if slot.restart_handle is not None:
@@ -373,8 +378,6 @@ class StageRuntime:
             p.poll()
             p.kill()  # any grandchildren left in its group
             p.close()
-        if self._reader is not None:
-            self._reader.close()
         if self._sock is not None:
             self._sock.close(0)
         if self._ctx is not None:
@@ -518,10 +521,10 @@ class StageRuntime:
             return
         for _ in range(MAX_DRAIN):
             try:
+                if not readable(sock):
+                    return
                 identity = sock.recv(zmq.NOBLOCK)
                 mtype, body, aux = recv_parts(sock)
-            except zmq.Again:
-                return
             except zmq.ZMQError:
                 return
             dec = self._dec.get(mtype)

@@ -42,7 +42,7 @@ from omnix.stages.engine import Engine, EngineInfo, GenerateRequest, InputPiece,
 from omnix.stages.work import WorkItem
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
-from omnix.transport.sockets import MAX_DRAIN, LoopReader, make_dealer, recv_parts
+from omnix.transport.sockets import MAX_DRAIN, LoopReader, make_dealer, readable, recv_parts
 
 log = logging.getLogger("omnix.worker")
 
@@ -341,9 +341,9 @@ class Worker:
         assert sock is not None
         for _ in range(MAX_DRAIN):
             try:
+                if not readable(sock):
+                    return
                 mtype, body, aux = recv_parts(sock)
-            except zmq.Again:
-                return
             except zmq.ZMQError:
                 return  # socket closed under us during teardown
             dec = self._dec.get(mtype)
@@ -378,6 +378,9 @@ class Worker:
         rid = item.request_id
         req = self._active.get(rid)
         if item.seq == 0:
+            if self._stopped is not None and self._stopped.is_set():
+                log.warning("request %s arrived while this worker is stopping; dropped", rid)
+                return
             if req is not None:
                 log.error("request %s: a second seq 0 while it runs; dropped", rid)
                 return

@@ -102,17 +102,28 @@ def make_dealer(
     return sock
 
 
-def recv_parts(sock: zmq.Socket) -> tuple[bytes, bytes, list[memoryview]]:
-    """Read the rest of a message after its identity/type: (type, body, arrays).
+_EVENTS = int(zmq.EVENTS)  # plain ints: pyzmq enums cost a constructor per operation
+_POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
 
-    Small frames are received as bytes (cheapest for small messages); array
-    frames as zero-copy ``zmq.Frame`` buffers.  Raises ``zmq.Again`` only
-    for the first frame.
+
+def readable(sock: zmq.Socket) -> bool:
+    """Whether a message waits.  Also processes ZMQ's pending commands,
+    which re-arms the socket's FD (a bare ``recv`` does that only now and
+    then, leaving the FD readable and the loop waking for nothing)."""
+    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+
+
+def recv_parts(sock: zmq.Socket) -> tuple[bytes, bytes, list[memoryview]]:
+    """Read the rest of a message after its identity: (type, body, arrays).
+
+    Call when ``readable``.  Small frames are received as bytes (cheapest
+    for small messages); array frames as zero-copy ``zmq.Frame`` buffers.
     """
     mtype = sock.recv(zmq.NOBLOCK)
-    body = sock.recv() if sock.rcvmore else b""
+    body = sock.recv() if sock.getsockopt(_RCVMORE) else b""
     aux: list[memoryview] = []
-    while sock.rcvmore:
+    while sock.getsockopt(_RCVMORE):
         aux.append(sock.recv(copy=False).buffer)
     return mtype, body, aux
 
@@ -121,7 +132,7 @@ class LoopReader:
     """Call ``on_readable()`` on the loop whenever ``sock`` may hold messages.
 
     A ZMQ socket's FD is edge-triggered and only says "state may have
-    changed": the handler must read until ``zmq.Again``.  A send (or any
+    changed": the handler must read while ``readable(sock)``.  A send (or any
     ``getsockopt(EVENTS)``) can consume the edge while messages wait, so the
     owner calls ``kick()`` after sending.  ``on_readable`` may stop early
     (after ``MAX_DRAIN`` messages) and call ``reschedule()``.
@@ -152,7 +163,7 @@ class LoopReader:
             self._loop.call_soon(self._fire)
 
     def kick(self) -> None:
-        if not self._pending and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not self._pending and self._sock.getsockopt(_EVENTS) & _POLLIN:
             self.reschedule()
 
     def close(self) -> None:
