@@ -1,0 +1,158 @@
+"""The worker against a hand-driven server socket: its side of the protocol,
+its own guards (capacity, aborted ids) and its exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from omnix.pipelines.config import ScriptedArgs, StageConfig
+from omnix.stages.engine import InputPiece
+from omnix.stages.work import WorkItem
+from omnix.transport import messages as m
+from omnix.transport.codec import FrameEncoder
+from omnix.transport.sockets import make_router, readable, recv_parts
+
+
+class RawServer:
+    """The test plays the server: it sees every frame the worker sends."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock, self.endpoint = make_router(self.ctx, endpoint)
+        self.enc = FrameEncoder()
+        self.dec = m.decoders(m.SERVER_BOUND)
+        self.worker_id: bytes | None = None
+        self.ack_heartbeats = True
+        self.heartbeats = 0
+
+    def recv(self, timeout: float = 10.0) -> tuple[bytes, object]:
+        """Next non-heartbeat message from the worker (heartbeats are answered)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000)):
+                raise AssertionError("no message from the worker")
+            while readable(self.sock):
+                ident = self.sock.recv()
+                mtype, body, aux = recv_parts(self.sock)
+                msg = self.dec[mtype].decode(body, aux)
+                if mtype == m.HEARTBEAT:
+                    self.heartbeats += 1
+                    if self.ack_heartbeats:
+                        self.sock.send_multipart(self.enc.encode(m.HEARTBEAT_ACK, m.HeartbeatAck(), ident))
+                    continue
+                if mtype == m.HELLO:
+                    self.worker_id = ident
+                return mtype, msg
+
+    def records(self, n: int, timeout: float = 10.0) -> list:
+        out: list = []
+        while len(out) < n:
+            mtype, msg = self.recv(timeout)
+            assert mtype == m.OUTPUTS, mtype
+            out.extend(msg)
+        return out
+
+    def quiet(self, seconds: float) -> list:
+        """Everything but heartbeats that arrives within ``seconds``."""
+        got = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                got.append(self.recv(left))
+            except AssertionError:
+                break
+        return got
+
+    def send(self, mtype: bytes, msg: object) -> None:
+        assert self.worker_id is not None
+        self.sock.send_multipart(self.enc.encode(mtype, msg, self.worker_id), copy=False)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = RawServer(f"ipc://{tmp_path}/raw.sock")
+    yield s
+    s.close()
+
+
+def _worker(endpoint: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "omnix.stages.worker_cli", "--connect", endpoint, "--stage", "s", *extra],
+        stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _welcome(server: RawServer, args: ScriptedArgs, lost_after: float = 10.0) -> m.Ready:
+    mtype, hello = server.recv()
+    assert mtype == m.HELLO
+    assert (hello.protocol, hello.stage, hello.replica) == (m.PROTOCOL_VERSION, "s", -1)
+    server.send(m.WELCOME, m.Welcome(0, StageConfig(name="s", engine=args), "p", 0.1, lost_after))
+    mtype, ready = server.recv()
+    assert mtype == m.READY and ready.token == hello.token
+    return ready
+
+
+def _work(rid: str, seq: int = 0, last: bool = True) -> WorkItem:
+    return WorkItem(rid, "s", 0, seq, last, (InputPiece(text="x"),))
+
+
+def test_worker_guards_capacity_and_aborted_ids(server):
+    proc = _worker(server.endpoint)
+    try:
+        ready = _welcome(server, ScriptedArgs(capacity=1, chunks_per_piece=5, hang_at=1))
+        assert (ready.engine, ready.capacity) == ("scripted", 1)
+        server.send(m.WORK, _work("r1"))
+        recs = server.records(2)
+        assert recs[0] == m.Started("r1") and isinstance(recs[1], m.Output) and recs[1].index == 0
+        server.send(m.WORK, _work("r2"))  # over its capacity of 1
+        [err] = server.records(1)
+        assert isinstance(err, m.Error) and err.request_id == "r2" and "capacity of 1" in err.message
+        server.send(m.ABORT, m.Abort("r1"))
+        [done] = server.records(1)
+        assert done == m.Done("r1", 1, "aborted", 0, 0)
+        server.send(m.ABORT, m.Abort("never-ran"))  # ignored: no reply
+        server.send(m.WORK, _work("r1", seq=1))  # late piece for an aborted request: dropped
+        server.send(m.WORK, _work("r1"))  # even a fresh start under that id: dropped
+        assert server.quiet(0.5) == []
+        server.send(m.WORK, _work("r3"))  # the credit came back
+        assert server.records(2)[0] == m.Started("r3")
+        assert server.heartbeats >= 2
+        server.send(m.SHUTDOWN, m.Shutdown("test over"))
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_worker_exits_when_server_stops_answering(server):
+    proc = _worker(server.endpoint)
+    try:
+        _welcome(server, ScriptedArgs(), lost_after=0.6)
+        server.ack_heartbeats = False
+        server.quiet(0.1)
+        assert proc.wait(10) == 5
+        assert "has not answered heartbeats" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_worker_reports_no_server_and_refusal(tmp_path, server):
+    lonely = _worker(f"ipc://{tmp_path}/nobody.sock", "--hello-timeout", "0.5")
+    assert lonely.wait(20) == 4
+    assert "no answer from a stage runtime" in lonely.stderr.read()
+    refused = _worker(server.endpoint)
+    server.recv()
+    server.send(m.REFUSED, m.Refused("go away, for a test"))
+    assert refused.wait(20) == 2
+    assert "go away, for a test" in refused.stderr.read()
