@@ -176,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
     if pipeline is not None or args.rules is not None:
         from omnix.replay.drive import counterfactual
 
-        cf = counterfactual(trace, pipeline=pipeline, rules=args.rules, timers=args.timers)
+        try:
+            cf = counterfactual(trace, pipeline=pipeline, rules=args.rules, timers=args.timers)
+        except ValueError as exc:
+            return _fail(str(exc))
         sys.stdout.write(cf.report(trace))
         return 0
     if not args.html or args.events or args.request:
@@ -216,7 +219,7 @@ def _faults(trace, args: argparse.Namespace, pipeline: PipelineConfig | None) ->
         res = inject(
             trace, args.inject, pipeline=pipeline, rules=args.rules, ack_aborts_ms=args.ack_aborts_ms
         )
-    except FaultError as exc:
+    except (FaultError, ValueError) as exc:
         return _fail(str(exc))
     sys.stdout.write(res.report(trace))
     return 0 if res.ok else 1

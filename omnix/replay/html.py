@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from html import escape
 
-from omnix.replay.show import MS, RequestTiming, describe, request_timing
+from omnix.replay.show import MS, RequestTiming, _n, describe, request_timing
 from omnix.replay.trace import Trace, is_decision
 
 _CSS = """
@@ -38,11 +38,11 @@ def _ms(ns: int | None) -> str:
     return "-" if ns is None else f"{ns / MS:.3f} ms"
 
 
-def _svg(tm: RequestTiming, end_ns: int, width: int = 760) -> str:
+def _svg(tm: RequestTiming, end_ns: int, width: int = 820) -> str:
     label_w, row_h, pad = 120, 22, 8
-    plot_w = width - label_w - 90
+    plot_w = width - label_w - 160  # room on the right for "123.45 ms finished"
     span = max(end_ns, 1)
-    h = pad * 2 + row_h * len(tm.stages) + 26
+    h = pad * 2 + row_h * len(tm.stages) + 40
 
     def x(ns: int | None) -> float:
         return label_w + plot_w * min(max((ns or 0) / span, 0.0), 1.0)
@@ -93,7 +93,7 @@ def _svg(tm: RequestTiming, end_ns: int, width: int = 760) -> str:
             f'stroke-dasharray="3 3"><title>{label} {ns / MS:.3f} ms</title></line>'
         )
         parts.append(
-            f'<text x="{x(ns) + 2:.1f}" y="{base + 18}" font-size="10" fill="{color}">{label}</text>'
+            f'<text x="{x(ns) + 2:.1f}" y="{base + 32}" font-size="10" fill="{color}">{label}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -109,8 +109,9 @@ def render_html(trace: Trace, *, requests: list[str] | None = None, max_events: 
         f'<div class="meta">{escape(trace.source)} · format v{trace.format_version} · omnix '
         f"{escape(trace.omnix_version)} · event schema v{trace.schema_version} · rules "
         f"v{trace.rules_version} · pipeline <b>{escape(trace.pipeline.name)}</b> ({escape(stages)})<br>"
-        f"{len(trace.events)} events ({trace.decisions} decisions) · {len(f.requests)} requests · "
-        f'{len(f.workers)} workers · state digest <code>{trace.digest}</code> <span class="ok">'
+        f"{_n(len(trace.events), 'event')} ({_n(trace.decisions, 'decision')}) · "
+        f"{_n(len(f.requests), 'request')} · "
+        f'{_n(len(f.workers), "worker")} · state digest <code>{trace.digest}</code> <span class="ok">'
         "re-folded: matches</span></div>",
         f'<div class="legend meta">waterfall: <span style="background:{_WAIT}"></span>routed, '
         f'waiting to start<span style="background:{_IDLE}"></span>started, no output yet'
