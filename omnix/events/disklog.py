@@ -41,16 +41,18 @@ returned) means:
   survives a process crash once written to the OS (within one interval) and
   power loss once ``durable_pos`` has passed it.  ``await flush()`` waits
   for that; ``sync()`` forces it now.
-* ``"none"``: like ``"batch"`` but the log never fsyncs on its own (only on
-  ``sync()``, ``flush()``, rotation is not synced either, and ``close()``).
+* ``"none"``: like ``"batch"``, but the log fsyncs only when asked
+  (``sync()``, ``flush()``, ``close()``); not even on rotation.
 
 An I/O error while storing poisons the log: the fold may already include
 the event that could not be stored, so every later append raises
 ``LogFailed``; reopening rebuilds the state from what is on disk.
 
 The log is single-writer: all appends and reads happen on one thread (the
-asyncio loop's); only the batch flusher runs beside it, and it touches the
-write buffer and the active file descriptor under ``_lock`` alone.
+asyncio loop's).  Only the flusher thread runs beside it: it takes bytes
+off the front of the write buffer and writes them under ``_lock``, which
+readers of the newest records also take; appends only ever add to the
+buffer's end and take no lock.
 """
 
 from __future__ import annotations
@@ -100,10 +102,10 @@ _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size  # 24
 _REC = struct.Struct("<II")
 REC_HEADER_SIZE = _REC.size  # 8
-#: Sanity bound on one record.  Events hold references to blobs, never the
-#: blobs, so a record this large can only be damage; recovery uses the bound
-#: to tell a plausible record header from garbage.
-MAX_RECORD = 256 << 20
+#: Bound on one record.  Events hold references to blobs, never the blobs,
+#: so a record this large can only be damage; recovery uses the bound to
+#: tell a plausible record header from garbage, and appends respect it.
+MAX_RECORD = 1 << 30
 _READ_WINDOW = 1 << 20  # bytes read per pread when iterating a range
 _SCAN_CHUNK = 4 << 20  # bytes read at a time by recovery
 _MAX_READ_FDS = 8
@@ -357,7 +359,9 @@ def iter_log(path: str | os.PathLike[str]) -> Iterator[Event]:
         with open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(HEADER_SIZE)
-            if is_last and len(head) < HEADER_SIZE:
+            if is_last and size <= HEADER_SIZE:
+                # A segment being created (or left half-created by a crash):
+                # no record can be in it yet.
                 return
             first = _read_header(p, head, pos)
             if first != pos:
@@ -634,6 +638,13 @@ class DiskLog(EventLog):
         # record split between two writes still lands contiguously.
         body = _body_encoder.encode(ev)
         rec_len = REC_HEADER_SIZE + 1 + len(body)
+        if rec_len > MAX_RECORD:
+            self._fail(ValueError(f"position {ev.pos} encodes to {rec_len} bytes"))
+            raise LogFailed(
+                f"{self.path}: the event at position {ev.pos} encodes to {rec_len:,} bytes, "
+                f"over the {MAX_RECORD:,}-byte record limit; large payloads belong in the "
+                "blob store (events carry BlobRefs).  Reopen the log to go on."
+            )
         seg = self._active
         end = seg.end
         pos = ev.pos
