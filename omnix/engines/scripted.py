@@ -29,6 +29,9 @@ Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
 * With ``delay_ms == 0`` it still yields to the loop every few outputs so
   aborts and other requests get served.
 
+``OMNIX_SCRIPTED_FAIL_START=TEXT`` in the environment makes ``start()``
+raise (an engine that cannot load), for tests of startup errors.
+
 Journal: when the environment variable ``OMNIX_SCRIPTED_JOURNAL`` names a
 file, the engine appends one JSON line per lifecycle call (``start``,
 ``generate``, ``abort``, ``close``) with its pid and the request id.  Tests
@@ -50,6 +53,7 @@ from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 JOURNAL_ENV = "OMNIX_SCRIPTED_JOURNAL"
+FAIL_START_ENV = "OMNIX_SCRIPTED_FAIL_START"  # non-empty: start() raises with this text
 _YIELD_EVERY = 16  # with delay_ms == 0: give the loop a turn this often
 
 
@@ -73,6 +77,8 @@ class ScriptedEngine:
             f.write(line + "\n")
 
     async def start(self) -> EngineInfo:
+        if reason := os.environ.get(FAIL_START_ENV):
+            raise RuntimeError(f"scripted start failure: {reason}")
         if self.args.start_delay_ms > 0:
             # Deliberately blocking: this is what a real model load does to the loop.
             time.sleep(self.args.start_delay_ms / 1000)  # noqa: ASYNC251

@@ -449,9 +449,10 @@ class StageRuntime:
         why = proc.describe_exit()
         if slot.state == "down":
             return  # already handled (lost by heartbeat, then killed)
-        if slot.state != "ready" and self._starting:
+        if self._starting:  # no restarts while start() waits: report it
+            when = "before it was ready" if slot.state != "ready" else "while the others started"
             self._start_errors.append(
-                f"{slot.where()} did not come up: {why} before it was ready; its last output:\n"
+                f"{slot.where()} did not come up: {why} {when}; its last output:\n"
                 f"{proc.last_output()}"
             )
         elif slot.state != "ready":

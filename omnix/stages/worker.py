@@ -495,7 +495,13 @@ class Worker:
                 if not req.started:
                     self._record(m.Started(req.rid))
                 self._record(self._done(req, "aborted"))
-            # else: cancelled by shutdown; the server is going away
+            elif self._stopped is None or not self._stopped.is_set():
+                # Nobody asked: the engine raised CancelledError by itself.
+                # Report it, or the request would wait for its stage forever.
+                if not req.started:
+                    self._record(m.Started(req.rid))
+                self._record(m.Error(req.rid, "the engine's generate() was cancelled without an abort"))
+            # else: cancelled by this worker's shutdown; the server is going away
             return
         exc = task.exception()
         self._record(m.Error(req.rid, f"worker error: {type(exc).__name__}: {exc}"))

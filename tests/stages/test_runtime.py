@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from omnix.engines.scripted import JOURNAL_ENV
+from omnix.engines.scripted import FAIL_START_ENV, JOURNAL_ENV
 from omnix.events.types import (
     Chunk,
     Progress,
@@ -23,7 +23,7 @@ from omnix.events.types import (
     WorkerJoined,
     WorkerLost,
 )
-from omnix.pipelines.config import CodecArgs, PipelineConfig, ScriptedArgs, StageConfig
+from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.engine import InputPiece
 from omnix.stages.runtime import CapacityExceeded, ReplicaUnavailable, WorkerStartError
 from omnix.stages.work import WorkItem
@@ -201,10 +201,12 @@ async def test_start_failure_names_the_stage_with_exit_code_and_output(harness_f
     msg = str(ei.value)
     assert "stage 'talker' replica 0" in msg and "exited with code 3" in msg and "boom: cannot load weights" in msg
     # A worker that starts but whose engine cannot load says so in the error.
-    h3 = harness_factory(PipelineConfig(name="p", stages=(
-        StageConfig(name="decoder", engine=CodecArgs(model=str(tmp_path / "no-such-model"))),)))
-    with pytest.raises(WorkerStartError, match="stage 'decoder' replica 0 could not load its engine"):
+    h3 = harness_factory(scripted_pipeline(decoder=(ScriptedArgs(), 1)),
+                         worker_env={FAIL_START_ENV: "no weights at /models/x"})
+    with pytest.raises(WorkerStartError) as ei:
         await h3.rt.start()
+    msg = str(ei.value)
+    assert "stage 'decoder' replica 0 could not load its engine" in msg and "no weights at /models/x" in msg
 
 
 async def test_shutdown_twice_leaves_no_child(harness_factory):
