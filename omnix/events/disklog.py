@@ -305,15 +305,36 @@ def _valid_record_after(f, size: int, offset: int) -> int:
     data = f.read(size - offset - 1)
     unpack = _REC.unpack_from
     end = len(data) - REC_HEADER_SIZE
-    for j in range(end + 1):
+    j = 0
+    while j <= end:
         n, crc = unpack(data, j)
-        if n == 0 or n > end - j:
+        if n == 0:
+            # A crash can leave a long run of zeros where the file grew but
+            # the data never landed; a header needs a nonzero length, so
+            # jump to just before the next nonzero byte (found in C).
+            k = _next_nonzero(data, j)
+            if k < 0:
+                return -1
+            j = max(j + 1, k - 3)
             continue
-        if data[j + REC_HEADER_SIZE] == 0:
-            continue
-        if zlib.crc32(data[j + REC_HEADER_SIZE : j + REC_HEADER_SIZE + n]) == crc:
-            return offset + 1 + j
+        if n <= end - j and data[j + REC_HEADER_SIZE] != 0:
+            if zlib.crc32(data[j + REC_HEADER_SIZE : j + REC_HEADER_SIZE + n]) == crc:
+                return offset + 1 + j
+        j += 1
     return -1
+
+
+def _next_nonzero(data: bytes, j: int) -> int:
+    """Index of the first nonzero byte at or after ``j``, or -1."""
+    while j < len(data):
+        chunk = data[j : j + 65536]
+        if chunk != _ZEROS[: len(chunk)]:  # memcmp: much faster than lstrip
+            return j + len(chunk) - len(chunk.lstrip(b"\0"))
+        j += len(chunk)
+    return -1
+
+
+_ZEROS = bytes(65536)
 
 
 def _list_segments(root: Path) -> list[Path]:
