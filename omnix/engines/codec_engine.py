@@ -1,0 +1,156 @@
+"""The decoder stage engine: streamed codec codes in, PCM chunks out.
+
+Owns: loading a ``CodecDecoder`` from a model folder onto a device, and
+turning each request's stream of code pieces into audio outputs as the
+pieces arrive.  Does not own the decoder's maths or its exactness argument
+(``codec_model.py``), nor the talker that produces the codes.
+
+Input: each ``InputPiece``'s ``token_ids`` (or a 1-D integer ``array``) are
+codec codes in the frame-major layout of the model's ``config.json``; pieces
+may split frames anywhere (a partial frame waits for the next piece).
+Output: ``EngineOutput(modality="audio", array=float32 1-D PCM)`` per piece
+that completed at least part of a frame, at the config's sample rate, then a
+payload-free output with ``finish_reason="stop"``, ``prompt_tokens`` = codes
+consumed and ``output_tokens`` = frames decoded.  Concatenating the arrays
+equals the one-shot ``CodecDecoder.decode`` of all the codes, sample for
+sample (bit-identical); a trailing partial frame at the end of the input is
+dropped.  After ``abort`` nothing more is yielded for that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from omnix.models.paths import resolve_model
+from omnix.pipelines.config import CodecArgs
+from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+
+log = logging.getLogger(__name__)
+
+# Decoding a piece takes well under a millisecond per block; many streams
+# fit on one worker.  They share one decode thread (see start()).
+CAPACITY = 16
+
+
+def pick_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} asked for but torch sees no CUDA GPU: use 'auto' or 'cpu'")
+    return device
+
+
+class CodecEngine:
+    """``Engine`` over ``CodecDecoder``.  Built as ``CodecEngine(args)``."""
+
+    def __init__(self, args: CodecArgs) -> None:
+        self.args = args
+        self.decoder = None
+        self.device = "cpu"
+        self._aborted: set[str] = set()
+        self._running: set[str] = set()
+        # One thread for every request's decode steps: they never run
+        # concurrently (no oversubscription on small CPUs, one CUDA stream),
+        # and the worker's event loop never blocks on torch.
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def start(self) -> EngineInfo:
+        import torch
+
+        from omnix.engines.codec_model import load_codec
+
+        folder = resolve_model(self.args.model)
+        self.device = pick_device(self.args.device)
+        if self.device.startswith("cuda"):
+            # Same shapes -> same kernels -> same bits: the streaming
+            # guarantee needs deterministic, non-autotuned convolutions.
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-codec")
+        loop = asyncio.get_running_loop()
+        self.decoder = await loop.run_in_executor(self._pool, load_codec, folder, self.device)
+        rate = self.decoder.config.sample_rate
+        if rate != self.args.sample_rate:
+            raise ValueError(
+                f"stage says sample_rate {self.args.sample_rate} but {folder}/config.json decodes "
+                f"at {rate} Hz: set the stage's sample_rate to {rate}"
+            )
+        return EngineInfo(engine="codec", capacity=CAPACITY, device=self.device, model=str(folder))
+
+    def generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        return self._generate(request, inputs)
+
+    async def _generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        from omnix.engines.codec_model import CodecStream
+
+        if self.decoder is None or self._pool is None:
+            raise RuntimeError("CodecEngine.generate before start() (or after close())")
+        rid = request.request_id
+        self._running.add(rid)
+        self._aborted.discard(rid)
+        stream = CodecStream(self.decoder)
+        loop = asyncio.get_running_loop()
+        codes_in = 0
+        try:
+            async for piece in inputs:
+                if rid in self._aborted:
+                    return
+                codes = _codes_of(piece)
+                if codes.size == 0:
+                    continue
+                codes_in += codes.size
+                pcm = await loop.run_in_executor(self._pool, stream.push, codes)
+                if rid in self._aborted:
+                    return
+                if pcm.size:
+                    yield EngineOutput(modality="audio", array=pcm)
+            stream.flush()
+            if stream.dropped_codes:
+                log.debug("request %s: dropped a partial frame of %d codes", rid, stream.dropped_codes)
+            yield EngineOutput(
+                modality="audio",
+                finish_reason="stop",
+                prompt_tokens=codes_in,
+                output_tokens=stream.frames_in,
+            )
+        finally:
+            self._running.discard(rid)
+            self._aborted.discard(rid)
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._running:
+            self._aborted.add(request_id)
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.decoder = None
+
+
+def _codes_of(piece: InputPiece) -> np.ndarray:
+    if piece.token_ids:
+        return np.asarray(piece.token_ids, dtype=np.int64)
+    if piece.array is not None:
+        arr = np.asarray(piece.array)
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"codec stage got a {arr.dtype} array; it decodes integer codec codes")
+        return arr.astype(np.int64).reshape(-1)
+    if piece.text:
+        raise ValueError(
+            "codec stage got a text piece: its input must be codec codes (token_ids), "
+            "e.g. from a talker stage with output_modality 'codec'"
+        )
+    return np.zeros(0, dtype=np.int64)

@@ -1,0 +1,230 @@
+"""The diffusion stage engine: a diffusers pipeline from a local folder.
+
+Owns: loading the pipeline (``DiffusionPipeline.from_pretrained``, local
+files only) onto a device, building each request's call from its input
+pieces and ``StageParams``, reporting steps, cancelling between steps and
+encoding the image as PNG.  Does not own the models (``omnix.models``) or
+the stage plumbing (``omnix.stages``).
+
+Input: the prompt is the pieces' text concatenated (upstream text deltas
+join exactly), or, for a source stage, the request's messages' contents.
+The whole input is awaited before denoising starts: a diffusion step needs
+the full prompt.  Output: one ``EngineOutput(step=i, total=n)`` per finished
+step, then ``EngineOutput(modality="image", data=PNG bytes,
+media_type="image/png", finish_reason="stop")``.
+
+Cancellation: ``abort`` sets a flag that the step callback checks at the
+end of every step; when set the callback raises, so the pipeline stops
+before the next step (and skips the VAE decode).  The step in flight when
+the abort arrives finishes; nothing is yielded after ``abort``.
+
+The pipeline call blocks, so it runs in this engine's single worker thread
+(capacity 1: one pipeline, one request at a time), keeping the worker's
+event loop free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import io
+import os
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from omnix.models.paths import resolve_model
+from omnix.pipelines.config import DiffusersArgs
+from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+
+
+class _Aborted(Exception):
+    """Raised from the step callback to stop a pipeline call."""
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} asked for but torch sees no CUDA GPU: use 'auto' or 'cpu'")
+    return device
+
+
+class DiffusersEngine:
+    """``Engine`` over a diffusers pipeline.  Built as ``DiffusersEngine(args)``."""
+
+    def __init__(self, args: DiffusersArgs) -> None:
+        self.args = args
+        self.pipe: Any = None
+        self.device = "cpu"
+        self._flags: dict[str, threading.Event] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._accepts: set[str] = set()
+        self._max_sequence_length: int | None = None
+        #: (request_id, steps run, "done" | "aborted" | "error") per finished call.
+        self.history: collections.deque[tuple[str, int, str]] = collections.deque(maxlen=64)
+
+    async def start(self) -> EngineInfo:
+        folder = resolve_model(self.args.model)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.device = pick_device(self.args.device)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-diffusers")
+        loop = asyncio.get_running_loop()
+        self.pipe = await loop.run_in_executor(self._pool, self._load, folder)
+        return EngineInfo(engine="diffusers", capacity=1, device=self.device, model=str(folder))
+
+    def _load(self, folder) -> Any:
+        import torch
+        from diffusers import DiffusionPipeline
+
+        dtype = getattr(torch, self.args.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {self.args.dtype!r}: use float32, float16 or bfloat16")
+        from diffusers.utils import logging as dlog
+        from transformers.utils import logging as tlog
+
+        # A server draws no progress bars (steps are reported as outputs).
+        dlog.disable_progress_bar()
+        tlog.disable_progress_bar()
+        pipe = DiffusionPipeline.from_pretrained(str(folder), dtype=dtype, local_files_only=True)
+        pipe = pipe.to(self.device)
+        pipe.set_progress_bar_config(disable=True)
+        params = inspect.signature(pipe.__call__).parameters
+        self._accepts = set(params)
+        # Pipelines pad the prompt to max_sequence_length (Flux: 512) whatever
+        # the tokenizer can hold; cap it at the tokenizer's own limit (77 for
+        # the tiny model: 8x fewer text tokens in every denoising step).
+        if "max_sequence_length" in params:
+            default = params["max_sequence_length"].default
+            tok = getattr(pipe, "tokenizer_2", None) or getattr(pipe, "tokenizer", None)
+            limit = getattr(tok, "model_max_length", None)
+            if isinstance(default, int) and isinstance(limit, int) and 0 < limit < default:
+                self._max_sequence_length = limit
+        return pipe
+
+    def generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        return self._generate(request, inputs)
+
+    async def abort(self, request_id: str) -> None:
+        flag = self._flags.get(request_id)
+        if flag is not None:
+            flag.set()
+
+    async def close(self) -> None:
+        for flag in self._flags.values():
+            flag.set()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.to_thread(pool.shutdown, True)
+        self.pipe = None
+
+    async def _generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        if self.pipe is None or self._pool is None:
+            raise RuntimeError("DiffusersEngine.generate before start() (or after close())")
+        rid = request.request_id
+        flag = threading.Event()
+        self._flags[rid] = flag
+        try:
+            prompt = _prompt_of([p async for p in inputs])
+            if flag.is_set():
+                return
+            kwargs, steps = self._call_kwargs(request, prompt)
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+            def post(kind: str, value: Any) -> None:
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+                except RuntimeError:
+                    pass  # the loop is gone (shutdown): nobody is listening
+
+            loop.run_in_executor(self._pool, self._run, rid, kwargs, steps, flag, post)
+            while True:
+                kind, value = await events.get()
+                if flag.is_set():
+                    return
+                if kind == "step":
+                    yield EngineOutput(modality="image", step=value, total=steps)
+                elif kind == "image":
+                    yield EngineOutput(
+                        modality="image", data=value, media_type="image/png", finish_reason="stop"
+                    )
+                    return
+                else:  # "error"
+                    raise value
+        finally:
+            # An abort (or the worker cancelling this task) leaves the flag set,
+            # so a call still running stops at its next step.
+            flag.set()
+            self._flags.pop(rid, None)
+
+    def _call_kwargs(self, request: GenerateRequest, prompt: str) -> tuple[dict[str, Any], int]:
+        import torch
+
+        p, a = request.params, self.args
+        steps = p.num_inference_steps or a.default_steps
+        if steps < 1:
+            raise ValueError(f"num_inference_steps must be >= 1, got {steps}")
+        seed = p.seed if p.seed is not None else request.seed
+        kwargs: dict[str, Any] = {
+            "prompt": prompt,
+            "num_inference_steps": steps,
+            "width": p.width or a.default_size,
+            "height": p.height or a.default_size,
+            # A CPU generator: the same seed gives the same initial noise on
+            # every device.
+            "generator": torch.Generator("cpu").manual_seed(seed % (1 << 63)),
+        }
+        if p.guidance_scale is not None:
+            kwargs["guidance_scale"] = p.guidance_scale
+        if self._max_sequence_length is not None:
+            kwargs["max_sequence_length"] = self._max_sequence_length
+        return {k: v for k, v in kwargs.items() if k in self._accepts or k == "prompt"}, steps
+
+    def _run(self, rid: str, kwargs: dict[str, Any], steps: int, flag: threading.Event, post) -> None:
+        """In the pipeline thread: run one call, post progress and the result."""
+        done = 0
+
+        def on_step_end(pipe, i, t, tensors):
+            nonlocal done
+            done = i + 1
+            post("step", done)
+            if flag.is_set():
+                raise _Aborted
+            return tensors
+
+        if flag.is_set():
+            self.history.append((rid, 0, "aborted"))
+            return
+        if "callback_on_step_end" in self._accepts:
+            kwargs["callback_on_step_end"] = on_step_end
+        try:
+            image = self.pipe(**kwargs).images[0]
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")
+        except _Aborted:
+            self.history.append((rid, done, "aborted"))
+            post("aborted", None)
+            return
+        except Exception as exc:
+            self.history.append((rid, done, "error"))
+            post("error", exc)
+            return
+        self.history.append((rid, done, "done"))
+        post("image", buf.getvalue())
+
+
+def _prompt_of(pieces: list[InputPiece]) -> str:
+    text = "".join(p.text for p in pieces)
+    if text.strip():
+        return text.strip()
+    contents = [m.content for p in pieces for m in p.messages if m.role != "system"]
+    return "\n".join(contents).strip()

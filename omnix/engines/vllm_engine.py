@@ -1,0 +1,417 @@
+"""The autoregressive stage engine: vLLM ``AsyncLLM`` (v1) behind omnix's
+``Engine`` protocol.
+
+Owns: creating the ``AsyncLLM`` from ``VllmArgs`` (model resolution, CPU
+KV-cache size, offline loading), turning input pieces into prompts
+(``input_mode``), mapping ``StageParams`` to ``SamplingParams``, streaming
+DELTA outputs as ``EngineOutput`` and aborting.  Does not own processes,
+sockets or events (``omnix.stages``), nor the tiny models
+(``omnix.models``).
+
+One ``generate`` call runs one vLLM request per input piece, in order, with
+sub-request ids ``f"{request_id}#{seq}"``: a talker fed by the thinker
+sentence by sentence speaks the first sentence while the thinker still
+writes the second.  Each sub-request streams as it runs; the next piece
+starts when the previous one finished.  ``abort`` aborts whichever
+sub-request is live and no output for that request is yielded after it.
+
+Codec output (``output_modality = "codec"``, the talker): sampling is
+restricted to the codec ids of the model's layout (``omnix.json``:
+``codec_offset``, ``codec_size``, ``codec_eos``) and the emitted
+``token_ids`` are codes in ``[0, codec_size)``, whole frames only
+(``num_codebooks`` codes each; a partial frame at a sub-request's end is
+dropped), so pieces never split a frame.
+
+Process layout (measured on 2 cores): ``AsyncLLM`` always runs its engine
+core in a separate process; on CPU vLLM by default also runs the model in a
+third ("Worker") process and binds its OpenMP threads to one core.  Setting
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` moves the model into the engine-core
+process: start-up drops from ~30 s to ~17 s, but single-stream decoding
+then stalls for 1-5 s now and then (the engine core's busy loop and I/O
+threads share the bound core with the OpenMP threads, which vLLM warns
+about).  Steady latency matters more than start-up, so omnix keeps vLLM's
+default (multiprocessing); the env var still works for whoever prefers
+the faster start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from omnix.models.paths import read_info, resolve_model
+from omnix.pipelines.config import VllmArgs
+from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+DEFAULT_MAX_TOKENS = 128
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class VocabLayout(msgspec.Struct, frozen=True, kw_only=True):
+    """What the model's ``omnix.json`` says about its vocabulary (all
+    optional; a plain HF folder has none).  ``text_offset`` shifts input ids
+    in ``token_ids`` mode; ``codec_bos`` ends every such prompt; the codec
+    fields restrict and map codec output."""
+
+    text_offset: int = 0
+    text_vocab: int = 0
+    codec_offset: int = 0
+    codec_size: int = 0
+    codec_eos: int = -1
+    codec_bos: int = -1
+    num_codebooks: int = 1
+
+
+class _Live:
+    """Per-request bookkeeping shared by ``generate`` and ``abort``."""
+
+    __slots__ = ("aborted", "ended", "error", "pieces", "sub_id", "wake")
+
+    def __init__(self) -> None:
+        self.sub_id: str | None = None
+        self.aborted = False
+        self.pieces: collections.deque[InputPiece] = collections.deque()
+        self.ended = False
+        self.error: BaseException | None = None
+        self.wake = asyncio.Event()
+
+
+class VllmEngine:
+    """``Engine`` over vLLM's ``AsyncLLM``.  Built as ``VllmEngine(args)``;
+    nothing heavy happens before ``start()``."""
+
+    def __init__(self, args: VllmArgs) -> None:
+        self.args = args
+        self.folder: Path | None = None
+        self.layout = VocabLayout()
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._requests: dict[str, _Live] = {}
+        self._device = "cpu"
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> EngineInfo:
+        args = self.args
+        self.folder = resolve_model(args.model)
+        info = read_info(self.folder)
+        if info is not None and info.layout:
+            fields = set(VocabLayout.__struct_fields__)
+            self.layout = VocabLayout(**{k: v for k, v in info.layout.items() if k in fields})
+        if self._codec and self.layout.codec_size <= 0:
+            raise ValueError(
+                f"stage outputs codec codes but {self.folder} declares no codec layout: its "
+                "omnix.json needs layout.codec_size (and codec_offset, codec_eos, num_codebooks)"
+            )
+        # Never reach a hub: weights and tokenizers come from local folders.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # AsyncLLM's constructor blocks for the whole engine start (tens of
+        # seconds: it spawns processes and waits for their handshake).  Run it
+        # in a thread so this worker's event loop keeps answering heartbeats;
+        # AsyncLLM binds its queues and sockets to a loop lazily, on first use.
+        self._llm = await asyncio.to_thread(self._make_llm)
+        self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
+        return EngineInfo(
+            engine="vllm", capacity=args.max_num_seqs, device=self._device, model=str(self.folder)
+        )
+
+    def _make_llm(self) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self.args
+        self._device = str(current_platform.device_type or "cpu")
+        kv_bytes = None
+        if current_platform.is_cpu():
+            if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                log.info("VLLM_CPU_KVCACHE_SPACE is set: it overrides kv_cache_gib")
+            else:
+                # Same knob as VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only.
+                kv_bytes = max(1, int(args.kv_cache_gib * GIB))
+        engine_args = AsyncEngineArgs(
+            model=str(self.folder),
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            enforce_eager=args.enforce_eager,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_bytes,
+            # Without a tokenizer in the folder (the talker) prompts are ids.
+            skip_tokenizer_init=not _has_tokenizer(self.folder),
+            disable_log_stats=True,
+        )
+        return AsyncLLM.from_engine_args(engine_args)
+
+    def _load_tokenizer(self) -> Any:
+        assert self.folder is not None
+        for folder in (self.folder / "text_tokenizer", self.folder):
+            if _has_tokenizer(folder):
+                if folder == self.folder and self._llm.tokenizer is not None:
+                    return self._llm.tokenizer  # the very tokenizer vLLM uses
+                from transformers import AutoTokenizer
+
+                return AutoTokenizer.from_pretrained(str(folder))
+        return None
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            for live in self._requests.values():
+                live.aborted = True
+                live.wake.set()
+            await asyncio.to_thread(llm.shutdown)
+
+    # -- requests -------------------------------------------------------------
+
+    @property
+    def _codec(self) -> bool:
+        return self.args.output_modality == "codec"
+
+    def generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        return self._generate(request, inputs)
+
+    async def abort(self, request_id: str) -> None:
+        live = self._requests.get(request_id)
+        if live is None or live.aborted:
+            return
+        # Flag first: an output that arrives while vLLM processes the abort
+        # is dropped by _generate, so nothing is yielded after this call.
+        live.aborted = True
+        live.wake.set()
+        if live.sub_id is not None and self._llm is not None:
+            await self._llm.abort(live.sub_id)
+
+    async def _generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        if self._llm is None:
+            raise RuntimeError("VllmEngine.generate before start() (or after close())")
+        if request.request_id in self._requests:
+            raise ValueError(f"request {request.request_id!r} is already running on this engine")
+        live = _Live()
+        self._requests[request.request_id] = live
+        pump = asyncio.create_task(_pump(inputs, live), name=f"vllm-inputs-{request.request_id}")
+        prompt_tokens = output_tokens = 0
+        finish = ""
+        final_sent = False
+        seq = 0
+        try:
+            while True:
+                piece = await _next_piece(live)
+                if piece is None:
+                    break
+                prompt = self._prompt_ids(piece)
+                if not prompt:
+                    continue  # an empty piece (e.g. whitespace the upstream flushed)
+                sub_id = f"{request.request_id}#{seq}"
+                params = self._sampling(request, len(prompt), seq)
+                seq += 1
+                live.sub_id = sub_id
+                prompt_tokens += len(prompt)
+                carry: list[int] = []  # codec codes of an incomplete frame
+                stream = self._llm.generate({"prompt_token_ids": prompt}, params, sub_id)
+                try:
+                    async for out in stream:
+                        if live.aborted:
+                            return
+                        comp = out.outputs[0]
+                        ids = tuple(comp.token_ids)
+                        output_tokens += len(ids)
+                        if self._codec:
+                            ids, carry = self._frames(carry, ids)
+                            text = ""
+                        else:
+                            text = comp.text
+                        if out.finished:
+                            finish = _finish_reason(comp.finish_reason)
+                            if finish == "aborted":  # aborted inside vLLM, not by us
+                                live.aborted = True
+                            last = live.ended and not live.pieces
+                            if last or live.aborted:
+                                final_sent = True
+                                yield self._output(text, ids, prompt_tokens, output_tokens, finish)
+                                if live.aborted:
+                                    return
+                                continue
+                        if text or ids:
+                            yield self._output(text, ids)
+                finally:
+                    live.sub_id = None
+                    await stream.aclose()  # vLLM aborts a request whose stream is closed early
+            if live.aborted:
+                return
+            if live.error is not None:
+                raise live.error
+            if not final_sent:
+                yield EngineOutput(
+                    modality=self.args.output_modality,
+                    prompt_tokens=prompt_tokens,
+                    output_tokens=output_tokens,
+                    finish_reason=finish or "stop",
+                )
+        finally:
+            pump.cancel()
+            self._requests.pop(request.request_id, None)
+
+    def _output(
+        self, text: str, ids: tuple[int, ...], prompt: int = 0, out: int = 0, finish: str = ""
+    ) -> EngineOutput:
+        return EngineOutput(
+            modality=self.args.output_modality,
+            text=text,
+            token_ids=ids,
+            prompt_tokens=prompt,
+            output_tokens=out,
+            finish_reason=finish,
+        )
+
+    def _frames(self, carry: list[int], ids: tuple[int, ...]) -> tuple[tuple[int, ...], list[int]]:
+        """Codes of ``ids`` (layout offsets removed, EOS dropped), whole
+        frames only; the rest is carried to the next delta."""
+        lo = self.layout.codec_offset
+        hi = lo + self.layout.codec_size
+        codes = carry + [t - lo for t in ids if lo <= t < hi]
+        whole = len(codes) // self.layout.num_codebooks * self.layout.num_codebooks
+        return tuple(codes[:whole]), codes[whole:]
+
+    # -- prompts and sampling ---------------------------------------------------
+
+    def _prompt_ids(self, piece: InputPiece) -> list[int]:
+        mode = self.args.input_mode
+        if mode == "token_ids":
+            ids = list(piece.token_ids) or self._encode(piece.text, special=False)
+            if not ids:
+                return []
+            lay = self.layout
+            if lay.text_vocab and not all(0 <= t < lay.text_vocab for t in ids):
+                bad = next(t for t in ids if not 0 <= t < lay.text_vocab)
+                raise ValueError(
+                    f"input token id {bad} is outside the text vocabulary [0, {lay.text_vocab}) "
+                    f"of {self.folder}: the upstream stage must use the same tokenizer"
+                )
+            ids = [t + lay.text_offset for t in ids]
+            if lay.codec_bos >= 0:
+                ids.append(lay.codec_bos)
+            return ids
+        if mode == "chat":
+            if piece.messages:
+                messages = [{"role": m.role, "content": m.content} for m in piece.messages]
+            elif piece.text:
+                messages = [{"role": "user", "content": piece.text}]
+            else:
+                return list(piece.token_ids)
+            tok = self._need_tokenizer("chat")
+            if not getattr(tok, "chat_template", None):
+                raise ValueError(
+                    f"input_mode 'chat' but the tokenizer in {self.folder} has no chat template: "
+                    "use input_mode 'text' or add a chat_template"
+                )
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self._encode(text, special=False)
+        # "text"
+        if piece.text:
+            return self._encode(piece.text, special=True)
+        if piece.messages:
+            return self._encode("\n".join(m.content for m in piece.messages), special=True)
+        return list(piece.token_ids)
+
+    def _need_tokenizer(self, why: str) -> Any:
+        if self._tokenizer is None:
+            raise ValueError(
+                f"{self.folder} has no tokenizer, needed for {why} input: send token_ids, or put "
+                "a tokenizer in the model folder (or its text_tokenizer/ subfolder)"
+            )
+        return self._tokenizer
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        if not text:
+            return []
+        return list(self._need_tokenizer("text").encode(text, add_special_tokens=special))
+
+    def _sampling(self, request: GenerateRequest, prompt_len: int, seq: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        p = request.params
+        room = self.args.max_model_len - prompt_len
+        if room <= 0:
+            raise ValueError(
+                f"prompt of {prompt_len} tokens leaves no room in max_model_len "
+                f"{self.args.max_model_len}: raise the stage's max_model_len or shorten the input"
+            )
+        base = p.seed if p.seed is not None else request.seed
+        kw: dict[str, Any] = {
+            "n": 1,
+            "max_tokens": min(p.max_tokens or DEFAULT_MAX_TOKENS, room),
+            # One seed per piece: reproducible, and two sentences don't share noise.
+            "seed": (base + seq) % (1 << 63),
+            "output_kind": RequestOutputKind.DELTA,
+        }
+        if p.temperature is not None:
+            kw["temperature"] = p.temperature
+        if p.top_p is not None:
+            kw["top_p"] = p.top_p
+        if p.top_k is not None:
+            kw["top_k"] = p.top_k
+        if self._codec:
+            lay = self.layout
+            allowed = list(range(lay.codec_offset, lay.codec_offset + lay.codec_size))
+            if lay.codec_eos >= 0:
+                allowed.append(lay.codec_eos)
+                kw["stop_token_ids"] = [lay.codec_eos]
+            kw["allowed_token_ids"] = allowed
+            kw["detokenize"] = False
+        elif p.stop:
+            kw["stop"] = list(p.stop)
+        return SamplingParams(**kw)
+
+
+async def _pump(inputs: AsyncIterator[InputPiece], live: _Live) -> None:
+    """Move input pieces into ``live.pieces`` as they come, so ``_generate``
+    can tell (without blocking) whether the input has ended."""
+    try:
+        async for piece in inputs:
+            live.pieces.append(piece)
+            live.wake.set()
+    except Exception as e:  # surfaced by _generate, which fails the request
+        live.error = e
+    finally:
+        live.ended = True
+        live.wake.set()
+
+
+async def _next_piece(live: _Live) -> InputPiece | None:
+    while True:
+        if live.aborted:
+            return None
+        if live.pieces:
+            return live.pieces.popleft()
+        if live.ended:
+            return None
+        live.wake.clear()
+        await live.wake.wait()
+
+
+def _finish_reason(reason: str | None) -> str:
+    if reason == "abort":
+        return "aborted"
+    return reason or "stop"
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in _TOKENIZER_FILES)

@@ -1,0 +1,54 @@
+"""``omnix models``: build and inspect the tiny local models.
+
+Owns: the verb's arguments and output.  Does not own building
+(``omnix.models.build``) or the cache location (``omnix.models.paths``).
+
+    omnix models init [--dir DIR] [--seed N] [--force] [--only NAME ...]
+    omnix models list [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from omnix.models.paths import TINY_MODELS
+
+    sub = parser.add_subparsers(dest="models_cmd", metavar="COMMAND")
+    init = sub.add_parser("init", help="build the tiny models that are missing (or all with --force)")
+    init.add_argument("--dir", type=Path, default=None,
+                      help="model folder (default: $OMNIX_MODEL_DIR or ~/.cache/omnix/models)")
+    init.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    init.add_argument("--force", action="store_true", help="rebuild models that already exist")
+    init.add_argument("--only", nargs="+", choices=TINY_MODELS, default=list(TINY_MODELS),
+                      metavar="NAME", help=f"build only these ({', '.join(TINY_MODELS)})")
+    ls = sub.add_parser("list", help="show the tiny models, where they are and their digests")
+    ls.add_argument("--dir", type=Path, default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from omnix.models.paths import TINY_MODELS, default_model_dir, folder_digest, read_info
+
+    cmd = getattr(args, "models_cmd", None)
+    if cmd is None:
+        print("usage: omnix models {init,list} [--dir DIR] ...", file=sys.stderr)
+        return 2
+    root = (args.dir or default_model_dir()).expanduser()
+    if cmd == "init":
+        from omnix.models.build import ensure_models, missing_models
+
+        names = list(args.only)
+        todo = names if args.force else missing_models(root, None, names)
+        if not todo:
+            print(f"all models present in {root} (use --force to rebuild)")
+        ensure_models(root, seed=args.seed, names=names, force=args.force, progress=True)
+    for name in TINY_MODELS:
+        info = read_info(root / name)
+        if info is None:
+            print(f"{name:9s} missing    {root / name}")
+        else:
+            print(f"{name:9s} seed={info.seed:<5d} {folder_digest(root / name)[:16]}  {root / name}")
+    return 0

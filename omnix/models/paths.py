@@ -1,0 +1,123 @@
+"""Where the tiny models live and how a stage's ``model`` names one.
+
+Owns: the model cache location (``default_model_dir``), ``ModelPaths`` (the
+four tiny model folders), ``resolve_model`` (a tiny name -> its folder in the
+cache; anything else is a local folder used as is), the ``omnix.json``
+marker a finished build writes, and folder digests.  Does not own building
+(``build.py``) nor loading (``omnix.engines``).  Imports nothing heavy: the
+HTTP server and workers call it before deciding whether to build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import msgspec
+
+#: The models ``omnix models init`` builds, in build order.
+TINY_MODELS: tuple[str, ...] = ("thinker", "talker", "code2wav", "image")
+
+#: Written last into a built folder; its presence means "complete".
+MARKER = "omnix.json"
+
+#: Bumped when a builder changes what it writes (so old caches are rebuilt).
+BUILD_FORMAT = 1
+
+
+class ModelPaths(msgspec.Struct, frozen=True):
+    """The folders of the tiny models inside one model dir."""
+
+    root: str
+    thinker: str
+    talker: str
+    code2wav: str
+    image: str
+
+    @classmethod
+    def under(cls, root: Path) -> ModelPaths:
+        root = Path(root)
+        return cls(str(root), *(str(root / name) for name in TINY_MODELS))
+
+    def path(self, name: str) -> Path:
+        return Path(getattr(self, name))
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Contents of a tiny model's ``omnix.json``.  ``layout`` carries what an
+    engine must know beyond the HF config (the talker's vocabulary layout)."""
+
+    name: str
+    format: int = BUILD_FORMAT
+    seed: int = 0
+    layout: dict[str, int] = {}
+
+
+def default_model_dir() -> Path:
+    """``$OMNIX_MODEL_DIR``, else ``~/.cache/omnix/models``."""
+    env = os.environ.get("OMNIX_MODEL_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "omnix" / "models"
+
+
+def read_info(folder: Path) -> ModelInfo | None:
+    """The folder's ``omnix.json``, or None (not an omnix-built model, or an
+    unfinished build)."""
+    path = Path(folder) / MARKER
+    if not path.is_file():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=ModelInfo)
+    except msgspec.DecodeError:
+        return None
+
+
+def is_built(folder: Path, name: str) -> bool:
+    info = read_info(folder)
+    return info is not None and info.name == name and info.format == BUILD_FORMAT
+
+
+def _looks_like_path(name: str) -> bool:
+    return os.sep in name or name.startswith((".", "~")) or (os.altsep or "\0") in name
+
+
+def resolve_model(name_or_path: str | Path, model_dir: Path | None = None) -> Path:
+    """The folder a stage's ``model`` refers to.
+
+    A bare tiny name (``thinker``, ``talker``, ``code2wav``, ``image``)
+    resolves into ``model_dir`` (default: ``default_model_dir()``); anything
+    else must be an existing local folder (omnix never downloads).
+    """
+    text = str(name_or_path)
+    if isinstance(name_or_path, str) and text in TINY_MODELS and not _looks_like_path(text):
+        root = Path(model_dir) if model_dir is not None else default_model_dir()
+        folder = root / text
+        if not is_built(folder, text):
+            raise FileNotFoundError(
+                f"tiny model {text!r} is not built in {root}: run `omnix models init"
+                f"{'' if model_dir is None else f' --dir {root}'}` (or set OMNIX_MODEL_DIR "
+                "to the folder that holds it)"
+            )
+        return folder
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"model folder {folder} not found: give a local model folder (weights are never "
+            f"downloaded) or one of the tiny names {', '.join(TINY_MODELS)} "
+            "built by `omnix models init`"
+        )
+    return folder
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over every file's relative path and bytes, in sorted order:
+    equal digests mean byte-identical folders."""
+    h = hashlib.sha256()
+    root = Path(folder)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root).as_posix()).encode() + b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()

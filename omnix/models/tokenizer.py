@@ -1,0 +1,116 @@
+"""The tiny byte-level BPE tokenizer shared by the thinker and the talker.
+
+Owns: training a byte-level BPE with ``tokenizers`` on the built-in corpus
+and saving it as a *native* transformers ``Qwen2Tokenizer`` (with a ChatML
+chat template).  Does not own the models that use it (``build.py``).
+
+Why native: for ``model_type: qwen2`` transformers 5.x's ``AutoTokenizer``
+ignores ``tokenizer_class`` and rebuilds a ``Qwen2Tokenizer`` from the vocab
+and merges with Qwen2's own normalizer (NFC), pre-tokenizer (Qwen2's split
+regex, then byte-level) and decoder.  A tokenizer trained with any other
+pipeline would then encode to different ids than ``tokenizer.json`` says.  So
+we train with exactly Qwen2's pipeline and save through ``Qwen2Tokenizer``
+itself: whichever loader reads the folder (``tokenizers``, ``AutoTokenizer``,
+vLLM's ``get_tokenizer``) produces the same ids.  ``check_roundtrip`` proves
+it for a folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omnix.models.corpus import CORPUS, ROUNDTRIP_SAMPLES
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+# ChatML, as Qwen2 uses it; a system message is optional.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Qwen2's pre-tokenizer split (transformers.models.qwen2.tokenization_qwen2).
+_QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def train_tokenizer(vocab_size: int = 1024):
+    """Train the byte-level BPE (deterministic: one fixed corpus, one
+    thread-independent trainer) and return ``(vocab, merges)``."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    tok = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # The corpus repeated a few times so min_frequency=2 admits its pairs.
+    tok.train_from_iterator([line for line in CORPUS.splitlines(keepends=True)] * 3, trainer)
+    model = tok.get_vocab(with_added_tokens=True)
+    merges = _merges_of(tok)
+    return model, merges
+
+
+def _merges_of(tok) -> list[tuple[str, str]]:
+    import json
+
+    data = json.loads(tok.to_str())
+    merges = data["model"]["merges"]
+    return [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+
+
+def build_tokenizer(out_dir: Path, model_max_length: int = 2048) -> int:
+    """Train and save the tokenizer into ``out_dir``; return its vocabulary
+    size (special tokens included)."""
+    from transformers import Qwen2Tokenizer
+
+    vocab, merges = train_tokenizer()
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=ENDOFTEXT,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START, IM_END],
+        model_max_length=model_max_length,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(out_dir))
+    return len(tokenizer)
+
+
+def check_roundtrip(folder: Path, samples: tuple[str, ...] = ROUNDTRIP_SAMPLES) -> None:
+    """Raise ``AssertionError`` unless the tokenizer in ``folder`` round-trips
+    ``samples`` and the raw ``tokenizer.json`` and the transformers loader
+    (the one vLLM uses) agree on every id."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    for text in samples:
+        ids = hf.encode(text, add_special_tokens=False)
+        raw_ids = raw.encode(text, add_special_tokens=False).ids
+        assert ids == raw_ids, f"loaders disagree on {text!r}: {ids} != {raw_ids}"
+        back = hf.decode(ids)
+        assert back == text, f"round-trip changed {text!r} into {back!r}"
