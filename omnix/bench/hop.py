@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 
 from omnix.events.blobs import MemoryBlobStore
@@ -44,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunks", type=int, default=100_000, help="chunks streamed for the rate")
     parser.add_argument("--endpoint", default=None, help="tcp://127.0.0.1:0 to measure tcp (default ipc)")
     parser.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop")
+    parser.add_argument(
+        "--pin", choices=("auto", "off"), default="auto",
+        help="auto: with 2+ CPUs, pin this process to CPU 0 and the worker to CPU 1 "
+        "(the deployment docs/runtime.md recommends on small machines); off: no pinning",
+    )
 
 
 def _pipeline(chunks: int) -> PipelineConfig:
@@ -70,9 +76,15 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
+    pinned = args.pin == "auto" and len(os.sched_getaffinity(0)) >= 2
+    worker_cpus = None
+    if pinned:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[0]})  # before ZMQ starts its I/O thread
+        worker_cpus = {"one": str(cpus[1]), "stream": str(cpus[1])}
     runtime = StageRuntime(
         _pipeline(args.chunks), emit, MemoryBlobStore(), endpoint=args.endpoint,
-        forward_worker_output=False,
+        forward_worker_output=False, worker_cpus=worker_cpus,
     )
     await runtime.start()
     loop = asyncio.get_running_loop()
@@ -108,6 +120,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         "hops": args.hops,
         "chunks": chunks,
         "transport": "tcp" if (args.endpoint or "").startswith("tcp") else "ipc",
+        "pinned": pinned,
     }
 
 
@@ -125,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                 res = runner.run(coro)
     if not getattr(args, "json", False):
         print(f"hop p50 {res['hop_p50_us']:.0f} us, p99 {res['hop_p99_us']:.0f} us "
-              f"({res['hops']} hops over {res['transport']})")
+              f"({res['hops']} hops over {res['transport']}, {'pinned' if res['pinned'] else 'not pinned'})")
         print(f"chunk events/s through one worker: {res['chunk_events_per_s']:,} ({res['chunks']} chunks)")
     print(json.dumps(res))
     return 0

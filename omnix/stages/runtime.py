@@ -60,6 +60,7 @@ from omnix.pipelines.config import PipelineConfig, StageConfig
 from omnix.stages.procs import WorkerProcess
 from omnix.stages.work import WorkItem
 from omnix.stages.worker import PARENT_ENV, TOKEN_ENV
+from omnix.stages.worker_cli import CPUS_ENV
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import (
@@ -70,6 +71,7 @@ from omnix.transport.sockets import (
     readable,
     recv_parts,
     remove_endpoint_dir,
+    send_frames,
 )
 
 log = logging.getLogger("omnix.runtime")
@@ -158,6 +160,7 @@ class StageRuntime:
         worker_env: dict[str, str] | None = None,
         python: str = sys.executable,
         forward_worker_output: bool = True,
+        worker_cpus: dict[str, str] | None = None,
     ) -> None:
         if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
             raise ValueError(
@@ -175,6 +178,8 @@ class StageRuntime:
         self.worker_env = dict(worker_env or {})
         self.python = python
         self.forward_worker_output = forward_worker_output
+        # stage name or worker id ("stage/replica") -> CPU list ("1", "2-3"); opt-in pinning
+        self.worker_cpus = dict(worker_cpus or {})
         self._tmpdir: str | None = None
         if endpoint is None:
             endpoint, self._tmpdir = default_ipc_endpoint()
@@ -423,6 +428,9 @@ class StageRuntime:
         root = os.path.dirname(os.path.dirname(os.path.abspath(omnix.__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.update(self.worker_env)
+        cpus = self.worker_cpus.get(slot.worker_id) or self.worker_cpus.get(slot.stage)
+        if cpus:
+            env[CPUS_ENV] = cpus
         env[TOKEN_ENV] = token
         env[PARENT_ENV] = str(os.getpid())
         argv = [
@@ -692,10 +700,7 @@ class StageRuntime:
         assert sock is not None and slot.identity is not None
         frames = self._enc.encode(mtype, msg, slot.identity)
         try:
-            if len(frames) == 3:
-                sock.send_multipart(frames)
-            else:
-                sock.send_multipart(frames, copy=False)
+            send_frames(sock, frames)
         except zmq.ZMQError as exc:
             # ROUTER_MANDATORY: its connection is gone.  Declare it lost from
             # the loop, not from inside the caller's send().

