@@ -455,6 +455,7 @@ class DiskLog(EventLog):
         self._buf = bytearray()
         self._fd = -1
         self._file_end = 0  # bytes of the active segment handed to the OS
+        self._end = 0  # the active segment's length, buffered bytes included
         self._buffered_pos = 0  # positions < this are stored (buffer or OS)
         self._written_pos = 0  # positions < this are in the OS
         self._durable_pos = 0  # positions < this are fsynced
@@ -615,7 +616,7 @@ class DiskLog(EventLog):
         seg = self._active = self._segs[-1]
         self._fd = os.open(seg.path, os.O_RDWR)
         os.lseek(self._fd, seg.end, os.SEEK_SET)
-        self._file_end = seg.end
+        self._file_end = self._end = seg.end
 
     def _new_segment(self, first_pos: int) -> None:
         path = self.path / _seg_name(first_pos)
@@ -631,7 +632,7 @@ class DiskLog(EventLog):
             os.close(fd)
             raise
         self._fd = fd
-        self._file_end = HEADER_SIZE
+        self._file_end = self._end = HEADER_SIZE
         self._active = _Segment(first_pos=first_pos, path=str(path), end=HEADER_SIZE)
         self._segs.append(self._active)
         self._seg_firsts.append(first_pos)
@@ -666,13 +667,11 @@ class DiskLog(EventLog):
                 f"over the {MAX_RECORD:,}-byte record limit; large payloads belong in the "
                 "blob store (events carry BlobRefs).  Reopen the log to go on."
             )
-        seg = self._active
-        end = seg.end
+        end = self._end  # the active segment's logical length (file + buffer)
         pos = ev.pos
         if end + rec_len > self._seg_limit and end > HEADER_SIZE:
             self._guarded(self._rotate, pos)
-            seg = self._active
-            end = seg.end
+            end = self._end
         self._offs.append(end)
         if isinstance(ev, RequestEvent):
             rid = ev.request_id
@@ -681,7 +680,7 @@ class DiskLog(EventLog):
             last[rid] = pos
         else:
             self._prev.append(-1)
-        seg.end = end + rec_len
+        self._end = end + rec_len
         buf = self._buf
         buf += _REC_V.pack(rec_len - REC_HEADER_SIZE, zlib.crc32(body, _VERSION_CRC), SCHEMA_VERSION)
         buf += body
@@ -771,7 +770,7 @@ class DiskLog(EventLog):
         nxt = firsts[si + 1] if si + 1 < len(firsts) else None
         if q < len(self._offs) and (nxt is None or q < nxt):
             return self._offs[q]
-        return self._segs[si].end
+        return self._end if nxt is None else self._segs[si].end
 
     def _fetch(self, si: int, a: int, b: int) -> bytes:
         if si == len(self._segs) - 1:
@@ -849,6 +848,7 @@ class DiskLog(EventLog):
                     os.fdatasync(self._fd)
                 os.close(self._fd)
                 self._fd = -1
+                self._active.end = self._end  # sealed: its length is final
                 self._new_segment(first_pos)
             if self._policy != "none" and target > self._durable_pos:
                 self._durable_pos = target
