@@ -129,6 +129,15 @@ def _check(data: bytes, body: bytes | None, name: str) -> None:
 # --------------------------------------------------------------------------
 
 
+def _runtime_options(cfg: PipelineConfig) -> dict[str, object]:
+    """Quiet scripted workers; real engines get time to load (vLLM on a
+    busy CPU box can take minutes) and keep their logs for diagnosis."""
+    scripted = all(isinstance(st.engine, ScriptedArgs) for st in cfg.stages)
+    if scripted:
+        return {"forward_worker_output": False}
+    return {"start_timeout_s": float(os.environ.get("OMNIX_CAPTURE_START_TIMEOUT_S", "900"))}
+
+
 async def _capture_workers_case(cfg: PipelineConfig, case: str, prefix: str, out: Path) -> Captured:
     from omnix.api import Omni
     from omnix.replay.trace import export_from_dir, write_trace
@@ -139,9 +148,7 @@ async def _capture_workers_case(cfg: PipelineConfig, case: str, prefix: str, out
         HttpServer = None  # type: ignore[assignment]
 
     with tempfile.TemporaryDirectory(prefix="omnix-capture-") as tmp:
-        # Worker logs stay quiet; a worker that fails to start is reported
-        # with its last lines by the runtime anyway.
-        omni = Omni(_variant(cfg, case), log_dir=tmp, runtime_options={"forward_worker_output": False})
+        omni = Omni(_variant(cfg, case), log_dir=tmp, runtime_options=_runtime_options(cfg))
         await omni.start()
         server = None
         if HttpServer is not None:
@@ -372,13 +379,23 @@ async def capture_corpus(
     return done
 
 
-def run_capture(out: str, *, runtime: str = "all", pipeline: str | None = None) -> int:
+def run_capture(
+    out: str, *, runtime: str = "all", pipeline: str | None = None, cases: list[str] | None = None
+) -> int:
     def report(c: Captured) -> None:
         body = f", client body {len(c.body)} bytes" if c.body is not None else ""
         print(f"wrote {c.path} ({c.events} events, target {', '.join(c.targets)}{body}): drives clean")
 
+    unknown = sorted(set(cases or ()) - set(CASES))
+    if unknown:
+        print(f"omnix replay capture-corpus: unknown case(s) {unknown}; cases: {', '.join(CASES)}", file=sys.stderr)
+        return 2
     try:
-        asyncio.run(capture_corpus(out, runtime=runtime, pipeline=pipeline, report=report))
+        asyncio.run(
+            capture_corpus(
+                out, runtime=runtime, pipeline=pipeline, cases=tuple(cases or CASES), report=report
+            )
+        )
     except Exception as exc:
         print(f"omnix replay capture-corpus: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -390,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="replay")
     p.add_argument("--runtime", choices=("all", "workers", "sim"), default="all")
     p.add_argument("--pipeline", default=None)
+    p.add_argument("--case", action="append", default=None, choices=CASES)
     a = p.parse_args(argv)
-    return run_capture(a.out, runtime=a.runtime, pipeline=a.pipeline)
+    return run_capture(a.out, runtime=a.runtime, pipeline=a.pipeline, cases=a.case)
 
 
 if __name__ == "__main__":

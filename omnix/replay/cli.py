@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cap.add_argument("--pipeline", default=None,
                      help="capture this pipeline's cases (e.g. tiny-omni, once its engines are built); "
                      "default: the scripted tiny-omni shape")
+    cap.add_argument("--case", dest="cases", action="append", default=None, metavar="CASE",
+                     help="capture only this case (repeatable): normal, cancel, worker-lost, "
+                     "deadline, rejected, busy")
 
 
 def _fail(msg: str) -> int:
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace == CAPTURE:
         from omnix.replay.capture import run_capture
 
-        return run_capture(args.out, runtime=args.runtime, pipeline=args.pipeline)
+        return run_capture(args.out, runtime=args.runtime, pipeline=args.pipeline, cases=args.cases)
 
     from omnix.replay.trace import TraceError, read_trace
 

@@ -131,7 +131,7 @@ class Divergence(Exception):
             "missing": "the orchestrator did not make a recorded decision",
             "extra": "the orchestrator made a decision the recording does not have",
             "admission": "admission came out differently",
-            "refused": "a recorded input is illegal in the replayed state",
+            "refused": "the reducer refused an event (a recorded input, or a decision)",
         }[self.context.kind]
         return f"divergence at position {self.position}: {what}"
 
@@ -178,6 +178,13 @@ class Divergence(Exception):
         return "\n".join(lines)
 
     def _advice(self) -> str:
+        if self.context.kind == "refused" and self.actual is not None and is_decision(self.actual):
+            return (
+                "the orchestrator made a decision the reducer refuses.  A live server drops it "
+                "inside the cascade (Sequencer.emit counts it in `dropped`), so a recording of "
+                "the same run lacks it too and the rest of that cascade is lost: this is a bug "
+                "in the decision logic (omnix/orchestrator/decide.py), not in the trace"
+            )
         if self.pipeline_changed:
             return (
                 "the trace was driven under a different pipeline config, so different "
@@ -301,7 +308,14 @@ def drive(
             try:
                 seq.append(ev)
             except IllegalTransition as exc:
-                div = diverge(i, ev, None, "refused", i)
+                if len(stored) > i:
+                    # The input went in; a decision of its cascade was
+                    # refused: the orchestrator decided something illegal.
+                    at = exc.event.pos
+                    exp = events[at] if at < n else None
+                    div = diverge(at, exp, exc.event, "refused", i)
+                else:
+                    div = diverge(i, ev, None, "refused", i)
                 div.context.refusal = str(exc)
                 break
         after = len(stored)
