@@ -181,7 +181,7 @@ class Worker:
             await self._stopped.wait()
             return self._exit_code
         except WorkerExit as exc:
-            print(f"omnix worker {self.stage}/{self.replica}: {exc}", file=sys.stderr, flush=True)
+            _say(f"omnix worker {self.stage}/{self.replica}: {exc}")
             self._exit_reason = str(exc)
             return exc.code
         finally:
@@ -291,43 +291,54 @@ class Worker:
         ack_dec = m.decoders(m.WORKER_BOUND)
         last_ack = time.monotonic()
         try:
-            while not self._hb_stop.is_set():
-                try:
-                    sock.send_multipart(
-                        enc.encode(m.HEARTBEAT, m.Heartbeat(self.token, len(self._active))),
-                        flags=zmq.NOBLOCK,
-                    )
-                except zmq.Again:
-                    pass
-                deadline = time.monotonic() + interval
-                while (left := deadline - time.monotonic()) > 0 and not self._hb_stop.is_set():
-                    # Short slices: a stop request must not wait out a whole interval.
-                    if not sock.poll(min(int(left * 1000) + 1, 50)):
-                        continue
-                    mtype, body, _ = recv_parts(sock)
-                    if mtype == m.HEARTBEAT_ACK:
-                        last_ack = time.monotonic()
-                    elif mtype == m.REFUSED:
-                        reason = ack_dec[m.REFUSED].decode(body).reason
-                        self._fatal(EXIT_SERVER_LOST, f"the server disowned this worker: {reason}")
-                        return
-                if self.parent_pid and os.getppid() != self.parent_pid:
-                    self._fatal(EXIT_SERVER_LOST, f"the runtime that spawned this worker (pid {self.parent_pid}) is gone")
-                    return
-                silent = time.monotonic() - last_ack
-                if silent > server_lost_after:
-                    self._fatal(
-                        EXIT_SERVER_LOST,
-                        f"the server at {self.connect} has not answered heartbeats for {silent:.1f} s; "
-                        "exiting so a process manager can restart this worker",
-                    )
-                    return
+            self._heartbeat_loop(sock, enc, ack_dec, interval, server_lost_after, last_ack)
+        except Exception as exc:  # a dead heartbeat thread would make a ghost worker
+            self._fatal(EXIT_SERVER_LOST, f"heartbeat thread failed: {type(exc).__name__}: {exc}")
         finally:
             sock.close(0)
 
+    def _heartbeat_loop(
+        self, sock: zmq.Socket, enc: FrameEncoder, ack_dec: dict, interval: float,
+        server_lost_after: float, last_ack: float,
+    ) -> None:
+        while not self._hb_stop.is_set():
+            try:
+                sock.send_multipart(
+                    enc.encode(m.HEARTBEAT, m.Heartbeat(self.token, len(self._active))),
+                    flags=zmq.NOBLOCK,
+                )
+            except zmq.Again:
+                pass
+            deadline = time.monotonic() + interval
+            while (left := deadline - time.monotonic()) > 0 and not self._hb_stop.is_set():
+                # Short slices: a stop request must not wait out a whole interval.
+                if not sock.poll(min(int(left * 1000) + 1, 50)):
+                    continue
+                mtype, body, _ = recv_parts(sock)
+                if mtype == m.HEARTBEAT_ACK:
+                    last_ack = time.monotonic()
+                elif mtype == m.REFUSED:
+                    reason = ack_dec[m.REFUSED].decode(body).reason
+                    self._fatal(EXIT_SERVER_LOST, f"the server disowned this worker: {reason}")
+                    return
+            if self.parent_pid and os.getppid() != self.parent_pid:
+                self._fatal(EXIT_SERVER_LOST, f"the runtime that spawned this worker (pid {self.parent_pid}) is gone")
+                return
+            silent = time.monotonic() - last_ack
+            # A spawned worker dies with its parent (checked above); only
+            # a hand-started one needs the server's silence to give up, so
+            # a server loop blocked for a while does not kill its children.
+            if not self.parent_pid and silent > server_lost_after:
+                self._fatal(
+                    EXIT_SERVER_LOST,
+                    f"the server at {self.connect} has not answered heartbeats for {silent:.1f} s; "
+                    "exiting so a process manager can restart this worker",
+                )
+                return
+
     def _fatal(self, code: int, reason: str) -> None:
         """From the heartbeat thread: stop the worker; hard-exit if the loop is stuck."""
-        print(f"omnix worker {self.stage}/{self.replica}: {reason}", file=sys.stderr, flush=True)
+        _say(f"omnix worker {self.stage}/{self.replica}: {reason}")
         self._server_gone = True
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -360,6 +371,13 @@ class Worker:
             try:
                 msg = dec.decode(body, aux)
             except msgspec.DecodeError as exc:
+                if mtype == m.WELCOME and self._welcome is not None and not self._welcome.done():
+                    self._welcome.set_exception(WorkerExit(
+                        EXIT_REFUSED,
+                        f"cannot read the server's stage config ({exc}); run the same omnix "
+                        "version on the server and the workers",
+                    ))
+                    continue
                 log.error("ignoring a malformed %r message: %s", mtype, exc)
                 continue
             if mtype == m.WORK:
@@ -539,6 +557,16 @@ class Worker:
         send_frames(sock, self._enc.encode(mtype, msg))
         if self._reader is not None:
             self._reader.kick()
+
+
+def _say(text: str) -> None:
+    """Tell the operator, even when nobody listens: after the server died our
+    stderr is a pipe without a reader, and a BrokenPipeError here must not
+    stop the worker from exiting."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _apply_thread_limits() -> None:

@@ -265,3 +265,40 @@ async def test_worker_cpus_pins_the_worker_and_its_threads(harness_factory):
     threads = [t.id for t in proc.threads()]
     assert len(threads) >= 3  # main, ZMQ I/O, heartbeat
     assert all(os.sched_getaffinity(tid) == {cpus[-1]} for tid in threads)
+
+
+_OWNER = """
+import asyncio, sys
+from omnix.events.blobs import MemoryBlobStore
+from omnix.events.types import WorkerJoined
+from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
+from omnix.stages.runtime import StageRuntime
+
+async def main():
+    evs = []
+    p = PipelineConfig(name="p", stages=(StageConfig(name="s", engine=ScriptedArgs(), replicas=2),))
+    rt = StageRuntime(p, evs.append, MemoryBlobStore(), heartbeat_interval_s=0.2, lost_after_s=1.0)
+    await rt.start()
+    print(" ".join(str(e.pid) for e in evs if isinstance(e, WorkerJoined)), flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_workers_die_with_a_killed_server():
+    owner = await asyncio.create_subprocess_exec(sys.executable, "-c", _OWNER, stdout=asyncio.subprocess.PIPE)
+    try:
+        line = await asyncio.wait_for(owner.stdout.readline(), 30)
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+        owner.kill()  # no shutdown(), no finalizer: only the workers can notice
+        await owner.wait()
+        deadline = time.monotonic() + 5
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:  # noqa: ASYNC110 (polling pids)
+            await asyncio.sleep(0.05)
+        assert not any(pid_alive(p) for p in pids), "orphaned workers"
+    finally:
+        if owner.returncode is None:
+            owner.kill()
+            await owner.wait()
