@@ -185,7 +185,7 @@ async def test_no_restart_makes_replica_unavailable(harness_factory):
 
 
 async def test_heartbeats_flow_while_engine_load_blocks(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=1500), 1)),
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=1200), 1)),
                         heartbeat_interval_s=0.1, lost_after_s=0.5)
     await h.rt.start()  # the load blocks the worker's loop 3x longer than the bound
     assert h.rt.ready_replicas("s") == 1 and not h.of(WorkerLost)
@@ -276,7 +276,7 @@ from omnix.stages.runtime import StageRuntime
 
 async def main():
     evs = []
-    p = PipelineConfig(name="p", stages=(StageConfig(name="s", engine=ScriptedArgs(), replicas=2),))
+    p = PipelineConfig(name="p", stages=(StageConfig(name="s", engine=ScriptedArgs(), replicas=2),))  # 2: both must go
     rt = StageRuntime(p, evs.append, MemoryBlobStore(), heartbeat_interval_s=0.2, lost_after_s=1.0)
     await rt.start()
     print(" ".join(str(e.pid) for e in evs if isinstance(e, WorkerJoined)), flush=True)
