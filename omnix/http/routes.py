@@ -55,6 +55,9 @@ from omnix.pipelines.plan import RequestError
 log = logging.getLogger("omnix.http")
 
 T = TypeVar("T")
+
+#: A streamed response writes at least this often (bytes) within a burst.
+FLUSH_BYTES = 64 * 1024
 _enc = msgspec.json.Encoder()
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t) for t in (ChatCompletionRequest, SpeechRequest, ImageRequest)
@@ -66,6 +69,13 @@ def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) ->
     if headers:
         resp.headers.update(headers)
     return resp
+
+
+class _Stream(web.StreamResponse):
+    """A streamed response whose headers leave with its first body bytes
+    (one send, not two), as ``web.Response``'s do."""
+
+    _send_headers_immediately = False
 
 
 def _headers(head: Head) -> CIMultiDict[str]:
@@ -222,33 +232,48 @@ class Routes:
             rendered = render_response(events, self.omni.blobs)
         return self._whole_response(rendered)
 
+    def _caught_up(self, rid: str, pos: int) -> bool:
+        """No event of ``rid`` after ``pos`` is in the log yet: the tail is
+        about to wait, so what is buffered should leave now."""
+        rs = self.omni.state(rid)
+        return rs is None or rs.last_pos <= pos
+
     async def _stream(self, request: web.Request, rid: str) -> web.StreamResponse:
         renderer = StreamRenderer(self.omni.blobs)
         resp: web.StreamResponse | None = None
+        # Pieces of a burst of events (the tail yields whatever is already
+        # in the log without waiting) leave in one write: a send per SSE
+        # event costs more than the rest of the stream under load.
+        buf = bytearray()
         async for ev in self.omni.events(rid):
-            pieces = renderer.feed(ev)
+            for piece in renderer.feed(ev):
+                buf += piece
             if resp is None and renderer.head is not None:
                 head = renderer.head
                 if not head.streamed:
-                    return web.Response(
-                        status=head.status, headers=_headers(head), body=b"".join(pieces)
-                    )
-                resp = web.StreamResponse(status=head.status, headers=_headers(head))
+                    return web.Response(status=head.status, headers=_headers(head), body=bytes(buf))
+                resp = _Stream(status=head.status, headers=_headers(head))
                 await resp.prepare(request)
-            if resp is not None:
-                for piece in pieces:
-                    await resp.write(piece)
             if renderer.done:
                 break
+            if (
+                resp is not None
+                and buf
+                and (len(buf) >= FLUSH_BYTES or self._caught_up(rid, ev.pos))
+            ):
+                await resp.write(bytes(buf))
+                buf.clear()
         if resp is None:
             raise self._not_accepting()
         if renderer.aborted or not renderer.done:
             # A raw audio stream whose request failed, or the log closed:
             # cut the connection so the client cannot take it as complete.
+            if buf:
+                await resp.write(bytes(buf))
             if request.transport is not None:
                 request.transport.abort()
             return resp
-        await resp.write_eof()
+        await resp.write_eof(bytes(buf))
         return resp
 
     # -- server routes -------------------------------------------------------------
@@ -336,7 +361,7 @@ class Routes:
                 400, "format must be 'array' or 'object'.", param="format", code="invalid_value"
             )
         frame = event_object_sse if fmt == "object" else event_sse
-        resp = web.StreamResponse(
+        resp = _Stream(
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
@@ -345,10 +370,14 @@ class Routes:
         )
         await resp.prepare(request)
         rs = self.omni.state(rid)
+        buf = bytearray()
         if not (rs is not None and rs.terminal and start > rs.terminal_pos):
             async for ev in self.omni.events(rid, start):
-                await resp.write(frame(ev))
-        await resp.write_eof()
+                buf += frame(ev)
+                if len(buf) >= FLUSH_BYTES or self._caught_up(rid, ev.pos):
+                    await resp.write(bytes(buf))
+                    buf.clear()
+        await resp.write_eof(bytes(buf))
         return resp
 
     async def request_cancel(self, request: web.Request) -> web.Response:

@@ -86,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds in-flight requests get to finish on shutdown",
     )
     parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="seconds the workers get to load their models (default 600)",
+    )
+    parser.add_argument(
         "--max-body-mb",
         type=float,
         default=8.0,
@@ -142,7 +148,9 @@ async def serve(args: argparse.Namespace) -> int:
 
     pipeline = load_pipeline(args.pipeline)
     prepare_models(pipeline, args.model_dir, build=not args.no_build)
-    omni = Omni(pipeline, log_dir=args.log_dir)
+    omni = Omni(
+        pipeline, log_dir=args.log_dir, runtime_options={"start_timeout_s": args.start_timeout}
+    )
     server = HttpServer(
         omni,
         host=args.host,

@@ -136,3 +136,40 @@ def parse_sse(body: bytes) -> list[dict[str, str]]:
             frame[key] = value[1:] if value.startswith(" ") else value
         frames.append(frame)
     return frames
+
+
+# -- real engines (tests marked ``engines``) -----------------------------------
+
+
+def engines_missing() -> str | None:
+    """Why the built-in pipelines cannot run here, or None."""
+    import importlib.util
+
+    for module in ("omnix.engines.vllm_engine", "omnix.engines.codec_engine", "omnix.engines.diffusers_engine"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not there yet"
+    for dist in ("vllm", "torch", "diffusers"):
+        if importlib.util.find_spec(dist) is None:
+            return f"{dist} is not installed"
+    if not process_runtime_available():
+        return "omnix.stages.runtime.StageRuntime is not there yet"
+    return None
+
+
+async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer]:
+    """A built-in pipeline on real engines, its tiny models built once per
+    session (``$OMNIX_MODEL_DIR`` when set: point it at a folder that keeps
+    them to skip building)."""
+    from omnix.api import Omni
+    from omnix.models.testing import session_models
+
+    session_models(tmp_path_factory)
+    omni = Omni(name, runtime_options={"forward_worker_output": False})
+    await omni.start()
+    server = HttpServer(omni, telemetry=False)
+    try:
+        await server.start()
+        yield server
+    finally:
+        await omni.shutdown(grace_s=2.0)
+        await server.close()

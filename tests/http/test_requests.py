@@ -35,18 +35,19 @@ async def terminal(server, rid: str) -> list[Event]:
     return events
 
 
-async def read_data_frames(resp, n: int) -> list[bytes]:
-    """The first ``n`` SSE frames of a streaming response."""
+async def read_frames(resp, n: int) -> tuple[list[bytes], bytes]:
+    """The first ``n`` SSE frames of a streaming response, and the bytes
+    read beyond them."""
     frames: list[bytes] = []
     buf = b""
     async for piece in resp.content.iter_any():
         buf += piece
         while b"\n\n" in buf and len(frames) < n:
             frame, buf = buf.split(b"\n\n", 1)
-            frames.append(frame)
+            frames.append(frame + b"\n\n")
         if len(frames) >= n:
             break
-    return frames
+    return frames, buf
 
 
 async def test_disconnect_mid_stream_cancels_the_request(slow_server, http):
@@ -54,7 +55,8 @@ async def test_disconnect_mid_stream_cancels_the_request(slow_server, http):
     req = {"messages": USER, "stream": True, "modalities": ["text", "audio"]}
     async with http.post(url, json=req) as r:
         rid = r.headers["X-Request-Id"]
-        assert len(await read_data_frames(r, 3)) == 3
+        frames, _ = await read_frames(r, 3)
+        assert len(frames) == 3
         r.close()  # drop the connection mid-stream
     events = await terminal(slow_server, rid)
     end = events[-1]
@@ -88,7 +90,7 @@ async def test_overload_is_429_with_retry_after_and_cancel_ends_the_stream(slow_
     omni = slow_server.omni
     async with http.post(url, json={"messages": USER, "stream": True}) as first:
         rid = first.headers["X-Request-Id"]
-        head = await read_data_frames(first, 2)
+        head, extra = await read_frames(first, 2)
         before = len(omni.log)
         async with http.post(url, json={"messages": USER}) as second:
             assert second.status == 429
@@ -97,15 +99,17 @@ async def test_overload_is_429_with_retry_after_and_cancel_ends_the_stream(slow_
             err = (await second.json())["error"]
             assert err["type"] == "rate_limit_error" and err["code"] == "overloaded"
             assert refused in err["message"]
-        # The refusal is recorded (one Rejected event), never a hang.
-        assert len(omni.log) == before + 1
+        # The refusal is recorded (one Rejected event), never a hang; all
+        # else appended meanwhile is the running request's.
         (rej,) = omni.log.events_for(refused)
         assert isinstance(rej, Rejected) and rej.reason == "overloaded"
+        others = [e for e in omni.log.read(before) if getattr(e, "request_id", rid) not in (rid, refused)]
+        assert others == []
         async with http.post(f"{slow_server.url}/v1/requests/{rid}/cancel") as c:
             assert c.status == 200
             assert await c.json() == {"request_id": rid, "cancel_requested": True, "status": "cancelling"}
         rest = await first.read()
-    body = b"\n\n".join(head) + b"\n\n" + rest
+    body = b"".join(head) + extra + rest
     frames = parse_sse(body)
     assert frames[-1] == {"data": "[DONE]"}
     err = json.loads(frames[-2]["data"])["error"]
@@ -144,13 +148,13 @@ async def test_resuming_an_event_stream_has_no_gap_and_no_duplicate(slow_server,
     (rid,) = live
     # Read part of the live stream, drop it, reconnect with Last-Event-ID.
     async with http.get(f"{url}/v1/requests/{rid}/events") as r:
-        first = await read_data_frames(r, 12)
+        first, _ = await read_frames(r, 12)
         r.close()
-    last_id = parse_sse(first[-1] + b"\n\n")[0]["id"]
+    last_id = parse_sse(first[-1])[0]["id"]
     assert slow_server.omni.state(rid).terminal is False  # resumed mid-request
     async with http.get(f"{url}/v1/requests/{rid}/events", headers={"Last-Event-ID": last_id}) as r:
         rest = await r.read()
-    resumed = parse_sse(b"\n\n".join(first) + b"\n\n" + rest)
+    resumed = parse_sse(b"".join(first) + rest)
     (await chat).close()
     async with http.get(f"{url}/v1/requests/{rid}/events") as r:
         whole = parse_sse(await r.read())
@@ -184,7 +188,7 @@ async def test_trace_download(omni_server, http):
 async def test_trace_of_a_running_request_is_refused(slow_server, http):
     async with http.post(slow_server.url + "/v1/chat/completions", json={"messages": USER, "stream": True}) as r:
         rid = r.headers["X-Request-Id"]
-        await read_data_frames(r, 1)
+        await read_frames(r, 1)
         async with http.get(f"{slow_server.url}/v1/requests/{rid}/trace") as t:
             assert t.status == 409
             assert (await t.json())["error"]["code"] == "request_running"

@@ -1,0 +1,47 @@
+"""Image generation on ``tiny-image`` (a diffusers pipeline) through the
+official ``openai`` client: PNGs of the requested size."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import openai
+import pytest
+import pytest_asyncio
+from PIL import Image
+
+from .conftest import engines_missing, serve_builtin
+
+_MISSING = engines_missing()
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.skipif(_MISSING is not None, reason=f"real engines unavailable: {_MISSING}"),
+    pytest.mark.asyncio(loop_scope="session"),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server(tmp_path_factory):
+    async for s in serve_builtin("tiny-image", tmp_path_factory):
+        yield s
+
+
+async def test_images_decode_at_the_requested_size(server):
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    try:
+        resp = await client.images.generate(
+            model="tiny-image", prompt="a red cube", n=2, size="64x64", response_format="b64_json",
+            extra_body={"seed": 5, "steps": 2},
+        )
+        assert len(resp.data) == 2
+        for item in resp.data:
+            img = Image.open(io.BytesIO(base64.b64decode(item.b64_json)))
+            assert img.format == "PNG" and img.size == (64, 64)
+        other = await client.images.generate(
+            model="tiny-image", prompt="a red cube", size="32x48", extra_body={"steps": 2}
+        )
+        img = Image.open(io.BytesIO(base64.b64decode(other.data[0].b64_json)))
+        assert img.size == (32, 48)
+    finally:
+        await client.close()
