@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request", action="append", default=None, metavar="ID",
                         help="show only this request (repeatable); picks the request for --client-bytes")
     parser.add_argument("--events", action="store_true", help="also list every event")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip the digest checks on read (forensics on a damaged trace)")
     parser.add_argument("--width", type=int, default=56, help="waterfall width in columns")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML page of the trace")
     parser.add_argument("--drive", action="store_true",
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="counterfactual: drive the recorded inputs under this pipeline (file or built-in name)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="counterfactual: change one setting, e.g. edges.1.every=4 or "
-                        "stages.talker.replicas=2 (repeatable)")
+                        "stages.talker.timeout_s=1 (repeatable)")
     parser.add_argument("--rules", type=int, default=None,
                         help="orchestrator rules version to drive under (default: the trace's)")
     parser.add_argument("--timers", action="store_true",
@@ -149,10 +151,17 @@ def run(args: argparse.Namespace) -> int:
     from omnix.replay.trace import TraceError, read_trace
 
     try:
-        trace = read_trace(args.trace)
+        trace = read_trace(args.trace, verify=not args.no_verify)
     except TraceError as exc:
         return _fail(str(exc))
 
+    try:
+        return _modes(trace, args)
+    except TraceError as exc:  # e.g. --no-verify on events that do not fold
+        return _fail(str(exc))
+
+
+def _modes(trace, args: argparse.Namespace) -> int:
     pipeline: PipelineConfig | None = None
     try:
         if args.config:

@@ -292,7 +292,9 @@ def render_timeline(
         f"{_n(len(f.requests), 'request')} (target: {targets}) · {_n(len(f.workers), 'worker')} · "
         f"{_n(len(trace.blobs.digests()), 'blob')}"
     )
-    out.append(f"  state digest {trace.digest}: re-folded, matches")
+    got = f.digest()
+    check = "re-folded, matches" if got == trace.digest else f"DOES NOT MATCH (re-folded: {got})"
+    out.append(f"  state digest {trace.digest}: {check}")
     out.append(f"  events: {', '.join(f'{k} {v}' for k, v in kinds.most_common())}")
     out.append("")
     rids = requests or trace.request_ids

@@ -531,6 +531,11 @@ def verify_trace(trace: Trace) -> None:
         if changed
         else "the worker states differ"
     )
+    if changed and len(changed) == len(f.requests) > 1:
+        what += (
+            " (every request: more likely a change of the reducer's state layout than an edit; "
+            "`omnix replay --no-verify` still replays it)"
+        )
     raise TraceCorrupt(
         f"{trace.source}: state digest mismatch: the events fold to {got}, the trace recorded "
         f"{trace.digest}; {what}.  Either the file was modified after export, or this omnix's "
