@@ -84,19 +84,19 @@ _SHUTDOWN_GRACE_S = 3.0  # a worker told to shut down gets this long before SIGT
 _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)  # by consecutive failed starts
 
 
-class RuntimeErrorBase(RuntimeError):
+class StageRuntimeError(RuntimeError):
     """Base of the runtime's own errors."""
 
 
-class WorkerStartError(RuntimeErrorBase):
+class WorkerStartError(StageRuntimeError):
     """``start()`` could not bring every replica up."""
 
 
-class ReplicaUnavailable(RuntimeErrorBase):
+class ReplicaUnavailable(StageRuntimeError):
     """Work was sent to a replica that is not ready (never joined, or lost)."""
 
 
-class CapacityExceeded(RuntimeErrorBase):
+class CapacityExceeded(StageRuntimeError):
     """A new request (seq 0) was sent to a replica with no free credit."""
 
 
@@ -205,7 +205,7 @@ class StageRuntime:
         self._started = False
         self._closed = False
         self._procs: list[WorkerProcess] = []  # every process ever spawned (for the finalizer)
-        self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+        self._finalizer = weakref.finalize(self, _kill_all, self._procs, self._tmpdir)
 
     # -- public API ---------------------------------------------------------
     @property
@@ -234,9 +234,9 @@ class StageRuntime:
         Raises ``WorkerStartError`` naming the stage that did not come up.
         """
         if self._started:
-            raise RuntimeErrorBase("StageRuntime.start() was already called")
+            raise StageRuntimeError("StageRuntime.start() was already called")
         if self._closed:
-            raise RuntimeErrorBase("StageRuntime was shut down; build a new one")
+            raise StageRuntimeError("StageRuntime was shut down; build a new one")
         self._started = True
         loop = self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
@@ -294,7 +294,7 @@ class StageRuntime:
         run = slot.active.get(rid)
         if work.seq == 0:
             if run is not None:
-                raise RuntimeErrorBase(f"request {rid} already runs on {slot.where()}; seq 0 sent twice")
+                raise StageRuntimeError(f"request {rid} already runs on {slot.where()}; seq 0 sent twice")
             if len(slot.active) >= slot.capacity:
                 log.error("over-capacity send refused: %s has %d/%d in flight", slot.where(),
                           len(slot.active), slot.capacity)
@@ -308,6 +308,9 @@ class StageRuntime:
             log.debug("dropping piece %d of request %s: not running on %s", work.seq, rid, slot.where())
             return
         else:
+            if work.seq != run.next_seq:
+                log.error("request %s: piece seq %d sent to %s, expected %d", rid, work.seq,
+                          slot.where(), run.next_seq)
             run.next_seq = work.seq + 1
         self._send_to(slot, m.WORK, work)
 
@@ -737,9 +740,11 @@ class StageRuntime:
         return "stage workers not ready:\n" + "\n".join(lines)
 
 
-def _kill_all(procs: list[WorkerProcess]) -> None:
-    """Finalizer: a runtime dropped without shutdown() still leaves no child."""
+def _kill_all(procs: list[WorkerProcess], tmpdir: str | None) -> None:
+    """Finalizer: a runtime dropped without shutdown() still leaves no child
+    (and no socket directory)."""
     for p in procs:
         with contextlib.suppress(Exception):
             p.kill()
             p.wait_blocking(2.0)
+    remove_endpoint_dir(tmpdir)
