@@ -447,9 +447,11 @@ class DiskLog(EventLog):
         self._seg_firsts: list[int] = []
         self._read_fds: dict[int, int] = {}
 
-        # Write state.  ``_lock`` guards the buffer, ``_fd`` and the
-        # counters below it against the flusher thread; ``_sync_lock``
-        # serialises fsyncs and keeps the fd open while one runs.
+        # Write state.  ``_lock`` serialises taking bytes off the buffer's
+        # front and writing them (flusher, full buffer, rotation) with
+        # reading the newest records from it; appends only add to its end
+        # and take no lock.  ``_sync_lock`` serialises fsyncs and rotation,
+        # so the fd being synced is never closed underneath.
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._buf = bytearray()
