@@ -121,13 +121,16 @@ class VllmEngine:
         # seconds: it spawns processes and waits for their handshake).  Run it
         # in a thread so this worker's event loop keeps answering heartbeats;
         # AsyncLLM binds its queues and sockets to a loop lazily, on first use.
-        self._llm = await asyncio.to_thread(self._make_llm)
+        await asyncio.to_thread(self._make_llm)
         self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
         return EngineInfo(
             engine="vllm", capacity=args.max_num_seqs, device=self._device, model=str(self.folder)
         )
 
-    def _make_llm(self) -> Any:
+    def _make_llm(self) -> None:
+        # Stored here rather than returned: executor futures outlive the call
+        # and would keep the AsyncLLM alive until interpreter exit, where its
+        # __del__ fails noisily.
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -153,7 +156,7 @@ class VllmEngine:
             skip_tokenizer_init=not _has_tokenizer(self.folder),
             disable_log_stats=True,
         )
-        return AsyncLLM.from_engine_args(engine_args)
+        self._llm = AsyncLLM.from_engine_args(engine_args)
 
     def _load_tokenizer(self) -> Any:
         assert self.folder is not None

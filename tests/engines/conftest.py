@@ -1,0 +1,115 @@
+"""Fixtures for the real-engine tests: the session's tiny models and ONE
+started engine per model, shared by every test of the session (starting a
+vLLM engine takes ~20-40 s on 2 cores).
+
+The engines live in the session's event loop, so tests that use them run
+there too (``pytestmark = pytest.mark.asyncio(loop_scope="session")``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+
+from omnix.models.paths import ModelPaths
+from omnix.models.testing import session_models
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> ModelPaths:
+    return session_models(tmp_path_factory)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads():
+    # ARCHITECTURE.md: on 2 cores torch's pool fights the streaming thread.
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
+_VLLM_FIXTURES = {"vllm_engines", "thinker", "talker"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    config._omnix_needs_vllm = any(_VLLM_FIXTURES & set(item.fixturenames) for item in items)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session", autouse=True)
+async def _prestart_vllm(request):
+    """When any collected test needs the vLLM engines, start them at the
+    first test of this folder, so their start-up (mostly spawned processes
+    importing torch and vLLM) overlaps the codec and diffusers tests instead
+    of being waited for in a row."""
+    if not getattr(request.config, "_omnix_needs_vllm", False):
+        yield None
+        return
+    request.getfixturevalue("tiny_models")
+    from omnix.engines.vllm_engine import VllmEngine
+    from omnix.pipelines.config import VllmArgs
+
+    thinker = VllmEngine(VllmArgs(model="thinker", max_num_seqs=8, max_model_len=512))
+    talker = VllmEngine(
+        VllmArgs(
+            model="talker",
+            max_num_seqs=8,
+            max_model_len=512,
+            input_mode="token_ids",
+            output_modality="codec",
+        )
+    )
+    started = asyncio.ensure_future(asyncio.gather(thinker.start(), talker.start()))
+    for _ in range(5):
+        # Let both start() calls reach their engine-building thread: from
+        # there they progress while synchronous tests hold the loop.
+        await asyncio.sleep(0)
+    yield thinker, talker, started
+    try:
+        await started
+    finally:
+        await asyncio.gather(thinker.close(), talker.close())
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_engines(_prestart_vllm):
+    """The thinker and the talker, one engine each for the whole session."""
+    assert _prestart_vllm is not None, "collection hook missed a vLLM test"
+    thinker, talker, started = _prestart_vllm
+    await started
+    return thinker, talker
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def thinker(vllm_engines):
+    return vllm_engines[0]
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def talker(vllm_engines):
+    return vllm_engines[1]
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def codec_engine(tiny_models):
+    from omnix.engines.codec_engine import CodecEngine
+    from omnix.pipelines.config import CodecArgs
+
+    engine = CodecEngine(CodecArgs(model="code2wav", device="cpu"))
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def image_engine(tiny_models):
+    from omnix.engines.diffusers_engine import DiffusersEngine
+    from omnix.pipelines.config import DiffusersArgs
+
+    engine = DiffusersEngine(DiffusersArgs(model="image", device="cpu"))
+    await engine.start()
+    yield engine
+    await engine.close()

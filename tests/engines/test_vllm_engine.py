@@ -1,0 +1,224 @@
+"""The vLLM engine on the tiny thinker and talker (one engine each for the
+whole session): streaming text equals the decode of the streamed ids, seeds
+reproduce, StageParams apply, abort stops generation inside vLLM, and the
+talker runs one sub-request per input piece as the pieces arrive."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from omnix.events.types import ChatMessage, StageParams
+from omnix.stages.engine import EngineOutput, GenerateRequest, InputPiece
+
+pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def _feed(*pieces: InputPiece):
+    for p in pieces:
+        yield p
+
+
+async def _run(engine, rid: str, *pieces: InputPiece, seed: int = 0, **params) -> list[EngineOutput]:
+    req = GenerateRequest(rid, "s", StageParams(**params), seed=seed)
+    return [o async for o in engine.generate(req, _feed(*pieces))]
+
+
+def _ids(outs: list[EngineOutput]) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+async def _wait_idle(engine) -> None:
+    """Until vLLM's front end holds no unfinished request (polled: vLLM
+    offers no event for it)."""
+    async with asyncio.timeout(5.0):
+        while engine._llm.get_num_unfinished_requests():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+async def test_streams_deltas_whose_text_is_the_decode_of_their_ids(thinker) -> None:
+    msg = InputPiece(messages=(ChatMessage("user", "Tell me a story about a cat."),))
+    outs = await _run(thinker, "t-stream", msg, seed=11, temperature=1.0, max_tokens=40)
+    payload = [o for o in outs if o.token_ids]
+    assert len(payload) >= 10  # streamed, not one lump
+    assert all(o.modality == "text" for o in outs)
+    ids = _ids(outs)
+    tok = thinker._tokenizer
+    assert "".join(o.text for o in outs) == tok.decode(ids, skip_special_tokens=True)
+    last = outs[-1]
+    assert last.finish_reason in ("stop", "length")
+    assert [o for o in outs if o.finish_reason] == [last]  # counts reported once
+    assert last.output_tokens == len(ids) <= 40
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "Tell me a story about a cat."}], tokenize=False, add_generation_prompt=True
+    )
+    assert last.prompt_tokens == len(tok.encode(chat, add_special_tokens=False))
+
+
+async def test_same_seed_same_tokens_other_seed_other_tokens(thinker) -> None:
+    piece = InputPiece(text="Hello! How are you today?")
+    a, b, c = await asyncio.gather(
+        _run(thinker, "t-seed-a", piece, seed=5, temperature=1.0, max_tokens=32),
+        _run(thinker, "t-seed-b", piece, seed=5, temperature=1.0, max_tokens=32),
+        _run(thinker, "t-seed-c", piece, seed=6, temperature=1.0, max_tokens=32),
+    )
+    assert _ids(a) == _ids(b)
+    assert _ids(a) != _ids(c)
+    # StageParams.seed overrides the request's seed.
+    req = GenerateRequest("t-seed-p", "s", StageParams(seed=5, temperature=1.0, max_tokens=32), seed=12345)
+    d = [o async for o in thinker.generate(req, _feed(piece))]
+    assert _ids(d) == _ids(a)
+
+
+async def test_sampling_params_apply(thinker) -> None:
+    piece = InputPiece(text="The quick brown fox")
+    # max_tokens bounds the output; finish_reason says so.
+    outs = await _run(thinker, "t-max", piece, temperature=1.0, max_tokens=7)
+    assert len(_ids(outs)) == 7 and outs[-1].finish_reason == "length"
+    # top_k=1 is greedy whatever the seed and temperature.
+    g1 = await _run(thinker, "t-greedy-1", piece, seed=1, temperature=1.0, top_k=1, max_tokens=12)
+    g2 = await _run(thinker, "t-greedy-2", piece, seed=2, temperature=0.0, max_tokens=12)
+    assert _ids(g1) == _ids(g2)
+    # A stop string ends generation where it first appears in the text.
+    full = await _run(thinker, "t-nostop", piece, seed=3, temperature=1.0, max_tokens=48)
+    text = "".join(o.text for o in full)
+    stop = next((text[i : i + 2] for i in range(4, len(text) - 2) if text[i : i + 2].strip()), None)
+    if stop is not None:
+        cut = await _run(thinker, "t-stop", piece, seed=3, temperature=1.0, max_tokens=48, stop=(stop,))
+        assert "".join(o.text for o in cut) == text[: text.index(stop)]
+        assert cut[-1].finish_reason == "stop"
+
+
+async def test_input_modes_text_and_token_ids(thinker) -> None:
+    tok = thinker._tokenizer
+    text = "Numbers: 1 2 3"
+    ids = tok.encode(text, add_special_tokens=False)
+    # input_mode is read per call, so one started engine serves all three.
+    chat = await _run(thinker, "t-mode-chat", InputPiece(text=text), max_tokens=4)
+    old = _mode(thinker, "text")
+    try:
+        plain = await _run(thinker, "t-mode-text", InputPiece(text=text), max_tokens=4, temperature=0.0)
+        assert plain[-1].prompt_tokens == len(ids) < chat[-1].prompt_tokens
+        _mode(thinker, "token_ids")  # no layout in the thinker's omnix.json: ids as they are
+        by_ids = await _run(thinker, "t-mode-ids", InputPiece(token_ids=tuple(ids)), max_tokens=4, temperature=0.0)
+        assert _ids(by_ids) == _ids(plain)
+    finally:
+        _mode(thinker, old)
+
+
+def _mode(engine, mode: str) -> str:
+    import msgspec
+
+    old = engine.args.input_mode
+    engine.args = msgspec.structs.replace(engine.args, input_mode=mode)
+    return old
+
+
+async def test_abort_mid_stream_stops_generation_in_vllm(thinker) -> None:
+    req = GenerateRequest("t-abort", "s", StageParams(temperature=1.0, max_tokens=400), seed=1)
+    seen = 0
+    after = 0
+    aborted = False
+    async for out in thinker.generate(req, _feed(InputPiece(text="Write a long story."))):
+        if aborted:
+            after += 1
+        seen += len(out.token_ids)
+        if seen >= 5 and not aborted:
+            await thinker.abort("t-abort")
+            aborted = True
+    assert aborted and after == 0, "outputs after abort"
+    assert seen < 400
+    await _wait_idle(thinker)  # vLLM itself holds nothing for it any more
+    await thinker.abort("t-abort")  # idempotent
+    await thinker.abort("unknown-id")  # ignored
+
+
+async def test_cancelling_the_consumer_aborts_in_vllm(thinker) -> None:
+    req = GenerateRequest("t-cancel", "s", StageParams(temperature=1.0, max_tokens=400), seed=2)
+
+    async def consume():
+        async for _ in thinker.generate(req, _feed(InputPiece(text="Write a long story."))):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _wait_idle(thinker)
+
+
+async def test_talker_speaks_each_piece_as_it_arrives(talker) -> None:
+    second_may_come = asyncio.Event()
+    sent = []
+
+    async def pieces():
+        sent.append(0)
+        yield InputPiece(text="Hello there.", token_ids=(10, 20, 30))
+        await second_may_come.wait()  # the thinker is "still writing"
+        sent.append(1)
+        yield InputPiece(text=" How are you?")  # text only: the talker tokenizes it
+
+    req = GenerateRequest("k-pieces", "talker", StageParams(temperature=1.0, max_tokens=24), seed=4)
+    outs = []
+    async for out in talker.generate(req, pieces()):
+        outs.append((len(sent), out))
+        second_may_come.set()  # only once codes for the first piece came out
+    payload = [o for _, o in outs if o.token_ids]
+    assert payload and outs[0][0] == 1, "the talker waited for the second piece"
+    codes = _ids(payload)
+    assert all(o.modality == "codec" for _, o in outs)
+    assert all(len(o.token_ids) % 2 == 0 for o in payload)  # whole frames only
+    assert all(0 <= c < 1024 for c in codes)
+    last = outs[-1][1]
+    assert last.finish_reason in ("stop", "length")
+    assert last.output_tokens >= len(codes) and len(codes) <= 48
+    assert last.prompt_tokens > 4 + 1  # both pieces' prompts (ids + codec bos)
+
+
+async def test_talker_same_seed_same_codes_and_abort(talker) -> None:
+    piece = InputPiece(token_ids=(5, 6, 7, 8))
+    a = await _run(talker, "k-a", piece, seed=8, temperature=1.0, max_tokens=20)
+    b = await _run(talker, "k-b", piece, seed=8, temperature=1.0, max_tokens=20)
+    assert _ids(a) == _ids(b) and len(_ids(a)) > 0
+
+    # Abort during the second sub-request: no output after it, vLLM idle.
+    gate = asyncio.Event()
+
+    async def pieces():
+        yield InputPiece(token_ids=(1, 2, 3))
+        await gate.wait()
+        yield InputPiece(token_ids=(4, 5, 6))
+
+    req = GenerateRequest("k-abort", "talker", StageParams(temperature=1.0, max_tokens=60), seed=1)
+    aborted, after = False, 0
+    async for _out in talker.generate(req, pieces()):
+        if aborted:
+            after += 1
+            continue
+        gate.set()
+        live = talker._requests.get("k-abort")
+        if live is not None and live.sub_id == "k-abort#1":
+            await talker.abort("k-abort")
+            aborted = True
+    assert aborted, "never saw the second sub-request live"
+    assert after == 0
+    await _wait_idle(talker)
+
+
+async def test_talker_codes_decode_exactly_through_the_codec_engine(talker, codec_engine) -> None:
+    req = GenerateRequest("k-codec", "talker", StageParams(temperature=1.0, max_tokens=64), seed=3)
+
+    async def codec_pieces():
+        async for out in talker.generate(req, _feed(InputPiece(token_ids=(40, 41, 42)))):
+            if out.token_ids:
+                yield InputPiece(token_ids=out.token_ids, modality="codec")
+                all_codes.extend(out.token_ids)
+
+    all_codes: list[int] = []
+    outs = [o async for o in codec_engine.generate(GenerateRequest("c-k", "code2wav", StageParams()), codec_pieces())]
+    pcm = np.concatenate([o.array for o in outs if o.array is not None])
+    assert pcm.size == len(all_codes) // 2 * 320 > 0
+    np.testing.assert_array_equal(pcm, codec_engine.decoder.decode(all_codes))
