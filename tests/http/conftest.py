@@ -164,7 +164,13 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer
     from omnix.models.testing import session_models
 
     session_models(tmp_path_factory)
-    omni = Omni(name, runtime_options={"forward_worker_output": False})
+    # A worker loading vLLM on a busy 2-core machine can miss heartbeats for
+    # seconds (GIL-heavy imports); the default 2 s bound then kills it while
+    # it starts.  These tests are about HTTP, not about that bound.
+    omni = Omni(
+        name,
+        runtime_options={"forward_worker_output": False, "lost_after_s": 20.0, "start_timeout_s": 600.0},
+    )
     await omni.start()
     server = HttpServer(omni, telemetry=False)
     try:
