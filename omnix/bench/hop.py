@@ -11,6 +11,9 @@ the reducer, as in production):
 * chunk events/s through one worker: one request whose engine streams
   ``--chunks`` outputs as fast as it can; the rate at which Chunk events
   land in the log.
+* the floor: a bare ZMQ round trip to an echo process over the same kind
+  of sockets and loop integration, measured in the same run.  On a loaded
+  machine both grow; the hop's cost is what it adds to the floor.
 
 Does not measure engines or HTTP (``omnix bench engines``, ``bench http``).
 """
@@ -50,6 +53,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: with 2+ CPUs, pin this process to CPU 0 and the worker to CPU 1 "
         "(the deployment docs/runtime.md recommends on small machines); off: no pinning",
     )
+
+
+# A bare ZMQ echo over the same kind of sockets: the floor a hop stands on,
+# measured in the same run so that a loaded machine shows in both numbers.
+_ECHO = """
+import sys, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.setsockopt(zmq.ROUTING_ID, b"echo")
+s.connect(sys.argv[1])
+s.send(b"hi")
+while (m := s.recv()) != b"bye":
+    s.send(m)
+"""
+
+
+async def _zmq_floor(n: int, endpoint: str | None, worker_cpu: str | None) -> tuple[float, float]:
+    import sys
+
+    import zmq
+
+    from omnix.transport.sockets import (
+        LoopReader,
+        default_ipc_endpoint,
+        make_router,
+        readable,
+        remove_endpoint_dir,
+    )
+
+    tmp = None
+    if endpoint is None:
+        endpoint, tmp = default_ipc_endpoint()
+    ctx = zmq.Context()
+    sock, endpoint = make_router(ctx, endpoint)
+    pin = None if worker_cpu is None else (lambda: os.sched_setaffinity(0, {int(worker_cpu)}))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _ECHO, endpoint, preexec_fn=pin)
+    loop = asyncio.get_running_loop()
+    waiter: list[asyncio.Future[None]] = []
+
+    def on_readable() -> None:
+        while readable(sock):
+            sock.recv_multipart()
+            if waiter and not waiter[0].done():
+                waiter[0].set_result(None)
+
+    reader = LoopReader(loop, sock, on_readable)
+    try:
+        hello = loop.create_future()
+        waiter.append(hello)
+        await asyncio.wait_for(hello, 30)  # the echo's hello
+        waiter.pop()
+        lat = []
+        for _ in range(n):
+            fut = loop.create_future()
+            waiter.append(fut)
+            t0 = time.perf_counter_ns()
+            sock.send_multipart([b"echo", b"x" * 64])
+            reader.kick()
+            await fut
+            waiter.pop()
+            lat.append((time.perf_counter_ns() - t0) / 1000)
+        sock.send_multipart([b"echo", b"bye"])
+    finally:
+        reader.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        sock.close(0)
+        ctx.term()
+        remove_endpoint_dir(tmp)
+    lat.sort()
+    return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
 
 
 def _pipeline(chunks: int) -> PipelineConfig:
@@ -113,6 +190,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         rate = chunks / elapsed
     finally:
         await runtime.shutdown()
+    floor50, floor99 = await _zmq_floor(args.hops, args.endpoint, worker_cpus["one"] if worker_cpus else None)
     return {
         "hop_p50_us": round(p50, 1),
         "hop_p99_us": round(p99, 1),
@@ -121,6 +199,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         "chunks": chunks,
         "transport": "tcp" if (args.endpoint or "").startswith("tcp") else "ipc",
         "pinned": pinned,
+        "zmq_rtt_p50_us": round(floor50, 1),
+        "zmq_rtt_p99_us": round(floor99, 1),
     }
 
 
@@ -140,5 +220,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hop p50 {res['hop_p50_us']:.0f} us, p99 {res['hop_p99_us']:.0f} us "
               f"({res['hops']} hops over {res['transport']}, {'pinned' if res['pinned'] else 'not pinned'})")
         print(f"chunk events/s through one worker: {res['chunk_events_per_s']:,} ({res['chunks']} chunks)")
+        print(f"floor, a bare ZMQ round trip on the same sockets: p50 {res['zmq_rtt_p50_us']:.0f} us, "
+              f"p99 {res['zmq_rtt_p99_us']:.0f} us")
     print(json.dumps(res))
     return 0
