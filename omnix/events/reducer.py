@@ -207,6 +207,72 @@ def _terminate(rs: RequestState, ev: Event, status: RequestStatus, reason: str) 
     )
 
 
+def _reduce_chunk(rs: RequestState, ev: Chunk) -> RequestState:
+    """``reduce_request`` for a Chunk on a live request (``Fold.apply`` calls
+    it directly: most of a log is chunks)."""
+    rid = ev.request_id
+    # The hottest path (most of a log is chunks): _need_active inlined,
+    # and the stage's index kept so the replacement needs no second search.
+    stages = rs.stages
+    name = ev.stage
+    i = 0
+    for st in stages:
+        if st.name == name:
+            break
+        i += 1
+    else:
+        st = None
+    if st is None or st.replica != ev.replica or st.status not in _ACTIVE_STAGE:
+        st = _need_active(rs, ev, name, ev.replica)  # raises, naming the reason
+    if ev.index != st.chunks:
+        raise IllegalTransition(
+            rid, ev, f"chunk index {ev.index} of stage {ev.stage!r}, expected {st.chunks}"
+        )
+    ts = ev.ts_ns
+    pos = ev.pos
+    replace = msgspec.structs.replace
+    # Past a stage's first chunk only the running counters move; passing
+    # just those to replace() is the same state at half the cost.  The
+    # conditions are exactly those under which the full form below would
+    # leave the other fields unchanged.
+    if st.first_chunk_pos >= 0 and st.first_chunk_ts and st.started_ts and st.status == "running":
+        new_st = replace(
+            st, chunks=st.chunks + 1, last_chunk_ts=ts, last_chunk_pos=pos, last_activity_ts=ts
+        )
+    else:
+        new_st = replace(
+            st,
+            status="running",
+            chunks=st.chunks + 1,
+            first_chunk_ts=st.first_chunk_ts or ts,
+            last_chunk_ts=ts,
+            first_chunk_pos=pos if st.first_chunk_pos < 0 else st.first_chunk_pos,
+            last_chunk_pos=pos,
+            started_ts=st.started_ts or ts,
+            last_activity_ts=ts,
+        )
+    stages = (*stages[:i], new_st, *stages[i + 1 :])
+    m = ev.modality
+    first = (
+        rs.first_token_ts if m == "text"
+        else rs.first_audio_ts if m == "audio"
+        else rs.first_image_ts if m == "image"
+        else 1
+    )
+    if first and rs.status != "admitted":
+        return replace(rs, stages=stages, last_pos=pos, events=rs.events + 1)
+    return replace(
+        rs,
+        status="running" if rs.status == "admitted" else rs.status,
+        stages=stages,
+        first_token_ts=rs.first_token_ts or (ts if m == "text" else 0),
+        first_audio_ts=rs.first_audio_ts or (ts if m == "audio" else 0),
+        first_image_ts=rs.first_image_ts or (ts if m == "image" else 0),
+        last_pos=pos,
+        events=rs.events + 1,
+    )
+
+
 def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
     """Fold one request event into the request's state.  Pure.
 
@@ -246,66 +312,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
 
     cls = type(ev)
     if cls is Chunk:
-        # The hottest path (most of a log is chunks): _need_active inlined,
-        # and the stage's index kept so the replacement needs no second search.
-        stages = rs.stages
-        name = ev.stage
-        i = 0
-        for st in stages:
-            if st.name == name:
-                break
-            i += 1
-        else:
-            st = None
-        if st is None or st.replica != ev.replica or st.status not in _ACTIVE_STAGE:
-            st = _need_active(rs, ev, name, ev.replica)  # raises, naming the reason
-        if ev.index != st.chunks:
-            raise IllegalTransition(
-                rid, ev, f"chunk index {ev.index} of stage {ev.stage!r}, expected {st.chunks}"
-            )
-        ts = ev.ts_ns
-        pos = ev.pos
-        replace = msgspec.structs.replace
-        # Past a stage's first chunk only the running counters move; passing
-        # just those to replace() is the same state at half the cost.  The
-        # conditions are exactly those under which the full form below would
-        # leave the other fields unchanged.
-        if st.first_chunk_pos >= 0 and st.first_chunk_ts and st.started_ts and st.status == "running":
-            new_st = replace(
-                st, chunks=st.chunks + 1, last_chunk_ts=ts, last_chunk_pos=pos, last_activity_ts=ts
-            )
-        else:
-            new_st = replace(
-                st,
-                status="running",
-                chunks=st.chunks + 1,
-                first_chunk_ts=st.first_chunk_ts or ts,
-                last_chunk_ts=ts,
-                first_chunk_pos=pos if st.first_chunk_pos < 0 else st.first_chunk_pos,
-                last_chunk_pos=pos,
-                started_ts=st.started_ts or ts,
-                last_activity_ts=ts,
-            )
-        stages = (*stages[:i], new_st, *stages[i + 1 :])
-        m = ev.modality
-        first = (
-            rs.first_token_ts if m == "text"
-            else rs.first_audio_ts if m == "audio"
-            else rs.first_image_ts if m == "image"
-            else 1
-        )
-        if first and rs.status != "admitted":
-            return replace(rs, stages=stages, last_pos=pos, events=rs.events + 1)
-        return replace(
-            rs,
-            status="running" if rs.status == "admitted" else rs.status,
-            stages=stages,
-            first_token_ts=rs.first_token_ts or (ts if m == "text" else 0),
-            first_audio_ts=rs.first_audio_ts or (ts if m == "audio" else 0),
-            first_image_ts=rs.first_image_ts or (ts if m == "image" else 0),
-            last_pos=pos,
-            events=rs.events + 1,
-        )
+        return _reduce_chunk(rs, ev)
     if cls is Routed:
         st = rs.stage(ev.stage)
         if st is None:
@@ -543,15 +550,25 @@ class Fold:
             reduce_worker(self.workers.get(ev.worker_id), ev)  # type: ignore[arg-type]
 
     def apply(self, ev: Event) -> None:
-        if isinstance(ev, RequestEvent):
+        cls = type(ev)
+        if cls is Chunk:
+            # The bulk of a log: straight to the chunk reducer when the
+            # request is live (reduce_request would dispatch to it too).
+            rid = ev.request_id
+            requests = self.requests
+            old = requests.get(rid)
+            if old is None or old.status in TERMINAL_STATUSES:
+                requests[rid] = reduce_request(old, ev)  # raises, naming the reason
+            else:
+                requests[rid] = _reduce_chunk(old, ev)
+        elif isinstance(ev, RequestEvent):
             rid = ev.request_id
             old = self.requests.get(rid)
             new = reduce_request(old, ev)
             self.requests[rid] = new
-            cls = type(ev)
             # Events that can neither start nor end a stage's occupancy of a
-            # worker (the bulk of the log) skip the worker index entirely.
-            if cls is Chunk or cls is StageStarted or cls is Progress:
+            # worker skip the worker index entirely.
+            if cls is StageStarted or cls is Progress:
                 pass
             elif cls is Routed and ev.seq == 0:
                 self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
