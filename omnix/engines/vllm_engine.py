@@ -295,22 +295,32 @@ class VllmEngine:
     # -- prompts and sampling ---------------------------------------------------
 
     def _prompt_ids(self, piece: InputPiece) -> list[int]:
-        mode = self.args.input_mode
-        if mode == "token_ids":
-            ids = list(piece.token_ids) or self._encode(piece.text, special=False)
-            if not ids:
-                return []
-            lay = self.layout
-            if lay.text_vocab and not all(0 <= t < lay.text_vocab for t in ids):
-                bad = next(t for t in ids if not 0 <= t < lay.text_vocab)
-                raise ValueError(
-                    f"input token id {bad} is outside the text vocabulary [0, {lay.text_vocab}) "
-                    f"of {self.folder}: the upstream stage must use the same tokenizer"
-                )
+        """The piece's text ids (per ``input_mode``), mapped into this model's
+        vocabulary by its layout: shifted by ``text_offset``, then
+        ``codec_bos`` (the talker: text ids live above its codec codes)."""
+        ids = self._text_ids(piece)
+        if not ids:
+            return []
+        lay = self.layout
+        if lay.text_vocab and not all(0 <= t < lay.text_vocab for t in ids):
+            bad = next(t for t in ids if not 0 <= t < lay.text_vocab)
+            raise ValueError(
+                f"input token id {bad} is outside the text vocabulary [0, {lay.text_vocab}) "
+                f"of {self.folder}: the upstream stage must use the same tokenizer"
+            )
+        if lay.text_offset:
             ids = [t + lay.text_offset for t in ids]
-            if lay.codec_bos >= 0:
-                ids.append(lay.codec_bos)
-            return ids
+        if lay.codec_bos >= 0:
+            ids.append(lay.codec_bos)
+        return ids
+
+    def _text_ids(self, piece: InputPiece) -> list[int]:
+        mode = self.args.input_mode
+        joined = "\n".join(m.content for m in piece.messages)
+        if mode == "token_ids":
+            if piece.token_ids:
+                return list(piece.token_ids)
+            return self._encode(piece.text or joined, special=False)
         if mode == "chat":
             if piece.messages:
                 messages = [{"role": m.role, "content": m.content} for m in piece.messages]
@@ -326,11 +336,9 @@ class VllmEngine:
                 )
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             return self._encode(text, special=False)
-        # "text"
-        if piece.text:
-            return self._encode(piece.text, special=True)
-        if piece.messages:
-            return self._encode("\n".join(m.content for m in piece.messages), special=True)
+        # "text": the raw text, as a completion prompt
+        if piece.text or joined:
+            return self._encode(piece.text or joined, special=True)
         return list(piece.token_ids)
 
     def _need_tokenizer(self, why: str) -> Any:

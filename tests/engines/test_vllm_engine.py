@@ -208,6 +208,22 @@ async def test_talker_same_seed_same_codes_and_abort(talker) -> None:
     await _wait_idle(talker)
 
 
+async def test_talker_text_mode_maps_text_into_its_vocabulary(talker) -> None:
+    """tiny-tts feeds the talker the request's text (input_mode "text"): the
+    ids must be shifted into the talker's text range exactly as in
+    token_ids mode, so both give the same codes."""
+    text = "Hello there."
+    ids = talker._tokenizer.encode(text, add_special_tokens=False)
+    by_ids = await _run(talker, "k-ids", InputPiece(token_ids=tuple(ids)), seed=2, temperature=1.0, max_tokens=16)
+    old = _mode(talker, "text")
+    try:
+        by_text = await _run(talker, "k-text", InputPiece(text=text), seed=2, temperature=1.0, max_tokens=16)
+    finally:
+        _mode(talker, old)
+    assert _ids(by_text) == _ids(by_ids) and _ids(by_ids)
+    assert by_text[-1].prompt_tokens == len(ids) + 1  # + codec bos
+
+
 async def test_talker_codes_decode_exactly_through_the_codec_engine(talker, codec_engine) -> None:
     req = GenerateRequest("k-codec", "talker", StageParams(temperature=1.0, max_tokens=64), seed=3)
 
