@@ -24,8 +24,8 @@ import msgspec
 
 from omnix.events.types import (
     Admitted,
-    CancelRequested,
     Cancelled,
+    CancelRequested,
     Chunk,
     DeadlineExpired,
     Event,
@@ -512,7 +512,7 @@ class Fold:
     ``lost``; that is part of the fold, so it is replayed identically.
     """
 
-    __slots__ = ("requests", "workers", "next_pos", "_by_worker")
+    __slots__ = ("_by_worker", "next_pos", "requests", "workers")
 
     def __init__(self, snapshot: Snapshot | None = None) -> None:
         self.requests: dict[str, RequestState] = {}
