@@ -26,11 +26,12 @@ Process layout (measured on 2 cores): ``AsyncLLM`` always runs its engine
 core in a separate process; on CPU vLLM by default also runs the model in a
 third ("Worker") process and binds its OpenMP threads to one core.  Setting
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` moves the model into the engine-core
-process: start-up drops from ~30 s to ~17 s, but single-stream decoding
-then stalls for 1-5 s now and then (the engine core's busy loop and I/O
-threads share the bound core with the OpenMP threads, which vLLM warns
-about).  Steady latency matters more than start-up, so omnix keeps vLLM's
-default (multiprocessing); the env var still works for whoever prefers
+process: start-up took 16-22 s instead of 29-37 s on a quiet machine, but a
+request stalled for 1.5-5 s in 4 of 8 such runs (none in 6 multiprocess
+runs): the engine core's busy loop and I/O threads share the bound core with
+the OpenMP threads, and vLLM's CPU platform says the in-process executor
+cannot set OpenMP up correctly.  Steady latency matters more than start-up,
+so omnix keeps vLLM's default; the env var still works for whoever prefers
 the faster start.
 """
 

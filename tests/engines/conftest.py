@@ -35,6 +35,7 @@ def _torch_threads():
 _VLLM_FIXTURES = {"vllm_engines", "thinker", "talker"}
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
 def pytest_collection_modifyitems(config, items) -> None:
     config._omnix_needs_vllm = any(_VLLM_FIXTURES & set(item.fixturenames) for item in items)
 

@@ -13,7 +13,14 @@ import pytest
 from omnix.events.types import ChatMessage, StageParams
 from omnix.stages.engine import EngineOutput, GenerateRequest, InputPiece
 
-pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="session"),
+    # The first test here waits for the engines' start-up (two vLLM engines,
+    # four spawned processes): minutes on a busy 2-core machine.
+    pytest.mark.timeout(900),
+]
 
 
 async def _feed(*pieces: InputPiece):
