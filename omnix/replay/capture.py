@@ -250,18 +250,28 @@ async def _run_case(omni, server, case: str) -> tuple[list[str], bytes | None]:
             _, rid, raw = await _http_chat(server, session)
             return [rid], raw
         if case == "rejected":
+            # Fill every thinker slot (a real engine reports its own
+            # capacity), then one more request is refused: no queue.
+            cap = sum(
+                ws.capacity for ws in omni.log.state.workers.values() if ws.stage == "thinker" and ws.alive
+            )
             admitted = asyncio.Event()
-            _on(omni, lambda ev: True, lambda ev: admitted.set())
-            first = asyncio.ensure_future(_http_chat(server, session))
+            count = 0
+
+            def on_admit(ev: Event) -> None:
+                nonlocal count
+                if type(ev).__name__ == "Admitted":
+                    count += 1
+                    if count >= cap:
+                        admitted.set()
+
+            omni.log.add_listener(on_admit)
+            running = [asyncio.ensure_future(_http_chat(server, session)) for _ in range(cap)]
             await admitted.wait()
-            # Ask until one is refused (a real engine's capacity is its own).
-            for _ in range(256):
-                status, rid, raw = await _http_chat(server, session, stream=False)
-                if status >= 400:
-                    break
-            else:  # pragma: no cover
+            status, rid, raw = await _http_chat(server, session, stream=False)
+            if status < 400:  # pragma: no cover
                 raise RuntimeError("no request was refused: the overload case did not happen")
-            await first
+            await asyncio.gather(*running)
             return [rid], raw
         # busy: four requests a few ms apart; the trace of the third needs
         # the others (least-loaded talker choice, shared replicas).
