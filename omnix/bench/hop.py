@@ -49,9 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", default=None, help="tcp://127.0.0.1:0 to measure tcp (default ipc)")
     parser.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop")
     parser.add_argument(
-        "--pin", choices=("auto", "off"), default="auto",
-        help="auto: with 2+ CPUs, pin this process to CPU 0 and the worker to CPU 1 "
-        "(the deployment docs/runtime.md recommends on small machines); off: no pinning",
+        "--pin", choices=("auto", "off"), default="off",
+        help="auto: with 2+ CPUs, pin this process to the first CPU and the worker to the "
+        "second (docs/runtime.md: helps an idle small machine, can hurt a busy one); "
+        "off (default): no pinning",
     )
 
 
