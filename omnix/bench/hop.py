@@ -11,9 +11,10 @@ the reducer, as in production):
 * chunk events/s through one worker: one request whose engine streams
   ``--chunks`` outputs as fast as it can; the rate at which Chunk events
   land in the log.
-* the floor: a bare ZMQ round trip to an echo process over the same kind
-  of sockets and loop integration, measured in the same run.  On a loaded
-  machine both grow; the hop's cost is what it adds to the floor.
+* the floor: a bare ZMQ round trip from this process (the same ROUTER
+  options and loop-driven reads as the runtime) to an echo process (a
+  blocking ``recv`` loop), measured in the same run.  On a loaded machine
+  both grow; the hop's cost is what it adds to the floor.
 
 Does not measure engines or HTTP (``omnix bench engines``, ``bench http``).
 """
