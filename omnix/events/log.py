@@ -49,6 +49,7 @@ class EventLog:
         self.state = Fold(snapshot)
         self._listeners: list[Listener] = []
         self._waiters: list[asyncio.Future[None]] = []
+        self._req_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._dispatching = False
         self._pending: list[Event] = []
@@ -101,6 +102,14 @@ class EventLog:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+        if self._req_waiters and isinstance(ev, RequestEvent):
+            # A request's tail wakes only for its own events: an open stream
+            # costs nothing when other requests' events are appended.
+            waiters = self._req_waiters.pop(ev.request_id, None)
+            if waiters:
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
         if self._listeners:
             self._notify(ev)
         return ev
@@ -182,11 +191,29 @@ class EventLog:
                 pos = max(pos, self.next_pos)
             if self._closed:
                 return
-            await self.wait_for(self.next_pos if request_id is not None else pos)
+            if request_id is None:
+                await self.wait_for(pos)
+            else:
+                await self._wait_request(request_id)
+
+    async def _wait_request(self, request_id: str) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._req_waiters.setdefault(request_id, []).append(fut)
+        try:
+            await fut
+        finally:
+            waiters = self._req_waiters.get(request_id)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._req_waiters[request_id]
 
     def close(self) -> None:
         self._closed = True
         waiters, self._waiters = self._waiters, []
+        for group in self._req_waiters.values():
+            waiters.extend(group)
+        self._req_waiters.clear()
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
