@@ -163,7 +163,9 @@ class Omni:
             self.runtime = StageRuntime(
                 self.pipeline, emit=self.sequencer.emit, blobs=self.blobs, **self._runtime_options
             )
-        self.dispatcher = Dispatcher(self.log, self.runtime, self.blobs, self.pipeline)
+        self.dispatcher = Dispatcher(
+            self.log, self.runtime, self.blobs, self.pipeline, report=self.sequencer.emit
+        )
         self.log.add_listener(self.dispatcher)
         # A virtual-time runtime (tests) drives the timer itself.
         self.timer.attach(None if getattr(self.runtime, "virtual_time", False) else asyncio.get_running_loop())

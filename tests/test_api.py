@@ -81,3 +81,21 @@ def test_sync_wrapper_generates_in_order():
         results = omni.generate(["a", "b"], sampling_params_list={"thinker": {"max_tokens": 3}}, seed=1)
     assert [r.text for r in results] == ["t0 t1 t2 ", "t0 t1 t2 "]
     assert all(r.ok for r in results)
+
+
+async def test_a_credit_held_by_a_failed_request_is_waited_for_not_exceeded():
+    # thinker has one credit.  r1 fails at the talker while the thinker still
+    # runs it; the orchestrator frees r1's credit at Failed and routes r2 at
+    # once, but the worker still holds r1 until it acknowledges the abort.
+    # The runtime holds r2 back until then: never more than capacity.
+    cfg = omni_like(
+        thinker='engine = { kind = "scripted", capacity = 1, chunks_per_piece = 40, delay_ms = 5 }',
+        talker='engine = { kind = "scripted", output_modality = "codec", fail_at = 0 }',
+    )
+    async with Omni(cfg) as omni:
+        r1 = omni.submit(RequestSpec(prompt="a", outputs=("text", "audio")))
+        r2 = omni.submit(RequestSpec(prompt="b", outputs=("text",)))
+        res1 = await omni.collect(r1.request_id)
+        res2 = await omni.collect(r2.request_id)
+        assert res1.status == "failed" and res1.reason == "stage_error"
+        assert res2.ok and res2.text.startswith("t0 ")

@@ -13,6 +13,8 @@ payloads of earlier events are read back for forwarding.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -29,11 +31,14 @@ from omnix.events.types import (
     Finished,
     RequestSpec,
     Routed,
+    StageFailed,
 )
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import merge_params
 from omnix.stages.engine import InputPiece
 from omnix.stages.work import WorkItem
+
+log = logging.getLogger(__name__)
 
 
 class Runtime(Protocol):
@@ -43,8 +48,19 @@ class Runtime(Protocol):
 
 
 class Dispatcher:
-    def __init__(self, log: EventLog, runtime: Runtime, blobs: BlobStore, pipeline: PipelineConfig) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        runtime: Runtime,
+        blobs: BlobStore,
+        pipeline: PipelineConfig,
+        report: Callable[[Event], None] | None = None,
+    ) -> None:
         self.log = log
+        # Where a failed effect is reported, as an input event (the
+        # sequencer's emit): a send the runtime refuses becomes StageFailed,
+        # so the request still gets exactly one ending.
+        self.report = report
         self.runtime = runtime
         self.blobs = blobs
         self.pipeline = pipeline
@@ -53,7 +69,20 @@ class Dispatcher:
     def __call__(self, ev: Event) -> None:
         cls = type(ev)
         if cls is Routed:
-            self.runtime.send(self.work_item(ev))  # type: ignore[arg-type]
+            try:
+                self.runtime.send(self.work_item(ev))  # type: ignore[arg-type]
+            except Exception as exc:
+                if self.report is None:
+                    raise
+                log.error("could not send %s piece %d of %s: %s", ev.stage, ev.seq, ev.request_id, exc)  # type: ignore[union-attr]
+                self.report(
+                    StageFailed(
+                        request_id=ev.request_id,  # type: ignore[union-attr]
+                        stage=ev.stage,  # type: ignore[union-attr]
+                        replica=ev.replica,  # type: ignore[union-attr]
+                        message=f"the runtime refused the work: {exc}",
+                    )
+                )
         elif cls is Admitted:
             self._specs[ev.request_id] = ev.spec  # type: ignore[union-attr]
         elif cls is CancelRequested:

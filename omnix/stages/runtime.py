@@ -113,7 +113,7 @@ class _Run:
 
 class _Slot:
     __slots__ = (
-        "active", "capacity", "config", "engine", "expected_token", "failures", "identity",
+        "active", "capacity", "config", "deferred", "engine", "expected_token", "failures", "identity",
         "joined_at", "last_seen", "pid", "proc", "replica", "restart_handle", "stage",
         "started_at", "state", "token", "worker_id",
     )
@@ -132,6 +132,12 @@ class _Slot:
         self.capacity = 0
         self.engine = ""
         self.active: dict[str, _Run] = {}
+        # Requests waiting for one of this replica's credits, oldest first:
+        # a released request keeps its credit until the worker acknowledges
+        # the abort, so the orchestrator (which freed it at the terminal
+        # event) may route one request early.  It waits here, never on the
+        # worker.
+        self.deferred: dict[str, list[WorkItem]] = {}
         self.last_seen = 0.0
         self.started_at = 0.0
         self.joined_at = 0.0
@@ -292,25 +298,30 @@ class StageRuntime:
             )
         rid = work.request_id
         run = slot.active.get(rid)
+        waiting = slot.deferred.get(rid)
+        if waiting is not None:
+            waiting.append(work)
+            return
         if work.seq == 0:
             if run is not None:
                 raise StageRuntimeError(f"request {rid} already runs on {slot.where()}; seq 0 sent twice")
             if len(slot.active) >= slot.capacity:
-                log.error("over-capacity send refused: %s has %d/%d in flight", slot.where(),
-                          len(slot.active), slot.capacity)
-                raise CapacityExceeded(
-                    f"{slot.where()} has capacity {slot.capacity} and {len(slot.active)} requests "
-                    f"in flight; request {rid} must wait for a StageFinished/StageFailed there "
-                    "(the orchestrator's queue holds it, not the runtime)"
-                )
+                draining = sum(1 for r in slot.active.values() if r.released)
+                if len(slot.active) - draining >= slot.capacity:
+                    log.error("over-capacity send refused: %s has %d/%d in flight", slot.where(),
+                              len(slot.active), slot.capacity)
+                    raise CapacityExceeded(
+                        f"{slot.where()} has capacity {slot.capacity} and {len(slot.active)} requests "
+                        f"in flight; request {rid} must wait for a StageFinished/StageFailed there "
+                        "(the orchestrator's queue holds it, not the runtime)"
+                    )
+                slot.deferred[rid] = [work]
+                return
             slot.active[rid] = _Run()
         elif run is None or run.aborted:
             log.debug("dropping piece %d of request %s: not running on %s", work.seq, rid, slot.where())
             return
         else:
-            if work.seq != run.next_seq:
-                log.error("request %s: piece seq %d sent to %s, expected %d", rid, work.seq,
-                          slot.where(), run.next_seq)
             run.next_seq = work.seq + 1
         self._send_to(slot, m.WORK, work)
 
@@ -321,6 +332,14 @@ class StageRuntime:
         the replica is lost: its WorkerLost already ended the stage).
         """
         slot = self._slot(stage, replica)
+        if slot.deferred.pop(request_id, None) is not None:
+            # Never reached the worker: acknowledge for it, after the caller's
+            # cascade (emit is never called from inside abort).
+            assert self._loop is not None
+            self._loop.call_soon(self._emit, StageFinished(
+                request_id=request_id, stage=stage, replica=replica, chunks=0,
+                finish_reason="aborted"))
+            return
         run = slot.active.get(request_id)
         if run is None or run.aborted or slot.state != "ready":
             return
@@ -335,6 +354,7 @@ class StageRuntime:
         and no further events are emitted for it.
         """
         for slot in self._all_slots():
+            slot.deferred.pop(request_id, None)
             run = slot.active.get(request_id)
             if run is None:
                 continue
@@ -494,6 +514,7 @@ class StageRuntime:
         slot.token = None
         slot.state = "down"
         slot.active.clear()  # its requests are lost; the reducer marks their stages
+        slot.deferred.clear()
         if slot.proc is not None and slot.proc.returncode is None:
             # Alive but silent (hung, stopped, partitioned): make sure it can
             # never come back as a ghost next to its replacement.
@@ -519,8 +540,17 @@ class StageRuntime:
             if proc is not None and proc.returncode is None:
                 proc.poll()  # no-op with a pidfd; the fallback otherwise
             st = slot.state
-            if st in ("joining", "ready") and now - slot.last_seen > self._silence_s:
-                self._lose(slot, f"no heartbeat for {now - slot.last_seen:.1f} s")
+            silent = now - slot.last_seen
+            if st == "ready" and silent > self._silence_s:
+                self._lose(slot, f"no heartbeat for {silent:.1f} s")
+            elif st == "joining" and silent > (self._silence_s if proc is None else self.start_timeout_s):
+                # A spawned worker loading its model is watched through its
+                # process (death is seen at once); its heartbeat thread can
+                # starve on a loaded machine, so only start_timeout_s bounds
+                # a silent load.  A worker we did not spawn has only heartbeats.
+                log.error("%s went silent for %.1f s while loading its engine; dropping it",
+                          slot.worker_id, silent)
+                self._lose(slot, f"no heartbeat for {silent:.1f} s while loading")
             elif st == "starting" and not self._starting and now - slot.started_at > self.start_timeout_s:
                 log.error("%s did not say hello within %.0f s; killing it", slot.worker_id, self.start_timeout_s)
                 if proc is not None:
@@ -581,6 +611,8 @@ class StageRuntime:
             cls = type(rec)
             if cls is m.Done or cls is m.Error:
                 active.pop(rid, None)
+                if slot.deferred:
+                    self._send_deferred(slot)
             if run is None or run.released:
                 continue
             if cls is m.Output:
@@ -603,6 +635,16 @@ class StageRuntime:
                 emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=rec.message))
             if slot.state != "ready":
                 return  # an event listener shut us down or lost the slot
+
+    def _send_deferred(self, slot: _Slot) -> None:
+        """A credit came back: start the oldest waiting request(s)."""
+        while slot.deferred and len(slot.active) < slot.capacity and slot.state == "ready":
+            rid = next(iter(slot.deferred))
+            items = slot.deferred.pop(rid)
+            run = slot.active[rid] = _Run()
+            for work in items:
+                run.next_seq = work.seq + 1
+                self._send_to(slot, m.WORK, work)
 
     def _on_heartbeat(self, identity: bytes, hb: m.Heartbeat) -> None:
         slot = self._by_token.get(hb.token)
