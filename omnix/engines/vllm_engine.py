@@ -228,7 +228,9 @@ class VllmEngine:
                 live.sub_id = sub_id
                 prompt_tokens += len(prompt)
                 carry: list[int] = []  # codec codes of an incomplete frame
-                stream = self._llm.generate({"prompt_token_ids": prompt}, params, sub_id)
+                # Rendered through vLLM's renderer (raw prompt dicts are deprecated).
+                (engine_input,) = self._llm.renderer.render_cmpl([{"prompt_token_ids": prompt}])
+                stream = self._llm.generate(engine_input, params, sub_id)
                 try:
                     async for out in stream:
                         if live.aborted:
