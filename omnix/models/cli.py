@@ -4,13 +4,12 @@ Owns: the verb's arguments and output.  Does not own building
 (``omnix.models.build``) or the cache location (``omnix.models.paths``).
 
     omnix models init [--dir DIR] [--seed N] [--force] [--only NAME ...]
-    omnix models list [--dir DIR]
+    omnix models list [--dir DIR]      (also: plain `omnix models`)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
@@ -32,11 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from omnix.models.paths import TINY_MODELS, default_model_dir, folder_digest, read_info
 
-    cmd = getattr(args, "models_cmd", None)
-    if cmd is None:
-        print("usage: omnix models {init,list} [--dir DIR] ...", file=sys.stderr)
-        return 2
-    root = (args.dir or default_model_dir()).expanduser()
+    cmd = getattr(args, "models_cmd", None) or "list"
+    root = (getattr(args, "dir", None) or default_model_dir()).expanduser()
     if cmd == "init":
         from omnix.models.build import ensure_models, missing_models
 
@@ -44,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
         todo = names if args.force else missing_models(root, None, names)
         if not todo:
             print(f"all models present in {root} (use --force to rebuild)")
+        if not args.force:
+            for name in names:
+                info = read_info(root / name)
+                if name not in todo and info is not None and info.seed != args.seed:
+                    print(f"{name} was built with seed {info.seed}, kept: --force rebuilds it "
+                          f"with seed {args.seed}")
         ensure_models(root, seed=args.seed, names=names, force=args.force, progress=True)
     for name in TINY_MODELS:
         info = read_info(root / name)
