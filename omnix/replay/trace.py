@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -556,8 +556,3 @@ def _fold_checked(events: Iterable[Event], where: str) -> Fold:
                 "edited"
             ) from None
     return f
-
-
-def iter_targets_or_all(trace: Trace) -> Iterator[str]:
-    """The target requests, or every request of a whole-log trace."""
-    yield from trace.targets or trace.request_ids
