@@ -255,7 +255,8 @@ def waterfall(timing: RequestTiming, end_ns: int, width: int = 56) -> list[str]:
     if timing.ttfp is not None:
         marks[col(timing.ttfp)] = "P" if marks[col(timing.ttfp)] == " " else "*"
     if timing.e2el is not None:
-        marks[min(col(timing.e2el), width)] = "E"
+        c = min(col(timing.e2el), width)
+        marks[c] = "E" if marks[c] == " " else "*"  # *: two marks in one column
     if any(m != " " for m in marks):
         lines.append(f"  {'':<{label_w}}  {''.join(marks).rstrip()}")
     axis = f"0 ms{'':<{max(0, width - 14)}}{end_ns / MS:.3f} ms"
@@ -349,7 +350,7 @@ def _request_block(trace: Trace, rs: RequestState, width: int) -> list[str]:
         last = max((s.ended or s.last_chunk or s.started or s.routed or 0) for s in tm.stages)
         end = last
     out.append(f"  where time went (ms from admission; {WAIT} routed, waiting  {IDLE} started, "
-               f"no output yet  {BUSY} producing)")
+               f"no output yet  {BUSY} producing; T TTFT, P TTFP, E E2EL)")
     out.extend(waterfall(tm, end, width))
     busiest = max(tm.stages, key=lambda s: s.busy_ns + s.wait_ns)
     out.append(
