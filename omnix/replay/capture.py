@@ -251,27 +251,16 @@ async def _run_case(omni, server, case: str) -> tuple[list[str], bytes | None]:
             return [rid], raw
         if case == "rejected":
             # Fill every thinker slot (a real engine reports its own
-            # capacity), then one more request is refused: no queue.
+            # capacity) in one go, so none can free up in between; the
+            # thinker has no queue, so the next request is refused.
             cap = sum(
                 ws.capacity for ws in omni.log.state.workers.values() if ws.stage == "thinker" and ws.alive
             )
-            admitted = asyncio.Event()
-            count = 0
-
-            def on_admit(ev: Event) -> None:
-                nonlocal count
-                if type(ev).__name__ == "Admitted":
-                    count += 1
-                    if count >= cap:
-                        admitted.set()
-
-            omni.log.add_listener(on_admit)
-            running = [asyncio.ensure_future(_http_chat(server, session)) for _ in range(cap)]
-            await admitted.wait()
+            for i in range(cap):
+                omni.submit(spec, request_id=f"fill-{i}")
             status, rid, raw = await _http_chat(server, session, stream=False)
             if status < 400:  # pragma: no cover
                 raise RuntimeError("no request was refused: the overload case did not happen")
-            await asyncio.gather(*running)
             return [rid], raw
         # busy: four requests a few ms apart; the trace of the third needs
         # the others (least-loaded talker choice, shared replicas).
