@@ -24,7 +24,7 @@ CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected")
 
 def test_the_corpus_has_every_case():
     names = {p.stem for p in TRACES}
-    for prefix in ("sim-omni", "scripted-omni"):
+    for prefix in ("sim-omni", "scripted-omni", "tiny-omni"):
         missing = [c for c in CASES if f"{prefix}-{c}" not in names]
         assert not missing, f"replay/ lacks {prefix} traces for {missing}; recapture (docs/replay.md)"
 
