@@ -417,6 +417,11 @@ class Orchestrator:
         tgt = plan.targets[stage]
         if not tgt.pending:
             return []
+        if tgt.done:
+            # It stopped early (max_tokens, a stop string): it takes no more
+            # input, and the request finishes when the rest does.
+            tgt.pending.clear()
+            return []
         if tgt.replica < 0:
             rep = self._pick(state, stage)
             if rep < 0:

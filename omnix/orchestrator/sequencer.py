@@ -34,6 +34,7 @@ class Sequencer:
         self.log = log
         self.orchestrator = orchestrator
         self.dropped = 0  # late worker events refused by the reducer
+        self.refused_decisions = 0  # orchestrator bugs: logged, never silent
         self._busy = False
         self._backlog: deque[Event] = deque()
 
@@ -85,5 +86,13 @@ class Sequencer:
         while todo:
             cur = todo.popleft()
             for decision in orch.react(cur, log_.state):
-                todo.append(log_.append(decision))
+                try:
+                    todo.append(log_.append(decision))
+                except IllegalTransition as exc:
+                    # A decision the reducer refuses is an orchestrator bug.
+                    # Dropping the rest of the cascade with it would lose
+                    # legal decisions (a request could then never end), so
+                    # only this one is skipped, loudly.
+                    self.refused_decisions += 1
+                    log.error("orchestrator decision refused (a bug; please report): %s", exc)
         return first

@@ -1,15 +1,14 @@
 """Behaviours replay found that the orchestrator does not handle yet.
 
-Each test builds the input stream by hand, runs it through the real
-orchestrator with the fault runner's invariant checks, and is a strict
-xfail until the decision logic is fixed (then it passes, the xfail fails,
-and the marker comes off: that change of rules is versioned, see
-docs/replay.md).
+Each test builds the input stream by hand and runs it through the real
+orchestrator with the fault runner's invariant checks.  A finding is a
+strict xfail until the decision logic is fixed; the fix is a versioned
+rules change (see docs/replay.md), and the old rules stay reachable.
 """
 
 from __future__ import annotations
 
-import pytest
+import msgspec
 
 from omnix.events.blobs import MemoryBlobStore
 from omnix.events.clock import ManualClock
@@ -73,13 +72,20 @@ def _early_stop_trace():
     return read_trace(export_trace(log, MemoryBlobStore(), cfg, ["r1"]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decide.py routes further pieces to a stage that already finished (early stop "
-    "at max_tokens); the reducer refuses them inside the cascade, the request's Finished is "
-    "never appended and, with no active stage left, no timeout ends it: it hangs",
-)
 def test_a_stage_that_stops_early_does_not_hang_its_request():
     trace = _early_stop_trace()
     res = inject(trace, [])
     assert res.ok, res.report(trace)
+
+
+def test_the_early_stop_is_decided_without_refused_decisions():
+    trace = _early_stop_trace()
+    log = MemoryLog(ManualClock(0))
+    seq = Sequencer(log, Orchestrator(trace.pipeline))
+    for ev in trace.events:
+        if isinstance(ev, WorkerJoined | StageStarted | Chunk | StageFinished):
+            seq.emit(msgspec.structs.replace(ev, pos=-1))
+        elif type(ev).__name__ == "Admitted":
+            seq.submit(ev.request_id, ev.spec, ev.ts_ns)
+    assert seq.refused_decisions == 0 and seq.dropped == 0
+    assert log.state.requests["r1"].status == "finished"
