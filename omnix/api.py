@@ -150,6 +150,17 @@ class Omni:
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.log_dir / "pipeline.json").write_bytes(msgspec.json.encode(self.pipeline))
+        # What wrote this log: replay drives a trace with the decision rules
+        # it was recorded under.
+        from omnix import __version__
+        from omnix.events.types import SCHEMA_VERSION
+        from omnix.orchestrator.decide import RULES_VERSION
+
+        (self.log_dir / "server.json").write_bytes(
+            msgspec.json.encode(
+                {"omnix_version": __version__, "schema_version": SCHEMA_VERSION, "rules_version": RULES_VERSION}
+            )
+        )
         return DiskLog(self.log_dir / "events", clock=self.clock)
 
     # -- lifecycle ----------------------------------------------------------

@@ -390,11 +390,13 @@ def export_from_dir(
     log_dir: str | os.PathLike[str],
     request_ids: Sequence[str] | None,
     *,
-    rules_version: int = RULES_VERSION,
+    rules_version: int | None = None,
 ) -> bytes:
     """``export_trace`` for a server's ``--log-dir`` (``DIR/events``,
-    ``DIR/blobs``, ``DIR/pipeline.json``).  Reads the log offline without
-    locking it, so it works beside a running server."""
+    ``DIR/blobs``, ``DIR/pipeline.json``, ``DIR/server.json``).  Reads the
+    log offline without locking it, so it works beside a running server.
+    The rules version is the one the server recorded in ``server.json``
+    unless given."""
     from omnix.events.blobs import DiskBlobStore
     from omnix.events.disklog import iter_log
     from omnix.events.log import MemoryLog
@@ -407,6 +409,13 @@ def export_from_dir(
             f"{root}/pipeline.json, as `omnix serve --log-dir DIR` writes)"
         )
     pipeline = msgspec.json.decode(cfg_path.read_bytes(), type=PipelineConfig)
+    if rules_version is None:
+        server = root / "server.json"
+        rules_version = (
+            int(msgspec.json.decode(server.read_bytes()).get("rules_version", RULES_VERSION))
+            if server.is_file()
+            else RULES_VERSION
+        )
     log = MemoryLog(events=iter_log(root / "events"))
     return export_trace(
         log, DiskBlobStore(root / "blobs"), pipeline, request_ids, rules_version=rules_version

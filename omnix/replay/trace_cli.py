@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="request to export (repeatable)")
     ex.add_argument("--all", action="store_true", help="export the whole log")
     ex.add_argument("--rules", type=int, default=None,
-                    help="decision rules the server ran (default: this omnix's RULES_VERSION)")
+                    help="decision rules the server ran (default: what the server recorded in DIR/server.json)")
     ex.add_argument("-o", "--output", metavar="FILE", help="output file (default: ID.trace; - for stdout)")
     info = sub.add_parser("info", help="print a trace's versions, requests and size")
     info.add_argument("trace", metavar="TRACE")
@@ -43,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from omnix.orchestrator.decide import RULES_VERSION
     from omnix.replay.trace import export_from_dir, write_trace
 
     if bool(args.request) == bool(args.all):
@@ -52,7 +51,7 @@ def _export(args: argparse.Namespace) -> int:
     data = export_from_dir(
         args.log_dir,
         None if args.all else args.request,
-        rules_version=RULES_VERSION if args.rules is None else args.rules,
+        rules_version=args.rules,
     )
     out = args.output or (f"{args.request[0]}.trace" if args.request else "log.trace")
     if out == "-":
