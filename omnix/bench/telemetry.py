@@ -1,0 +1,228 @@
+"""``omnix bench telemetry``: log throughput with the telemetry projection on vs off.
+
+Owns: the benchmark only (not the projection, ``omnix/telemetry``).
+
+What it measures: the CPU cost of appending synthetic tiny-omni-shaped
+requests (``omnix.telemetry.synthetic``: streamed text, sentence-forwarded
+talker input, codec frames, audio chunks with blob refs -- about 175 events
+a request, 1 in 20 cancelled midway) to a ``MemoryLog``, with and without
+``Telemetry.run(log)`` following it as it would live (Prometheus reader
+attached; no tracer, since spans are built only when OTLP is configured).
+
+How, on a shared machine: two logs live in one event loop, one followed by
+the projection and one not.  Requests go in blocks of ``--yield-every``: a
+block is appended to both logs, in alternating order, each side timed on
+its own (CPU time of this thread); after its block the "on" side yields to
+the loop, as a server's tasks do, and the projection reads the block there.
+That yield is charged to "on", less the cost of a bare yield (the loop's
+own turn, which a server pays anyway).  Interference from other processes
+lands on both sides alike, block by block; the figure is the median of the
+blocks' off/on time ratios (= on/off throughput) over all rounds.
+
+A second figure (``telemetry_traces_throughput_ratio``, informative) builds
+the spans too and hands them to a discarding exporter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import time
+from collections.abc import Sequence
+
+import msgspec
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from omnix.events.clock import ManualClock
+from omnix.events.log import MemoryLog
+from omnix.events.types import Event
+from omnix.telemetry.setup import Telemetry
+from omnix.telemetry.synthetic import TinyOmniShape, tiny_omni_events, worker_events
+
+_T0 = 1_700_000_000_000_000_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=400, help="requests per round (default 400)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument(
+        "--yield-every", type=int, default=4,
+        help="the producer yields to the event loop every N requests (default 4)",
+    )  # fmt: skip
+    parser.add_argument("--no-traces", action="store_true", help="skip the traces-on figure")
+
+
+class _Discard(SpanExporter):
+    """Spans are built and exported to nowhere: the cost of tracing without I/O."""
+
+    def export(self, spans: Sequence[object]) -> SpanExportResult:  # type: ignore[override]
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def workload(n: int, shape: TinyOmniShape | None = None) -> list[list[Event]]:
+    """Worker joins, then ``n`` requests' events (one list per request)."""
+    shape = shape or TinyOmniShape()
+    workers = [msgspec.structs.replace(ev, ts_ns=_T0) for ev in worker_events()]
+    out = [workers]
+    pos = len(workers)
+    for i in range(n):
+        outcome = "cancelled" if i % 20 == 19 else "finished"
+        evs = tiny_omni_events(f"req-{i}", _T0 + i * 50_000_000, pos, shape, outcome=outcome)
+        out.append(evs)
+        pos += len(evs)
+    return out
+
+
+async def _bare_yield_cost(n: int = 2000) -> float:
+    """CPU time of ``await asyncio.sleep(0)`` with no other task ready: the
+    loop's own turn (a selector poll), which a server pays anyway."""
+    clock = time.thread_time
+    samples = []
+    for _ in range(n):
+        t = clock()
+        await asyncio.sleep(0)
+        samples.append(clock() - t)
+    return statistics.median(samples)
+
+
+async def _round(
+    work: list[list[Event]], mode: str, block: int, bare_yield: float
+) -> list[float]:
+    """One round; returns the off/on time ratio of each block of requests."""
+    log_off = MemoryLog(ManualClock(_T0))
+    log_on = MemoryLog(ManualClock(_T0))
+    tel = Telemetry.from_env(
+        "tiny-omni", environ={}, span_exporter=_Discard() if mode == "traces" else None
+    )
+    task = asyncio.create_task(tel.run(log_on, 0))
+    await asyncio.sleep(0)  # at its first wait, as a live one would be
+    gc.collect()
+    clock = time.thread_time
+    app_off, app_on = log_off.append, log_on.append
+    ratios: list[float] = []
+    for k in range(0, len(work), block):
+        reqs = work[k : k + block]
+        if (k // block) % 2:
+            t = clock()
+            for evs in reqs:
+                for ev in evs:
+                    app_off(ev)
+            t_off = clock() - t
+        t = clock()
+        for evs in reqs:
+            for ev in evs:
+                app_on(ev)
+        # The projection reads this block here, right after it was
+        # appended, as it would live.
+        await asyncio.sleep(0)
+        t_on = max(clock() - t - bare_yield, 1e-9)
+        if not (k // block) % 2:
+            t = clock()
+            for evs in reqs:
+                for ev in evs:
+                    app_off(ev)
+            t_off = clock() - t
+        ratios.append(t_off / t_on)
+    log_on.close()
+    log_off.close()
+    tel.projection.wake()
+    await task
+    assert tel.projection.position == log_on.next_pos
+    tel.shutdown()
+    return ratios
+
+
+async def _measure(args: argparse.Namespace, work: list[list[Event]], mode: str) -> list[float]:
+    bare = await _bare_yield_cost()
+    await _round(work[: max(2, len(work) // 10)], mode, args.yield_every, bare)  # warm-up
+    ratios: list[float] = []
+    for _ in range(args.rounds):
+        ratios.extend(await _round(work, mode, args.yield_every, bare))
+    return ratios
+
+
+def _off_rate(work: list[list[Event]]) -> float:
+    """Requests/s of plain appends (best of 3), for scale."""
+    best = float("inf")
+    for _ in range(3):
+        log = MemoryLog(ManualClock(_T0))
+        gc.collect()
+        t = time.thread_time()
+        for evs in work:
+            for ev in evs:
+                log.append(ev)
+        best = min(best, time.thread_time() - t)
+    return (len(work) - 1) / best
+
+
+def run(args: argparse.Namespace) -> int:
+    work = workload(args.requests)
+    n_events = sum(len(w) for w in work)
+
+    async def main() -> dict:
+        res: dict = {"metrics": await _measure(args, work, "metrics")}
+        if not args.no_traces:
+            res["traces"] = await _measure(args, work, "traces")
+        # One scrape after a round's worth of requests, for scale.
+        log = MemoryLog(ManualClock(_T0))
+        tel = Telemetry.from_env("tiny-omni", environ={})
+        for evs in work:
+            for ev in evs:
+                log.append(ev)
+        tel.catch_up(log)
+        t = time.perf_counter()
+        _, body = tel.prometheus_text()
+        res["scrape_ms"] = (time.perf_counter() - t) * 1e3
+        res["scrape_bytes"] = len(body)
+        tel.shutdown()
+        return res
+
+    res = asyncio.run(main())
+    ratios = res["metrics"]
+    off_rps = _off_rate(work)
+    ratio = statistics.median(ratios)
+    quart = statistics.quantiles(ratios, n=4)
+    figures = {
+        "telemetry_throughput_ratio": round(ratio, 4),
+        "ratio_p25": round(quart[0], 4),
+        "ratio_p75": round(quart[2], 4),
+        "blocks": len(ratios),
+        "requests_per_s_off": round(off_rps, 1),
+        "requests_per_s_on_est": round(off_rps * ratio, 1),
+        "events_per_request": round(n_events / args.requests, 1),
+        "events_per_s_off": round(off_rps * n_events / args.requests),
+        "scrape_ms": round(res["scrape_ms"], 2),
+        "scrape_bytes": res["scrape_bytes"],
+        "requests_per_round": args.requests,
+        "rounds": args.rounds,
+    }
+    if "traces" in res:
+        figures["telemetry_traces_throughput_ratio"] = round(statistics.median(res["traces"]), 4)
+    print(
+        f"telemetry bench: {figures['events_per_request']} events/request, "
+        f"{args.requests} requests x {args.rounds} rounds, blocks of {args.yield_every}"
+    )
+    print(
+        f"  off: {figures['requests_per_s_off']:.0f} req/s "
+        f"({figures['events_per_s_off']} events/s, CPU time)"
+    )
+    print(
+        f"  on/off (metrics, Prometheus): median {ratio:.4f} "
+        f"(quartiles {figures['ratio_p25']:.4f}..{figures['ratio_p75']:.4f}, "
+        f"{len(ratios)} blocks)"
+    )
+    if "telemetry_traces_throughput_ratio" in figures:
+        print(
+            f"  on/off (+ spans, discarding exporter): median "
+            f"{figures['telemetry_traces_throughput_ratio']:.4f}"
+        )
+    print(f"  one scrape: {figures['scrape_ms']} ms, {figures['scrape_bytes']} bytes")
+    if getattr(args, "json", False):
+        print(json.dumps(figures))
+    return 0
