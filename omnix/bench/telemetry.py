@@ -46,7 +46,9 @@ _T0 = 1_700_000_000_000_000_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=400, help="requests per round (default 400)")
+    parser.add_argument(
+        "--requests", type=int, default=400, help="requests per round (default 400)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     parser.add_argument(
         "--yield-every", type=int, default=4,
@@ -91,9 +93,7 @@ async def _bare_yield_cost(n: int = 2000) -> float:
     return statistics.median(samples)
 
 
-async def _round(
-    work: list[list[Event]], mode: str, block: int, bare_yield: float
-) -> list[float]:
+async def _round(work: list[list[Event]], mode: str, block: int, bare_yield: float) -> list[float]:
     """One round; returns the off/on time ratio of each block of requests."""
     log_off = MemoryLog(ManualClock(_T0))
     log_on = MemoryLog(ManualClock(_T0))

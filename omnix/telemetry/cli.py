@@ -29,7 +29,9 @@ from omnix.telemetry.projection import DEFAULT_SAMPLE_RATE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, metavar="FILE", help="a trace file (omnix trace export)")
+    parser.add_argument(
+        "--trace", required=True, metavar="FILE", help="a trace file (omnix trace export)"
+    )
     parser.add_argument(
         "--otlp-endpoint", metavar="URL",
         help="OTLP endpoint for spans and metrics (default: OTEL_EXPORTER_OTLP_* if set)",
@@ -39,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prometheus-port", type=int, metavar="N",
         help="serve /metrics on this port until interrupted",
     )  # fmt: skip
-    out.add_argument("--print", action="store_true", help="print the Prometheus exposition (default)")
+    out.add_argument(
+        "--print", action="store_true", help="print the Prometheus exposition (default)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address for --prometheus-port")
     parser.add_argument("--spans", action="store_true", help="print the spans as JSON lines")
     parser.add_argument(
@@ -119,7 +123,10 @@ def _serve(tel: Any, host: str, port: int) -> int:
 
     async def main() -> None:
         runner, bound = await serve_metrics(tel, host, port)
-        print(f"omnix telemetry: serving http://{host}:{bound}/metrics (Ctrl-C to stop)", file=sys.stderr)
+        print(
+            f"omnix telemetry: serving http://{host}:{bound}/metrics (Ctrl-C to stop)",
+            file=sys.stderr,
+        )
         try:
             await asyncio.Event().wait()
         finally:

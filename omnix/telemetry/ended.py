@@ -41,41 +41,38 @@ _ACTIVE = frozenset({"routed", "running"})
 Add = Callable[[float], None]
 
 
+class _AddBy(dict):
+    """label value -> the ``add`` of its series, made on first use (``d[k]``
+    is one specialised dict subscript when present)."""
+
+    def __init__(self, make: Callable[[str], Add]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: str) -> Add:
+        add = self[key] = self._make(key)
+        return add
+
+
 class StageSeries:
     """One (pipeline, stage)'s series and its learned output modality."""
 
-    __slots__ = ("_m", "_p", "_s", "dur", "modality", "queue", "text", "tokens_in",
-                 "tokens_out", "tpot", "unfinished")  # fmt: skip
+    __slots__ = ("dur", "modality", "queue", "text", "tokens_in", "tokens_out", "tpot", "unfinished")
 
     def __init__(self, m: MetricSet, pipeline: str, stage: str) -> None:
-        self._m, self._p, self._s = m, pipeline, stage
+        duration = m.histogram("omnix.stage.duration")
         #: stage status -> add
-        self.dur: dict[str, Add] = {}
-        self.unfinished = self._duration("unfinished")
+        self.dur = _AddBy(lambda status: duration.get((pipeline, stage, status), _NS).add)
+        self.unfinished = self.dur["unfinished"]
         self.queue = m.histogram("omnix.stage.queue_time").get((pipeline, stage), _NS).add
         self.tpot = m.histogram("gen_ai.server.time_per_output_token").get(
             (pipeline, stage), _NS
         ).add
-        self.tokens_in: Cell | None = None
-        self.tokens_out: Cell | None = None
+        tokens = m.sum("omnix.stage.tokens")
+        self.tokens_in: Cell = tokens.get((pipeline, stage, "input"))
+        self.tokens_out: Cell = tokens.get((pipeline, stage, "output"))
         self.modality: str | None = None
         self.text = False
-
-    def _duration(self, status: str) -> Add:
-        h = self._m.histogram("omnix.stage.duration")
-        return h.get((self._p, self._s, status), _NS).add
-
-    def make_dur(self, status: str) -> Add:
-        add = self.dur[status] = self._duration(status)
-        return add
-
-    def make_tokens(self, kind: str) -> Cell:
-        cell = self._m.sum("omnix.stage.tokens").get((self._p, self._s, kind))
-        if kind == "input":
-            self.tokens_in = cell
-        else:
-            self.tokens_out = cell
-        return cell
 
     def learn(self, modality: str) -> None:
         self.modality = modality
@@ -86,11 +83,13 @@ class PipelineSeries:
     """One pipeline's request-level series.  Histogram series exist from the
     pipeline's first ended request; collection shows only those recorded."""
 
-    __slots__ = ("_m", "_p", "audio", "dur", "rtf", "stages", "ttfp_audio", "ttfp_image", "ttft")
+    __slots__ = ("audio", "dur", "rtf", "stages", "ttfp_audio", "ttfp_image", "ttft")
 
     def __init__(self, m: MetricSet, pipeline: str) -> None:
-        self._m, self._p = m, pipeline
-        self.dur: dict[str, Add] = {}
+        duration = m.histogram("gen_ai.server.request.duration")
+        #: request status -> add
+        self.dur = _AddBy(lambda status: duration.get((pipeline, status), _NS).add)
+        #: stage name -> its series
         self.stages: dict[str, StageSeries] = {}
         key = (pipeline,)
         self.ttft = m.histogram("gen_ai.server.time_to_first_token").get(key, _NS).add
@@ -99,19 +98,6 @@ class PipelineSeries:
         self.ttfp_image = ttfp.get((pipeline, "image"), _NS).add
         self.rtf = m.histogram("omnix.server.real_time_factor").get(key, _NS).add
         self.audio: Cell | None = None
-
-    def make_dur(self, status: str) -> Add:
-        h = self._m.histogram("gen_ai.server.request.duration")
-        add = self.dur[status] = h.get((self._p, status), _NS).add
-        return add
-
-    def stage(self, name: str) -> StageSeries:
-        ss = self.stages[name] = StageSeries(self._m, self._p, name)
-        return ss
-
-    def make_audio(self) -> Cell:
-        self.audio = self._m.sum("omnix.audio.generated").get((self._p,))
-        return self.audio
 
 
 class EndedRequests:
@@ -136,13 +122,14 @@ class EndedRequests:
         """Observe one ended request.  ``event_at(request_id, pos)`` reads
         back one of its events (only to learn a stage's modality, once per
         stage)."""
-        ps = self.pipelines.get(rs.pipeline)
-        if ps is None:
+        try:
+            ps = self.pipelines[rs.pipeline]
+        except KeyError:
             ps = self.pipelines[rs.pipeline] = PipelineSeries(self.metrics, rs.pipeline)
         adm = rs.admitted_ts
         end = rs.terminal_ts
         status = rs.status
-        (ps.dur.get(status) or ps.make_dur(status))(end - adm)
+        ps.dur[status](end - adm)
         t = rs.first_token_ts
         if t:
             ps.ttft(t - adm)
@@ -154,33 +141,50 @@ class EndedRequests:
             ps.ttfp_image(t - adm)
         stages = ps.stages
         for st in rs.stages:
-            ss = stages.get(st.name) or ps.stage(st.name)
+            try:
+                ss = stages[st.name]
+            except KeyError:
+                ss = stages[st.name] = StageSeries(self.metrics, rs.pipeline, st.name)
             routed = st.routed_ts
             sst = st.status
-            if sst in _ACTIVE:
+            if sst == "finished":
+                ss.dur["finished"](st.finished_ts - routed)
+                if ss.text:
+                    n = st.output_tokens or st.chunks
+                    if n > 1:
+                        ss.tpot((st.last_chunk_ts - st.first_chunk_ts) / (n - 1))
+            elif sst in _ACTIVE:
                 ss.unfinished(end - routed)
             else:
-                (ss.dur.get(sst) or ss.make_dur(sst))((st.finished_ts or end) - routed)
+                ss.dur[sst]((st.finished_ts or end) - routed)
             t = st.started_ts
             if t:
                 ss.queue(t - routed)
             n = st.prompt_tokens
             if n:
-                (ss.tokens_in or ss.make_tokens("input")).value += n
+                ss.tokens_in.value += n
             n = st.output_tokens
             if n:
-                (ss.tokens_out or ss.make_tokens("output")).value += n
+                ss.tokens_out.value += n
             if ss.modality is None and st.first_chunk_pos >= 0:
-                # A stage's output modality is its engine's: learned once.
-                first = event_at(rs.request_id, st.first_chunk_pos)
-                if type(first) is Chunk:
-                    ss.learn(first.modality)  # type: ignore[union-attr]
-            if ss.text and sst == "finished":
+                self._learn(rs, st, ss, event_at)
+        if audio_samples:
+            seconds = audio_samples / self.sample_rate
+            (ps.audio or self._audio_cell(ps, rs.pipeline)).value += seconds
+            if status == "finished":
+                ps.rtf((end - adm) / seconds)
+
+    def _learn(self, rs: RequestState, st, ss: StageSeries, event_at) -> None:
+        # A stage's output modality is its engine's: learned once, from its
+        # first chunk; a text stage then gets TPOT, from this request on.
+        first = event_at(rs.request_id, st.first_chunk_pos)
+        if type(first) is Chunk:
+            ss.learn(first.modality)  # type: ignore[union-attr]
+            if ss.text and st.status == "finished":
                 n = st.output_tokens or st.chunks
                 if n > 1:
                     ss.tpot((st.last_chunk_ts - st.first_chunk_ts) / (n - 1))
-        if audio_samples:
-            seconds = audio_samples / self.sample_rate
-            (ps.audio or ps.make_audio()).value += seconds
-            if status == "finished":
-                ps.rtf((end - adm) / seconds)
+
+    def _audio_cell(self, ps: PipelineSeries, pipeline: str) -> Cell:
+        ps.audio = self.metrics.sum("omnix.audio.generated").get((pipeline,))
+        return ps.audio

@@ -30,7 +30,7 @@ per request only the events a span reads back, released at the end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, get_args
 
 import msgspec
@@ -231,7 +231,7 @@ class Projection:
         except IllegalTransition:
             self._dropped += 1
             return
-        self._consume((ev,), own)
+        self._consume((ev,), 1, own)
 
     def observe_many(self, events: Iterable[Event]) -> None:
         for ev in events:
@@ -246,7 +246,7 @@ class Projection:
         stop = log.next_pos
         while pos < stop:
             end = min(stop, pos + 4096)
-            self._consume(list(log.read(pos, end)), src)
+            self._consume(log.read(pos, end), end - pos, src)
             self.position = pos = end
         return pos - first
 
@@ -283,11 +283,7 @@ class Projection:
             if log.closed and self.position >= log.next_pos:
                 return
             await log.wait_for(self.position)
-            if (
-                interval_s > 0
-                and log.next_pos - self.position < min_batch
-                and not log.closed
-            ):
+            if interval_s > 0 and log.next_pos - self.position < min_batch and not log.closed:
                 await self._pause(interval_s)
 
     async def _pause(self, seconds: float) -> None:
@@ -320,13 +316,14 @@ class Projection:
 
     # The hot loop: every event of the log passes here.  Chunks and Routed
     # pieces are most of a log (tokens, codec frames, audio packets and the
-    # pieces forwarding them): they cost a type test and at most one field
-    # read, and are counted by subtraction rather than one by one.  (C-level
+    # pieces forwarding them): a chunk costs a type test and one field read,
+    # and both are counted by subtraction rather than one by one.  (C-level
     # passes -- map/compress/count over the slice -- cost as much as this
     # loop on CPython 3.11.)
     def _consume(
         self,
-        batch: Sequence[Event],
+        batch: Iterable[Event],
+        n: int,
         src: EventSource,
         # Bound as defaults: locals, not global lookups, in the hot loop.
         type: type[type] = type,
@@ -334,18 +331,15 @@ class Projection:
         Routed: type[Routed] = Routed,
     ) -> None:
         counts = self._counts
-        audio = self._audio
         handlers = self._handlers
         self._src = src
         others = routed = 0
         for ev in batch:
-            cls = type(ev)
-            if cls is Chunk:
-                blob = ev.blob  # type: ignore[union-attr]
-                if blob is not None and ev.modality == "audio" and blob.shape:  # type: ignore[union-attr]
-                    rid = ev.request_id  # type: ignore[union-attr]
-                    audio[rid] = audio.get(rid, 0) + blob.shape[0]
+            if type(ev) is Chunk:
+                if ev.blob is not None:  # type: ignore[union-attr]
+                    self._blob_chunk(ev)  # type: ignore[arg-type]
                 continue
+            cls = type(ev)
             if cls is Routed:
                 routed += 1
                 continue
@@ -355,7 +349,15 @@ class Projection:
             if h is not None:
                 h(ev)
         counts[Routed] += routed
-        counts[Chunk] += len(batch) - routed - others
+        counts[Chunk] += n - routed - others
+
+    def _blob_chunk(self, ev: Chunk) -> None:
+        # Audio (and image) chunks carry blobs; audio is counted in samples.
+        shape = ev.blob.shape  # type: ignore[union-attr]
+        if ev.modality == "audio" and shape:
+            audio = self._audio
+            rid = ev.request_id
+            audio[rid] = audio.get(rid, 0) + shape[0]
 
     # -- handlers (rare events) ---------------------------------------------
     def _on_rejected(self, ev: Rejected) -> None:

@@ -88,7 +88,10 @@ class OtlpConfig:
             else:
                 url = None
             # OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER = none turn a signal off.
-            if environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none" and not endpoint:
+            if (
+                environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none"
+                and not endpoint
+            ):
                 url = None
             if truthy("OTEL_SDK_DISABLED"):
                 url = None
@@ -140,11 +143,11 @@ def _metric_reader(protocol: str, endpoint: str) -> MetricReader:
 class Telemetry:
     """One process's telemetry: a projection of the log plus its outputs.
 
-        tel = Telemetry.from_env("tiny-omni")
-        task = asyncio.create_task(tel.run(log))      # follow the live log
-        app.router.add_get("/metrics", metrics_handler(tel))
-        ...
-        await tel.aclose(task)                        # or tel.shutdown()
+    tel = Telemetry.from_env("tiny-omni")
+    task = asyncio.create_task(tel.run(log))      # follow the live log
+    app.router.add_get("/metrics", metrics_handler(tel))
+    ...
+    await tel.aclose(task)                        # or tel.shutdown()
     """
 
     def __init__(
@@ -245,9 +248,7 @@ class Telemetry:
         """One event in log order (standalone: a trace, a test)."""
         self.projection.observe(ev)
 
-    async def run(
-        self, log: EventLog, start: int | None = 0, *, interval_s: float = 0.005
-    ) -> None:
+    async def run(self, log: EventLog, start: int | None = 0, *, interval_s: float = 0.005) -> None:
         """Follow ``log`` from ``start`` until it closes (run it as a task);
         see ``Projection.run``."""
         await self.projection.run(log, start, interval_s=interval_s)

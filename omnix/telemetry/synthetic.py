@@ -114,7 +114,12 @@ def tiny_omni_events(
         seed=7,
     )
     at(0.0, Admitted(request_id=rid, pipeline=pipeline, spec=spec))
-    at(0.0, Routed(request_id=rid, stage="thinker", replica=replica, seq=0, sources=(base_pos,), last=True))
+    at(
+        0.0,
+        Routed(
+            request_id=rid, stage="thinker", replica=replica, seq=0, sources=(base_pos,), last=True
+        ),
+    )
     at(1.0, StageStarted(request_id=rid, stage="thinker", replica=replica))
     text_ts = [s.ttft_ms + i * s.token_ms for i in range(s.text_tokens)]
     for i, t in enumerate(text_ts):
@@ -211,7 +216,9 @@ def _cancel(timed: list, rid: str, after_tokens: int) -> list:
     for k, (stage, (rep, chunks)) in enumerate(state.items()):
         out.append((cut_ms + 1.0 + 0.1 * k, 0, StageFinished(
             request_id=rid, stage=stage, replica=rep, chunks=chunks, finish_reason="aborted")))  # fmt: skip
-    out.append((cut_ms + 1.5, 0, Cancelled(request_id=rid, reason="client", cause=-(2 + cancel_idx))))
+    out.append(
+        (cut_ms + 1.5, 0, Cancelled(request_id=rid, reason="client", cause=-(2 + cancel_idx)))
+    )
     return out
 
 
