@@ -114,10 +114,7 @@ class VllmEngine:
                 f"stage outputs codec codes but {self.folder} declares no codec layout: its "
                 "omnix.json needs layout.codec_size (and codec_offset, codec_eos, num_codebooks)"
             )
-        # Never reach a hub: weights and tokenizers come from local folders.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        set_env_defaults()
         # AsyncLLM's constructor blocks for the whole engine start (tens of
         # seconds: it spawns processes and waits for their handshake).  Run it
         # in a thread so this worker's event loop keeps answering heartbeats;
@@ -132,32 +129,12 @@ class VllmEngine:
         # Stored here rather than returned: executor futures outlive the call
         # and would keep the AsyncLLM alive until interpreter exit, where its
         # __del__ fails noisily.
-        from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = self.args
+        assert self.folder is not None
         self._device = str(current_platform.device_type or "cpu")
-        kv_bytes = None
-        if current_platform.is_cpu():
-            if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-                log.info("VLLM_CPU_KVCACHE_SPACE is set: it overrides kv_cache_gib")
-            else:
-                # Same knob as VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only.
-                kv_bytes = max(1, int(args.kv_cache_gib * GIB))
-        engine_args = AsyncEngineArgs(
-            model=str(self.folder),
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            enforce_eager=args.enforce_eager,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_bytes,
-            # Without a tokenizer in the folder (the talker) prompts are ids.
-            skip_tokenizer_init=not _has_tokenizer(self.folder),
-            disable_log_stats=True,
-        )
-        self._llm = AsyncLLM.from_engine_args(engine_args)
+        self._llm = AsyncLLM.from_engine_args(engine_args(self.args, self.folder))
 
     def _load_tokenizer(self) -> Any:
         assert self.folder is not None
@@ -425,6 +402,42 @@ def _finish_reason(reason: str | None) -> str:
     if reason == "abort":
         return "aborted"
     return reason or "stop"
+
+
+def set_env_defaults() -> None:
+    """Process environment every vLLM stage runs with, unless already set."""
+    # Never reach a hub: weights and tokenizers come from local folders.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def engine_args(args: VllmArgs, folder: Path) -> Any:
+    """The ``AsyncEngineArgs`` a stage's ``AsyncLLM`` is built from (also
+    the direct baseline of ``omnix bench engines``, so both run the same
+    settings).  ``folder`` is the resolved model folder."""
+    from vllm import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    kv_bytes = None
+    if current_platform.is_cpu():
+        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            log.info("VLLM_CPU_KVCACHE_SPACE is set: it overrides kv_cache_gib")
+        else:
+            # Same knob as VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only.
+            kv_bytes = max(1, int(args.kv_cache_gib * GIB))
+    return AsyncEngineArgs(
+        model=str(folder),
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_bytes,
+        # Without a tokenizer in the folder (the talker) prompts are ids.
+        skip_tokenizer_init=not _has_tokenizer(folder),
+        disable_log_stats=True,
+    )
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -1,0 +1,659 @@
+"""``omnix bench engines``: what omnix costs on top of the engine it drives.
+
+Owns two measurements on real engines and the tiny models, in one run:
+
+* ``tiny-text`` through omnix vs vLLM's ``AsyncLLM`` driven directly, on
+  the same ``thinker`` folder with the very ``AsyncEngineArgs`` omnix's
+  ``VllmEngine`` builds (``omnix.engines.vllm_engine.engine_args``): TTFT
+  p50 (submit to the first streamed token) and tokens/s (output tokens over
+  the wall time of a batch of ``c`` simultaneous requests) at concurrency
+  1, 8 and 32.  Same prompts (through the same chat template), same
+  sampling (the stage's defaults, a fixed ``max_tokens``), the same seed per
+  request index, so both sides generate the same tokens; the run reports
+  how many requests matched token for token.  Targets (the issue): omnix
+  TTFT p50 <= 1.10 x direct + 2 ms, tokens/s >= 0.95 x direct.
+* ``tiny-omni`` TTFP (submit to the first audio chunk) with async chunk
+  forwarding on (the built-in config) and off (the same config with every
+  edge's ``forward = "finish"``); target: forwarding at least halves it.
+
+Fairness on a small shared machine: both sides of a comparison are started
+(one after the other), then measured in alternating rounds (the order
+swapped every round), so a change in the machine's load hits both; between
+rounds the bench sleeps ``--settle`` seconds, because vLLM's CPU model
+process busy-polls its shared-memory queue for 1 s after its last step and
+would steal the core the other side's model is bound to.  The load average
+is printed before and after.
+
+Does not own the engines, the runtime or the API it drives (it uses
+``Omni`` and ``AsyncLLM`` as a user would), nor the HTTP layer (``omnix
+bench http``) or a hop's floor (``omnix bench hop``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from omnix.events.types import (
+    Admitted,
+    Chunk,
+    RequestSpec,
+    StageParams,
+    StageStarted,
+)
+
+# Varied lengths so prefill is not one shape; request i uses PROMPTS[i % n]
+# and seed SEED0 + i on both sides.
+PROMPTS = (
+    "Tell me a story about a cat.",
+    "What is the capital of France, and why?",
+    "Write a haiku about the sea at night.",
+    "Explain how a bicycle stays upright while it moves forward.",
+    "List three colours.",
+    "Summarise the plot of a detective novel in two sentences, without naming the detective.",
+    "Why is the sky blue?",
+    "Give me a recipe for pancakes with the steps numbered.",
+)
+SEED0 = 1000
+LEVELS = (1, 8, 32)
+
+TTFT_RATIO, TTFT_SLACK_MS = 1.10, 2.0
+TPS_RATIO = 0.95
+TTFP_CUT = 0.5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per tiny-text request")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per concurrency level")
+    parser.add_argument(
+        "--requests", type=int, default=8, metavar="N",
+        help="requests per side per round at concurrency 1 (at c: max(1, N // c) batches of c)",
+    )
+    parser.add_argument("--settle", type=float, default=1.2, metavar="S",
+                        help="pause between rounds (vLLM's model process busy-polls for 1 s)")
+    parser.add_argument("--ttfp-requests", type=int, default=8, help="tiny-omni requests per variant")
+    parser.add_argument("--thinker-tokens", type=int, default=96, help="tiny-omni thinker max_tokens")
+    parser.add_argument("--talker-tokens", type=int, default=64, help="tiny-omni talker max_tokens (per piece)")
+    parser.add_argument(
+        "--talker-cpus", default="", metavar="LIST",
+        help="pin tiny-omni's talker worker (and its vLLM processes) to these CPUs, e.g. 1: "
+        "vLLM binds every engine's model threads to the first allowed core by default, so "
+        "thinker and talker share one core",
+    )
+    parser.add_argument("--skip-text", action="store_true", help="only the TTFP part")
+    parser.add_argument("--skip-ttfp", action="store_true", help="only the tiny-text part")
+    parser.add_argument("--model-dir", default=None, help="tiny model dir (default $OMNIX_MODEL_DIR)")
+    parser.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
+                        help="bound on engine start-up (slow on a busy 2-core machine)")
+
+
+def _say(msg: str) -> None:
+    print(f"[bench engines] {msg}", file=sys.stderr, flush=True)
+
+
+def _p50(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+class Sample(msgspec.Struct):
+    """One request as a client saw it (times in seconds, perf_counter)."""
+
+    index: int
+    ttft: float
+    tokens: int
+    ids: tuple[int, ...] = ()
+    # omnix only: where the time to the first token went (ms), from log stamps
+    to_started_ms: float = 0.0  # submit -> the worker's Started in the log
+    to_chunk_ms: float = 0.0  # submit -> the first Chunk in the log
+    ttfp: float = 0.0  # tiny-omni: submit -> first audio chunk
+
+
+class Batch(msgspec.Struct):
+    wall: float
+    samples: list[Sample]
+    cpu: dict[str, float] = {}  # seconds of CPU per process role during the batch
+
+
+class CpuMeter:
+    """CPU seconds of this process and of one side's child processes, by
+    role: wall-clock figures on a shared 2-core machine move with everyone
+    else's load, CPU per token does not.  Roles: ``bench`` (this process:
+    the direct client, or omnix's orchestrator, log and client), ``omnix
+    worker``, ``engine core`` and ``model`` (vLLM's processes)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._me = psutil.Process()
+        self.procs: list[Any] = []
+
+    def children(self) -> set[int]:
+        return {p.pid for p in self._me.children(recursive=True)}
+
+    def adopt(self, before: set[int]) -> None:
+        """This side's processes: the children that appeared since ``before``."""
+        self.procs = [p for p in self._me.children(recursive=True) if p.pid not in before]
+
+    @staticmethod
+    def _role(p: Any) -> str:
+        try:
+            name, cmd = p.name(), " ".join(p.cmdline()[:3])
+        except Exception:
+            return "gone"
+        if "EngineCore" in name:
+            return "engine core"
+        if "Worker" in name and "VLLM" in name:
+            return "model"
+        if "omnix.stages.worker_cli" in cmd:
+            return "omnix worker"
+        return "other"
+
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for role, p in [("bench", self._me)] + [(self._role(p), p) for p in self.procs]:
+            try:
+                t = p.cpu_times()
+            except Exception:
+                continue
+            out[role] = out.get(role, 0.0) + t.user + t.system
+        return out
+
+
+# -- the two sides of the tiny-text comparison ---------------------------------
+
+
+class DirectSide:
+    """vLLM ``AsyncLLM`` in this process, driven as omnix's engine drives it
+    (chat template, token prompt through the renderer, DELTA outputs), minus
+    everything omnix adds."""
+
+    name = "direct"
+
+    def __init__(self, vargs: Any, sampling: StageParams) -> None:
+        self.vargs = vargs
+        self.sampling = sampling
+        self.llm: Any = None
+        self.tok: Any = None
+        self.meter: CpuMeter | None = None
+
+    async def start(self) -> None:
+        from omnix.engines.vllm_engine import engine_args, set_env_defaults
+        from omnix.models.paths import resolve_model
+
+        set_env_defaults()
+        folder = resolve_model(self.vargs.model)
+        ea = engine_args(self.vargs, folder)
+        await asyncio.to_thread(self._make, ea)
+        self.tok = self.llm.tokenizer
+
+    def _make(self, ea: Any) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.llm = AsyncLLM.from_engine_args(ea)
+
+    async def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    async def one(self, index: int, max_tokens: int) -> Sample:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        p = self.sampling
+        t0 = time.perf_counter()
+        text = self.tok.apply_chat_template(
+            [{"role": "user", "content": PROMPTS[index % len(PROMPTS)]}],
+            tokenize=False, add_generation_prompt=True,
+        )
+        prompt = self.tok.encode(text, add_special_tokens=False)
+        kw: dict[str, Any] = {
+            "n": 1, "max_tokens": max_tokens, "seed": SEED0 + index,
+            "output_kind": RequestOutputKind.DELTA,
+        }
+        for f in ("temperature", "top_p", "top_k"):
+            if getattr(p, f) is not None:
+                kw[f] = getattr(p, f)
+        (inp,) = self.llm.renderer.render_cmpl([{"prompt_token_ids": prompt}])
+        first = 0.0
+        ids: list[int] = []
+        async for out in self.llm.generate(inp, SamplingParams(**kw), f"d{index}-{t0}"):
+            delta = out.outputs[0].token_ids
+            if delta and not first:
+                first = time.perf_counter()
+            ids.extend(delta)
+        return Sample(index, first - t0, len(ids), tuple(ids))
+
+
+class OmnixSide:
+    """``Omni`` on a pipeline with real worker processes."""
+
+    def __init__(self, name: str, pipeline: Any, runtime_options: dict[str, Any]) -> None:
+        from omnix.api import Omni
+
+        self.name = name
+        self.omni = Omni(pipeline, runtime_options=runtime_options)
+        self.meter: CpuMeter | None = None
+
+    async def start(self) -> None:
+        await self.omni.start()
+
+    async def close(self) -> None:
+        await self.omni.shutdown(grace_s=2.0)
+
+    def _rid(self) -> str | None:
+        return None  # Omni picks one
+
+    async def one(self, index: int, max_tokens: int) -> Sample:
+        spec = RequestSpec(
+            prompt=PROMPTS[index % len(PROMPTS)],
+            stage_params={"thinker": StageParams(max_tokens=max_tokens)},
+            seed=SEED0 + index, api="bench",
+        )
+        return await self._run(index, spec)
+
+    async def one_omni(self, index: int, thinker_tokens: int, talker_tokens: int) -> Sample:
+        spec = RequestSpec(
+            prompt=PROMPTS[index % len(PROMPTS)], outputs=("text", "audio"),
+            stage_params={
+                "thinker": StageParams(max_tokens=thinker_tokens),
+                "talker": StageParams(max_tokens=talker_tokens),
+            },
+            seed=SEED0 + index, api="bench",
+        )
+        # Cancelled at its first audio chunk: TTFP is measured by then, and
+        # the rest (every thinker sentence spoken, up to talker_tokens codes
+        # each) would only make the run long.
+        return await self._run(index, spec, stop_at_audio=True)
+
+    async def _run(self, index: int, spec: RequestSpec, stop_at_audio: bool = False) -> Sample:
+        from omnix.api import Overloaded
+
+        omni = self.omni
+        wall0 = time.time_ns()
+        t0 = time.perf_counter()
+        ev = omni.submit(spec, self._rid())
+        if not isinstance(ev, Admitted):
+            raise Overloaded(ev)
+        rid = ev.request_id
+        first = first_audio = 0.0
+        ids: list[int] = []
+        async for out in omni.stream(rid):
+            if out.modality == "text":
+                if out.token_ids and not first:
+                    first = time.perf_counter()
+                ids.extend(out.token_ids)
+            elif out.modality == "audio" and not first_audio:
+                first_audio = time.perf_counter()
+                if stop_at_audio:
+                    omni.cancel(rid)
+        rs = omni.state(rid)
+        ok = ("finished", "cancelled") if stop_at_audio and first_audio else ("finished",)
+        if rs is None or rs.status not in ok:
+            raise RuntimeError(f"request {rid} ended {getattr(rs, 'status', '?')}: {getattr(rs, 'reason', '')}")
+        started = chunk = 0
+        # The first thinker events (log stamps, this process's wall clock):
+        # where the time to the first token went, for the profile.
+        async for e in omni.events(rid):
+            if isinstance(e, StageStarted) and e.stage == "thinker" and not started:
+                started = e.ts_ns
+            elif isinstance(e, Chunk) and e.stage == "thinker" and not chunk:
+                chunk = e.ts_ns
+        return Sample(
+            index, first - t0, len(ids), tuple(ids),
+            to_started_ms=(started - wall0) / 1e6, to_chunk_ms=(chunk - wall0) / 1e6,
+            ttfp=first_audio - t0 if first_audio else 0.0,
+        )
+
+
+async def _batch(
+    c: int, start: int, one: Callable[[int], Awaitable[Sample]], meter: CpuMeter | None = None
+) -> Batch:
+    """``c`` requests submitted at once (indices start..start+c-1)."""
+    cpu0 = meter.sample() if meter else {}
+    t0 = time.perf_counter()
+    samples = await asyncio.gather(*(one(start + j) for j in range(c)))
+    wall = time.perf_counter() - t0
+    cpu = {k: v - cpu0.get(k, 0.0) for k, v in meter.sample().items()} if meter else {}
+    return Batch(wall, list(samples), cpu)
+
+
+# -- the tiny-text comparison ------------------------------------------------------
+
+
+async def _start_all(sides: list[Any], limit_s: float) -> None:
+    # One after the other: two engines loading at once on 2 cores only make
+    # each start slower, and a start failure then names its side.
+    for s in sides:
+        t0 = time.perf_counter()
+        _say(f"starting {s.name} ...")
+        s.meter = CpuMeter()
+        before = s.meter.children()
+        async with asyncio.timeout(limit_s):
+            await s.start()
+        s.meter.adopt(before)
+        _say(f"{s.name} ready in {time.perf_counter() - t0:.1f} s")
+
+
+async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str, Any]) -> dict[str, Any]:
+    from omnix.pipelines.plan import merge_params
+
+    stage = pipeline.stage("thinker")
+    sampling = merge_params(stage.sampling, StageParams(max_tokens=args.max_tokens))
+    direct = DirectSide(stage.engine, sampling)
+    omnix_ = OmnixSide("omnix", pipeline, options)
+    sides: list[Any] = [direct, omnix_]
+    try:
+        await _start_all(sides, args.start_timeout)
+        n = args.max_tokens
+        _say("warming up both sides")
+        for s in sides:
+            for c in (1, 8, max(LEVELS)):
+                await _batch(c, 900_000, lambda i, s=s: s.one(i, n))
+        out: dict[str, Any] = {}
+        for c in LEVELS:
+            per_round = max(1, args.requests // c)  # batches of c per side per round
+            batches: dict[str, list[Batch]] = {"direct": [], "omnix": []}
+            _say(f"concurrency {c}: {args.rounds} rounds x {per_round} batches of {c} per side")
+            for r in range(args.rounds):
+                order = sides if r % 2 == 0 else sides[::-1]
+                for s in order:
+                    await asyncio.sleep(args.settle)
+                    for b in range(per_round):
+                        # The same request indices on both sides: same prompt, same seed.
+                        start = (c * 10_000) + (r * per_round + b) * c
+                        batches[s.name].append(
+                            await _batch(c, start, lambda i, s=s: s.one(i, n), s.meter)
+                        )
+            out[c] = batches
+        return out
+    finally:
+        for s in sides:
+            try:
+                await s.close()
+            except Exception as exc:  # keep closing the others
+                _say(f"closing {s.name} failed: {type(exc).__name__}: {exc}")
+
+
+def _text_figures(res: dict[int, dict[str, list[Batch]]]) -> dict[str, Any]:
+    fig: dict[str, Any] = {}
+    for c, sides in res.items():
+        per: dict[str, dict[str, float]] = {}
+        for name, batches in sides.items():
+            samples = [s for b in batches for s in b.samples]
+            tokens = sum(s.tokens for s in samples)
+            per[name] = {
+                "ttft_p50_ms": _p50([s.ttft * 1e3 for s in samples]),
+                "tokens_per_s": tokens / sum(b.wall for b in batches),
+                "tokens": tokens,
+                "requests": len(samples),
+            }
+            cpu: dict[str, float] = {}
+            for b in batches:
+                for role, sec in b.cpu.items():
+                    cpu[role] = cpu.get(role, 0.0) + sec
+            for role, sec in cpu.items():
+                per[name][f"cpu_us_per_token_{role.replace(' ', '_')}"] = sec / tokens * 1e6
+            if name == "omnix":
+                per[name]["to_started_p50_ms"] = _p50([s.to_started_ms for s in samples])
+                per[name]["to_chunk_p50_ms"] = _p50([s.to_chunk_ms for s in samples])
+        d, o = per["direct"], per["omnix"]
+        direct_ids = {s.index: s.ids for b in sides["direct"] for s in b.samples}
+        same = sum(1 for b in sides["omnix"] for s in b.samples if direct_ids.get(s.index) == s.ids)
+        fig[f"ttft_p50_ratio_c{c}"] = round(o["ttft_p50_ms"] / d["ttft_p50_ms"], 3)
+        fig[f"tokens_per_s_ratio_c{c}"] = round(o["tokens_per_s"] / d["tokens_per_s"], 3)
+        fig[f"ttft_p50_ms_direct_c{c}"] = round(d["ttft_p50_ms"], 2)
+        fig[f"ttft_p50_ms_omnix_c{c}"] = round(o["ttft_p50_ms"], 2)
+        fig[f"tokens_per_s_direct_c{c}"] = round(d["tokens_per_s"], 1)
+        fig[f"tokens_per_s_omnix_c{c}"] = round(o["tokens_per_s"], 1)
+        fig[f"omnix_to_started_p50_ms_c{c}"] = round(o["to_started_p50_ms"], 2)
+        fig[f"omnix_to_first_chunk_p50_ms_c{c}"] = round(o["to_chunk_p50_ms"], 2)
+        for side, vals in (("direct", d), ("omnix", o)):
+            for k, v in vals.items():
+                if k.startswith("cpu_us_per_token_"):
+                    fig[f"{k}_{side}_c{c}"] = round(v, 1)
+        fig[f"requests_c{c}"] = o["requests"]
+        fig[f"same_tokens_c{c}"] = same
+        fig[f"ttft_ok_c{c}"] = o["ttft_p50_ms"] <= TTFT_RATIO * d["ttft_p50_ms"] + TTFT_SLACK_MS
+        fig[f"tokens_per_s_ok_c{c}"] = o["tokens_per_s"] >= TPS_RATIO * d["tokens_per_s"]
+    return fig
+
+
+# -- TTFP with async chunk on and off --------------------------------------------------
+
+
+def unchunked(pipeline: Any) -> Any:
+    """The same pipeline with every edge forwarding only at the source's finish."""
+    return msgspec.structs.replace(
+        pipeline,
+        edges=tuple(msgspec.structs.replace(e, forward="finish") for e in pipeline.edges),
+    )
+
+
+class SharedWorkers:
+    """One ``StageRuntime`` (one set of worker processes) under two ``Omni``
+    instances that differ only in their edges.
+
+    Both variants then run on the very same engine processes (no placement
+    or warm-up difference between them) and start-up is paid once.  Worker
+    events go to both logs (each orchestrator needs its ``WorkerJoined``);
+    a request's events go to the ``Omni`` whose prefix its id carries.  The
+    variants are measured one at a time, so neither orchestrator's view of
+    a replica's load is ever wrong.
+    """
+
+    def __init__(self, pipeline: Any, options: dict[str, Any]) -> None:
+        from omnix.events.blobs import MemoryBlobStore
+        from omnix.stages.runtime import StageRuntime
+
+        self.blobs = MemoryBlobStore()
+        self._owners: dict[str, Callable[[Any], None]] = {}
+        self.runtime = StageRuntime(pipeline, emit=self._emit, blobs=self.blobs, **options)
+
+    def attach(self, prefix: str, emit: Callable[[Any], None]) -> None:
+        self._owners[prefix] = emit
+
+    def detach(self, prefix: str) -> None:
+        self._owners.pop(prefix, None)
+
+    def _emit(self, ev: Any) -> None:
+        rid = getattr(ev, "request_id", None)
+        if rid is None:
+            for emit in self._owners.values():
+                emit(ev)
+            return
+        emit = self._owners.get(rid.partition("-")[0])
+        if emit is not None:
+            emit(ev)
+
+    async def shutdown(self) -> None:
+        self._owners.clear()  # the logs are closed by now
+        await self.runtime.shutdown()
+
+
+class _RuntimeView:
+    """What an ``Omni`` may call on the shared runtime: no start, no shutdown."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._rt = runtime
+
+    def send(self, work: Any) -> None:
+        self._rt.send(work)
+
+    def abort(self, request_id: str, stage: str, replica: int) -> None:
+        self._rt.abort(request_id, stage, replica)
+
+    def release(self, request_id: str) -> None:
+        self._rt.release(request_id)
+
+
+class OmniVariant(OmnixSide):
+    """An ``Omni`` over ``SharedWorkers``; request ids start with ``name``."""
+
+    def __init__(self, name: str, pipeline: Any, shared: SharedWorkers) -> None:
+        from omnix.api import Omni
+
+        self.name = name
+        self.meter = None
+        self.omni = Omni(pipeline, blobs=shared.blobs, runtime=_RuntimeView(shared.runtime))
+        self._shared = shared
+        shared.attach(name, self.omni.sequencer.emit)
+        self._n = 0
+
+    async def close(self) -> None:
+        try:
+            await self.omni.shutdown(grace_s=2.0)
+        finally:
+            self._shared.detach(self.name)  # its log is closed
+
+    def _rid(self) -> str:
+        self._n += 1
+        return f"{self.name}-{self._n}"
+
+
+async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str, Any]) -> dict[str, Any]:
+    opts = dict(options)
+    if args.talker_cpus:
+        opts["worker_cpus"] = {"talker": args.talker_cpus}
+    shared = SharedWorkers(pipeline, opts)
+    # Created before the workers start, so both logs see them join.
+    on = OmniVariant("chunked", pipeline, shared)
+    off = OmniVariant("unchunked", unchunked(pipeline), shared)
+    sides = [on, off]
+    samples: dict[str, list[Sample]] = {"chunked": [], "unchunked": []}
+    tt, ta = args.thinker_tokens, args.talker_tokens
+    try:
+        t0 = time.perf_counter()
+        _say("starting tiny-omni's workers (thinker, talker, code2wav) ...")
+        await shared.runtime.start()
+        for s in sides:
+            await s.start()
+        _say(f"tiny-omni ready in {time.perf_counter() - t0:.1f} s")
+        _say("warming up both variants")
+        for s in sides:
+            await s.one_omni(900_000, tt, ta)
+        rounds = min(4, max(1, args.ttfp_requests))
+        per_round = max(1, args.ttfp_requests // rounds)
+        _say(f"TTFP: {rounds} rounds x {per_round} sequential requests per variant")
+        for r in range(rounds):
+            for s in (sides if r % 2 == 0 else sides[::-1]):
+                await asyncio.sleep(args.settle)
+                for k in range(per_round):
+                    samples[s.name].append(await s.one_omni(50_000 + r * per_round + k, tt, ta))
+    finally:
+        for s in sides:
+            try:
+                await s.close()
+            except Exception as exc:
+                _say(f"closing {s.name} failed: {type(exc).__name__}: {exc}")
+        await shared.shutdown()
+    fig: dict[str, Any] = {}
+    for name, ss in samples.items():
+        fig[f"ttfp_ms_{name}"] = round(_p50([s.ttfp * 1e3 for s in ss]), 1)
+        fig[f"ttft_ms_{name}"] = round(_p50([s.ttft * 1e3 for s in ss]), 1)
+    fig["ttfp_cut"] = round(fig["ttfp_ms_chunked"] / fig["ttfp_ms_unchunked"], 3)
+    fig["ttfp_ok"] = fig["ttfp_ms_chunked"] <= TTFP_CUT * fig["ttfp_ms_unchunked"]
+    fig["ttfp_requests"] = len(samples["chunked"])
+    fig["ttfp_thinker_tokens"] = tt
+    fig["ttfp_talker_tokens"] = ta
+    fig["talker_cpus"] = args.talker_cpus or "unpinned"
+    return fig
+
+
+# -- entry point ----------------------------------------------------------------------------
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    from omnix.models.prepare import prepare_models
+    from omnix.pipelines.validate import load_pipeline
+
+    text = load_pipeline("tiny-text")
+    omni = load_pipeline("tiny-omni")
+    from pathlib import Path
+
+    for p in (text, omni):  # builds what is missing (seconds), exports OMNIX_MODEL_DIR
+        prepare_models(p, Path(args.model_dir) if args.model_dir else None)
+    # A worker is declared lost after 2 s without heartbeats by default; on
+    # a 2-core machine shared with other work (and vLLM's busy-polling
+    # processes) a starved worker went silent that long during its first
+    # request.  A loss is not what this bench measures: tolerate 10 s.
+    options = {"start_timeout_s": args.start_timeout, "lost_after_s": 10.0}
+    res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
+    if not args.skip_text:
+        res.update(_text_figures(await _text_phase(args, text, options)))
+        res["max_tokens"] = args.max_tokens
+    if not args.skip_ttfp:
+        res.update(await _ttfp_phase(args, omni, options))
+    res["load_average_end"] = round(os.getloadavg()[0], 2)
+    res["cpus"] = os.cpu_count()
+    return res
+
+
+def _table(res: dict[str, Any]) -> None:
+    if "ttft_p50_ratio_c1" in res:
+        print(f"tiny-text, {res['max_tokens']} tokens per request, omnix vs vLLM AsyncLLM direct")
+        print(f"{'c':>3} {'TTFT p50 direct':>16} {'omnix':>9} {'ratio':>7} {'target':>8}"
+              f" {'tok/s direct':>13} {'omnix':>9} {'ratio':>7}  same tokens")
+        for c in LEVELS:
+            d, o = res[f"ttft_p50_ms_direct_c{c}"], res[f"ttft_p50_ms_omnix_c{c}"]
+            target = TTFT_RATIO * d + TTFT_SLACK_MS
+            ok_t = "ok" if res[f"ttft_ok_c{c}"] else "MISSED"
+            ok_r = "ok" if res[f"tokens_per_s_ok_c{c}"] else "MISSED"
+            print(f"{c:>3} {d:>13.1f} ms {o:>6.1f} ms {res[f'ttft_p50_ratio_c{c}']:>7.3f} "
+                  f"{target:>5.1f} ms {res[f'tokens_per_s_direct_c{c}']:>13.0f} "
+                  f"{res[f'tokens_per_s_omnix_c{c}']:>9.0f} {res[f'tokens_per_s_ratio_c{c}']:>7.3f}  "
+                  f"{res[f'same_tokens_c{c}']}/{res[f'requests_c{c}']}   TTFT {ok_t}, tok/s {ok_r}")
+        print("omnix TTFT split (p50, from log stamps): submit -> worker Started in the log / "
+              "-> first Chunk in the log")
+        for c in LEVELS:
+            print(f"{c:>3} {res[f'omnix_to_started_p50_ms_c{c}']:>8.2f} ms / "
+                  f"{res[f'omnix_to_first_chunk_p50_ms_c{c}']:.2f} ms")
+        print("CPU per output token (us; load-independent), by process: bench = this process "
+              "(direct: the AsyncLLM client; omnix: orchestrator, log, client)")
+        for c in LEVELS:
+            parts = []
+            for side in ("direct", "omnix"):
+                roles = [("bench", "bench"), ("omnix_worker", "worker"), ("engine_core", "engine core"),
+                         ("model", "model")]
+                vals = [f"{label} {res[k]:.0f}" for key, label in roles
+                        if (k := f"cpu_us_per_token_{key}_{side}_c{c}") in res]
+                parts.append(f"{side}: " + ", ".join(vals))
+            print(f"{c:>3} " + " | ".join(parts))
+    if "ttfp_ms_chunked" in res:
+        print(f"tiny-omni TTFP p50 over {res['ttfp_requests']} sequential requests (thinker "
+              f"max_tokens {res['ttfp_thinker_tokens']}, talker {res['ttfp_talker_tokens']} per "
+              f"piece, talker CPUs: {res['talker_cpus']})")
+        print(f"  async chunk on  {res['ttfp_ms_chunked']:8.1f} ms   (TTFT {res['ttft_ms_chunked']:.1f} ms)")
+        print(f"  async chunk off {res['ttfp_ms_unchunked']:8.1f} ms   (TTFT {res['ttft_ms_unchunked']:.1f} ms)")
+        print(f"  on/off {res['ttfp_cut']:.3f} (target <= {TTFP_CUT}): "
+              f"{'ok' if res['ttfp_ok'] else 'MISSED'}")
+    print(f"load average (1 min) {res['load_average_start']} at start, {res['load_average_end']} "
+          f"at end, on {res['cpus']} CPUs")
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; a tiny model needs little
+    # What the runtime gives its workers (so the direct engine's processes,
+    # spawned from here, run with the same setting); vLLM sets its model
+    # process's own thread count and binding either way.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    coro = _bench(args)
+    try:
+        import uvloop
+    except ImportError:
+        res = asyncio.run(coro)
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            res = runner.run(coro)
+    _table(res)
+    print(json.dumps(res))
+    return 0
