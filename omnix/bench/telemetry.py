@@ -12,12 +12,11 @@ attached; no tracer, since spans are built only when OTLP is configured).
 How, on a shared machine: two logs live in one event loop, one followed by
 the projection and one not.  Requests go in blocks of ``--yield-every``: a
 block is appended to both logs, in alternating order, each side timed on
-its own (CPU time of this thread); after its block the "on" side yields to
-the loop, as a server's tasks do, and the projection reads the block there.
-That yield is charged to "on", less the cost of a bare yield (the loop's
-own turn, which a server pays anyway).  Interference from other processes
-lands on both sides alike, block by block; the figure is the median of the
-blocks' off/on time ratios (= on/off throughput) over all rounds.
+its own (CPU time of this thread) and followed by a yield to the loop, as a
+server's tasks do; on the "on" side the projection reads the block in that
+yield.  Interference from other processes lands on both sides alike, block
+by block; the figure is the median of the blocks' off/on time ratios
+(= on/off throughput) over all rounds.
 
 A second figure (``telemetry_traces_throughput_ratio``, informative) builds
 the spans too and hands them to a discarding exporter.
@@ -31,7 +30,7 @@ import gc
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -81,19 +80,7 @@ def workload(n: int, shape: TinyOmniShape | None = None) -> list[list[Event]]:
     return out
 
 
-async def _bare_yield_cost(n: int = 2000) -> float:
-    """CPU time of ``await asyncio.sleep(0)`` with no other task ready: the
-    loop's own turn (a selector poll), which a server pays anyway."""
-    clock = time.thread_time
-    samples = []
-    for _ in range(n):
-        t = clock()
-        await asyncio.sleep(0)
-        samples.append(clock() - t)
-    return statistics.median(samples)
-
-
-async def _round(work: list[list[Event]], mode: str, block: int, bare_yield: float) -> list[float]:
+async def _round(work: list[list[Event]], mode: str, block: int) -> list[float]:
     """One round; returns the off/on time ratio of each block of requests."""
     log_off = MemoryLog(ManualClock(_T0))
     log_on = MemoryLog(ManualClock(_T0))
@@ -104,30 +91,27 @@ async def _round(work: list[list[Event]], mode: str, block: int, bare_yield: flo
     await asyncio.sleep(0)  # at its first wait, as a live one would be
     gc.collect()
     clock = time.thread_time
-    app_off, app_on = log_off.append, log_on.append
+
+    async def side(append: Callable[[Event], object], reqs: list[list[Event]]) -> float:
+        t = clock()
+        for evs in reqs:
+            for ev in evs:
+                append(ev)
+        # Each side then yields to the loop, as a server's tasks do: on the
+        # "on" side the projection reads the block there, right after it
+        # was appended, as it would live.
+        await asyncio.sleep(0)
+        return clock() - t
+
     ratios: list[float] = []
     for k in range(0, len(work), block):
         reqs = work[k : k + block]
         if (k // block) % 2:
-            t = clock()
-            for evs in reqs:
-                for ev in evs:
-                    app_off(ev)
-            t_off = clock() - t
-        t = clock()
-        for evs in reqs:
-            for ev in evs:
-                app_on(ev)
-        # The projection reads this block here, right after it was
-        # appended, as it would live.
-        await asyncio.sleep(0)
-        t_on = max(clock() - t - bare_yield, 1e-9)
-        if not (k // block) % 2:
-            t = clock()
-            for evs in reqs:
-                for ev in evs:
-                    app_off(ev)
-            t_off = clock() - t
+            t_off = await side(log_off.append, reqs)
+            t_on = await side(log_on.append, reqs)
+        else:
+            t_on = await side(log_on.append, reqs)
+            t_off = await side(log_off.append, reqs)
         ratios.append(t_off / t_on)
     log_on.close()
     log_off.close()
@@ -139,11 +123,10 @@ async def _round(work: list[list[Event]], mode: str, block: int, bare_yield: flo
 
 
 async def _measure(args: argparse.Namespace, work: list[list[Event]], mode: str) -> list[float]:
-    bare = await _bare_yield_cost()
-    await _round(work[: max(2, len(work) // 10)], mode, args.yield_every, bare)  # warm-up
+    await _round(work[: max(2, len(work) // 10)], mode, args.yield_every)  # warm-up
     ratios: list[float] = []
     for _ in range(args.rounds):
-        ratios.extend(await _round(work, mode, args.yield_every, bare))
+        ratios.extend(await _round(work, mode, args.yield_every))
     return ratios
 
 

@@ -57,7 +57,16 @@ class _AddBy(dict):
 class StageSeries:
     """One (pipeline, stage)'s series and its learned output modality."""
 
-    __slots__ = ("dur", "modality", "queue", "text", "tokens_in", "tokens_out", "tpot", "unfinished")
+    __slots__ = (
+        "dur",
+        "modality",
+        "queue",
+        "text",
+        "tokens_in",
+        "tokens_out",
+        "tpot",
+        "unfinished",
+    )
 
     def __init__(self, m: MetricSet, pipeline: str, stage: str) -> None:
         duration = m.histogram("omnix.stage.duration")
@@ -65,9 +74,9 @@ class StageSeries:
         self.dur = _AddBy(lambda status: duration.get((pipeline, stage, status), _NS).add)
         self.unfinished = self.dur["unfinished"]
         self.queue = m.histogram("omnix.stage.queue_time").get((pipeline, stage), _NS).add
-        self.tpot = m.histogram("gen_ai.server.time_per_output_token").get(
-            (pipeline, stage), _NS
-        ).add
+        self.tpot = (
+            m.histogram("gen_ai.server.time_per_output_token").get((pipeline, stage), _NS).add
+        )
         tokens = m.sum("omnix.stage.tokens")
         self.tokens_in: Cell = tokens.get((pipeline, stage, "input"))
         self.tokens_out: Cell = tokens.get((pipeline, stage, "output"))

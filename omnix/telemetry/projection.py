@@ -316,8 +316,9 @@ class Projection:
 
     # The hot loop: every event of the log passes here.  Chunks and Routed
     # pieces are most of a log (tokens, codec frames, audio packets and the
-    # pieces forwarding them): a chunk costs a type test and one field read,
-    # and both are counted by subtraction rather than one by one.  (C-level
+    # pieces forwarding them): a chunk costs a type test and one field read
+    # (audio chunks a few more), and both are counted by subtraction rather
+    # than one by one.  Every bytecode here costs ~0.3% of log throughput.  (C-level
     # passes -- map/compress/count over the slice -- cost as much as this
     # loop on CPython 3.11.)
     def _consume(
@@ -332,32 +333,28 @@ class Projection:
     ) -> None:
         counts = self._counts
         handlers = self._handlers
+        audio = self._audio
         self._src = src
-        others = routed = 0
+        before = sum(counts.values())
+        routed = 0
         for ev in batch:
             if type(ev) is Chunk:
-                if ev.blob is not None:  # type: ignore[union-attr]
-                    self._blob_chunk(ev)  # type: ignore[arg-type]
+                if ev.blob is not None and ev.modality == "audio":  # type: ignore[union-attr]
+                    rid = ev.request_id  # type: ignore[union-attr]
+                    shape = ev.blob.shape  # type: ignore[union-attr]
+                    audio[rid] = audio.get(rid, 0) + (shape[0] if shape else 0)
                 continue
             cls = type(ev)
             if cls is Routed:
                 routed += 1
                 continue
-            others += 1
             counts[cls] += 1
             h = handlers.get(cls)
             if h is not None:
                 h(ev)
+        rare = sum(counts.values()) - before
         counts[Routed] += routed
-        counts[Chunk] += n - routed - others
-
-    def _blob_chunk(self, ev: Chunk) -> None:
-        # Audio (and image) chunks carry blobs; audio is counted in samples.
-        shape = ev.blob.shape  # type: ignore[union-attr]
-        if ev.modality == "audio" and shape:
-            audio = self._audio
-            rid = ev.request_id
-            audio[rid] = audio.get(rid, 0) + shape[0]
+        counts[Chunk] += n - routed - rare
 
     # -- handlers (rare events) ---------------------------------------------
     def _on_rejected(self, ev: Rejected) -> None:
