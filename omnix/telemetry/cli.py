@@ -24,9 +24,6 @@ import json
 import sys
 from typing import Any
 
-from omnix.pipelines.config import CodecArgs, PipelineConfig
-from omnix.telemetry.projection import DEFAULT_SAMPLE_RATE
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -52,15 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def sample_rate_of(pipeline: PipelineConfig) -> int:
-    """The sample rate of the stage that produces the pipeline's audio."""
-    stage = pipeline.outputs.get("audio")
-    for st in pipeline.stages:
-        if st.name == stage and isinstance(st.engine, CodecArgs):
-            return st.engine.sample_rate
-    return DEFAULT_SAMPLE_RATE
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         from omnix.replay.trace import TraceError, read_trace
@@ -79,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from omnix.telemetry.setup import Telemetry
+    from omnix.telemetry.setup import Telemetry, sample_rate_of
 
     spans = InMemorySpanExporter() if args.spans else None
     tel = Telemetry.from_env(

@@ -384,14 +384,10 @@ class MetricSet:
             else:
                 self.sums[spec.name] = SumInstrument(spec)
         self.readers: list[MetricReader] = []
-        #: called with ``lock`` held at the start of every collection
-        self.before_collect: list[Callable[[], None]] = []
 
     def flush(self) -> None:
         """Fold every pending value now (bounds the pending lists)."""
         with self.lock:
-            for hook in self.before_collect:
-                hook()
             for h in self.histograms.values():
                 for series in list(h.series.values()):
                     series.fold()
@@ -409,8 +405,6 @@ class MetricSet:
         start = self.start_ns
         metrics: list[Metric] = []
         with self.lock:
-            for hook in self.before_collect:
-                hook()
             for h in self.histograms.values():
                 for series in list(h.series.values()):
                     series.fold()

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.export import (
 from omnix import __version__
 from omnix.events.log import EventLog
 from omnix.events.types import Event
-from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.config import CodecArgs, PipelineConfig
 from omnix.telemetry.metrics import MetricSet
 from omnix.telemetry.projection import DEFAULT_SAMPLE_RATE, Projection
 from omnix.telemetry.spans import SpanWriter
@@ -175,6 +175,9 @@ class Telemetry:
         self.projection = Projection(
             self.metrics, spans, pipeline=pipeline, sample_rate=sample_rate
         )
+        #: where OTLP goes (set by ``from_env``)
+        self.otlp: OtlpConfig | None = None
+        self._log: EventLog | None = None
         self._closed = False
 
     @classmethod
@@ -201,8 +204,6 @@ class Telemetry:
         """
         if isinstance(pipeline_name, PipelineConfig):
             if sample_rate is None:
-                from omnix.telemetry.cli import sample_rate_of
-
                 sample_rate = sample_rate_of(pipeline_name)
             pipeline_name = pipeline_name.name
         if sample_rate is None:
@@ -237,8 +238,6 @@ class Telemetry:
         tel.otlp = otlp
         return tel
 
-    otlp: OtlpConfig | None = None
-
     @property
     def tracing(self) -> bool:
         return self.tracer_provider is not None
@@ -251,6 +250,7 @@ class Telemetry:
     async def run(self, log: EventLog, start: int | None = 0, *, interval_s: float = 0.005) -> None:
         """Follow ``log`` from ``start`` until it closes (run it as a task);
         see ``Projection.run``."""
+        self._log = log
         await self.projection.run(log, start, interval_s=interval_s)
 
     def catch_up(self, log: EventLog) -> int:
@@ -288,7 +288,8 @@ class Telemetry:
         self.metrics.shutdown()
 
     async def aclose(self, task: Any = None) -> None:
-        """Cancel the ``run`` task (if given) and shut down."""
+        """Stop the ``run`` task (if given), read what the log gained since
+        its last pass, and shut down (flushing exporters)."""
         import asyncio
 
         if task is not None and not task.done():
@@ -297,7 +298,18 @@ class Telemetry:
                 await task
             except asyncio.CancelledError:
                 pass
+        if self._log is not None and not self._closed:
+            self.projection.catch_up(self._log)
         self.shutdown()
+
+
+def sample_rate_of(pipeline: PipelineConfig) -> int:
+    """The sample rate of the stage that produces the pipeline's audio."""
+    stage = pipeline.outputs.get("audio")
+    for st in pipeline.stages:
+        if st.name == stage and isinstance(st.engine, CodecArgs):
+            return st.engine.sample_rate
+    return DEFAULT_SAMPLE_RATE
 
 
 def default_resource(pipeline: str, environ: Mapping[str, str] | None = None) -> Resource:

@@ -397,3 +397,29 @@ def test_histogram_bucket_edges() -> None:
     assert s.counts.tolist() == [1, 1, 1, 1]
     assert s.min == pytest.approx(0.1) and s.max == pytest.approx(0.6)
     assert math.isclose(s.sum, 1.3, rel_tol=1e-9)
+
+
+def test_sample_rate_from_the_pipeline_config() -> None:
+    import msgspec
+
+    from omnix.pipelines.config import CodecArgs, PipelineConfig, StageConfig
+
+    codec = StageConfig(name="code2wav", engine=CodecArgs(model="c", sample_rate=16000))
+    pipeline = PipelineConfig(name=PIPELINE, stages=(codec,), outputs={"audio": "code2wav"})
+    tel = Telemetry.from_env(pipeline, environ={})
+    assert tel.pipeline == PIPELINE and tel.projection.sample_rate == 16000
+    tel.shutdown()
+    other = msgspec.structs.replace(pipeline, outputs={})
+    assert Telemetry.from_env(other, environ={}).projection.sample_rate == 24000
+
+
+async def test_aclose_reads_what_the_last_pass_missed() -> None:
+    sc = Scenario()
+    sc.workers()
+    tel = Telemetry.from_env(PIPELINE, environ={})
+    task = asyncio.create_task(tel.run(sc.log))
+    await asyncio.sleep(0)
+    sc.finished()  # appended while the follower waits
+    await tel.aclose(task)
+    assert tel.projection.position == len(sc.log)
+    assert tel.projection.requests_ended == 1
