@@ -501,19 +501,29 @@ class Worker:
         except asyncio.CancelledError:
             raise  # an abort (acknowledged in _on_task_done) or shutdown
         except Exception as exc:
-            req.done = True
+            self._finished(req)
             if req.aborted:  # some engines raise when aborted: that is the ack
                 record(self._done(req, "aborted"))
                 return
             log.warning("request %s failed on stage %s: %s: %s", rid, self.stage, type(exc).__name__, exc)
             record(m.Error(rid, f"{type(exc).__name__}: {exc}"))
             return
-        req.done = True
+        self._finished(req)
         reason = "aborted" if req.aborted else (getattr(req.last, "finish_reason", "") or "stop")
         record(self._done(req, reason))
         # The end of a request is latency-critical (the next stage or the
         # client waits on it): send now rather than one loop turn later.
         self._flush()
+
+    def _finished(self, req: _Req) -> None:
+        """The request is over here: free its slot *before* its Done or Error
+        is recorded.  The server returns the credit on that record and may
+        send the next request at once; the task's done callback (which also
+        pops) runs a loop turn later, and a new request read in between
+        must not find this one still counted (it was refused as over
+        capacity under load)."""
+        req.done = True
+        self._active.pop(req.rid, None)
 
     @staticmethod
     def _done(req: _Req, reason: str) -> m.Done:
