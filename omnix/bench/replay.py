@@ -9,7 +9,7 @@ under ``~/.cache/omnix/bench`` (``--no-cache`` rebuilds it).
 
 Measured, each on the decoded events (the read is timed separately):
 
-* fold: ``Fold.apply`` over every event plus the digest (what ``omnix
+* fold: ``Fold.apply_all`` over every event plus the digest (what ``omnix
   replay TRACE`` does after reading);
 * drive: ``omnix.replay.drive.drive`` (orchestrator + sequencer + memory
   log, every decision compared byte for byte with the recording).
@@ -170,9 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
     def do_fold() -> None:
         f = Fold()
-        apply = f.apply
-        for ev in events:
-            apply(ev)
+        f.apply_all(events)  # what reading a trace does
         if f.digest() != trace.digest:
             raise SystemExit("bench: the fold's digest does not match the trace's")
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
 
 from omnix.events.types import (
+    EVENT_TYPES,
     Admitted,
     Cancelled,
     CancelRequested,
@@ -41,6 +43,7 @@ from omnix.events.types import (
     WorkerJoined,
     WorkerLost,
     event_tag,
+    type_tag,
 )
 
 RequestStatus = Literal["admitted", "running", "cancelling", "finished", "cancelled", "failed", "rejected"]
@@ -498,6 +501,11 @@ class Snapshot(msgspec.Struct, frozen=True):
     #: order (``Fold.requests_on``).  The order cannot be rebuilt from the
     #: states, and decisions iterate it, so the snapshot carries it.
     by_worker: dict[str, tuple[str, ...]] = {}
+    #: ``Fold.counts`` by event tag, ``Fold.ended`` and ``Fold.audio_samples``
+    #: (a snapshot without them starts them empty)
+    counts: dict[str, int] = {}
+    ended: tuple[str, ...] = ()
+    audio_samples: dict[str, int] = {}
 
 
 _state_encoder = msgspec.msgpack.Encoder()
@@ -510,9 +518,20 @@ class Fold:
     and leaving the fold untouched on an illegal one).  WorkerLost also
     marks the stages that replica was running for each live request as
     ``lost``; that is part of the fold, so it is replayed identically.
+
+    Beside the states (and outside the digest: derived facts the states do
+    not carry), the fold keeps what a reader of the whole log would
+    otherwise have to read every event for, so the telemetry projection
+    polls these instead of reading the log (``docs/telemetry.md``):
+
+    * ``counts``: events folded, by event class;
+    * ``ended``: request ids in the order their terminal event was folded
+      (``requests[rid].terminal_pos`` says where);
+    * ``audio_samples``: per request, the samples of its audio chunks that
+      carry an array blob (``blob.shape[0]``).
     """
 
-    __slots__ = ("_by_worker", "next_pos", "requests", "workers")
+    __slots__ = ("_by_worker", "audio_samples", "counts", "ended", "next_pos", "requests", "workers")
 
     def __init__(self, snapshot: Snapshot | None = None) -> None:
         self.requests: dict[str, RequestState] = {}
@@ -521,10 +540,19 @@ class Fold:
         # worker_id -> request ids with an active stage on it (insertion
         # ordered: a dict used as an ordered set).
         self._by_worker: dict[str, dict[str, None]] = {}
+        # Every class present, so an increment needs no test.
+        self.counts: dict[type, int] = dict.fromkeys(EVENT_TYPES, 0)
+        self.ended: list[str] = []
+        self.audio_samples: dict[str, int] = {}
         if snapshot is not None:
             self.requests.update(snapshot.requests)
             self.workers.update(snapshot.workers)
             self.next_pos = snapshot.next_pos
+            by_tag = {type_tag(cls): cls for cls in EVENT_TYPES}
+            for tag, n in snapshot.counts.items():
+                self.counts[by_tag[tag]] = n
+            self.ended.extend(snapshot.ended)
+            self.audio_samples.update(snapshot.audio_samples)
             if snapshot.by_worker:
                 for wid, rids in snapshot.by_worker.items():
                     self._by_worker[wid] = dict.fromkeys(rids)
@@ -561,6 +589,11 @@ class Fold:
                 requests[rid] = reduce_request(old, ev)  # raises, naming the reason
             else:
                 requests[rid] = _reduce_chunk(old, ev)
+            if ev.modality == "audio":
+                blob = ev.blob
+                if blob is not None and blob.shape:
+                    audio = self.audio_samples
+                    audio[rid] = audio.get(rid, 0) + blob.shape[0]
         elif isinstance(ev, RequestEvent):
             rid = ev.request_id
             old = self.requests.get(rid)
@@ -575,6 +608,7 @@ class Fold:
             elif cls is StageFinished or cls is StageFailed:
                 self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)
             elif new.status in TERMINAL_STATUSES:
+                self.ended.append(rid)
                 for st in new.stages:
                     self._by_worker.get(worker_id(st.name, st.replica), {}).pop(rid, None)
         else:
@@ -584,7 +618,124 @@ class Fold:
                 for rid in self._by_worker.pop(wid, {}):
                     rs = self.requests[rid]
                     self.requests[rid] = mark_stage_lost(rs, ev.stage, ev.ts_ns)
+        self.counts[cls] += 1
         self.next_pos = ev.pos + 1 if ev.pos >= 0 else self.next_pos + 1
+
+    def apply_all(self, events: Iterable[Event]) -> None:
+        """``apply`` each event in order: the same fold, faster on logs made
+        mostly of one stage's stream (replay, recovery).
+
+        Once a stage of a request is streaming (``_run_can_open``), its
+        next chunks and input pieces are validated exactly as ``apply``
+        would but not folded one by one: they only move counters and
+        last-event stamps, which fold in one step (a *run*) when an event
+        that reads or changes them arrives -- another event of that stage
+        or of the whole request, any worker event -- or at the end.  Events
+        of the request's other stages fold past the run.  So the result
+        equals per-event application field for field (a property test
+        holds it to that), and on an illegal event everything before it is
+        folded and the error raised, as ``apply`` leaves it.
+        """
+        runs: dict[str, _Runs] = {}
+        requests = self.requests
+        audio = self.audio_samples
+        apply = self.apply
+        next_pos = self.next_pos
+        try:
+            for ev in events:
+                cls = type(ev)
+                rr = None
+                if cls is Chunk or cls is Routed:
+                    rid = ev.request_id  # type: ignore[union-attr]
+                    rr = runs.get(rid)
+                    if rr is not None:
+                        run = rr.by_stage.get(ev.stage)  # type: ignore[union-attr]
+                        if run is not None and ev.replica == run.replica:  # type: ignore[union-attr]
+                            if cls is Chunk:
+                                if ev.index == run.chunks and ev.modality == run.modality:  # type: ignore[union-attr]
+                                    run.chunks += 1
+                                    run.last_chunk = ev  # type: ignore[assignment]
+                                    run.last_ts = ev.ts_ns
+                                    rr.chunks += 1
+                                    rr.last = ev
+                                    if run.modality == "audio":
+                                        blob = ev.blob  # type: ignore[union-attr]
+                                        if blob is not None and blob.shape:
+                                            audio[rid] = audio.get(rid, 0) + blob.shape[0]
+                                    next_pos = ev.pos + 1 if ev.pos >= 0 else next_pos + 1
+                                    continue
+                            elif ev.seq == run.pieces and ev.seq and not run.input_closed:  # type: ignore[union-attr]
+                                run.pieces += 1
+                                run.input_closed = ev.last  # type: ignore[union-attr]
+                                run.last_ts = ev.ts_ns
+                                rr.pieces += 1
+                                rr.last = ev
+                                next_pos = ev.pos + 1 if ev.pos >= 0 else next_pos + 1
+                                continue
+                        if run is not None:
+                            # The run breaks (an error, or a change the full
+                            # reduce must see): fold it so apply() sees the truth.
+                            del runs[rid]
+                            self._close_runs(rr)
+                            rr = None
+                elif runs:
+                    if isinstance(ev, RequestEvent):
+                        rr = runs.get(ev.request_id)
+                        if rr is not None and (cls not in _ONE_STAGE_EVENTS or ev.stage in rr.by_stage):  # type: ignore[union-attr]
+                            # It reads or changes what the runs hold: fold them first.
+                            del runs[ev.request_id]
+                            self._close_runs(rr)
+                            rr = None
+                    else:  # a worker event can touch any request: fold everything first
+                        for open_runs in runs.values():
+                            self._close_runs(open_runs)
+                        runs.clear()
+                self.next_pos = next_pos
+                apply(ev)
+                next_pos = self.next_pos
+                if rr is not None:
+                    rr.last = ev  # another stage's event: the request's last_pos when its runs fold
+                if cls is Chunk:
+                    rs = requests[ev.request_id]  # type: ignore[union-attr]
+                    st = _run_can_open(rs, ev)  # type: ignore[arg-type]
+                    if st is not None:
+                        if rr is None:
+                            rr = runs[rs.request_id] = _Runs()
+                        rr.by_stage[st.name] = _Run(st, ev)  # type: ignore[arg-type]
+        finally:
+            for rr in runs.values():
+                self._close_runs(rr)
+            self.next_pos = next_pos
+
+    def _close_runs(self, rr: _Runs) -> None:
+        last = rr.last
+        if last is None:
+            return
+        rid = last.request_id  # type: ignore[union-attr]
+        rs = self.requests[rid]
+        stages = rs.stages
+        replace = msgspec.structs.replace
+        for name, run in rr.by_stage.items():
+            if run.last_ts is None:
+                continue  # nothing unfolded
+            for i, st in enumerate(stages):
+                if st.name == name:
+                    break
+            end = run.last_chunk
+            if end is not None:
+                new_st = replace(
+                    st, chunks=run.chunks, pieces=run.pieces, input_closed=run.input_closed,
+                    last_chunk_ts=end.ts_ns, last_chunk_pos=end.pos, last_activity_ts=run.last_ts,
+                )
+            else:
+                new_st = replace(
+                    st, pieces=run.pieces, input_closed=run.input_closed, last_activity_ts=run.last_ts
+                )
+            stages = (*stages[:i], new_st, *stages[i + 1 :])
+        n = rr.chunks + rr.pieces
+        self.requests[rid] = replace(rs, stages=stages, last_pos=last.pos, events=rs.events + n)
+        self.counts[Chunk] += rr.chunks
+        self.counts[Routed] += rr.pieces
 
     def requests_on(self, wid: str) -> tuple[str, ...]:
         """Live requests with an active stage on worker ``wid``, in routing order."""
@@ -596,6 +747,9 @@ class Fold:
             dict(self.requests),
             dict(self.workers),
             {wid: tuple(rids) for wid, rids in self._by_worker.items() if rids},
+            {type_tag(cls): n for cls, n in self.counts.items() if n},
+            tuple(self.ended),
+            dict(self.audio_samples),
         )
 
     def digest(self) -> str:
@@ -607,12 +761,69 @@ class Fold:
         return h.hexdigest()
 
 
+# Request events that read and change only the stage they name: one may
+# fold past another stage's open run (that stage's state stays as it was).
+_ONE_STAGE_EVENTS = frozenset({Routed, StageStarted, Progress, StageFinished, StageFailed})
+
+
+class _Run:
+    """One streaming stage of one request: its counters as validated so
+    far, ahead of the state they will fold into."""
+
+    __slots__ = ("chunks", "input_closed", "last_chunk", "last_ts", "modality", "pieces", "replica")
+
+    def __init__(self, st: StageState, first: Chunk) -> None:
+        self.replica = st.replica
+        self.modality = first.modality
+        self.chunks = st.chunks
+        self.pieces = st.pieces
+        self.input_closed = st.input_closed
+        self.last_chunk: Chunk | None = None  # latest unfolded chunk
+        self.last_ts: int | None = None  # latest unfolded event's time (None: nothing unfolded)
+
+
+class _Runs:
+    """One request's open runs (at most one per stage)."""
+
+    __slots__ = ("by_stage", "chunks", "last", "pieces")
+
+    def __init__(self) -> None:
+        self.by_stage: dict[str, _Run] = {}
+        self.chunks = 0  # unfolded chunks, all stages
+        self.pieces = 0  # unfolded pieces, all stages
+        self.last: Event | None = None  # the request's latest event since a run opened
+
+
+def _run_can_open(rs: RequestState, ev: Chunk) -> StageState | None:
+    """The chunk's stage, if ``_reduce_chunk`` of its next chunk (same
+    modality) would change only its counters and last-chunk fields --
+    exactly the conditions of its fast path, plus the request's first-output
+    stamp for that modality already set -- and a next piece (``Routed``,
+    seq > 0) only its piece counters; else None."""
+    if rs.status == "admitted":
+        return None
+    m = ev.modality
+    first = (
+        rs.first_token_ts if m == "text"
+        else rs.first_audio_ts if m == "audio"
+        else rs.first_image_ts if m == "image"
+        else 1
+    )
+    if not first:
+        return None
+    for st in rs.stages:
+        if st.name == ev.stage:
+            if st.first_chunk_pos >= 0 and st.first_chunk_ts and st.started_ts and st.status == "running":
+                return st
+            return None
+    return None
+
+
 def worker_id(stage: str, replica: int) -> str:
     return f"{stage}/{replica}"
 
 
-def fold(events, snapshot: Snapshot | None = None) -> Fold:
+def fold(events: Iterable[Event], snapshot: Snapshot | None = None) -> Fold:
     f = Fold(snapshot)
-    for ev in events:
-        f.apply(ev)
+    f.apply_all(events)
     return f

@@ -555,13 +555,11 @@ def verify_trace(trace: Trace) -> None:
 
 def _fold_checked(events: Iterable[Event], where: str) -> Fold:
     f = Fold()
-    apply = f.apply
-    for ev in events:
-        try:
-            apply(ev)
-        except IllegalTransition as exc:
-            raise TraceCorrupt(
-                f"{where}: event {ev.pos} does not fold: {exc}; the trace is damaged or was "
-                "edited"
-            ) from None
+    try:
+        f.apply_all(events)
+    except IllegalTransition as exc:
+        raise TraceCorrupt(
+            f"{where}: event {exc.event.pos} does not fold: {exc}; the trace is damaged or was "
+            "edited"
+        ) from None
     return f
