@@ -9,19 +9,22 @@ of an old trace (``observe``), and gives the same result.
 Does not own exporters or the process-wide setup (``setup.py``), nor any
 state of its own beyond what a request needs until it ends.
 
-How it stays cheap (``omnix bench telemetry``):
-  * Live, it reads the log's storage in slices from its own position
-    (``run``): never a listener on the append path (a no-op listener alone
-    costs ~15% of append throughput), and per chunk only a type test and
-    one field read.
-  * It does not re-fold: request and stage timings come from the log's own
-    fold (``log.state``) when the terminal event is read -- final by then,
-    since nothing follows a terminal event -- and the few events a span
-    needs (the admission, the cancel, first chunks) are read back by
-    position.  Working state per live request is one audio sample count.
-  * An ended request is a dozen list appends of raw integers on series it
-    holds (``ended.py``); bucketing is done in bulk (``metrics.py``).
-  * Spans are built only at the terminal event and only with a tracer.
+How it stays cheap (``omnix bench telemetry``): it never reads the log's
+events one by one.  The log's fold already keeps, as it folds, what the
+projection needs beside each request's final state -- event counts by type,
+the requests in the order they ended, each request's audio samples
+(``Fold.counts``/``ended``/``audio_samples``) -- so a pass is a poll:
+  * the requests ended since the last pass, each read from the fold (final
+    by then: nothing follows a terminal event), with the few events a span
+    needs (the terminal one, the admission, the cancel, first chunks) read
+    back by position;
+  * an ended request is a dozen list appends of raw integers on series it
+    holds (``ended.py``); bucketing is done in bulk (``metrics.py``);
+  * counters and gauges of the log as a whole (events, requests in
+    flight, workers ready) are read from the fold when a collector asks;
+  * spans are built only at the terminal event and only with a tracer.
+Live (``run``), it wakes at most once per ``interval_s`` while the log
+grows and sleeps while it does not.
 
 Standalone (``observe``, for traces and tests) it folds privately and keeps
 per request only the events a span reads back, released at the end.
@@ -56,11 +59,9 @@ from omnix.events.types import (
     Finished,
     Rejected,
     RejectReason,
-    RequestEvent,
-    Routed,
     StageFailed,
-    WorkerJoined,
     WorkerLost,
+    type_tag,
 )
 from omnix.telemetry.ended import EndedRequests
 from omnix.telemetry.metrics import MetricSet
@@ -108,8 +109,10 @@ class LogSource:
             return None
 
 
-# Request events a span reads back by position (see ``SpanWriter``).
-_KEEP = (Admitted, CancelRequested, StageFailed, DeadlineExpired)
+# Request events a span or a counter reads back by position (see
+# ``SpanWriter``): the admission, the cancel, stage failures, deadlines and
+# the terminal event.
+_KEEP = (Admitted, CancelRequested, StageFailed, DeadlineExpired, Finished, Cancelled, Failed, Rejected)
 
 
 class BufferSource:
@@ -148,6 +151,7 @@ class BufferSource:
 
     def release(self, request_id: str) -> None:
         self.fold.requests.pop(request_id, None)
+        self.fold.audio_samples.pop(request_id, None)
         self.kept.pop(request_id, None)
 
 
@@ -170,33 +174,17 @@ class Projection:
         self.spans = spans
         self.pipeline = pipeline
         self.sample_rate = sample_rate
-        #: next log position ``run``/``catch_up`` will read
+        #: the log position ``run``/``catch_up`` has seen up to
         self.position = 0
-        # class -> events read; every class present so increments need no test
-        self._counts: dict[type, int] = dict.fromkeys(EVENT_TYPES, 0)
-        # request id -> audio samples so far, for live requests only
-        self._audio: dict[str, int] = {}
-        # requests live when the projection attached mid-log (run(start>0))
-        self._active_seed = 0
-        # worker id -> stage, for replicas joined and not lost
-        self._workers: dict[str, str] = {}
-        self._stages_seen: dict[str, None] = {}
+        # The fold being read (the live log's or the standalone one's) and
+        # how many of its ended requests were recorded.
+        self._fold: Fold | None = None
+        self._ended_seen = 0
         self._own: BufferSource | None = None
         self._dropped = 0
         self._ended = EndedRequests(metrics, sample_rate)
         self._unfolded = 0
-        self._last_pipeline = pipeline
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            Rejected: self._on_rejected,
-            Finished: self._on_terminal,
-            Cancelled: self._on_cancelled,
-            Failed: self._on_failed,
-            WorkerJoined: self._on_worker_joined,
-            WorkerLost: self._on_worker_lost,
-        }
         self._source: LogSource | None = None
-        # the source of the slice being consumed (handlers read it)
-        self._src: EventSource = _NO_SOURCE
         self._wake: asyncio.Future[None] | None = None
         m = metrics
         self._c_rejected = m.sum("omnix.requests.rejected")
@@ -216,8 +204,8 @@ class Projection:
 
     @property
     def requests_ended(self) -> int:
-        c = self._counts
-        return c[Finished] + c[Cancelled] + c[Failed] + c[Rejected]
+        """Requests whose end this projection recorded."""
+        return self._ended_seen if self._fold is not None else 0
 
     # -- feeding -----------------------------------------------------------
     def observe(self, ev: Event) -> None:
@@ -226,28 +214,27 @@ class Projection:
         if own is None:
             own = self._own = BufferSource()
         try:
-            ev = own.apply(ev)
+            own.apply(ev)
         except IllegalTransition:
             self._dropped += 1
             return
-        self._consume((ev,), 1, own)
+        if len(own.fold.ended) > self._ended_seen or self._fold is not own.fold:
+            self._poll(own.fold, own)
 
     def observe_many(self, events: Iterable[Event]) -> None:
         for ev in events:
             self.observe(ev)
 
     def catch_up(self, log: EventLog) -> int:
-        """Read everything appended since the last call; return the count."""
+        """Record what the log gained since the last pass; return how many
+        positions it advanced."""
         src = self._source
         if src is None or src.log is not log:
             src = self._source = LogSource(log)
-        first = pos = self.position
-        stop = log.next_pos
-        while pos < stop:
-            end = min(stop, pos + 4096)
-            self._consume(log.read(pos, end), end - pos, src)
-            self.position = pos = end
-        return pos - first
+        first = self.position
+        self._poll(log.state, src)
+        self.position = log.next_pos
+        return self.position - first
 
     def flush(self) -> None:
         """Bucket pending observations now (collection does this itself)."""
@@ -259,30 +246,23 @@ class Projection:
         start: int | None = None,
         *,
         interval_s: float = 0.005,
-        min_batch: int = 256,
     ) -> None:
-        """Follow ``log`` from ``start`` (default: where it stopped) until it closes.
+        """Follow ``log`` until it closes: requests that end from ``start``
+        on (default: where the last pass stopped) are recorded.
 
-        The contract of ``log.tail(start)`` (the log's storage is the buffer;
-        a slow reader costs only its position), read in slices rather than
-        an async-generator step per event, which would cost more than all
-        the other per-event work.  Idle, it waits on the log (one future,
-        woken by the next append).  Woken with fewer than ``min_batch`` new
-        events it lets up to ``interval_s`` of appends accumulate (a sparse
-        log costs one wake-up per interval); with more it reads them at
-        once, while they are still in the CPU's cache -- a slice read a few
-        milliseconds late costs several times more per event.
+        Each pass is a poll of the log's fold (see the module docstring).
+        Idle, it waits on the log (one future, woken by the next append);
+        woken, it lets ``interval_s`` of appends accumulate before the next
+        pass, so a busy log costs one pass per interval, not one per event.
         """
         if start is not None:
-            self.position = start
-            if start > 0:
-                self._seed_from(log, start)
+            self._start_at(log, start)
         while True:
             self.catch_up(log)
             if log.closed and self.position >= log.next_pos:
                 return
             await log.wait_for(self.position)
-            if interval_s > 0 and log.next_pos - self.position < min_batch and not log.closed:
+            if interval_s > 0 and not log.closed:
                 await self._pause(interval_s)
 
     async def _pause(self, seconds: float) -> None:
@@ -302,123 +282,93 @@ class Projection:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    def _seed_from(self, log: EventLog, start: int) -> None:
-        # Attached mid-log: requests and workers live at ``start`` were
-        # admitted/joined before it; take them from the log's fold.
-        for rs in log.state.requests.values():
-            if 0 <= rs.admitted_pos < start and not (0 <= rs.terminal_pos < start):
-                self._active_seed += 1
-        for ws in log.state.workers.values():
-            if 0 <= ws.joined_pos < start and not (0 <= ws.lost_pos < start):
-                self._workers[ws.worker_id] = ws.stage
-                self._stages_seen[ws.stage] = None
+    def _start_at(self, log: EventLog, start: int) -> None:
+        # Requests that ended before ``start`` are not this projection's to
+        # record; the fold lists ended requests in log order.
+        fold = log.state
+        ended = fold.ended
+        k = len(ended)
+        while k > 0:
+            rs = fold.requests.get(ended[k - 1])
+            if rs is None or rs.terminal_pos < start:
+                break
+            k -= 1
+        self._fold = fold
+        self._ended_seen = k
+        self.position = start
 
-    # The hot loop: every event of the log passes here.  Chunks and Routed
-    # pieces are most of a log (tokens, codec frames, audio packets and the
-    # pieces forwarding them): a chunk costs a type test and one field read
-    # (audio chunks a few more), and both are counted by subtraction rather
-    # than one by one.  Each bytecode on the chunk path costs ~0.3% of the
-    # log's append throughput.  (C-level passes over the slice -- map, compress,
-    # count -- measured no cheaper than this loop on CPython 3.11.)
-    def _consume(
-        self,
-        batch: Iterable[Event],
-        n: int,
-        src: EventSource,
-        # Bound as defaults: locals, not global lookups, in the hot loop.
-        type: type[type] = type,
-        Chunk: type[Chunk] = Chunk,
-        Routed: type[Routed] = Routed,
-    ) -> None:
-        counts = self._counts
-        handlers = self._handlers
-        audio = self._audio
-        self._src = src
-        before = sum(counts.values())
-        routed = 0
-        for ev in batch:
-            if type(ev) is Chunk:
-                if ev.blob is not None and ev.modality == "audio":  # type: ignore[union-attr]
-                    rid = ev.request_id  # type: ignore[union-attr]
-                    shape = ev.blob.shape  # type: ignore[union-attr]
-                    audio[rid] = audio.get(rid, 0) + (shape[0] if shape else 0)
-                continue
-            cls = type(ev)
-            if cls is Routed:
-                routed += 1
-                continue
-            counts[cls] += 1
-            h = handlers.get(cls)
-            if h is not None:
-                h(ev)
-        rare = sum(counts.values()) - before
-        counts[Routed] += routed
-        counts[Chunk] += n - routed - rare
+    def _poll(self, fold: Fold, src: EventSource) -> None:
+        if fold is not self._fold:
+            self._fold = fold
+            self._ended_seen = 0
+        ended = fold.ended
+        n = len(ended)
+        i = self._ended_seen
+        if i == n:
+            return
+        audio = fold.audio_samples
+        while i < n:
+            rid = ended[i]
+            i += 1
+            self._ended_seen = i
+            self._record_end(rid, audio.get(rid, 0), src)
 
-    # -- handlers (rare events) ---------------------------------------------
-    def _on_rejected(self, ev: Rejected) -> None:
-        self._c_rejected.add((ev.pipeline, ev.reason))
-        if self.spans is not None:
-            self.spans.rejected(ev)
-        if isinstance(self._src, BufferSource):
-            self._src.release(ev.request_id)
-
-    def _on_worker_joined(self, ev: WorkerJoined) -> None:
-        self._workers[ev.worker_id] = ev.stage
-        self._stages_seen[ev.stage] = None
-
-    def _on_worker_lost(self, ev: WorkerLost) -> None:
-        self._workers.pop(ev.worker_id, None)
-        self._stages_seen[ev.stage] = None
-
-    def _on_cancelled(self, ev: Cancelled) -> None:
-        if self._on_terminal(ev):
-            self._c_cancelled.add((self._last_pipeline, ev.reason))
-
-    def _on_failed(self, ev: Failed) -> None:
-        if self._on_terminal(ev):
-            self._c_failed.add((self._last_pipeline, ev.reason, ev.stage))
-
-    def _on_terminal(self, ev: RequestEvent) -> bool:
-        rid = ev.request_id
-        src = self._src
+    # -- ended requests -------------------------------------------------------
+    def _record_end(self, rid: str, audio: int, src: EventSource) -> None:
         rs = src.request(rid)
-        audio = self._audio.pop(rid, 0) if self._audio else 0
         if rs is None or rs.status not in TERMINAL_STATUSES:
-            # Not in the fold (the log dropped it) or not ended in this view:
-            # nothing sound to measure.
-            return False
-        self._last_pipeline = rs.pipeline
-        ended = self._ended
-        ended.record(rs, audio, src.event)
-        if self.spans is not None:
-            p = rs.pipeline
-            modalities = {st.name: ended.modality(p, st.name) for st in rs.stages}
-            self.spans.request(rs, ev, src, modalities, audio, self.sample_rate)
+            # Not in the fold (the log dropped it): nothing sound to measure.
+            return
+        ev = src.event(rid, rs.terminal_pos)
+        cls = type(ev)
+        if cls is Rejected:
+            self._c_rejected.add((rs.pipeline, ev.reason))  # type: ignore[union-attr]
+            if self.spans is not None:
+                self.spans.rejected(ev)  # type: ignore[arg-type]
+        elif ev is not None:
+            self._ended.record(rs, audio, src.event)
+            if self.spans is not None:
+                p = rs.pipeline
+                modalities = {st.name: self._ended.modality(p, st.name) for st in rs.stages}
+                self.spans.request(rs, ev, src, modalities, audio, self.sample_rate)  # type: ignore[arg-type]
+            if cls is Cancelled:
+                self._c_cancelled.add((rs.pipeline, ev.reason))  # type: ignore[union-attr]
+            elif cls is Failed:
+                self._c_failed.add((rs.pipeline, ev.reason, ev.stage))  # type: ignore[union-attr]
+            self._unfolded += 1
+            if self._unfolded >= self.FOLD_EVERY:
+                # Bucket what is pending (bounds the pending lists).
+                self._unfolded = 0
+                self.metrics.flush()
         if isinstance(src, BufferSource):
             src.release(rid)
-        self._unfolded += 1
-        if self._unfolded >= self.FOLD_EVERY:
-            # Bucket what is pending (bounds the pending lists).
-            self._unfolded = 0
-            self.metrics.flush()
-        return True
 
     # -- collection callbacks (from a collecting thread: copy, then read) -------
+    # (The fold's dicts are read whole with ``list()``/``dict()``, which
+    # hold the GIL throughout: a consistent copy while the loop appends.)
     def _event_points(self) -> list[tuple[tuple[str, ...], float]]:
+        fold = self._fold
+        if fold is None:
+            return []
         p = self.pipeline
-        return [((p, _tag(cls)), n) for cls, n in list(self._counts.items())]
+        return [((p, type_tag(cls)), n) for cls, n in dict(fold.counts).items()]
 
     def _active_points(self) -> list[tuple[tuple[str, ...], float]]:
-        # Admitted minus ended, from the event counts: no per-request state.
-        c = self._counts
-        active = self._active_seed + c[Admitted] - c[Finished] - c[Cancelled] - c[Failed]
+        # Admitted minus ended, from the fold's event counts.
+        fold = self._fold
+        if fold is None:
+            return [((self.pipeline,), 0)]
+        c = dict(fold.counts)
+        active = c[Admitted] - c[Finished] - c[Cancelled] - c[Failed]
         return [((self.pipeline,), max(active, 0))]
 
     def _worker_points(self) -> list[tuple[tuple[str, ...], float]]:
-        by = dict.fromkeys(list(self._stages_seen), 0)
-        for stage in list(self._workers.values()):
-            by[stage] = by.get(stage, 0) + 1
+        fold = self._fold
+        if fold is None:
+            return []
+        by: dict[str, int] = {}
+        for ws in sorted(list(fold.workers.values()), key=lambda w: w.worker_id):
+            by[ws.stage] = by.get(ws.stage, 0) + (1 if ws.alive else 0)
         p = self.pipeline
         return [((p, stage), n) for stage, n in by.items()]
 
@@ -430,32 +380,17 @@ class Projection:
         """Per-request entries held now (0 once every request has ended and
         pending observations were flushed)."""
         own = self._own
-        held = len(self._audio)
+        held = 0
         if own is not None:
-            held += len(own.kept) + sum(
+            held += len(own.kept) + len(own.fold.audio_samples) + sum(
                 1 for rs in own.fold.requests.values() if rs.status not in TERMINAL_STATUSES
             )
         return held
 
 
-class _NoSource:
-    def request(self, request_id: str) -> RequestState | None:
-        return None
-
-    def event(self, request_id: str, pos: int) -> Event | None:
-        return None
-
-
-_NO_SOURCE = _NoSource()
-
-
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-def _tag(cls: type) -> str:
-    return cls.__struct_config__.tag  # type: ignore[attr-defined]
 
 
 __all__ = ["BufferSource", "EventSource", "LogSource", "Projection"]
