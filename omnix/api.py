@@ -292,12 +292,19 @@ class Omni:
 
     async def stream(self, request_id: str) -> AsyncIterator[Output]:
         """Final outputs as they are produced; ends at the terminal event."""
-        wanted: dict[str, str] | None = None
-        async for ev in self.events(request_id):
-            if isinstance(ev, Admitted):
-                wanted = self.output_stages(ev.spec)
-            elif isinstance(ev, Chunk) and wanted and wanted.get(ev.stage) == ev.modality:
-                yield self.to_output(ev)
+        # The log's tail read directly (not through ``events``): this loop
+        # runs once per streamed token per request, and every generator
+        # layer costs a frame resume per event.
+        wanted: dict[str, str] = {}
+        async for ev in self.log.tail(0, request_id=request_id):
+            cls = type(ev)
+            if cls is Chunk:
+                if wanted.get(ev.stage) == ev.modality:  # type: ignore[union-attr]
+                    yield self.to_output(ev)  # type: ignore[arg-type]
+            elif cls is Admitted:
+                wanted = self.output_stages(ev.spec)  # type: ignore[union-attr]
+            elif cls in TERMINAL_TYPES:
+                return
 
     async def generate(self, spec: RequestSpec, request_id: str | None = None) -> RequestResult:
         """Submit and wait for the whole result.  Raises ``Overloaded``."""

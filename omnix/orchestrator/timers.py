@@ -19,7 +19,7 @@ import asyncio
 import heapq
 
 from omnix.events.clock import Clock
-from omnix.events.types import DeadlineExpired, Event, RequestEvent
+from omnix.events.types import Chunk, DeadlineExpired, Event, Progress, RequestEvent
 from omnix.orchestrator.decide import Orchestrator
 from omnix.orchestrator.sequencer import Sequencer
 
@@ -59,6 +59,14 @@ class DeadlineTimer:
             self._handle = None
 
     def __call__(self, ev: Event) -> None:
+        cls = type(ev)
+        if (cls is Chunk or cls is Progress) and ev.request_id in self._armed:  # type: ignore[union-attr]
+            # Output only pushes a stage's inactivity timeout later and moves
+            # nothing earlier, and the armed entry fires no later than the
+            # earliest due time (stale entries re-arm when they fire).  So a
+            # chunk of an armed request needs no due-time computation: it was
+            # a quarter of the server's work per streamed token.
+            return
         if not isinstance(ev, RequestEvent):
             return
         rid = ev.request_id

@@ -181,6 +181,30 @@ async def test_a_silent_stage_times_out_instead_of_hanging():
     assert_released(omni, sim, "r1")
 
 
+async def test_output_of_an_armed_request_costs_the_timer_no_due_time_computation():
+    # A stage's output only pushes its inactivity timeout later, so the timer
+    # skips it (it was a quarter of the server's work per streamed token);
+    # the stage still times out exactly timeout_s after its last output.
+    cfg = omni_like(talker="timeout_s = 0.5\nengine = { kind = \"scripted\", chunks_per_piece = 3, delay_ms = 1, output_modality = \"codec\", hang_at = 2 }")
+    omni, sim = await start_sim(cfg)
+    seen: list[str] = []
+    due_times = omni.orchestrator.due_times
+
+    def spy(rid, state):
+        seen.append(type(omni.log.get(omni.log.next_pos - 1)).__name__)
+        return due_times(rid, state)
+
+    omni.orchestrator.due_times = spy
+    omni.submit(SPEC, request_id="r1")
+    sim.run_until_idle()
+    assert any(isinstance(e, Chunk) for e in omni.log.events_for("r1"))
+    assert "Chunk" not in seen and "Routed" in seen
+    (end,) = terminals(omni, "r1")
+    assert isinstance(end, Failed) and end.reason == "stage_timeout" and end.stage == "talker"
+    last_talker = max(e.ts_ns for e in omni.log.events_for("r1") if getattr(e, "stage", "") == "talker" and not isinstance(e, Failed))
+    assert end.ts_ns - last_talker == 500_000_000
+
+
 async def test_unacknowledged_aborts_end_after_the_abort_timeout(omni_cfg):
     omni, sim = await start_sim(omni_cfg, abort_delay_ms=60_000)
     omni.submit(SPEC, request_id="r1")
