@@ -15,6 +15,8 @@ Owns two measurements on real engines and the tiny models, in one run:
 * ``tiny-omni`` TTFP (submit to the first audio chunk) with async chunk
   forwarding on (the built-in config) and off (the same config with every
   edge's ``forward = "finish"``); target: forwarding at least halves it.
+  Both variants run on the same workers, placed by the runtime's default
+  (``--vllm-cpu-placement``).
 
 Fairness on a small shared machine: both sides of a comparison are started
 (one after the other), then measured in alternating rounds (the order
@@ -85,9 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--talker-tokens", type=int, default=64, help="tiny-omni talker max_tokens (per piece)")
     parser.add_argument(
         "--talker-cpus", default="", metavar="LIST",
-        help="pin tiny-omni's talker worker (and its vLLM processes) to these CPUs, e.g. 1: "
-        "vLLM binds every engine's model threads to the first allowed core by default, so "
-        "thinker and talker share one core",
+        help="pin tiny-omni's talker worker (and its vLLM processes) to these CPUs, e.g. 1, "
+        "instead of the runtime's placement (docs/runtime.md)",
+    )
+    parser.add_argument(
+        "--vllm-cpu-placement", choices=("spread", "vllm"), default="spread",
+        help="the runtime's placement of vLLM workers on CPU (docs/runtime.md): spread "
+        "(default: each vLLM worker of tiny-omni on its own CPUs) or vllm (vLLM's own "
+        "choice: every engine's model threads on the first core)",
     )
     parser.add_argument("--skip-text", action="store_true", help="only the TTFP part")
     parser.add_argument("--skip-ttfp", action="store_true", help="only the tiny-text part")
@@ -522,9 +529,11 @@ class OmniVariant(OmnixSide):
 
 async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str, Any]) -> dict[str, Any]:
     opts = dict(options)
+    opts["vllm_cpu_placement"] = args.vllm_cpu_placement
     if args.talker_cpus:
         opts["worker_cpus"] = {"talker": args.talker_cpus}
     shared = SharedWorkers(pipeline, opts)
+    places = dict(shared.runtime.vllm_places)
     # Created before the workers start, so both logs see them join.
     on = OmniVariant("chunked", pipeline, shared)
     off = OmniVariant("unchunked", unchunked(pipeline), shared)
@@ -566,6 +575,10 @@ async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
     fig["ttfp_thinker_tokens"] = tt
     fig["ttfp_talker_tokens"] = ta
     fig["talker_cpus"] = args.talker_cpus or "unpinned"
+    # The CPUs the runtime pinned each vLLM worker to (docs/runtime.md).
+    fig["vllm_cpus"] = ", ".join(
+        f"{w} {'pinned to' if p.pin else 'model threads on'} {p.cpus}" for w, p in places.items()
+    ) or "not placed"
     return fig
 
 
@@ -631,7 +644,7 @@ def _table(res: dict[str, Any]) -> None:
     if "ttfp_ms_chunked" in res:
         print(f"tiny-omni TTFP p50 over {res['ttfp_requests']} sequential requests (thinker "
               f"max_tokens {res['ttfp_thinker_tokens']}, talker {res['ttfp_talker_tokens']} per "
-              f"piece, talker CPUs: {res['talker_cpus']})")
+              f"piece, talker CPUs: {res['talker_cpus']}, vLLM workers placed: {res['vllm_cpus']})")
         print(f"  async chunk on  {res['ttfp_ms_chunked']:8.1f} ms   (TTFT {res['ttft_ms_chunked']:.1f} ms)")
         print(f"  async chunk off {res['ttfp_ms_unchunked']:8.1f} ms   (TTFT {res['ttft_ms_unchunked']:.1f} ms)")
         print(f"  on/off {res['ttfp_cut']:.3f} (target <= {TTFP_CUT}): "

@@ -397,7 +397,8 @@ class Worker:
                 log.error("ignoring a malformed %r message: %s", mtype, exc)
                 continue
             if mtype == m.WORK:
-                self._on_work(msg)
+                for item in msg:
+                    self._on_work(item)
             elif mtype == m.ABORT:
                 self._on_abort(msg.request_id)
             elif mtype == m.WELCOME:

@@ -15,7 +15,7 @@ Conversation (worker DEALER -> server ROUTER, one endpoint)::
     [heartbeat thread starts: HEARTBEAT -> / <- HEARTBEAT_ACK, own socket]
     [loads its engine: load_engine(kind, cfg.engine); start()]
     READY(engine info) ->               emits WorkerJoined
-                                     <- WORK(WorkItem) / ABORT(request_id)
+                                     <- WORK([WorkItem, ...]) / ABORT(request_id)
     OUTPUTS([Started|Output|ProgressRec|Done|Error, ...]) ->
     GOODBYE(reason) ->                  (on a clean exit)
                                      <- SHUTDOWN
@@ -35,7 +35,7 @@ from omnix.pipelines.config import StageConfig
 from omnix.stages.work import WorkItem
 from omnix.transport.codec import FrameDecoder
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: WORK carries a list of WorkItems
 
 # -- message type bytes (first frame) ---------------------------------------
 HELLO = b"H"
@@ -182,7 +182,9 @@ SERVER_BOUND: dict[bytes, type] = {
 WORKER_BOUND: dict[bytes, type] = {
     WELCOME: Welcome,
     REFUSED: Refused,
-    WORK: WorkItem,
+    # Everything the server routes to one worker in one loop turn, in order
+    # (a burst of admissions is one message, not one per request).
+    WORK: list[WorkItem],  # type: ignore[dict-item]
     ABORT: Abort,
     SHUTDOWN: Shutdown,
     HEARTBEAT_ACK: HeartbeatAck,

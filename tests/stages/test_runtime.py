@@ -12,6 +12,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+import zmq
 
 from omnix.engines.scripted import FAIL_START_ENV, JOURNAL_ENV
 from omnix.events.types import (
@@ -27,6 +28,9 @@ from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.engine import InputPiece
 from omnix.stages.runtime import CapacityExceeded, ReplicaUnavailable, WorkerStartError
 from omnix.stages.work import WorkItem
+from omnix.transport import messages as m
+from omnix.transport.codec import FrameEncoder
+from omnix.transport.sockets import make_dealer, readable, recv_parts
 
 from .conftest import pid_alive, scripted_pipeline
 
@@ -305,3 +309,39 @@ async def test_workers_die_with_a_killed_server():
         if owner.returncode is None:
             owner.kill()
             await owner.wait()
+
+
+async def test_work_sent_in_one_loop_turn_leaves_as_one_message_and_aborts_follow_it(harness_factory):
+    # A raw worker: it sees every message the runtime sends.
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(), 1)), spawn=False)
+    await h.rt.start()
+    ctx = zmq.Context()
+    sock = make_dealer(ctx, h.rt.endpoint, b"wraw")
+    enc, dec = FrameEncoder(), m.decoders(m.WORKER_BOUND)
+
+    async def recv() -> tuple[bytes, object]:
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            if readable(sock):
+                mtype, body, aux = recv_parts(sock)
+                return mtype, dec[mtype].decode(body, aux)
+            await asyncio.sleep(0.005)
+        raise AssertionError("nothing from the runtime")
+
+    try:
+        sock.send_multipart(enc.encode(m.HELLO, m.Hello(m.PROTOCOL_VERSION, "s", -1, os.getpid(), "raw")))
+        assert (await recv())[0] == m.WELCOME
+        sock.send_multipart(enc.encode(m.READY, m.Ready("raw", "scripted", 8)))
+        await h.wait_for(lambda: h.rt.ready_replicas("s") == 1)
+        for rid in ("a", "b", "c"):  # one burst, as concurrent admissions make it
+            h.send(rid, "s")
+        mtype, items = await recv()
+        assert mtype == m.WORK and [w.request_id for w in items] == ["a", "b", "c"]
+        # An abort in the same turn as new work never overtakes it.
+        h.send("d", "s")
+        h.rt.abort("d", "s", 0)
+        assert [(t, [w.request_id for w in msg] if t == m.WORK else msg) for t, msg in
+                [await recv(), await recv()]] == [(m.WORK, ["d"]), (m.ABORT, m.Abort("d"))]
+    finally:
+        sock.close(0)
+        ctx.term()

@@ -111,22 +111,40 @@ def test_worker_guards_capacity_and_aborted_ids(server):
     try:
         ready = _welcome(server, ScriptedArgs(capacity=1, chunks_per_piece=5, hang_at=1))
         assert (ready.engine, ready.capacity) == ("scripted", 1)
-        server.send(m.WORK, _work("r1"))
+        server.send(m.WORK, [_work("r1")])
         recs = server.records(2)
         assert recs[0] == m.Started("r1") and isinstance(recs[1], m.Output) and recs[1].index == 0
-        server.send(m.WORK, _work("r2"))  # over its capacity of 1
+        server.send(m.WORK, [_work("r2")])  # over its capacity of 1
         [err] = server.records(1)
         assert isinstance(err, m.Error) and err.request_id == "r2" and "capacity of 1" in err.message
         server.send(m.ABORT, m.Abort("r1"))
         [done] = server.records(1)
         assert done == m.Done("r1", 1, "aborted", 0, 0)
         server.send(m.ABORT, m.Abort("never-ran"))  # ignored: no reply
-        server.send(m.WORK, _work("r1", seq=1))  # late piece for an aborted request: dropped
-        server.send(m.WORK, _work("r1"))  # even a fresh start under that id: dropped
+        server.send(m.WORK, [_work("r1", seq=1)])  # late piece for an aborted request: dropped
+        server.send(m.WORK, [_work("r1")])  # even a fresh start under that id: dropped
         assert server.quiet(0.5) == []
-        server.send(m.WORK, _work("r3"))  # the credit came back
+        server.send(m.WORK, [_work("r3")])  # the credit came back
         assert server.records(2)[0] == m.Started("r3")
         assert server.heartbeats >= 2
+        server.send(m.SHUTDOWN, m.Shutdown("test over"))
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_worker_runs_every_item_of_one_work_message_in_order(server):
+    proc = _worker(server.endpoint)
+    try:
+        _welcome(server, ScriptedArgs(capacity=2, chunks_per_piece=1))
+        # Two starts and a continuation in one message, as the runtime
+        # batches what it routes in one loop turn.
+        server.send(m.WORK, [_work("a", last=False), _work("b"), _work("a", seq=1)])
+        recs = server.records(7)
+        assert [r for r in recs if isinstance(r, m.Started)] == [m.Started("a"), m.Started("b")]
+        done = {r.request_id: r for r in recs if isinstance(r, m.Done)}
+        assert done["a"].prompt_tokens == 2 and done["b"].prompt_tokens == 1  # a got both pieces
         server.send(m.SHUTDOWN, m.Shutdown("test over"))
         assert proc.wait(10) == 0
     finally:
