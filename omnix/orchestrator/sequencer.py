@@ -82,17 +82,25 @@ class Sequencer:
     def _cascade(self, ev: Event) -> Event:
         log_, orch = self.log, self.orchestrator
         first = log_.append(ev)
-        todo = deque((first,))
+        decisions = orch.react(first, log_.state)
+        if not decisions:
+            return first  # most events (a streamed chunk) decide nothing
+        todo: deque[Event] = deque()
+        for decision in decisions:
+            self._append_decision(decision, todo)
         while todo:
             cur = todo.popleft()
             for decision in orch.react(cur, log_.state):
-                try:
-                    todo.append(log_.append(decision))
-                except IllegalTransition as exc:
-                    # A decision the reducer refuses is an orchestrator bug.
-                    # Dropping the rest of the cascade with it would lose
-                    # legal decisions (a request could then never end), so
-                    # only this one is skipped, loudly.
-                    self.refused_decisions += 1
-                    log.error("orchestrator decision refused (a bug; please report): %s", exc)
+                self._append_decision(decision, todo)
         return first
+
+    def _append_decision(self, decision: Event, todo: deque[Event]) -> None:
+        try:
+            todo.append(self.log.append(decision))
+        except IllegalTransition as exc:
+            # A decision the reducer refuses is an orchestrator bug.
+            # Dropping the rest of the cascade with it would lose legal
+            # decisions (a request could then never end), so only this one
+            # is skipped, loudly.
+            self.refused_decisions += 1
+            log.error("orchestrator decision refused (a bug; please report): %s", exc)
