@@ -327,10 +327,5 @@ def event_tag(ev: Event) -> str:
     return ev.__struct_config__.tag  # type: ignore[union-attr]
 
 
-def type_tag(cls: type) -> str:
-    """The tag of an event class (``Chunk`` -> ``"chunk"``)."""
-    return cls.__struct_config__.tag  # type: ignore[attr-defined]
-
-
 def is_terminal(ev: Event) -> bool:
     return isinstance(ev, TERMINAL_TYPES)

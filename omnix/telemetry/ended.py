@@ -59,6 +59,7 @@ class StageSeries:
 
     __slots__ = (
         "dur",
+        "finished",
         "modality",
         "queue",
         "text",
@@ -73,6 +74,7 @@ class StageSeries:
         #: stage status -> add
         self.dur = _AddBy(lambda status: duration.get((pipeline, stage, status), _NS).add)
         self.unfinished = self.dur["unfinished"]
+        self.finished = self.dur["finished"]
         self.queue = m.histogram("omnix.stage.queue_time").get((pipeline, stage), _NS).add
         self.tpot = (
             m.histogram("gen_ai.server.time_per_output_token").get((pipeline, stage), _NS).add
@@ -157,7 +159,7 @@ class EndedRequests:
             routed = st.routed_ts
             sst = st.status
             if sst == "finished":
-                ss.dur["finished"](st.finished_ts - routed)
+                ss.finished(st.finished_ts - routed)
                 if ss.text:
                     n = st.output_tokens or st.chunks
                     if n > 1:

@@ -197,8 +197,8 @@ INSTRUMENTS: tuple[InstrumentSpec, ...] = (
         "omnix.events",
         "{event}",
         "counter",
-        ("pipeline", "type"),
-        "Events the projection has read from the log, by event type.",
+        ("pipeline",),
+        "Events in the log (its length).",
     ),
     InstrumentSpec(
         "omnix.workers.ready",

@@ -33,8 +33,8 @@ per request only the events a span reads back, released at the end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, get_args
+from collections.abc import Iterable
+from typing import Protocol, get_args
 
 import msgspec
 
@@ -47,7 +47,6 @@ from omnix.events.reducer import (
     reduce_request,
 )
 from omnix.events.types import (
-    EVENT_TYPES,
     Admitted,
     Cancelled,
     CancelReason,
@@ -61,7 +60,6 @@ from omnix.events.types import (
     RejectReason,
     StageFailed,
     WorkerLost,
-    type_tag,
 )
 from omnix.telemetry.ended import EndedRequests
 from omnix.telemetry.metrics import MetricSet
@@ -119,13 +117,14 @@ class BufferSource:
     """Standalone: a private fold plus, per live request, the few events a
     span reads back.  Everything about a request is released at its end."""
 
-    __slots__ = ("fold", "kept", "lost")
+    __slots__ = ("fold", "kept", "lost", "released")
 
     def __init__(self) -> None:
         self.fold = Fold()
         self.kept: dict[str, dict[int, Event]] = {}
         # worker id -> its latest WorkerLost (a Failed's cause); one per worker.
         self.lost: dict[str, WorkerLost] = {}
+        self.released = 0  # ended requests dropped from the fold
 
     def apply(self, ev: Event) -> Event:
         if ev.pos < 0:
@@ -150,7 +149,8 @@ class BufferSource:
         return ev
 
     def release(self, request_id: str) -> None:
-        self.fold.requests.pop(request_id, None)
+        if self.fold.requests.pop(request_id, None) is not None:
+            self.released += 1
         self.fold.audio_samples.pop(request_id, None)
         self.kept.pop(request_id, None)
 
@@ -307,59 +307,63 @@ class Projection:
         if i == n:
             return
         audio = fold.audio_samples
+        requests = fold.requests
+        record = self._record_end
         while i < n:
             rid = ended[i]
             i += 1
             self._ended_seen = i
-            self._record_end(rid, audio.get(rid, 0), src)
+            rs = requests.get(rid) or src.request(rid)
+            if rs is not None and rs.status in TERMINAL_STATUSES:
+                record(rs, audio.get(rid, 0), src)
+            # else: not in the fold (a log that dropped it): nothing sound to measure
 
     # -- ended requests -------------------------------------------------------
-    def _record_end(self, rid: str, audio: int, src: EventSource) -> None:
-        rs = src.request(rid)
-        if rs is None or rs.status not in TERMINAL_STATUSES:
-            # Not in the fold (the log dropped it): nothing sound to measure.
-            return
-        ev = src.event(rid, rs.terminal_pos)
-        cls = type(ev)
-        if cls is Rejected:
-            self._c_rejected.add((rs.pipeline, ev.reason))  # type: ignore[union-attr]
-            if self.spans is not None:
-                self.spans.rejected(ev)  # type: ignore[arg-type]
-        elif ev is not None:
-            self._ended.record(rs, audio, src.event)
-            if self.spans is not None:
+    def _record_end(self, rs: RequestState, audio: int, src: EventSource) -> None:
+        status = rs.status
+        spans = self.spans
+        # The terminal event is read back only when something needs more
+        # than the state has: a span, or the stage a Failed names.
+        ev = src.event(rs.request_id, rs.terminal_pos) if spans is not None or status == "failed" else None
+        if status == "rejected":
+            self._c_rejected.add((rs.pipeline, rs.reason))
+            if spans is not None and ev is not None:
+                spans.rejected(ev)  # type: ignore[arg-type]
+        else:
+            ended = self._ended
+            ended.record(rs, audio, src.event)
+            if spans is not None and ev is not None:
                 p = rs.pipeline
-                modalities = {st.name: self._ended.modality(p, st.name) for st in rs.stages}
-                self.spans.request(rs, ev, src, modalities, audio, self.sample_rate)  # type: ignore[arg-type]
-            if cls is Cancelled:
-                self._c_cancelled.add((rs.pipeline, ev.reason))  # type: ignore[union-attr]
-            elif cls is Failed:
-                self._c_failed.add((rs.pipeline, ev.reason, ev.stage))  # type: ignore[union-attr]
+                modalities = {st.name: ended.modality(p, st.name) for st in rs.stages}
+                spans.request(rs, ev, src, modalities, audio, self.sample_rate)  # type: ignore[arg-type]
+            if status == "cancelled":
+                self._c_cancelled.add((rs.pipeline, rs.reason))
+            elif status == "failed":
+                self._c_failed.add((rs.pipeline, rs.reason, getattr(ev, "stage", "")))
             self._unfolded += 1
             if self._unfolded >= self.FOLD_EVERY:
                 # Bucket what is pending (bounds the pending lists).
                 self._unfolded = 0
                 self.metrics.flush()
-        if isinstance(src, BufferSource):
-            src.release(rid)
+        if type(src) is BufferSource:
+            src.release(rs.request_id)
 
     # -- collection callbacks (from a collecting thread: copy, then read) -------
     # (The fold's dicts are read whole with ``list()``/``dict()``, which
     # hold the GIL throughout: a consistent copy while the loop appends.)
     def _event_points(self) -> list[tuple[tuple[str, ...], float]]:
         fold = self._fold
-        if fold is None:
-            return []
-        p = self.pipeline
-        return [((p, type_tag(cls)), n) for cls, n in dict(fold.counts).items()]
+        return [((self.pipeline,), fold.next_pos if fold is not None else 0)]
 
     def _active_points(self) -> list[tuple[tuple[str, ...], float]]:
-        # Admitted minus ended, from the fold's event counts.
+        # Requests in the fold that have not ended (a standalone fold drops
+        # ended ones once recorded).
         fold = self._fold
         if fold is None:
             return [((self.pipeline,), 0)]
-        c = dict(fold.counts)
-        active = c[Admitted] - c[Finished] - c[Cancelled] - c[Failed]
+        own = self._own
+        released = own.released if own is not None and own.fold is fold else 0
+        active = len(fold.requests) - (len(fold.ended) - released)
         return [((self.pipeline,), max(active, 0))]
 
     def _worker_points(self) -> list[tuple[tuple[str, ...], float]]:

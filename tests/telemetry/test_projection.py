@@ -199,12 +199,7 @@ def test_metric_values(harness) -> None:
     assert _sum(h, "omnix.requests.failed", reason="stage_lost", stage="talker") == 1
     assert _sum(h, "omnix.workers.ready", stage="talker") == 0
     assert _sum(h, "omnix.workers.ready", stage="thinker") == 1
-    assert _sum(h, "omnix.events", type="chunk") == 3 + 4 + 2 + 1 + 1
-    assert _sum(h, "omnix.events", type="routed") == 4 + 1 + 2
-    assert _sum(h, "omnix.events", type="admitted") == 3
-    assert _sum(h, "omnix.events", type="worker_lost") == 1
-    total = sum(p.value for p in h.points("omnix.events").values())
-    assert total == len(sc.log)
+    assert _sum(h, "omnix.events") == len(sc.log)
 
 
 def test_requests_active_while_running(harness) -> None:
