@@ -247,7 +247,7 @@ class Telemetry:
         """One event in log order (standalone: a trace, a test)."""
         self.projection.observe(ev)
 
-    async def run(self, log: EventLog, start: int | None = 0, *, interval_s: float = 0.005) -> None:
+    async def run(self, log: EventLog, start: int | None = 0, *, interval_s: float = 0.05) -> None:
         """Follow ``log`` from ``start`` until it closes (run it as a task);
         see ``Projection.run``."""
         self._log = log
