@@ -71,7 +71,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import msgspec
 
@@ -516,12 +516,7 @@ class DiskLog(EventLog):
         truncated_at = ""
         truncated_reason = ""
         state = self.state
-        apply = state.apply
-        offs_append = self._offs.append
-        prev_append = self._prev.append
-        last = self._last
-        last_get = last.get
-        decode = _event_decoder.decode
+        apply_all = state.apply_all
         for k, p in enumerate(paths):
             is_last = k == len(paths) - 1
             with open(p, "r+b" if is_last else "rb") as f:
@@ -548,33 +543,20 @@ class DiskLog(EventLog):
                         "is missing or misnamed",
                     )
                 end = size
+                at = [0, pos]  # byte offset and position of the event being folded
                 try:
-                    for off, v, body in _iter_records(f, size, HEADER_SIZE):
-                        if v == SCHEMA_VERSION:
-                            try:
-                                ev = decode(body)
-                            except msgspec.DecodeError:
-                                ev = _decode_at(v, body, p, off, pos)  # raises CorruptLog
-                        else:
-                            ev = _decode_at(v, body, p, off, pos)
-                        if ev.pos != pos:
-                            raise CorruptLog(p, off, pos, f"record holds position {ev.pos}")
-                        try:
-                            apply(ev)
-                        except IllegalTransition as exc:
-                            raise CorruptLog(
-                                p, off, pos,
-                                f"the stored event is illegal for this omnix's reducer ({exc})",
-                            ) from exc
-                        offs_append(off)
-                        if isinstance(ev, RequestEvent):
-                            rid = ev.request_id
-                            prev_append(last_get(rid, -1))
-                            last[rid] = pos
-                        else:
-                            prev_append(-1)
-                        pos += 1
+                    try:
+                        # The fold's bulk path: the same fold, about twice as
+                        # fast on a log of streamed chunks (Fold.apply_all).
+                        apply_all(self._segment_events(f, p, size, at))
+                    except IllegalTransition as exc:
+                        raise CorruptLog(
+                            p, at[0], exc.event.pos,
+                            f"the stored event is illegal for this omnix's reducer ({exc})",
+                        ) from exc
+                    pos = at[1]
                 except _BadRecord as bad:
+                    pos = at[1]
                     if not is_last:
                         raise CorruptLog(p, bad.offset, pos, bad.reason) from None
                     follow = _valid_record_after(f, size, bad.offset)
@@ -610,6 +592,40 @@ class DiskLog(EventLog):
             removed_segments=tuple(removed),
             seconds=time.perf_counter() - t0,
         )
+
+    def _segment_events(self, f: BinaryIO, p: Path, size: int, at: list[int]) -> Iterator[Event]:
+        """Recovery: segment ``p``'s events in order, each indexed as it is
+        read.  ``at`` holds [byte offset, position] of the latest one (what
+        an error names) and, at the end, the next position.  Raises
+        ``_BadRecord`` at a damaged record and ``CorruptLog`` at a record
+        that decodes to the wrong position."""
+        pos = at[1]
+        decode = _event_decoder.decode
+        offs_append = self._offs.append
+        prev_append = self._prev.append
+        last = self._last
+        last_get = last.get
+        for off, v, body in _iter_records(f, size, HEADER_SIZE):
+            if v == SCHEMA_VERSION:
+                try:
+                    ev = decode(body)
+                except msgspec.DecodeError:
+                    ev = _decode_at(v, body, p, off, pos)  # raises CorruptLog
+            else:
+                ev = _decode_at(v, body, p, off, pos)
+            if ev.pos != pos:
+                raise CorruptLog(p, off, pos, f"record holds position {ev.pos}")
+            at[0] = off
+            offs_append(off)
+            if isinstance(ev, RequestEvent):
+                rid = ev.request_id
+                prev_append(last_get(rid, -1))
+                last[rid] = pos
+            else:
+                prev_append(-1)
+            pos += 1
+            at[1] = pos
+            yield ev
 
     def _open_active(self) -> None:
         if not self._segs:

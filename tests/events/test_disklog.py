@@ -8,6 +8,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from omnix.events.clock import ManualClock
@@ -23,7 +24,7 @@ from omnix.events.disklog import (
 )
 from omnix.events.log import LogClosed, MemoryLog
 from omnix.events.reducer import IllegalTransition
-from omnix.events.types import Chunk, WorkerJoined
+from omnix.events.types import Admitted, Chunk, RequestSpec, Routed, StageStarted, WorkerJoined
 from tests.events.conftest import interleaved, request_events
 
 SMALL = LogConfig(fsync="none", segment_bytes=4096)
@@ -383,3 +384,29 @@ def test_appends_reads_and_the_flusher_interleave_safely(tmp_path: Path) -> None
     with DiskLog(tmp_path, cfg) as again:
         assert again.recovery.truncated_bytes == 0
         assert list(again.read()) == written
+
+
+def test_a_stored_event_the_reducer_refuses_is_corrupt_at_its_position(tmp_path: Path) -> None:
+    # A well-formed record (right length, checksum, position) whose event
+    # the reducer refuses: a chunk index skipped in the middle of a stream,
+    # where reopening folds chunks in bulk.  Recovery must still name it.
+    rid = "streaming"
+    with DiskLog(tmp_path, SMALL, clock=ManualClock()) as log:
+        log.append(Admitted(request_id=rid, pipeline="p", spec=RequestSpec(prompt="hi")))
+        log.append(Routed(request_id=rid, stage="thinker", replica=0, seq=0, sources=(), last=True))
+        log.append(StageStarted(request_id=rid, stage="thinker", replica=0))
+        for i in range(6):
+            log.append(Chunk(request_id=rid, stage="thinker", replica=0, index=i, modality="text", text="x"))
+        events = list(log.read())
+    bad = msgspec.structs.replace(events[-1], index=9, pos=len(events))
+    payload = encode_event(bad)
+    seg = segs(tmp_path)[-1]
+    offset = seg.stat().st_size
+    with open(seg, "ab") as f:
+        f.write(struct.pack("<II", len(payload), zlib.crc32(payload)) + payload)
+    with pytest.raises(CorruptLog) as err:
+        DiskLog(tmp_path, SMALL, clock=ManualClock())
+    text = str(err.value)
+    assert f"position {len(events)}" in text or f"pos {len(events)}" in text, text
+    assert str(offset) in text, text
+    assert "illegal for this omnix's reducer" in text, text
