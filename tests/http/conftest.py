@@ -20,34 +20,17 @@ import pytest_asyncio
 from omnix.http.app import HttpServer
 from omnix.http.testing import process_runtime_available, serve_scripted
 from omnix.pipelines.validate import parse_pipeline
+from omnix.testing.pipelines import scripted_omni_toml
 
 API_KEY = "sk-test-omnix"
 
-OMNI = """
-name = "http-omni"
-[[stages]]
-name = "thinker"
-engine = { kind = "scripted", chunks_per_piece = 6, delay_ms = 1 }
-[[stages]]
-name = "talker"
-engine = { kind = "scripted", chunks_per_piece = 4, delay_ms = 1, output_modality = "codec" }
-[[stages]]
-name = "code2wav"
-engine = { kind = "scripted", chunks_per_piece = 1, delay_ms = 1, output_modality = "audio" }
-[[edges]]
-source = "thinker"
-target = "talker"
-forward = "sentence"
-every = 3
-[[edges]]
-source = "talker"
-target = "code2wav"
-forward = "chunk"
-every = 1
-[outputs]
-text = "thinker"
-audio = "code2wav"
-"""
+OMNI = scripted_omni_toml(
+    "http-omni",
+    thinker='engine = { kind = "scripted", chunks_per_piece = 6, delay_ms = 1 }',
+    talker='engine = { kind = "scripted", chunks_per_piece = 4, delay_ms = 1, output_modality = "codec" }',
+    edge_thinker="every = 3",
+    edge_talker="every = 1",
+)
 
 # Long enough to act on a request while it runs (~2 s), and a thinker of
 # capacity 1 with no queue: a second concurrent request is refused.

@@ -19,35 +19,16 @@ from omnix.replay.drive import counterfactual, drive
 from omnix.replay.faults import inject
 from omnix.replay.show import render_timeline
 from omnix.replay.trace import export_trace, read_trace
+from omnix.testing.pipelines import scripted_omni_toml
 
 pytestmark = pytest.mark.slow
 
-LIVE = """
-name = "live-omni"
-[[stages]]
-name = "thinker"
-engine = { kind = "scripted", chunks_per_piece = 10, delay_ms = 2 }
-[[stages]]
-name = "talker"
-replicas = 2
-engine = { kind = "scripted", chunks_per_piece = 4, delay_ms = 1, output_modality = "codec" }
-[[stages]]
-name = "code2wav"
-engine = { kind = "scripted", chunks_per_piece = 1, delay_ms = 1, output_modality = "audio" }
-[[edges]]
-source = "thinker"
-target = "talker"
-forward = "chunk"
-every = 3
-[[edges]]
-source = "talker"
-target = "code2wav"
-forward = "chunk"
-every = 2
-[outputs]
-text = "thinker"
-audio = "code2wav"
-"""
+LIVE = scripted_omni_toml(
+    "live-omni",
+    thinker='engine = { kind = "scripted", chunks_per_piece = 10, delay_ms = 2 }',
+    talker='replicas = 2\nengine = { kind = "scripted", chunks_per_piece = 4, delay_ms = 1, output_modality = "codec" }',
+    edge_thinker='forward = "chunk"\nevery = 3',
+)
 
 
 async def _chat(session, url: str, *, audio: bool, stream: bool = True) -> tuple[str, bytes]:
