@@ -418,3 +418,51 @@ async def test_aclose_reads_what_the_last_pass_missed() -> None:
     await tel.aclose(task)
     assert tel.projection.position == len(sc.log)
     assert tel.projection.requests_ended == 1
+
+
+class _CountingLog(MemoryLog):
+    """A MemoryLog that counts the events read back from it."""
+
+    def __init__(self) -> None:
+        super().__init__(ManualClock(0))
+        self.reads = 0
+
+    def read(self, start: int = 0, stop: int | None = None):  # type: ignore[override]
+        for ev in super().read(start, stop):
+            self.reads += 1
+            yield ev
+
+    def get(self, pos: int):  # type: ignore[override]
+        self.reads += 1
+        return super().get(pos)
+
+
+def test_live_metrics_read_no_event_back_from_the_log() -> None:
+    # The projection polls the log's fold (ended requests, audio samples):
+    # it must not read the log's events one by one, which would cost every
+    # append a share of the server's CPU (docs/telemetry.md, "Cost").
+    sc = Scenario(log=_CountingLog())
+    sc.all()
+    tel = Telemetry.from_env(PIPELINE, environ={})
+    tel.catch_up(sc.log)
+    # Once per stage for the projection's life: its output modality, from
+    # its first chunk.  Once per Failed: the stage it names.
+    assert sc.log.reads <= 3 + 1
+    reads, ended = sc.log.reads, _sum_points(tel, "gen_ai.server.request.duration")
+    for i in range(5):
+        sc.finished(rid=f"r-more-{i}", traceparent="")
+    sc.cancelled(rid="r-cancel-2")
+    tel.catch_up(sc.log)
+    assert sc.log.reads == reads
+    assert _sum_points(tel, "gen_ai.server.request.duration") == ended + 6
+    tel.shutdown()
+
+
+def _sum_points(tel: Telemetry, name: str) -> int:
+    n = 0
+    for rm in tel.metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == name:
+                    n += sum(p.count for p in metric.data.data_points)
+    return n
