@@ -688,28 +688,30 @@ class Fold:
                     rr.last = ev  # another stage's event: the request's last_pos when its runs fold
                 if cls is Chunk:
                     rs = requests[ev.request_id]  # type: ignore[union-attr]
-                    st = _run_can_open(rs, ev)  # type: ignore[arg-type]
-                    if st is not None:
+                    i = _run_can_open(rs, ev)  # type: ignore[arg-type]
+                    if i >= 0:
                         if rr is None:
                             rr = runs[rs.request_id] = _Runs()
-                        rr.by_stage[st.name] = _Run(st, ev)  # type: ignore[arg-type]
+                        rr.by_stage[ev.stage] = _Run(rs.stages[i], i, ev)  # type: ignore[arg-type,union-attr]
         finally:
             for rr in runs.values():
                 self._close_runs(rr)
             self.next_pos = next_pos
 
     def _close_runs(self, rr: _Runs) -> None:
+        n = rr.chunks + rr.pieces
+        if not n:
+            return  # nothing unfolded
         last = rr.last
-        if last is None:
-            return
+        assert last is not None
         rid = last.request_id  # type: ignore[union-attr]
         rs = self.requests[rid]
         stages = rs.stages
         replace = msgspec.structs.replace
-        for name, run in rr.by_stage.items():
+        for run in rr.by_stage.values():
             if run.last_ts is None:
                 continue  # nothing unfolded
-            i = next(k for k, st in enumerate(stages) if st.name == name)
+            i = run.index  # a stage keeps its place in the tuple (new ones append)
             st = stages[i]
             end = run.last_chunk
             if end is not None:
@@ -722,7 +724,6 @@ class Fold:
                     st, pieces=run.pieces, input_closed=run.input_closed, last_activity_ts=run.last_ts
                 )
             stages = (*stages[:i], new_st, *stages[i + 1 :])
-        n = rr.chunks + rr.pieces
         self.requests[rid] = replace(rs, stages=stages, last_pos=last.pos, events=rs.events + n)
 
     def requests_on(self, wid: str) -> tuple[str, ...]:
@@ -757,9 +758,10 @@ class _Run:
     """One streaming stage of one request: its counters as validated so
     far, ahead of the state they will fold into."""
 
-    __slots__ = ("chunks", "input_closed", "last_chunk", "last_ts", "modality", "pieces", "replica")
+    __slots__ = ("chunks", "index", "input_closed", "last_chunk", "last_ts", "modality", "pieces", "replica")
 
-    def __init__(self, st: StageState, first: Chunk) -> None:
+    def __init__(self, st: StageState, index: int, first: Chunk) -> None:
+        self.index = index  # the stage's place in RequestState.stages
         self.replica = st.replica
         self.modality = first.modality
         self.chunks = st.chunks
@@ -781,14 +783,14 @@ class _Runs:
         self.last: Event | None = None  # the request's latest event since a run opened
 
 
-def _run_can_open(rs: RequestState, ev: Chunk) -> StageState | None:
-    """The chunk's stage, if ``_reduce_chunk`` of its next chunk (same
-    modality) would change only its counters and last-chunk fields --
-    exactly the conditions of its fast path, plus the request's first-output
-    stamp for that modality already set -- and a next piece (``Routed``,
-    seq > 0) only its piece counters; else None."""
+def _run_can_open(rs: RequestState, ev: Chunk) -> int:
+    """The index of the chunk's stage in ``rs.stages`` if ``_reduce_chunk``
+    of its next chunk (same modality) would change only its counters and
+    last-chunk fields -- exactly the conditions of its fast path, plus the
+    request's first-output stamp for that modality already set -- and a
+    next piece (``Routed``, seq > 0) only its piece counters; else -1."""
     if rs.status == "admitted":
-        return None
+        return -1
     m = ev.modality
     first = (
         rs.first_token_ts if m == "text"
@@ -797,13 +799,16 @@ def _run_can_open(rs: RequestState, ev: Chunk) -> StageState | None:
         else 1
     )
     if not first:
-        return None
+        return -1
+    name = ev.stage
+    i = 0
     for st in rs.stages:
-        if st.name == ev.stage:
+        if st.name == name:
             if st.first_chunk_pos >= 0 and st.first_chunk_ts and st.started_ts and st.status == "running":
-                return st
-            return None
-    return None
+                return i
+            return -1
+        i += 1
+    return -1
 
 
 def worker_id(stage: str, replica: int) -> str:
