@@ -11,17 +11,19 @@ state of its own beyond what a request needs until it ends.
 
 How it stays cheap (``omnix bench telemetry``): it never reads the log's
 events one by one.  The log's fold already keeps, as it folds, what the
-projection needs beside each request's final state -- event counts by type,
-the requests in the order they ended, each request's audio samples
-(``Fold.counts``/``ended``/``audio_samples``) -- so a pass is a poll:
+projection needs beside each request's final state -- the requests in the
+order they ended and each request's audio samples (``Fold.ended``,
+``Fold.audio_samples``) -- so a pass is a poll:
   * the requests ended since the last pass, each read from the fold (final
-    by then: nothing follows a terminal event), with the few events a span
-    needs (the terminal one, the admission, the cancel, first chunks) read
-    back by position;
+    by then: nothing follows a terminal event); events are read back by
+    position only for a span (the terminal one, the admission, the cancel,
+    first chunks), for the stage a ``Failed`` names, and once per stage for
+    its output modality;
   * an ended request is a dozen list appends of raw integers on series it
     holds (``ended.py``); bucketing is done in bulk (``metrics.py``);
-  * counters and gauges of the log as a whole (events, requests in
-    flight, workers ready) are read from the fold when a collector asks;
+  * counters and gauges of the log as a whole (events: the log's length;
+    requests in flight; workers ready) are read from the fold when a
+    collector asks;
   * spans are built only at the terminal event and only with a tracer.
 Live (``run``), it wakes at most once per ``interval_s`` while the log
 grows and sleeps while it does not.
