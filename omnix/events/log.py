@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from omnix.events.clock import Clock, SystemClock
-from omnix.events.reducer import Fold, Snapshot
+from omnix.events.reducer import Fold, IllegalTransition, Snapshot
 from omnix.events.types import Event, RequestEvent
 
 Listener = Callable[[Event], None]
@@ -95,7 +95,10 @@ class EventLog:
         state = self.state
         ts = ev.ts_ns or self.clock.now_ns()
         ev = msgspec.structs.replace(ev, pos=state.next_pos, ts_ns=ts)
-        state.apply(ev)  # raises IllegalTransition before anything is stored
+        try:
+            state.apply(ev)  # raises before anything is stored
+        except IllegalTransition as exc:
+            raise exc.refused() from None
         self._store(ev)
         if self._waiters:
             waiters, self._waiters = self._waiters, []

@@ -54,15 +54,30 @@ _RETRYABLE = ("failed", "lost")
 class IllegalTransition(ValueError):
     """An event that the request's current state does not allow."""
 
-    def __init__(self, key: str, event: Event, reason: str, prior: str = "") -> None:
+    def __init__(
+        self, key: str, event: Event, reason: str, prior: str = "", *, stored: bool = True
+    ) -> None:
         self.key = key
         self.event = event
         self.reason = reason
-        where = f" at pos {event.pos}" if event.pos >= 0 else ""
+        self.prior = prior
+        if event.pos < 0:
+            where = ""
+        elif stored:
+            where = f" at pos {event.pos}"
+        else:  # an append refused it: the position was only offered
+            where = f" refused as pos {event.pos} (nothing stored)"
         text = f"{key}: illegal {event_tag(event)}{where}: {reason}"
         if prior:
             text += f" (after {prior})"
         super().__init__(text)
+
+    def refused(self) -> IllegalTransition:
+        """The same error for an event a log refused to store: its message
+        no longer says the event is at the position it was offered.
+        ``event.pos`` keeps that position (a replay's divergence report
+        looks up what the recording holds there)."""
+        return IllegalTransition(self.key, self.event, self.reason, self.prior, stored=False)
 
 
 class StageState(msgspec.Struct, frozen=True, array_like=True, gc=False):

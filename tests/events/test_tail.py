@@ -136,8 +136,9 @@ def test_illegal_transition_names_the_request_and_both_events(make_log) -> None:
     with pytest.raises(IllegalTransition) as info:
         log.append(Chunk(request_id="req-9", stage="thinker", replica=0, index=1, modality="text"))
     msg = str(info.value)
-    assert msg.startswith("req-9: illegal chunk"), msg
+    assert msg.startswith(f"req-9: illegal chunk refused as pos {n} (nothing stored): "), msg
     assert f"(after finished at pos {n - 1})" in msg, msg
+    assert info.value.event.pos == n  # the position it was offered
     assert info.value.key == "req-9" and isinstance(info.value.event, Chunk)
     assert len(log) == n
 
