@@ -45,6 +45,7 @@ from typing import Any
 
 import msgspec
 
+from omnix.bench.loop import run_on_loop
 from omnix.events.types import (
     Admitted,
     Chunk,
@@ -659,14 +660,7 @@ def run(args: argparse.Namespace) -> int:
     # spawned from here, run with the same setting); vLLM sets its model
     # process's own thread count and binding either way.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    coro = _bench(args)
-    try:
-        import uvloop
-    except ImportError:
-        res = asyncio.run(coro)
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            res = runner.run(coro)
+    res = run_on_loop(_bench(args))
     _table(res)
     print(json.dumps(res))
     return 0

@@ -27,6 +27,7 @@ import json
 import os
 import time
 
+from omnix.bench.loop import run_on_loop
 from omnix.events.blobs import MemoryBlobStore
 from omnix.events.log import MemoryLog
 from omnix.events.types import (
@@ -207,17 +208,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    coro = _bench(args)
-    if args.no_uvloop:
-        res = asyncio.run(coro)
-    else:
-        try:
-            import uvloop
-        except ImportError:
-            res = asyncio.run(coro)
-        else:
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                res = runner.run(coro)
+    res = run_on_loop(_bench(args), uvloop=not args.no_uvloop)
     if not getattr(args, "json", False):
         print(f"hop p50 {res['hop_p50_us']:.0f} us, p99 {res['hop_p99_us']:.0f} us "
               f"({res['hops']} hops over {res['transport']}, {'pinned' if res['pinned'] else 'not pinned'})")

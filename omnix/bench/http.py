@@ -24,6 +24,7 @@ import multiprocessing as mp
 import time
 from typing import Any
 
+from omnix.bench.loop import run_on_loop
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
 from omnix.pipelines.validate import validate_pipeline
 
@@ -158,17 +159,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    coro = _bench(args)
-    if args.no_uvloop:
-        res = asyncio.run(coro)
-    else:
-        try:
-            import uvloop
-        except ImportError:
-            res = asyncio.run(coro)
-        else:
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                res = runner.run(coro)
+    res = run_on_loop(_bench(args), uvloop=not args.no_uvloop)
     if not getattr(args, "json", False):
         print(
             f"SSE streams/s {res['sse_streams_per_s']:,.0f}, SSE events/s {res['sse_events_per_s']:,.0f} "
