@@ -269,6 +269,7 @@ def _reduce_chunk(rs: RequestState, ev: Chunk) -> RequestState:
         )
     stages = (*stages[:i], new_st, *stages[i + 1 :])
     m = ev.modality
+    # _first_output_ts(rs, m), inlined: this runs for every chunk.
     first = (
         rs.first_token_ts if m == "text"
         else rs.first_audio_ts if m == "audio"
@@ -798,22 +799,25 @@ class _Runs:
         self.last: Event | None = None  # the request's latest event since a run opened
 
 
+def _first_output_ts(rs: RequestState, modality: str) -> int:
+    """The request's first-output stamp a chunk of ``modality`` would set
+    (non-zero: already set; 1 for modalities without one)."""
+    if modality == "text":
+        return rs.first_token_ts
+    if modality == "audio":
+        return rs.first_audio_ts
+    if modality == "image":
+        return rs.first_image_ts
+    return 1
+
+
 def _run_can_open(rs: RequestState, ev: Chunk) -> int:
     """The index of the chunk's stage in ``rs.stages`` if ``_reduce_chunk``
     of its next chunk (same modality) would change only its counters and
     last-chunk fields -- exactly the conditions of its fast path, plus the
     request's first-output stamp for that modality already set -- and a
     next piece (``Routed``, seq > 0) only its piece counters; else -1."""
-    if rs.status == "admitted":
-        return -1
-    m = ev.modality
-    first = (
-        rs.first_token_ts if m == "text"
-        else rs.first_audio_ts if m == "audio"
-        else rs.first_image_ts if m == "image"
-        else 1
-    )
-    if not first:
+    if rs.status == "admitted" or not _first_output_ts(rs, ev.modality):
         return -1
     name = ev.stage
     i = 0
