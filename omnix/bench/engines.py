@@ -5,7 +5,7 @@ Owns two measurements on real engines and the tiny models, in one run:
 * ``tiny-text`` through omnix vs vLLM's ``AsyncLLM`` driven directly, on
   the same ``thinker`` folder with the very ``AsyncEngineArgs`` omnix's
   ``VllmEngine`` builds (``omnix.engines.vllm_engine.engine_args``): TTFT
-  p50 (submit to the first streamed token) and tokens/s (output tokens over
+  p50 (the batch's start to the first streamed token) and tokens/s (output tokens over
   the wall time of a batch of ``c`` simultaneous requests) at concurrency
   1, 8 and 32.  Same prompts (through the same chat template), same
   sampling (the stage's defaults, a fixed ``max_tokens``), the same seed per
@@ -18,13 +18,17 @@ Owns two measurements on real engines and the tiny models, in one run:
   Both variants run on the same workers, placed by the runtime's default
   (``--vllm-cpu-placement``).
 
-Fairness on a small shared machine: both sides of a comparison are started
-(one after the other), then measured in alternating rounds (the order
-swapped every round), so a change in the machine's load hits both; between
-rounds the bench sleeps ``--settle`` seconds, because vLLM's CPU model
-process busy-polls its shared-memory queue for 1 s after its last step and
-would steal the core the other side's model is bound to.  The load average
-is printed before and after.
+Fairness on a small shared machine: both sides run the same engine
+layout and placement (``--vllm-cpu-placement``, docs/runtime.md): the
+direct engine core is started on the CPUs omnix's runtime gives its
+worker's engine core, and this process, the client of both sides and
+omnix's server, is pinned to the frontend CPUs (``pin_server``).  Both
+sides are started (one after the other), then measured in alternating
+rounds (the order swapped every round), so a change in the machine's load
+hits both; between rounds the bench sleeps ``--settle`` seconds (with
+vLLM's ``mp`` layout its model process busy-polls for 1 s after its last
+step).  Each request's TTFT counts from its batch's start on both sides
+(``_batch``).  The load average is printed before and after.
 
 Does not own the engines, the runtime or the API it drives (it uses
 ``Omni`` and ``AsyncLLM`` as a user would), nor the HTTP layer (``omnix
@@ -78,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per tiny-text request")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per concurrency level")
     parser.add_argument(
-        "--requests", type=int, default=8, metavar="N",
-        help="requests per side per round at concurrency 1 (at c: max(1, N // c) batches of c)",
+        "--requests", type=int, default=24, metavar="N",
+        help="requests per side per round at concurrency 1 (at c: max(2, N // c) batches of c)",
     )
     parser.add_argument("--settle", type=float, default=1.2, metavar="S",
                         help="pause between rounds (vLLM's model process busy-polls for 1 s)")
@@ -93,9 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--vllm-cpu-placement", choices=("spread", "vllm"), default="spread",
-        help="the runtime's placement of vLLM workers on CPU (docs/runtime.md): spread "
-        "(default: each vLLM worker of tiny-omni on its own CPUs) or vllm (vLLM's own "
-        "choice: every engine's model threads on the first core)",
+        help="the runtime's placement on CPU (docs/runtime.md), applied to both sides: spread "
+        "(default: vLLM engine cores on CPUs of their own, this process and the workers on the "
+        "rest) or vllm (no placement: vLLM's and the OS's own choice)",
     )
     parser.add_argument("--skip-text", action="store_true", help="only the TTFP part")
     parser.add_argument("--skip-ttfp", action="store_true", help="only the tiny-text part")
@@ -186,9 +190,10 @@ class DirectSide:
 
     name = "direct"
 
-    def __init__(self, vargs: Any, sampling: StageParams) -> None:
+    def __init__(self, vargs: Any, sampling: StageParams, engine_cpus: str | None) -> None:
         self.vargs = vargs
         self.sampling = sampling
+        self.engine_cpus = engine_cpus  # placed as omnix's runtime places its worker's
         self.llm: Any = None
         self.tok: Any = None
         self.meter: CpuMeter | None = None
@@ -197,7 +202,7 @@ class DirectSide:
         from omnix.engines.vllm_engine import engine_args, set_env_defaults
         from omnix.models.paths import resolve_model
 
-        set_env_defaults()
+        set_env_defaults(self.vargs)
         folder = resolve_model(self.vargs.model)
         ea = engine_args(self.vargs, folder)
         await asyncio.to_thread(self._make, ea)
@@ -206,19 +211,21 @@ class DirectSide:
     def _make(self, ea: Any) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.llm = AsyncLLM.from_engine_args(ea)
+        from omnix.stages.placement import engine_affinity
+
+        with engine_affinity(self.engine_cpus):
+            self.llm = AsyncLLM.from_engine_args(ea)
 
     async def close(self) -> None:
         llm, self.llm = self.llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
 
-    async def one(self, index: int, max_tokens: int) -> Sample:
+    async def one(self, index: int, max_tokens: int, t0: float) -> Sample:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         p = self.sampling
-        t0 = time.perf_counter()
         text = self.tok.apply_chat_template(
             [{"role": "user", "content": PROMPTS[index % len(PROMPTS)]}],
             tokenize=False, add_generation_prompt=True,
@@ -261,13 +268,13 @@ class OmnixSide:
     def _rid(self) -> str | None:
         return None  # Omni picks one
 
-    async def one(self, index: int, max_tokens: int) -> Sample:
+    async def one(self, index: int, max_tokens: int, t0: float) -> Sample:
         spec = RequestSpec(
             prompt=PROMPTS[index % len(PROMPTS)],
             stage_params={"thinker": StageParams(max_tokens=max_tokens)},
             seed=SEED0 + index, api="bench",
         )
-        return await self._run(index, spec)
+        return await self._run(index, spec, t0)
 
     async def one_omni(self, index: int, thinker_tokens: int, talker_tokens: int) -> Sample:
         spec = RequestSpec(
@@ -281,14 +288,15 @@ class OmnixSide:
         # Cancelled at its first audio chunk: TTFP is measured by then, and
         # the rest (every thinker sentence spoken, up to talker_tokens codes
         # each) would only make the run long.
-        return await self._run(index, spec, stop_at_audio=True)
+        return await self._run(index, spec, time.perf_counter(), stop_at_audio=True)
 
-    async def _run(self, index: int, spec: RequestSpec, stop_at_audio: bool = False) -> Sample:
+    async def _run(
+        self, index: int, spec: RequestSpec, t0: float, stop_at_audio: bool = False
+    ) -> Sample:
         from omnix.api import Overloaded
 
         omni = self.omni
-        wall0 = time.time_ns()
-        t0 = time.perf_counter()
+        wall0 = time.time_ns() - int((time.perf_counter() - t0) * 1e9)
         ev = omni.submit(spec, self._rid())
         if not isinstance(ev, Admitted):
             raise Overloaded(ev)
@@ -324,19 +332,27 @@ class OmnixSide:
 
 
 async def _batch(
-    c: int, start: int, one: Callable[[int], Awaitable[Sample]], meter: CpuMeter | None = None
+    c: int, start: int, one: Callable[[int, float], Awaitable[Sample]], meter: CpuMeter | None = None
 ) -> Batch:
-    """``c`` requests submitted at once (indices start..start+c-1)."""
+    """``c`` requests submitted at once (indices start..start+c-1).
+
+    Every request's TTFT counts from the batch's start, on both sides: the
+    client issues all ``c`` at that instant, and the time a request then
+    waits behind the others' preparation (the direct client's chat template
+    and ``add_request`` calls, done one after the other on its loop; omnix's
+    admission and its worker's same calls) is part of its time to first
+    token.  Timing each from its own coroutine's start would hide that
+    queueing on the direct side only, where the preparation runs before
+    the later coroutines start."""
     cpu0 = meter.sample() if meter else {}
     t0 = time.perf_counter()
-    samples = await asyncio.gather(*(one(start + j) for j in range(c)))
+    samples = await asyncio.gather(*(one(start + j, t0) for j in range(c)))
     wall = time.perf_counter() - t0
     cpu = {k: v - cpu0.get(k, 0.0) for k, v in meter.sample().items()} if meter else {}
     return Batch(wall, list(samples), cpu)
 
 
 # -- the tiny-text comparison ------------------------------------------------------
-
 
 async def _start_all(sides: list[Any], limit_s: float) -> None:
     # One after the other: two engines loading at once on 2 cores only make
@@ -354,10 +370,15 @@ async def _start_all(sides: list[Any], limit_s: float) -> None:
 
 async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str, Any]) -> dict[str, Any]:
     from omnix.pipelines.plan import merge_params
+    from omnix.stages.placement import available_cpus, cpu_plan
 
     stage = pipeline.stage("thinker")
     sampling = merge_params(stage.sampling, StageParams(max_tokens=args.max_tokens))
-    direct = DirectSide(stage.engine, sampling)
+    # The direct engine is placed as omnix places its worker's (this process,
+    # the client of both sides, is pinned to the frontend CPUs by omnix's
+    # runtime when it starts, pin_server).
+    plan = cpu_plan(pipeline, available_cpus()) if args.vllm_cpu_placement == "spread" else None
+    direct = DirectSide(stage.engine, sampling, plan.engines["thinker/0"] if plan else None)
     omnix_ = OmnixSide("omnix", pipeline, options)
     sides: list[Any] = [direct, omnix_]
     try:
@@ -366,10 +387,10 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
         _say("warming up both sides")
         for s in sides:
             for c in (1, 8, max(LEVELS)):
-                await _batch(c, 900_000, lambda i, s=s: s.one(i, n))
+                await _batch(c, 900_000, lambda i, t0, s=s: s.one(i, n, t0))
         out: dict[str, Any] = {}
         for c in LEVELS:
-            per_round = max(1, args.requests // c)  # batches of c per side per round
+            per_round = max(2, args.requests // c)  # batches of c per side per round
             batches: dict[str, list[Batch]] = {"direct": [], "omnix": []}
             _say(f"concurrency {c}: {args.rounds} rounds x {per_round} batches of {c} per side")
             for r in range(args.rounds):
@@ -380,7 +401,7 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
                         # The same request indices on both sides: same prompt, same seed.
                         start = (c * 10_000) + (r * per_round + b) * c
                         batches[s.name].append(
-                            await _batch(c, start, lambda i, s=s: s.one(i, n), s.meter)
+                            await _batch(c, start, lambda i, t0, s=s: s.one(i, n, t0), s.meter)
                         )
             out[c] = batches
         return out
@@ -429,6 +450,9 @@ def _text_figures(res: dict[int, dict[str, list[Batch]]]) -> dict[str, Any]:
             for k, v in vals.items():
                 if k.startswith("cpu_us_per_token_"):
                     fig[f"{k}_{side}_c{c}"] = round(v, 1)
+        for name, batches in sides.items():
+            # A stall (seconds) would hide in a mean: show the slowest batch.
+            fig[f"batch_wall_max_ms_{name}_c{c}"] = round(max(b.wall for b in batches) * 1e3, 1)
         fig[f"requests_c{c}"] = o["requests"]
         fig[f"same_tokens_c{c}"] = same
         fig[f"ttft_ok_c{c}"] = o["ttft_p50_ms"] <= TTFT_RATIO * d["ttft_p50_ms"] + TTFT_SLACK_MS
@@ -530,11 +554,10 @@ class OmniVariant(OmnixSide):
 
 async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str, Any]) -> dict[str, Any]:
     opts = dict(options)
-    opts["vllm_cpu_placement"] = args.vllm_cpu_placement
     if args.talker_cpus:
         opts["worker_cpus"] = {"talker": args.talker_cpus}
     shared = SharedWorkers(pipeline, opts)
-    places = dict(shared.runtime.vllm_places)
+    plan = shared.runtime.cpu_plan
     # Created before the workers start, so both logs see them join.
     on = OmniVariant("chunked", pipeline, shared)
     off = OmniVariant("unchunked", unchunked(pipeline), shared)
@@ -576,11 +599,16 @@ async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
     fig["ttfp_thinker_tokens"] = tt
     fig["ttfp_talker_tokens"] = ta
     fig["talker_cpus"] = args.talker_cpus or "unpinned"
-    # The CPUs the runtime pinned each vLLM worker to (docs/runtime.md).
-    fig["vllm_cpus"] = ", ".join(
-        f"{w} {'pinned to' if p.pin else 'model threads on'} {p.cpus}" for w, p in places.items()
-    ) or "not placed"
+    fig["vllm_cpus"] = describe_plan(plan)
     return fig
+
+
+def describe_plan(plan: Any) -> str:
+    """The runtime's CPU placement in a line (docs/runtime.md)."""
+    if plan is None:
+        return "not placed"
+    engines = ", ".join(f"{w} engine core on {c}" for w, c in plan.engines.items())
+    return f"server and vLLM workers on {plan.frontend}; {engines}"
 
 
 # -- entry point ----------------------------------------------------------------------------
@@ -600,7 +628,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     # a 2-core machine shared with other work (and vLLM's busy-polling
     # processes) a starved worker went silent that long during its first
     # request.  A loss is not what this bench measures: tolerate 10 s.
-    options = {"start_timeout_s": args.start_timeout, "lost_after_s": 10.0}
+    # pin_server: this process is omnix's server (and the direct client):
+    # the runtime puts it on the frontend CPUs as ``omnix serve`` does.
+    options = {
+        "start_timeout_s": args.start_timeout, "lost_after_s": 10.0,
+        "vllm_cpu_placement": args.vllm_cpu_placement, "pin_server": True,
+    }
     res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
     if not args.skip_text:
         res.update(_text_figures(await _text_phase(args, text, options)))

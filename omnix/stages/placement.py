@@ -1,82 +1,128 @@
-"""Where vLLM stages run on a CPU machine.
+"""Where vLLM stages run on a CPU machine: engine cores on CPUs of their own,
+the Python around them on the rest.
 
-Owns: ``vllm_placement``, the runtime's default placement of a pipeline's
-vLLM workers on CPU when it has two or more: each gets its own share of the
-server's CPUs.  The first vLLM worker in pipeline order (the entry stage:
-the thinker) gets its model threads bound to its share
-(``VLLM_CPU_OMP_THREADS_BIND``); every later one pins its whole process to
-its share (``OMNIX_WORKER_CPUS``, as ``worker_cpus`` does), so its vLLM
-engine core and model processes, which inherit the pin, run there too.
-Does not own spawning or pinning itself (``runtime.py``,
-``worker_cli.py``).
+Owns: ``cpu_plan`` (the runtime's default placement), ``engine_affinity``
+(how a worker hands its engine core its CPUs) and ``pin_process`` (how the
+server joins the frontend CPUs).  Does not own spawning (``runtime.py``)
+nor a worker's own pin (``worker_cli.py``).
 
-Why: vLLM-cpu binds a model process's OpenMP threads to cores it picks
-from the CPUs the process may use, always starting from the first ones
-(with 2 cores: core 0, the other kept for its scheduler).  Every vLLM
-stage picks the same cores, so in a pipeline whose stages run at the same
-time (async chunk: the talker speaks the thinker's first sentence while
-the thinker still writes) all models share core 0 while the others idle.
-A vLLM engine also spins while it waits (its engine core for the model's
-step, the model for the next step, with ``sched_yield``, up to 1 s after
-the last step), so a stage whose processes roam steals the core another
-stage's model computes on.
+Why.  On CPU, a vLLM stage (``cpu_executor = "uni"``, the default) is two
+processes: the omnix worker (vLLM's ``AsyncLLM`` client: prompts,
+detokenizing, our transport) and vLLM's engine core, which runs the model
+and is the critical path of every token.  The server (orchestrator, log,
+HTTP) is one more.  Measured on 2 cores (``omnix bench engines``): when the
+frontends roam, they land on the core the engine core computes on, and a
+wakeup there delays the next step; with the engine core alone on one core
+and everything else on the other, omnix and vLLM driven directly (placed
+the same way) run at the same tokens/s.
 
-Why the first one is not pinned whole: its engine core and worker may then
-use every core, which keeps text-only requests (and the thinker of every
-request) as fast as without placement.  Pinning it too was measured: time
-to first audio about the same, but the thinker's first token ~1.8x later.
+The plan, for ``n`` CPUs and ``k`` vLLM workers (``uni`` executor, not
+pinned by the operator), with ``n >= 2`` and ``k >= 1``:
 
-A pipeline with a single vLLM worker keeps vLLM's own choice (it may use
-every core; there is nothing to share), and so does a worker the operator
-placed: pinned with ``worker_cpus``, or any worker when the environment
-sets ``VLLM_CPU_OMP_THREADS_BIND``.  On a GPU machine the thread binding is
-inert and a pin only confines a stage's CPU-side processes.
+* the frontend CPUs are the first ``max(1, n // (k + 1))``: those vLLM
+  workers are pinned there whole, and the server too when it asks
+  (``StageRuntime(pin_server=True)``; ``omnix serve`` does);
+* the other CPUs are split among the ``k`` engine cores, contiguous and as
+  even as possible (one CPU each, round robin, when there are more engine
+  cores than CPUs).  A worker starts its ``AsyncLLM`` from a thread whose
+  affinity is its share (``OMNIX_ENGINE_CPUS``): the engine-core process
+  and its threads inherit it; the worker's own threads do not.
+
+Left alone: other stages (codec, diffusers, scripted), vLLM stages on the
+``mp`` executor (vLLM binds its model process itself), workers the
+operator pinned (``worker_cpus``), and every worker when
+``VLLM_CPU_OMP_THREADS_BIND`` is set (the operator placed vLLM).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import msgspec
 
 from omnix.pipelines.config import PipelineConfig, VllmArgs
+from omnix.stages.worker_cli import parse_cpus
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+ENGINE_CPUS_ENV = "OMNIX_ENGINE_CPUS"
 
 
-class VllmPlace(msgspec.Struct, frozen=True):
-    """One vLLM worker's share: ``cpus`` (``"0,1"``) and whether the whole
-    worker is pinned there (else only its model threads are bound)."""
+class CpuPlan(msgspec.Struct, frozen=True):
+    """``frontend``: CPUs of the server and the placed vLLM workers
+    (``"0"``); ``engines``: worker id -> its engine core's CPUs."""
 
-    cpus: str
-    pin: bool
+    frontend: str
+    engines: dict[str, str]
 
 
-def vllm_placement(
+def _fmt(cpus: list[int]) -> str:
+    return ",".join(str(c) for c in cpus)
+
+
+def cpu_plan(
     pipeline: PipelineConfig, cpus: list[int], pinned: set[str] | frozenset[str] = frozenset()
-) -> dict[str, VllmPlace]:
-    """worker id -> its place; the first worker's ``pin`` is False.
-
-    ``cpus``: the CPUs the server may use, ascending.  ``pinned``: stage
-    names and worker ids the operator pinned (``worker_cpus``); they get no
-    value and take no share.  The remaining vLLM workers, in pipeline order
-    (stage, then replica), split ``cpus`` into contiguous shares as even as
-    possible; with more workers than CPUs they take one CPU each, round
-    robin.  Empty when fewer than two vLLM workers remain.
-    """
+) -> CpuPlan | None:
+    """The placement of ``pipeline``'s vLLM workers over ``cpus`` (ascending),
+    or None when there is nothing to place.  ``pinned``: stage names and
+    worker ids the operator pinned (``worker_cpus``): they take no share."""
     workers = [
         f"{st.name}/{r}"
         for st in pipeline.stages
-        if isinstance(st.engine, VllmArgs) and st.name not in pinned
+        if isinstance(st.engine, VllmArgs) and st.engine.cpu_executor == "uni"
+        and st.name not in pinned
         for r in range(st.replicas)
         if f"{st.name}/{r}" not in pinned
     ]
     k, n = len(workers), len(cpus)
-    if k < 2 or n < 2:
-        return {}
-    out: dict[str, VllmPlace] = {}
-    for i, wid in enumerate(workers):
-        if n >= k:
-            share = cpus[i * n // k : (i + 1) * n // k]
-        else:
-            share = [cpus[i % n]]
-        out[wid] = VllmPlace(",".join(str(c) for c in share), pin=i > 0)
-    return out
+    if k == 0 or n < 2:
+        return None
+    f = max(1, n // (k + 1))
+    rest = cpus[f:]
+    m = len(rest)
+    engines = {
+        wid: _fmt(rest[i * m // k : (i + 1) * m // k] if m >= k else [rest[i % m]])
+        for i, wid in enumerate(workers)
+    }
+    return CpuPlan(_fmt(cpus[:f]), engines)
+
+
+@contextmanager
+def engine_affinity(cpus: str | None) -> Iterator[None]:
+    """Run the block with the calling thread on ``cpus`` (``"1"``, ``"2-3"``):
+    processes and threads it starts inherit them.  The thread's own
+    affinity is restored after.  ``None``/``""``: no change."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # this thread's (Linux: pid 0 is the caller)
+    os.sched_setaffinity(0, parse_cpus(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+_original_cpus: list[int] | None = None
+
+
+def available_cpus() -> list[int]:
+    """The CPUs this process may use, as they were before ``pin_process``
+    narrowed them: a plan is made over the whole machine even when the
+    process making it was pinned to its frontend share already."""
+    return list(_original_cpus) if _original_cpus is not None else sorted(os.sched_getaffinity(0))
+
+
+def pin_process(cpus: str) -> None:
+    """Pin every thread of this process to ``cpus`` (threads started later
+    inherit the calling thread's pin)."""
+    global _original_cpus
+    if _original_cpus is None:
+        _original_cpus = sorted(os.sched_getaffinity(0))
+    want = parse_cpus(cpus)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), want)
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # the thread ended meanwhile

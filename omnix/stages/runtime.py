@@ -57,7 +57,14 @@ from omnix.events.types import (
     WorkerLost,
 )
 from omnix.pipelines.config import PipelineConfig, StageConfig
-from omnix.stages.placement import BIND_ENV, VllmPlace, vllm_placement
+from omnix.stages.placement import (
+    BIND_ENV,
+    ENGINE_CPUS_ENV,
+    CpuPlan,
+    available_cpus,
+    cpu_plan,
+    pin_process,
+)
 from omnix.stages.procs import WorkerProcess
 from omnix.stages.work import WorkItem
 from omnix.stages.worker import PARENT_ENV, TOKEN_ENV
@@ -172,6 +179,7 @@ class StageRuntime:
         forward_worker_output: bool = True,
         worker_cpus: dict[str, str] | None = None,
         vllm_cpu_placement: Literal["spread", "vllm"] = "spread",
+        pin_server: bool = False,
     ) -> None:
         if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
             raise ValueError(
@@ -191,17 +199,16 @@ class StageRuntime:
         self.forward_worker_output = forward_worker_output
         # stage name or worker id ("stage/replica") -> CPU list ("1", "2-3"); opt-in pinning
         self.worker_cpus = dict(worker_cpus or {})
-        # worker id -> its CPU share: each vLLM worker on its own CPUs
-        # ("spread", see placement.py), or vLLM's own choice, which puts every
-        # vLLM model on the same core ("vllm").  worker_cpus and
-        # VLLM_CPU_OMP_THREADS_BIND win.
+        # vLLM engine cores on CPUs of their own, their workers (and, with
+        # pin_server, this process) on the rest ("spread", see placement.py),
+        # or no placement ("vllm": vLLM's and the OS's own choice).
+        # worker_cpus and VLLM_CPU_OMP_THREADS_BIND win.
         if vllm_cpu_placement not in ("spread", "vllm"):
             raise ValueError(f"vllm_cpu_placement must be 'spread' or 'vllm', not {vllm_cpu_placement!r}")
-        self.vllm_places: dict[str, VllmPlace] = {}
+        self.cpu_plan: CpuPlan | None = None
         if vllm_cpu_placement == "spread" and BIND_ENV not in {**os.environ, **self.worker_env}:
-            self.vllm_places = vllm_placement(
-                pipeline, sorted(os.sched_getaffinity(0)), set(self.worker_cpus)
-            )
+            self.cpu_plan = cpu_plan(pipeline, available_cpus(), set(self.worker_cpus))
+        self.pin_server = pin_server
         self._tmpdir: str | None = None
         if endpoint is None:
             endpoint, self._tmpdir = default_ipc_endpoint()
@@ -263,6 +270,9 @@ class StageRuntime:
         self._started = True
         loop = self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
+        if self.pin_server and self.cpu_plan is not None:
+            # Before the ZMQ context, so its I/O thread is pinned too.
+            pin_process(self.cpu_plan.frontend)
         self._ctx = zmq.Context()
         self._sock, self._endpoint = make_router(self._ctx, self._endpoint)
         self._reader = LoopReader(loop, self._sock, self._drain)
@@ -492,13 +502,13 @@ class StageRuntime:
         env["PYTHONUNBUFFERED"] = "1"
         root = os.path.dirname(os.path.dirname(os.path.abspath(omnix.__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.pop(ENGINE_CPUS_ENV, None)  # only the plan (or worker_env) places an engine
         env.update(self.worker_env)
         cpus = self.worker_cpus.get(wid) or self.worker_cpus.get(stage)
-        place = self.vllm_places.get(wid)
-        if place is not None and place.pin:
-            cpus = place.cpus
-        elif place is not None:
-            env[BIND_ENV] = place.cpus
+        plan = self.cpu_plan
+        if plan is not None and wid in plan.engines:
+            cpus = plan.frontend
+            env[ENGINE_CPUS_ENV] = plan.engines[wid]
         if cpus:
             env[CPUS_ENV] = cpus
         return env

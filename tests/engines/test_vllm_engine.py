@@ -145,12 +145,14 @@ async def test_abort_mid_stream_stops_generation_in_vllm(thinker) -> None:
 async def test_cancelling_the_consumer_aborts_in_vllm(thinker) -> None:
     req = GenerateRequest("t-cancel", "s", StageParams(temperature=1.0, max_tokens=400), seed=2)
 
+    streaming = asyncio.Event()
+
     async def consume():
         async for _ in thinker.generate(req, _feed(InputPiece(text="Write a long story."))):
-            pass
+            streaming.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.3)
+    await asyncio.wait_for(streaming.wait(), 60)  # mid-stream, not before it starts
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

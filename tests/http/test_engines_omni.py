@@ -92,3 +92,29 @@ async def test_text_and_audio_streamed(server, client):
     # The bytes the client parsed are the log's rendering.
     events = server.omni.log.events_for(rid)
     assert render_response(events, server.omni.blobs).head.status == 200
+
+
+async def test_vllm_stages_run_their_model_in_the_engine_core_placed_on_its_own_cpus(server):
+    """On CPU: no separate model process (cpu_executor "uni"), and with two
+    or more CPUs each vLLM worker sits on the frontend CPUs while its engine
+    core, which inherited its start-up thread's CPUs, sits on its share."""
+    import psutil
+
+    from omnix.stages.worker_cli import parse_cpus
+
+    plan = server.omni.runtime.cpu_plan
+    workers = {
+        p.cmdline()[p.cmdline().index("--stage") + 1]: p
+        for p in psutil.Process().children(recursive=True)
+        if "omnix.stages.worker_cli" in p.cmdline()
+    }
+    for stage in ("thinker", "talker"):
+        kids = workers[stage].children(recursive=True)
+        names = [k.name() for k in kids]
+        assert any("EngineCore" in n for n in names), names
+        assert not any("Worker" in n for n in names), names  # vLLM's model process
+        if plan is None:
+            continue
+        (core,) = [k for k in kids if "EngineCore" in k.name()]
+        assert set(core.cpu_affinity()) == parse_cpus(plan.engines[f"{stage}/0"])
+        assert set(workers[stage].cpu_affinity()) == parse_cpus(plan.frontend)
