@@ -91,17 +91,35 @@ def cpu_plan(
 @contextmanager
 def engine_affinity(cpus: str | None) -> Iterator[None]:
     """Run the block with the calling thread on ``cpus`` (``"1"``, ``"2-3"``):
-    processes and threads it starts inherit them.  The thread's own
-    affinity is restored after.  ``None``/``""``: no change."""
+    processes it starts inherit them.  After the block, the calling thread
+    and every thread this process started meanwhile get the calling
+    thread's CPUs back: ``AsyncLLM`` starts its client-side threads (ZMQ's
+    I/O thread among them) while it spawns the engine core, and those must
+    stay with the frontend, not wake on the engine core's CPU for every
+    message.  ``None``/``""``: no change."""
     if not cpus:
         yield
         return
     before = os.sched_getaffinity(0)  # this thread's (Linux: pid 0 is the caller)
+    threads = _threads()
     os.sched_setaffinity(0, parse_cpus(cpus))
     try:
         yield
     finally:
         os.sched_setaffinity(0, before)
+        _pin_threads(_threads() - threads, before)
+
+
+def _threads() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def _pin_threads(tids: set[int], cpus: set[int]) -> None:
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # the thread ended meanwhile
 
 
 _original_cpus: list[int] | None = None
@@ -120,9 +138,4 @@ def pin_process(cpus: str) -> None:
     global _original_cpus
     if _original_cpus is None:
         _original_cpus = sorted(os.sched_getaffinity(0))
-    want = parse_cpus(cpus)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), want)
-        except (ProcessLookupError, FileNotFoundError):
-            pass  # the thread ended meanwhile
+    _pin_threads(_threads(), parse_cpus(cpus))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -93,14 +94,20 @@ def test_spawned_vllm_workers_get_the_frontend_and_their_engine_cpus(monkeypatch
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
-def test_a_process_started_under_engine_affinity_inherits_it_and_the_thread_gets_its_cpus_back():
+def test_a_process_started_under_engine_affinity_keeps_it_and_threads_get_the_frontend_back():
     cpus = sorted(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     probe = "import os; print(sorted(os.sched_getaffinity(0)))"
+    go, seen = threading.Event(), []
+    helper = threading.Thread(target=lambda: (go.wait(), seen.append(os.sched_getaffinity(0))))
     with engine_affinity(str(cpus[-1])):
         child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        helper.start()  # like AsyncLLM's client threads, started while it spawns its engine
+    go.set()
+    helper.join()
     assert child.stdout.strip() == str([cpus[-1]])
     assert os.sched_getaffinity(0) == before
+    assert seen == [before]
     with engine_affinity(None):
         assert os.sched_getaffinity(0) == before
 
