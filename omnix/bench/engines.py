@@ -80,13 +80,16 @@ TTFP_CUT = 0.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per tiny-text request")
-    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per concurrency level")
+    # Many short rounds: the host's speed drifts over seconds, and finer
+    # alternation cancels more of it than a few long rounds.
+    parser.add_argument("--rounds", type=int, default=8, help="alternating rounds per concurrency level")
     parser.add_argument(
-        "--requests", type=int, default=24, metavar="N",
+        "--requests", type=int, default=12, metavar="N",
         help="requests per side per round at concurrency 1 (at c: max(2, N // c) batches of c)",
     )
-    parser.add_argument("--settle", type=float, default=1.2, metavar="S",
-                        help="pause between rounds (vLLM's model process busy-polls for 1 s)")
+    parser.add_argument("--settle", type=float, default=0.3, metavar="S",
+                        help="pause between rounds (use 1.2 with cpu_executor = \"mp\": vLLM's "
+                        "model process then busy-polls for 1 s after its last step)")
     parser.add_argument("--ttfp-requests", type=int, default=8, help="tiny-omni requests per variant")
     parser.add_argument("--thinker-tokens", type=int, default=96, help="tiny-omni thinker max_tokens")
     parser.add_argument("--talker-tokens", type=int, default=64, help="tiny-omni talker max_tokens (per piece)")
