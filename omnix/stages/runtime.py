@@ -122,8 +122,8 @@ class _Run:
 class _Slot:
     __slots__ = (
         "active", "capacity", "config", "deferred", "engine", "expected_token", "failures", "identity",
-        "joined_at", "last_seen", "outbox", "pid", "proc", "replica", "restart_handle", "sent_this_turn",
-        "stage", "started_at", "state", "token", "worker_id",
+        "joined_at", "last_seen", "outbox", "pid", "proc", "replica", "restart_handle", "stage",
+        "started_at", "state", "token", "worker_id",
     )
 
     def __init__(self, config: StageConfig, replica: int) -> None:
@@ -149,7 +149,6 @@ class _Slot:
         # Work sent during this loop turn, not yet on the wire: it leaves as
         # one WORK message at the end of the turn (see StageRuntime._queue).
         self.outbox: list[WorkItem] = []
-        self.sent_this_turn = False
         self.last_seen = 0.0
         self.started_at = 0.0
         self.joined_at = 0.0
@@ -231,8 +230,6 @@ class StageRuntime:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._changed: asyncio.Event | None = None
         self._unsent: list[_Slot] = []  # slots whose outbox holds work
-        self._turn_open = False  # a _flush_work is scheduled for this turn's end
-        self._turn_sent: list[_Slot] = []  # slots that got this turn's first work
         self._start_errors: list[str] = []
         self._starting = False
         self._started = False
@@ -785,40 +782,31 @@ class StageRuntime:
 
     # -- sending ----------------------------------------------------------------
     def _queue(self, slot: _Slot, work: WorkItem) -> None:
-        """Send ``work`` now if it is the first this loop turn sends to its
-        replica; otherwise at the end of the turn, with whatever else the
-        turn sends there, as one WORK message.
+        """Send ``work`` at the end of this loop turn, with whatever else the
+        turn sends to the same replica, as one WORK message.
 
-        Why batch: a burst (32 requests admitted by 32 client tasks in one
-        turn, or every piece a chunk batch routes downstream) otherwise
-        costs one ZMQ message each, and on a small machine each one wakes
-        both processes' I/O threads: measured 150-250 us per send on 2 busy
+        Why: a burst (32 requests admitted by 32 client tasks in one turn,
+        or every piece a chunk batch routes downstream) otherwise costs one
+        ZMQ message each, and on a small machine each one wakes both
+        processes' I/O threads: measured 150-250 us per send on 2 busy
         cores, serialising a 32-request burst by ~7 ms.  One message costs
-        one wakeup.  Why the first at once: the worker (and its engine)
-        can start on it while this turn admits the rest; batched behind a
-        32-request burst it waited 2-3 ms for the admissions, and so did
-        the engine core, which has CPUs of its own.  At most two messages
-        per replica per turn."""
-        if not self._turn_open:
-            self._turn_open = True
-            assert self._loop is not None
-            self._loop.call_soon(self._flush_work)
+        one wakeup.  The delay is the rest of the current turn.
+
+        Not "the first at once, the rest batched": tried, the lone first
+        request reached vLLM ~2 ms before the rest, vLLM ran a prefill step
+        for it alone, and the burst's others queued behind that step (worse
+        TTFT p50 at concurrency 32).  On a small machine the worker shares
+        the CPU with this process anyway, so sending early overlaps
+        nothing."""
         box = slot.outbox
         box.append(work)
         if len(box) == 1:
-            if slot.sent_this_turn:
-                self._unsent.append(slot)
-            else:
-                slot.sent_this_turn = True
-                self._turn_sent.append(slot)
-                self._flush_slot(slot)
+            if not self._unsent:
+                assert self._loop is not None
+                self._loop.call_soon(self._flush_work)
+            self._unsent.append(slot)
 
     def _flush_work(self) -> None:
-        """The end of a loop turn that queued work: what waited leaves."""
-        self._turn_open = False
-        for slot in self._turn_sent:
-            slot.sent_this_turn = False
-        self._turn_sent = []
         slots, self._unsent = self._unsent, []
         for slot in slots:
             self._flush_slot(slot)
