@@ -195,7 +195,17 @@ class VllmEngine:
             raise ValueError(f"request {request.request_id!r} is already running on this engine")
         live = _Live()
         self._requests[request.request_id] = live
-        pump = asyncio.create_task(_pump(inputs, live), name=f"vllm-inputs-{request.request_id}")
+        # The first piece normally came with the work.  Taken here rather
+        # than through the pump task, the request reaches vLLM in this
+        # task's first step: a burst's adds then run back to back, before
+        # the worker's next loop turn sends the burst's Started records,
+        # whose handling by the server would otherwise take the CPU in the
+        # middle of them (measured at concurrency 32: the burst reached the
+        # engine core ~2 ms later).
+        await _take_first(inputs, live)
+        pump = None if live.ended else asyncio.create_task(
+            _pump(inputs, live), name=f"vllm-inputs-{request.request_id}"
+        )
         prompt_tokens = output_tokens = 0
         finish = ""
         final_sent = False
@@ -257,7 +267,8 @@ class VllmEngine:
                     finish_reason=finish or "stop",
                 )
         finally:
-            pump.cancel()
+            if pump is not None:
+                pump.cancel()
             self._requests.pop(request.request_id, None)
 
     def _output(
@@ -379,6 +390,19 @@ class VllmEngine:
         elif p.stop:
             kw["stop"] = list(p.stop)
         return SamplingParams(**kw)
+
+
+async def _take_first(inputs: AsyncIterator[InputPiece], live: _Live) -> None:
+    """Wait for the first input piece (no suspension when it is already
+    queued) and put it in ``live.pieces``; an input that ended or failed
+    before it marks ``live`` as ``_pump`` would."""
+    try:
+        live.pieces.append(await anext(inputs))
+    except StopAsyncIteration:
+        live.ended = True
+    except Exception as e:  # surfaced by _generate, which fails the request
+        live.error = e
+        live.ended = True
 
 
 async def _pump(inputs: AsyncIterator[InputPiece], live: _Live) -> None:

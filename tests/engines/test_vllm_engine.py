@@ -159,6 +159,22 @@ async def test_cancelling_the_consumer_aborts_in_vllm(thinker) -> None:
     await _wait_idle(thinker)
 
 
+async def test_an_input_that_ends_or_fails_before_its_first_piece(thinker) -> None:
+    # No input at all: nothing is generated, one finish with zero counts.
+    (only,) = await _run(thinker, "t-empty")
+    assert only.finish_reason == "stop" and only.prompt_tokens == only.output_tokens == 0
+    assert not only.token_ids and not only.text
+
+    async def broken():
+        raise ConnectionError("upstream went away")
+        yield  # pragma: no cover
+
+    with pytest.raises(ConnectionError, match="upstream went away"):
+        async for _ in thinker.generate(GenerateRequest("t-broken", "s", StageParams()), broken()):
+            pass
+    assert "t-broken" not in thinker._requests
+
+
 async def test_talker_speaks_each_piece_as_it_arrives(talker) -> None:
     second_may_come = asyncio.Event()
     sent = []
