@@ -26,6 +26,9 @@ Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
 * ``start_delay_ms`` blocks the event loop in ``start()`` with
   ``time.sleep``, as vLLM's model loading does, so tests can check that
   heartbeats flow from their thread meanwhile.
+* ``close_delay_ms`` makes ``close()`` take that long (awaited, as vLLM's
+  engine teardown is awaited in a thread), for tests of the runtime's
+  shutdown grace.
 * With ``delay_ms == 0`` it still yields to the loop every few outputs so
   aborts and other requests get served.
 
@@ -153,4 +156,6 @@ class ScriptedEngine:
         self._note("abort", request_id)
 
     async def close(self) -> None:
+        if self.args.close_delay_ms > 0:
+            await asyncio.sleep(self.args.close_delay_ms / 1000)
         self._note("close")

@@ -162,6 +162,12 @@ class VllmEngine:
             for live in self._requests.values():
                 live.aborted = True
                 live.wake.set()
+            # Stop vLLM's output task before its engine core goes: AsyncLLM
+            # cancels it only after, and in between it reads from a dead
+            # engine and logs an EngineDeadError for a clean stop.
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
             await asyncio.to_thread(llm.shutdown)
 
     # -- requests -------------------------------------------------------------

@@ -92,6 +92,8 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     crash_at: int = -1
     hang_at: int = -1
     start_delay_ms: float = 0.0
+    # close() takes this long (vLLM's teardown takes seconds): shutdown tests.
+    close_delay_ms: float = 0.0
     # Echo input text back instead of numbered tokens.
     echo: bool = False
 

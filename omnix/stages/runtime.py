@@ -88,7 +88,12 @@ SlotState = Literal["down", "starting", "joining", "ready"]
 # down: no worker; starting: spawned, no HELLO yet; joining: welcomed,
 # loading its engine (heartbeats flow); ready: READY received, takes work.
 
-_SHUTDOWN_GRACE_S = 3.0  # a worker told to shut down gets this long before SIGTERM
+# A worker told to shut down gets this long to exit by itself before SIGTERM
+# (then 2 s more before SIGKILL).  vLLM's own teardown takes 2-4 s on a small
+# CPU machine: its engine core frees the KV cache and the model, then the
+# process exits.  Cutting it short warns for nothing and kills an engine
+# core mid-teardown (on ROCm that can leave memory resident).
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
 _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)  # by consecutive failed starts
 
 
@@ -180,6 +185,7 @@ class StageRuntime:
         worker_cpus: dict[str, str] | None = None,
         vllm_cpu_placement: Literal["spread", "vllm"] = "spread",
         pin_server: bool = False,
+        shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
     ) -> None:
         if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
             raise ValueError(
@@ -209,6 +215,9 @@ class StageRuntime:
         if vllm_cpu_placement == "spread" and BIND_ENV not in {**os.environ, **self.worker_env}:
             self.cpu_plan = cpu_plan(pipeline, available_cpus(), set(self.worker_cpus))
         self.pin_server = pin_server
+        if shutdown_grace_s < 0:
+            raise ValueError(f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)")
+        self.shutdown_grace_s = shutdown_grace_s
         self._tmpdir: str | None = None
         if endpoint is None:
             endpoint, self._tmpdir = default_ipc_endpoint()
@@ -419,12 +428,13 @@ class StageRuntime:
         self._by_identity.clear()
         self._by_token.clear()
         procs = [p for p in self._procs if p.returncode is None]
-        deadline = time.monotonic() + _SHUTDOWN_GRACE_S
+        deadline = time.monotonic() + self.shutdown_grace_s
         while procs and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
             procs = [p for p in procs if p.poll() is None]
         for p in procs:
-            log.warning("worker %s (pid %d) ignored shutdown; terminating", p.label, p.pid)
+            log.warning("worker %s (pid %d) did not exit within %.1f s of shutdown; terminating",
+                        p.label, p.pid, self.shutdown_grace_s)
             p.terminate()
         for p in procs:
             if await asyncio.to_thread(p.wait_blocking, 2.0) is None:

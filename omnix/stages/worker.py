@@ -65,6 +65,9 @@ EXIT_SERVER_LOST = 5
 MAX_BATCH = 256  # records per OUTPUTS message before an immediate flush
 ABORTED_MEMORY = 4096  # recently aborted request ids remembered to drop late work
 _HARD_EXIT_GRACE_S = 5.0  # after asking the loop to stop, exit anyway
+# Bound on the engine's close at shutdown: inside the runtime's default grace
+# (DEFAULT_SHUTDOWN_GRACE_S, 10 s), with room left for the goodbye.
+_ENGINE_CLOSE_S = 8.0
 
 
 class WorkerExit(Exception):
@@ -260,7 +263,7 @@ class Worker:
         self._flush()
         if self.engine is not None:
             try:
-                await asyncio.wait_for(self.engine.close(), 10.0)
+                await asyncio.wait_for(self.engine.close(), _ENGINE_CLOSE_S)
             except Exception:
                 log.exception("engine close failed")
         if self._sock is not None and not self._server_gone and self._welcome is not None and self._welcome.done():

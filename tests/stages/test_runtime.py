@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from omnix.engines.scripted import FAIL_START_ENV, JOURNAL_ENV
+from omnix.events.blobs import MemoryBlobStore
 from omnix.events.types import (
     Chunk,
     Progress,
@@ -26,7 +27,7 @@ from omnix.events.types import (
 )
 from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.engine import InputPiece
-from omnix.stages.runtime import CapacityExceeded, ReplicaUnavailable, WorkerStartError
+from omnix.stages.runtime import CapacityExceeded, ReplicaUnavailable, StageRuntime, WorkerStartError
 from omnix.stages.work import WorkItem
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
@@ -230,6 +231,45 @@ async def test_shutdown_twice_leaves_no_child(harness_factory):
     assert {c.pid for c in psutil.Process().children(recursive=True)} <= before
     assert sorted(e.reason for e in h.of(WorkerLost)) == ["shutdown"] * 3
     assert h.rt.ready_replicas("a") == 0
+
+
+def _journal_events(path) -> list[str]:
+    return [json.loads(ln)["event"] for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+async def test_a_worker_slow_to_close_gets_the_grace_to_exit_by_itself(harness_factory, tmp_path, caplog):
+    # vLLM's teardown takes seconds; a worker that is busy closing its
+    # engine must not be signalled while it does (nor warned about).
+    journal = tmp_path / "journal.jsonl"
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=1500), 1)),
+                        worker_env={JOURNAL_ENV: str(journal)}, shutdown_grace_s=6.0)
+    await h.rt.start()
+    (pid,) = h.joined_pids()
+    await h.rt.shutdown()
+    assert not pid_alive(pid)
+    assert _journal_events(journal)[-1] == "close"
+    assert "did not exit" not in caplog.text
+
+
+async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(harness_factory, tmp_path, caplog):
+    journal = tmp_path / "journal.jsonl"
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=60_000), 1)),
+                        worker_env={JOURNAL_ENV: str(journal)}, shutdown_grace_s=0.3)
+    await h.rt.start()
+    (pid,) = h.joined_pids()
+    t0 = time.monotonic()
+    await h.rt.shutdown()
+    # grace, then SIGTERM (ignored while it closes), 2 s, then SIGKILL
+    assert time.monotonic() - t0 < 6.0
+    assert not pid_alive(pid)
+    assert "close" not in _journal_events(journal)
+    assert "worker s/0 (pid %d) did not exit within 0.3 s of shutdown; terminating" % pid in caplog.text
+
+
+def test_shutdown_grace_must_not_be_negative():
+    with pytest.raises(ValueError, match="shutdown_grace_s=-1"):
+        StageRuntime(scripted_pipeline(s=(ScriptedArgs(), 1)), lambda ev: None, MemoryBlobStore(),
+                     shutdown_grace_s=-1)
 
 
 async def test_hand_started_worker_joins_over_tcp(harness_factory):
