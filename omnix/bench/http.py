@@ -125,7 +125,7 @@ async def _omni_baseline(omni: Any, streams: int, seconds: float, concurrency: i
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from omnix.http.testing import serve_scripted
+    from omnix.testing.serving import serve_scripted
 
     cfg = _pipeline(args.chunks)
     async with serve_scripted(cfg, processes=args.runtime == "workers", telemetry=args.telemetry) as server:

@@ -3,7 +3,7 @@
 Each server is shared by the whole test session (starting real worker
 processes costs about a second).  Stages run in real worker processes
 through ``StageRuntime``; set ``OMNIX_HTTP_TEST_INPROC=1`` to run them in
-the server process instead (``omnix.http.testing.InProcessRuntime``).
+the server process instead (``omnix.testing.serving.InProcessRuntime``).
 
 Tests that use these fixtures must run on the session's event loop:
 ``pytestmark = pytest.mark.asyncio(loop_scope="session")``.
@@ -18,7 +18,7 @@ import aiohttp
 import pytest_asyncio
 
 from omnix.http.app import HttpServer
-from omnix.http.testing import process_runtime_available, serve_scripted
+from omnix.testing.serving import process_runtime_available, serve_scripted
 from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
 

@@ -191,7 +191,7 @@ async def test_not_ready_while_loading_and_503_after_shutdown(http):
             assert r.headers["Retry-After"] == "5"
             assert (await r.json())["error"]["code"] == "not_ready"
         assert len(omni.log) == 0
-        from omnix.http.testing import InProcessRuntime
+        from omnix.testing.serving import InProcessRuntime
 
         omni.runtime = InProcessRuntime(omni.pipeline, omni.sequencer.emit, omni.blobs)
         await omni.start()

@@ -41,7 +41,7 @@ async def _chat(session, url: str, *, audio: bool, stream: bool = True) -> tuple
 
 
 async def test_live_http_run_replays_in_every_mode(tmp_path, capsys):
-    from omnix.http.testing import process_runtime_available, serve_scripted
+    from omnix.testing.serving import process_runtime_available, serve_scripted
 
     if not process_runtime_available():
         pytest.skip("omnix.stages.runtime.StageRuntime is not available")
