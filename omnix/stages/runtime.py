@@ -97,6 +97,15 @@ DEFAULT_SHUTDOWN_GRACE_S = 10.0
 _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)  # by consecutive failed starts
 
 
+async def _exited(procs: list[WorkerProcess], seconds: float) -> list[WorkerProcess]:
+    """Wait up to ``seconds`` for all of ``procs`` to exit; those still running."""
+    deadline = time.monotonic() + seconds
+    while procs and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        procs = [p for p in procs if p.poll() is None]
+    return procs
+
+
 class StageRuntimeError(RuntimeError):
     """Base of the runtime's own errors."""
 
@@ -411,6 +420,10 @@ class StageRuntime:
             # readable and would spin the loop while workers exit.
             self._reader.close()
         slots = self._all_slots()
+        # A worker still loading its engine runs no request and cannot stop
+        # before its load ends (a vLLM load takes 15-30 s on CPU): it gets
+        # no grace.  Ctrl-C during start-up then takes seconds, not a load.
+        loading = {s.proc.pid for s in slots if s.state in ("starting", "joining") and s.proc is not None}
         for slot in slots:
             if slot.restart_handle is not None:
                 slot.restart_handle.cancel()
@@ -428,18 +441,18 @@ class StageRuntime:
         self._by_identity.clear()
         self._by_token.clear()
         procs = [p for p in self._procs if p.returncode is None]
-        deadline = time.monotonic() + self.shutdown_grace_s
-        while procs and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-            procs = [p for p in procs if p.poll() is None]
+        await _exited([p for p in procs if p.pid not in loading], self.shutdown_grace_s)
+        procs = [p for p in procs if p.poll() is None]
         for p in procs:
-            log.warning("worker %s (pid %d) did not exit within %.1f s of shutdown; terminating",
-                        p.label, p.pid, self.shutdown_grace_s)
+            if p.pid in loading:
+                log.info("worker %s (pid %d) is still loading its engine; terminating", p.label, p.pid)
+            else:
+                log.warning("worker %s (pid %d) did not exit within %.1f s of shutdown; terminating",
+                            p.label, p.pid, self.shutdown_grace_s)
             p.terminate()
-        for p in procs:
-            if await asyncio.to_thread(p.wait_blocking, 2.0) is None:
-                p.kill()
-                await asyncio.to_thread(p.wait_blocking, 5.0)
+        for p in await _exited(procs, 2.0):
+            p.kill()
+            await asyncio.to_thread(p.wait_blocking, 5.0)
         for p in self._procs:
             p.poll()
             p.kill()  # any grandchildren left in its group

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -264,6 +265,25 @@ async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(harnes
     assert not pid_alive(pid)
     assert "close" not in _journal_events(journal)
     assert "worker s/0 (pid %d) did not exit within 0.3 s of shutdown; terminating" % pid in caplog.text
+
+
+async def test_shutdown_during_start_up_does_not_wait_for_a_loading_engine(harness_factory, caplog):
+    # start_delay_ms blocks the worker's loop as a model load does; the
+    # grace (10 s by default) is for workers that drain, not for a load.
+    caplog.set_level(logging.INFO, logger="omnix.runtime")
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=30_000), 1)))
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    starting = asyncio.create_task(h.rt.start())
+    await asyncio.sleep(1.0)
+    (pid,) = {c.pid for c in psutil.Process().children()} - before
+    t0 = time.monotonic()
+    starting.cancel()  # what omnix serve does on Ctrl-C while it starts
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert time.monotonic() - t0 < 5.0  # SIGTERM, 2 s, SIGKILL
+    assert not pid_alive(pid)
+    assert f"worker s/0 (pid {pid}) is still loading its engine; terminating" in caplog.text
+    assert "did not exit" not in caplog.text
 
 
 def test_shutdown_grace_must_not_be_negative():
