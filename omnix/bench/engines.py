@@ -143,7 +143,8 @@ class CpuMeter:
     role: wall-clock figures on a shared 2-core machine move with everyone
     else's load, CPU per token does not.  Roles: ``bench`` (this process:
     the direct client, or omnix's orchestrator, log and client), ``omnix
-    worker``, ``engine core`` and ``model`` (vLLM's processes)."""
+    worker``, ``engine core`` and ``model`` (vLLM's processes), and
+    ``steal``, the machine-wide time the hypervisor took meanwhile."""
 
     def __init__(self) -> None:
         import psutil
@@ -173,7 +174,13 @@ class CpuMeter:
         return "other"
 
     def sample(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+        import psutil
+
+        # Not a process: the time the hypervisor ran someone else on this
+        # VM's CPUs (all of them).  A guest may count it in its processes'
+        # CPU time, so a side whose engine core looks slower per token
+        # while steal rose was slowed by the host, not by its own work.
+        out: dict[str, float] = {"steal": getattr(psutil.cpu_times(), "steal", 0.0)}
         for role, p in [("bench", self._me)] + [(self._role(p), p) for p in self.procs]:
             try:
                 t = p.cpu_times()
@@ -668,12 +675,13 @@ def _table(res: dict[str, Any]) -> None:
             print(f"{c:>3} {res[f'omnix_to_started_p50_ms_c{c}']:>8.2f} ms / "
                   f"{res[f'omnix_to_first_chunk_p50_ms_c{c}']:.2f} ms")
         print("CPU per output token (us; load-independent), by process: bench = this process "
-              "(direct: the AsyncLLM client; omnix: orchestrator, log, client)")
+              "(direct: the AsyncLLM client; omnix: orchestrator, log, client); host steal = time "
+              "the hypervisor took from this machine's CPUs")
         for c in LEVELS:
             parts = []
             for side in ("direct", "omnix"):
                 roles = [("bench", "bench"), ("omnix_worker", "worker"), ("engine_core", "engine core"),
-                         ("model", "model")]
+                         ("model", "model"), ("steal", "host steal")]
                 vals = [f"{label} {res[k]:.0f}" for key, label in roles
                         if (k := f"cpu_us_per_token_{key}_{side}_c{c}") in res]
                 parts.append(f"{side}: " + ", ".join(vals))
