@@ -141,7 +141,7 @@ class Batch(msgspec.Struct):
 class CpuMeter:
     """CPU seconds of this process and of one side's child processes, by
     role: wall-clock figures on a shared 2-core machine move with everyone
-    else's load, CPU per token does not.  Roles: ``bench`` (this process:
+    else's load, CPU per token far less.  Roles: ``bench`` (this process:
     the direct client, or omnix's orchestrator, log and client), ``omnix
     worker``, ``engine core`` and ``model`` (vLLM's processes), and
     ``steal``, the machine-wide time the hypervisor took meanwhile."""
@@ -674,7 +674,7 @@ def _table(res: dict[str, Any]) -> None:
         for c in LEVELS:
             print(f"{c:>3} {res[f'omnix_to_started_p50_ms_c{c}']:>8.2f} ms / "
                   f"{res[f'omnix_to_first_chunk_p50_ms_c{c}']:.2f} ms")
-        print("CPU per output token (us; load-independent), by process: bench = this process "
+        print("CPU per output token (us; moves far less with load than wall time), by process: bench = this process "
               "(direct: the AsyncLLM client; omnix: orchestrator, log, client); host steal = time "
               "the hypervisor took from this machine's CPUs")
         for c in LEVELS:

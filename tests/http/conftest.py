@@ -18,9 +18,9 @@ import aiohttp
 import pytest_asyncio
 
 from omnix.http.app import HttpServer
-from omnix.testing.serving import process_runtime_available, serve_scripted
 from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
+from omnix.testing.serving import process_runtime_available, serve_scripted
 
 API_KEY = "sk-test-omnix"
 

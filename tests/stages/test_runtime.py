@@ -28,7 +28,12 @@ from omnix.events.types import (
 )
 from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.engine import InputPiece
-from omnix.stages.runtime import CapacityExceeded, ReplicaUnavailable, StageRuntime, WorkerStartError
+from omnix.stages.runtime import (
+    CapacityExceeded,
+    ReplicaUnavailable,
+    StageRuntime,
+    WorkerStartError,
+)
 from omnix.stages.work import WorkItem
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
@@ -264,7 +269,7 @@ async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(harnes
     assert time.monotonic() - t0 < 6.0
     assert not pid_alive(pid)
     assert "close" not in _journal_events(journal)
-    assert "worker s/0 (pid %d) did not exit within 0.3 s of shutdown; terminating" % pid in caplog.text
+    assert f"worker s/0 (pid {pid}) did not exit within 0.3 s of shutdown; terminating" in caplog.text
 
 
 async def test_shutdown_during_start_up_does_not_wait_for_a_loading_engine(harness_factory, caplog):
