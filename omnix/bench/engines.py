@@ -699,7 +699,6 @@ def _table(res: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; a tiny model needs little
     # What the runtime gives its workers (so the direct engine's processes,
     # spawned from here, run with the same setting); vLLM sets its model
     # process's own thread count and binding either way.
