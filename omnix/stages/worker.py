@@ -179,7 +179,7 @@ class Worker:
         self._reader = LoopReader(loop, self._sock, self._drain)
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                loop.add_signal_handler(sig, self.stop, EXIT_OK, f"received {signal.Signals(sig).name}")
+                loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
         try:
@@ -204,6 +204,16 @@ class Worker:
         if code != EXIT_OK or reason:
             log.info("worker %s/%s stopping: %s", self.stage, self.replica, reason)
         self._stopped.set()
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if self._stopped is not None and self._stopped.is_set():
+            # Already stopping (an engine can take seconds to close): a
+            # second signal, Ctrl-C again or the runtime's SIGTERM after its
+            # grace, means now.
+            _say(f"omnix worker {self.stage}/{self.replica}: {name} again: exiting now")
+            _exit_now(128 + sig)
+        self.stop(EXIT_OK, f"received {name}")
 
     async def _handshake(self) -> m.Welcome:
         loop = asyncio.get_running_loop()
@@ -368,11 +378,7 @@ class Worker:
             except RuntimeError:
                 pass
         if not self._hb_stop.wait(_HARD_EXIT_GRACE_S):
-            if os.getsid(0) == os.getpid():
-                # We lead our own session (spawned by a runtime): take any
-                # engine subprocesses down with us.
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-            os._exit(code)
+            _exit_now(code)
 
     # -- receiving ------------------------------------------------------------
     def _drain(self) -> None:
@@ -589,6 +595,20 @@ class Worker:
         send_frames(sock, self._enc.encode(mtype, msg))
         if self._reader is not None:
             self._reader.kick()
+
+
+def _exit_now(code: int) -> None:
+    """Exit without cleanup, taking the engine's processes along."""
+    if os.getsid(0) == os.getpid():
+        # We lead our own session (spawned by a runtime): take any engine
+        # subprocesses down with us.
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    else:  # started by hand, in somebody's process group: only our children
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            child.kill()
+    os._exit(code)
 
 
 def _say(text: str) -> None:

@@ -297,6 +297,32 @@ def test_shutdown_grace_must_not_be_negative():
                      shutdown_grace_s=-1)
 
 
+async def test_a_second_signal_stops_a_closing_worker_at_once(harness_factory):
+    # Ctrl-C on a hand-started worker whose engine takes long to close,
+    # then Ctrl-C again: it exits now (128 + SIGINT), not after the close.
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=60_000), 1)),
+                        endpoint="tcp://127.0.0.1:0", spawn=False)
+    await h.rt.start()
+    cmd = [sys.executable, "-m", "omnix.cli", "worker", "--connect", h.rt.endpoint, "--stage", "s"]
+    worker = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE)
+    try:
+        await h.rt.wait_ready(20)
+        worker.send_signal(signal.SIGINT)
+        async with asyncio.timeout(5):
+            while b"stopping: received SIGINT" not in await worker.stderr.readline():
+                pass
+        await asyncio.sleep(0.2)
+        assert worker.returncode is None and not h.of(WorkerLost)  # closing its engine
+        worker.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(worker.communicate(), 5)
+        assert worker.returncode == 128 + signal.SIGINT
+        assert b"SIGINT again: exiting now" in err
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.wait()
+
+
 async def test_hand_started_worker_joins_over_tcp(harness_factory):
     h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=2), 1)),
                         endpoint="tcp://127.0.0.1:0", spawn=False, heartbeat_interval_s=0.2, lost_after_s=1.0)
