@@ -17,7 +17,8 @@ it no longer runs is ignored; work for a request it has aborted is dropped
 
 Exit codes: 0 clean shutdown, 2 refused by the server, 3 the engine failed
 to load, 4 no answer to HELLO, 5 the server stopped answering heartbeats
-(or the parent that spawned this worker died).
+(or the parent that spawned this worker died), 128 + the signal when a
+second SIGINT/SIGTERM cut the shutdown short.
 """
 
 from __future__ import annotations

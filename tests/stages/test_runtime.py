@@ -265,7 +265,7 @@ async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(harnes
     (pid,) = h.joined_pids()
     t0 = time.monotonic()
     await h.rt.shutdown()
-    # grace, then SIGTERM (ignored while it closes), 2 s, then SIGKILL
+    # the grace, then SIGTERM: the stopping worker exits at once (SIGKILL 2 s later otherwise)
     assert time.monotonic() - t0 < 6.0
     assert not pid_alive(pid)
     assert "close" not in _journal_events(journal)
