@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import sys
@@ -90,13 +89,7 @@ def run(args: argparse.Namespace) -> int:
         parent_pid=int(os.environ.pop(PARENT_ENV, "0") or 0),
         hello_timeout_s=args.hello_timeout,
     )
-    code = _run_loop(worker.run())
-    # The engine is closed and the goodbye sent: what is left is the
-    # interpreter's exit, whose garbage collections walk every object torch,
-    # transformers and vLLM created (about 2 s on a small CPU machine, in
-    # the runtime's shutdown grace).  Frozen objects are not walked.
-    gc.freeze()
-    return code
+    return _run_loop(worker.run())
 
 
 def _run_loop(coro) -> int:
