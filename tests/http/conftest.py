@@ -15,6 +15,7 @@ import os
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from omnix.http.app import HttpServer
@@ -137,6 +138,38 @@ def engines_missing() -> str | None:
     if not process_runtime_available():
         return "omnix.stages.runtime.StageRuntime is not there yet"
     return None
+
+
+def real_engine_marks() -> list[pytest.MarkDecorator]:
+    """``pytestmark`` of a module that serves a built-in pipeline on real
+    engines (the ``server`` and ``client`` fixtures below)."""
+    missing = engines_missing()
+    return [
+        pytest.mark.engines,
+        pytest.mark.skipif(missing is not None, reason=f"real engines unavailable: {missing}"),
+        pytest.mark.asyncio(loop_scope="session"),
+    ]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server(request, tmp_path_factory) -> AsyncIterator[HttpServer]:
+    """The built-in pipeline the test module names in ``PIPELINE``, on real
+    engines: one server per module (each loads its own vLLM engines)."""
+    name = getattr(request.module, "PIPELINE", None)
+    if name is None:
+        raise RuntimeError(f"{request.module.__name__} uses the server fixture but sets no PIPELINE")
+    async for s in serve_builtin(name, tmp_path_factory):
+        yield s
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(server: HttpServer):
+    """The official ``openai`` client on ``server``."""
+    import openai
+
+    c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield c
+    await c.close()
 
 
 async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer]:

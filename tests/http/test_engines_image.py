@@ -7,24 +7,12 @@ import base64
 import io
 
 import openai
-import pytest
-import pytest_asyncio
 from PIL import Image
 
-from .conftest import engines_missing, serve_builtin
+from .conftest import real_engine_marks
 
-_MISSING = engines_missing()
-pytestmark = [
-    pytest.mark.engines,
-    pytest.mark.skipif(_MISSING is not None, reason=f"real engines unavailable: {_MISSING}"),
-    pytest.mark.asyncio(loop_scope="session"),
-]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(tmp_path_factory):
-    async for s in serve_builtin("tiny-image", tmp_path_factory):
-        yield s
+PIPELINE = "tiny-image"
+pytestmark = real_engine_marks()
 
 
 async def test_images_decode_at_the_requested_size(server):

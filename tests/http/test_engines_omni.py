@@ -8,36 +8,16 @@ import base64
 import io
 
 import numpy as np
-import openai
-import pytest
-import pytest_asyncio
 import soundfile as sf
 
 from omnix.http.render import render_response
 
-from .conftest import engines_missing, serve_builtin
+from .conftest import real_engine_marks
 
-_MISSING = engines_missing()
-pytestmark = [
-    pytest.mark.engines,
-    pytest.mark.skipif(_MISSING is not None, reason=f"real engines unavailable: {_MISSING}"),
-    pytest.mark.asyncio(loop_scope="session"),
-]
+PIPELINE = "tiny-omni"
+pytestmark = real_engine_marks()
 
 USER = [{"role": "user", "content": "Say something."}]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(tmp_path_factory):
-    async for s in serve_builtin("tiny-omni", tmp_path_factory):
-        yield s
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(server):
-    c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield c
-    await c.close()
 
 
 async def test_whole_and_streamed_text_agree(server, client):

@@ -5,35 +5,14 @@ them."""
 
 from __future__ import annotations
 
-import openai
-import pytest
-import pytest_asyncio
-
 from omnix.events.types import Chunk, StageFinished
 
-from .conftest import engines_missing, serve_builtin
+from .conftest import real_engine_marks
 
-_MISSING = engines_missing()
-pytestmark = [
-    pytest.mark.engines,
-    pytest.mark.skipif(_MISSING is not None, reason=f"real engines unavailable: {_MISSING}"),
-    pytest.mark.asyncio(loop_scope="session"),
-]
+PIPELINE = "tiny-text"
+pytestmark = real_engine_marks()
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(tmp_path_factory):
-    async for s in serve_builtin("tiny-text", tmp_path_factory):
-        yield s
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(server):
-    c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield c
-    await c.close()
 
 
 def _logged_ids(server, rid: str) -> list[int]:

@@ -11,25 +11,14 @@ import av
 import numpy as np
 import openai
 import pytest
-import pytest_asyncio
 import soundfile as sf
 
-from .conftest import engines_missing, parse_sse, serve_builtin
+from .conftest import parse_sse, real_engine_marks
 
-_MISSING = engines_missing()
-pytestmark = [
-    pytest.mark.engines,
-    pytest.mark.skipif(_MISSING is not None, reason=f"real engines unavailable: {_MISSING}"),
-    pytest.mark.asyncio(loop_scope="session"),
-]
+PIPELINE = "tiny-tts"
+pytestmark = real_engine_marks()
 
 CONTAINERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac"}
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(tmp_path_factory):
-    async for s in serve_builtin("tiny-tts", tmp_path_factory):
-        yield s
 
 
 def seconds(fmt: str, data: bytes) -> float:
