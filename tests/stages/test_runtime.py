@@ -239,36 +239,36 @@ async def test_shutdown_twice_leaves_no_child(harness_factory):
     assert h.rt.ready_replicas("a") == 0
 
 
-def _journal_events(path) -> list[str]:
-    return [json.loads(ln)["event"] for ln in path.read_text().splitlines()] if path.exists() else []
+async def _shut_down_slow_closer(harness_factory, tmp_path, close_delay_ms: float, grace_s: float):
+    """Start one worker whose engine takes ``close_delay_ms`` to close, shut
+    the runtime down with ``grace_s``: (its pid, seconds the shutdown took,
+    the engine's journal)."""
+    journal = tmp_path / "journal.jsonl"
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=close_delay_ms), 1)),
+                        worker_env={JOURNAL_ENV: str(journal)}, shutdown_grace_s=grace_s)
+    await h.rt.start()
+    (pid,) = h.joined_pids()
+    t0 = time.monotonic()
+    await h.rt.shutdown()
+    events = [json.loads(ln)["event"] for ln in journal.read_text().splitlines()] if journal.exists() else []
+    return pid, time.monotonic() - t0, events
 
 
 async def test_a_worker_slow_to_close_gets_the_grace_to_exit_by_itself(harness_factory, tmp_path, caplog):
     # vLLM's teardown takes seconds; a worker that is busy closing its
     # engine must not be signalled while it does (nor warned about).
-    journal = tmp_path / "journal.jsonl"
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=1500), 1)),
-                        worker_env={JOURNAL_ENV: str(journal)}, shutdown_grace_s=6.0)
-    await h.rt.start()
-    (pid,) = h.joined_pids()
-    await h.rt.shutdown()
+    pid, _, journal = await _shut_down_slow_closer(harness_factory, tmp_path, 1500, grace_s=6.0)
     assert not pid_alive(pid)
-    assert _journal_events(journal)[-1] == "close"
+    assert journal[-1] == "close"
     assert "did not exit" not in caplog.text
 
 
 async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(harness_factory, tmp_path, caplog):
-    journal = tmp_path / "journal.jsonl"
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=60_000), 1)),
-                        worker_env={JOURNAL_ENV: str(journal)}, shutdown_grace_s=0.3)
-    await h.rt.start()
-    (pid,) = h.joined_pids()
-    t0 = time.monotonic()
-    await h.rt.shutdown()
+    pid, took, journal = await _shut_down_slow_closer(harness_factory, tmp_path, 60_000, grace_s=0.3)
     # the grace, then SIGTERM: the stopping worker exits at once (SIGKILL 2 s later otherwise)
-    assert time.monotonic() - t0 < 6.0
+    assert took < 6.0
     assert not pid_alive(pid)
-    assert "close" not in _journal_events(journal)
+    assert "close" not in journal
     assert f"worker s/0 (pid {pid}) did not exit within 0.3 s of shutdown; terminating" in caplog.text
 
 
