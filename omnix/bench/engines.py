@@ -150,6 +150,7 @@ class CpuMeter:
         import psutil
 
         self._me = psutil.Process()
+        self._machine_times = psutil.cpu_times
         self.procs: list[Any] = []
 
     def children(self) -> set[int]:
@@ -174,13 +175,11 @@ class CpuMeter:
         return "other"
 
     def sample(self) -> dict[str, float]:
-        import psutil
-
         # Not a process: the time the hypervisor ran someone else on this
         # VM's CPUs (all of them).  A guest may count it in its processes'
         # CPU time, so a side whose engine core looks slower per token
         # while steal rose was slowed by the host, not by its own work.
-        out: dict[str, float] = {"steal": getattr(psutil.cpu_times(), "steal", 0.0)}
+        out: dict[str, float] = {"steal": getattr(self._machine_times(), "steal", 0.0)}
         for role, p in [("bench", self._me)] + [(self._role(p), p) for p in self.procs]:
             try:
                 t = p.cpu_times()

@@ -450,9 +450,10 @@ class StageRuntime:
                 log.warning("worker %s (pid %d) did not exit within %.1f s of shutdown; terminating",
                             p.label, p.pid, self.shutdown_grace_s)
             p.terminate()
-        for p in await _exited(procs, 2.0):
+        stuck = await _exited(procs, 2.0)
+        for p in stuck:
             p.kill()
-            await asyncio.to_thread(p.wait_blocking, 5.0)
+        await _exited(stuck, 5.0)
         for p in self._procs:
             p.poll()
             p.kill()  # any grandchildren left in its group
