@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -242,7 +243,7 @@ class DirectSide:
         prompt = self.tok.encode(text, add_special_tokens=False)
         kw: dict[str, Any] = {
             "n": 1, "max_tokens": max_tokens, "seed": SEED0 + index,
-            "output_kind": RequestOutputKind.DELTA,
+            "output_kind": RequestOutputKind.DELTA, "skip_clone": True,  # as omnix's engine
         }
         for f in ("temperature", "top_p", "top_k"):
             if getattr(p, f) is not None:
@@ -363,6 +364,19 @@ async def _batch(
 
 # -- the tiny-text comparison ------------------------------------------------------
 
+def _freeze_heap() -> None:
+    """Take what the start-up left on the heap out of the collector's reach.
+
+    This process holds the direct side's ``AsyncLLM`` (torch, transformers,
+    vLLM: ~600k objects) beside omnix's server, so an unfrozen full
+    collection stopped it for ~300 ms, once or twice a run, in the middle
+    of whichever side's batch it fell on.  vLLM's server and omnix's
+    workers freeze after their load for the same reason; omnix's own server
+    process holds no such heap (~30k objects, a full collection ~5 ms)."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _start_all(sides: list[Any], limit_s: float) -> None:
     # One after the other: two engines loading at once on 2 cores only make
     # each start slower, and a start failure then names its side.
@@ -392,6 +406,7 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
     sides: list[Any] = [direct, omnix_]
     try:
         await _start_all(sides, args.start_timeout)
+        _freeze_heap()
         n = args.max_tokens
         _say("warming up both sides")
         for s in sides:
@@ -580,6 +595,7 @@ async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
         for s in sides:
             await s.start()
         _say(f"tiny-omni ready in {time.perf_counter() - t0:.1f} s")
+        _freeze_heap()
         _say("warming up both variants")
         for s in sides:
             await s.one_omni(900_000, tt, ta)
@@ -702,7 +718,10 @@ def run(args: argparse.Namespace) -> int:
     # spawned from here, run with the same setting); vLLM sets its model
     # process's own thread count and binding either way.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    res = run_on_loop(_bench(args))
+    try:
+        res = run_on_loop(_bench(args))
+    finally:
+        gc.unfreeze()  # see omnix.stages.worker: frozen objects make triton report leaks at exit
     _table(res)
     print(json.dumps(res))
     return 0

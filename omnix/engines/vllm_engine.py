@@ -378,6 +378,10 @@ class VllmEngine:
             # One seed per piece: reproducible, and two sentences don't share noise.
             "seed": (base + seq) % (1 << 63),
             "output_kind": RequestOutputKind.DELTA,
+            # Built fresh for this sub-request and never reused, so vLLM
+            # need not deep-copy it on add_request (~30 us a request on
+            # this machine; vLLM's own OpenAI server does the same).
+            "skip_clone": True,
         }
         if p.temperature is not None:
             kw["temperature"] = p.temperature
