@@ -86,8 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=8, help="alternating rounds per concurrency level")
     parser.add_argument(
         "--requests", type=int, default=12, metavar="N",
-        help="requests per side per round at concurrency 1 (at c: max(2, N // c) batches of c)",
+        help="requests per side per round at concurrency 1 (at c > 1: max(B, N // c) batches of c, "
+        "B from --batches)",
     )
+    # A burst's TTFT p50 swings from batch to batch (20-60 ms at c=32: how
+    # vLLM groups arrivals into prefill steps), so the pooled p50 of few
+    # batches moves by ms from run to run on both sides alike.
+    parser.add_argument("--batches", type=int, default=4, metavar="B",
+                        help="at least this many batches of c per side per round at concurrency > 1")
     parser.add_argument("--settle", type=float, default=0.3, metavar="S",
                         help="pause between rounds (use 1.2 with cpu_executor = \"mp\": vLLM's "
                         "model process then busy-polls for 1 s after its last step)")
@@ -131,6 +137,8 @@ class Sample(msgspec.Struct):
     to_started_ms: float = 0.0  # submit -> the worker's Started in the log
     to_chunk_ms: float = 0.0  # submit -> the first Chunk in the log
     ttfp: float = 0.0  # tiny-omni: submit -> first audio chunk
+    rid: str = ""  # omnix only: the request id, for those stamps
+    submit_ns: int = 0  # omnix only: the batch's start on the log's clock
 
 
 class Batch(msgspec.Struct):
@@ -326,23 +334,34 @@ class OmnixSide:
         ok = ("finished", "cancelled") if stop_at_audio and first_audio else ("finished",)
         if rs is None or rs.status not in ok:
             raise RuntimeError(f"request {rid} ended {getattr(rs, 'status', '?')}: {getattr(rs, 'reason', '')}")
-        started = chunk = 0
-        # The first thinker events (log stamps, this process's wall clock):
-        # where the time to the first token went, for the profile.
-        async for e in omni.events(rid):
-            if isinstance(e, StageStarted) and e.stage == "thinker" and not started:
-                started = e.ts_ns
-            elif isinstance(e, Chunk) and e.stage == "thinker" and not chunk:
-                chunk = e.ts_ns
         return Sample(
             index, first - t0, len(ids), tuple(ids),
-            to_started_ms=(started - wall0) / 1e6, to_chunk_ms=(chunk - wall0) / 1e6,
-            ttfp=first_audio - t0 if first_audio else 0.0,
+            ttfp=first_audio - t0 if first_audio else 0.0, rid=rid, submit_ns=wall0,
         )
+
+    def annotate(self, samples: list[Sample]) -> None:
+        """Where each request's time to first token went (log stamps, this
+        process's wall clock): its thinker's Started and first Chunk.  Read
+        after the batch's wall time is taken: walking ~50 events a request
+        at the batch's end cost omnix ~2 ms of every c=32 batch's wall."""
+        for s in samples:
+            started = chunk = 0
+            for e in self.omni.log.events_for(s.rid):
+                if isinstance(e, StageStarted) and e.stage == "thinker" and not started:
+                    started = e.ts_ns
+                elif isinstance(e, Chunk) and e.stage == "thinker" and not chunk:
+                    chunk = e.ts_ns
+                    break
+            s.to_started_ms = (started - s.submit_ns) / 1e6
+            s.to_chunk_ms = (chunk - s.submit_ns) / 1e6
 
 
 async def _batch(
-    c: int, start: int, one: Callable[[int, float], Awaitable[Sample]], meter: CpuMeter | None = None
+    c: int,
+    start: int,
+    one: Callable[[int, float], Awaitable[Sample]],
+    meter: CpuMeter | None = None,
+    annotate: Callable[[list[Sample]], None] | None = None,
 ) -> Batch:
     """``c`` requests submitted at once (indices start..start+c-1).
 
@@ -356,10 +375,12 @@ async def _batch(
     the later coroutines start."""
     cpu0 = meter.sample() if meter else {}
     t0 = time.perf_counter()
-    samples = await asyncio.gather(*(one(start + j, t0) for j in range(c)))
+    samples = list(await asyncio.gather(*(one(start + j, t0) for j in range(c))))
     wall = time.perf_counter() - t0
     cpu = {k: v - cpu0.get(k, 0.0) for k, v in meter.sample().items()} if meter else {}
-    return Batch(wall, list(samples), cpu)
+    if annotate is not None:
+        annotate(samples)
+    return Batch(wall, samples, cpu)
 
 
 # -- the tiny-text comparison ------------------------------------------------------
@@ -414,7 +435,7 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
                 await _batch(c, 900_000, lambda i, t0, s=s: s.one(i, n, t0))
         out: dict[str, Any] = {}
         for c in LEVELS:
-            per_round = max(2, args.requests // c)  # batches of c per side per round
+            per_round = max(args.batches if c > 1 else 1, args.requests // c)  # batches of c per side per round
             batches: dict[str, list[Batch]] = {"direct": [], "omnix": []}
             _say(f"concurrency {c}: {args.rounds} rounds x {per_round} batches of {c} per side")
             for r in range(args.rounds):
@@ -425,7 +446,8 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
                         # The same request indices on both sides: same prompt, same seed.
                         start = (c * 10_000) + (r * per_round + b) * c
                         batches[s.name].append(
-                            await _batch(c, start, lambda i, t0, s=s: s.one(i, n, t0), s.meter)
+                            await _batch(c, start, lambda i, t0, s=s: s.one(i, n, t0), s.meter,
+                                         getattr(s, "annotate", None))
                         )
             out[c] = batches
         return out
