@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle", type=float, default=0.3, metavar="S",
                         help="pause between rounds (use 1.2 with cpu_executor = \"mp\": vLLM's "
                         "model process then busy-polls for 1 s after its last step)")
-    parser.add_argument("--ttfp-requests", type=int, default=8, help="tiny-omni requests per variant")
+    parser.add_argument("--ttfp-requests", type=int, default=16, help="tiny-omni requests per variant")
     parser.add_argument("--thinker-tokens", type=int, default=96, help="tiny-omni thinker max_tokens")
     parser.add_argument("--talker-tokens", type=int, default=64, help="tiny-omni talker max_tokens (per piece)")
     parser.add_argument(
