@@ -81,18 +81,20 @@ TTFP_CUT = 0.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per tiny-text request")
-    # Many short rounds: the host's speed drifts over seconds, and finer
-    # alternation cancels more of it than a few long rounds.
-    parser.add_argument("--rounds", type=int, default=8, help="alternating rounds per concurrency level")
+    # Many short rounds: the host's speed drifts over seconds (an engine
+    # core's CPU per token moved 144-195 us between 2-second stretches of
+    # one process), and finer alternation cancels more of it than a few
+    # long rounds.
+    parser.add_argument("--rounds", type=int, default=16, help="alternating rounds per concurrency level")
     parser.add_argument(
-        "--requests", type=int, default=12, metavar="N",
+        "--requests", type=int, default=6, metavar="N",
         help="requests per side per round at concurrency 1 (at c > 1: max(B, N // c) batches of c, "
         "B from --batches)",
     )
     # A burst's TTFT p50 swings from batch to batch (20-60 ms at c=32: how
-    # vLLM groups arrivals into prefill steps), so the pooled p50 of few
-    # batches moves by ms from run to run on both sides alike.
-    parser.add_argument("--batches", type=int, default=4, metavar="B",
+    # vLLM groups arrivals into prefill steps), so the pooled p50 needs many
+    # batches (rounds x B) to hold still from run to run.
+    parser.add_argument("--batches", type=int, default=2, metavar="B",
                         help="at least this many batches of c per side per round at concurrency > 1")
     parser.add_argument("--settle", type=float, default=0.3, metavar="S",
                         help="pause between rounds (use 1.2 with cpu_executor = \"mp\": vLLM's "
