@@ -302,11 +302,6 @@ class Worker:
             self._sock.close(linger=500)  # let the last outputs and the goodbye out
         if self._ctx is not None:
             self._ctx.term()
-        # Objects frozen after the engine load are never collected, so
-        # extension modules that audit their objects at interpreter exit
-        # (triton's nanobind bindings, imported by vLLM) would print
-        # hundreds of "leaked" lines on every clean stop.
-        gc.unfreeze()
 
     # -- heartbeats (own thread, own socket) -----------------------------------
     def _start_heartbeats(self, welcome: m.Welcome) -> None:
