@@ -80,28 +80,29 @@ TTFP_CUT = 0.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per tiny-text request")
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per tiny-text request (default %(default)s)")
     # Many short rounds: the host's speed drifts over seconds (an engine
     # core's CPU per token moved 144-195 us between 2-second stretches of
     # one process), and finer alternation cancels more of it than a few
     # long rounds.
-    parser.add_argument("--rounds", type=int, default=16, help="alternating rounds per concurrency level")
+    parser.add_argument("--rounds", type=int, default=16, help="alternating rounds per concurrency level (default %(default)s)")
     parser.add_argument(
         "--requests", type=int, default=6, metavar="N",
         help="requests per side per round at concurrency 1 (at c > 1: max(B, N // c) batches of c, "
-        "B from --batches)",
+        "B from --batches; default %(default)s)",
     )
     # A burst's TTFT p50 swings from batch to batch (20-60 ms at c=32: how
     # vLLM groups arrivals into prefill steps), so the pooled p50 needs many
     # batches (rounds x B) to hold still from run to run.
     parser.add_argument("--batches", type=int, default=2, metavar="B",
-                        help="at least this many batches of c per side per round at concurrency > 1")
+                        help="at least this many batches of c per side per round at concurrency > 1 "
+                        "(default %(default)s)")
     parser.add_argument("--settle", type=float, default=0.3, metavar="S",
-                        help="pause between rounds (use 1.2 with cpu_executor = \"mp\": vLLM's "
-                        "model process then busy-polls for 1 s after its last step)")
-    parser.add_argument("--ttfp-requests", type=int, default=16, help="tiny-omni requests per variant")
-    parser.add_argument("--thinker-tokens", type=int, default=96, help="tiny-omni thinker max_tokens")
-    parser.add_argument("--talker-tokens", type=int, default=64, help="tiny-omni talker max_tokens (per piece)")
+                        help="pause between rounds, default %(default)s (use 1.2 with cpu_executor = "
+                        "\"mp\": vLLM's model process then busy-polls for 1 s after its last step)")
+    parser.add_argument("--ttfp-requests", type=int, default=16, help="tiny-omni requests per variant (default %(default)s)")
+    parser.add_argument("--thinker-tokens", type=int, default=96, help="tiny-omni thinker max_tokens (default %(default)s)")
+    parser.add_argument("--talker-tokens", type=int, default=64, help="tiny-omni talker max_tokens per piece (default %(default)s)")
     parser.add_argument(
         "--talker-cpus", default="", metavar="LIST",
         help="pin tiny-omni's talker worker (and its vLLM processes) to these CPUs, e.g. 1, "
