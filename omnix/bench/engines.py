@@ -746,7 +746,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_on_loop(_bench(args))
     finally:
-        gc.unfreeze()  # see omnix.stages.worker: frozen objects make triton report leaks at exit
+        gc.unfreeze()  # frozen at exit, triton reports leaks (omnix.stages.worker_cli)
     _table(res)
     print(json.dumps(res))
     return 0

@@ -102,7 +102,7 @@ def _exit_without_finalizing(code: int) -> None:
 
     The worker froze its heap after the engine load (``_freeze_heap``):
     finalizing would leave those objects alive, and triton's nanobind
-    bindings (imported by vLLM) then print hundreds of "leaked" lines on
+    bindings (imported by vLLM) then print dozens of "leaked" lines on
     every clean stop; unfreezing first makes the exit walk and free the
     whole torch/vLLM heap instead (~1.3 s more per worker on 2 cores).
     Nothing is left to finalize by then: the engine is closed (its

@@ -154,7 +154,7 @@ def test_worker_runs_every_item_of_one_work_message_in_order(server):
 
 def test_worker_clean_stop_prints_no_leak_reports(server):
     # The worker freezes its heap after the engine load; objects left frozen
-    # at exit made triton's bindings (imported by vLLM) print hundreds of
+    # at exit made triton's bindings (imported by vLLM) print dozens of
     # "nanobind: leaked ..." lines on every clean stop.
     pytest.importorskip("triton")
     code = (
