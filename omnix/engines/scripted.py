@@ -29,6 +29,9 @@ Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
 * ``close_delay_ms`` makes ``close()`` take that long (awaited, as vLLM's
   engine teardown is awaited in a thread), for tests of the runtime's
   shutdown grace.
+* ``leave_child`` makes ``start()`` spawn a daemon process (it sleeps) that
+  ``close()`` leaves running, as a vLLM engine core is left when its close
+  runs out of time; its pid goes to the journal (event ``child``).
 * With ``delay_ms == 0`` it still yields to the loop every few outputs so
   aborts and other requests get served.
 
@@ -72,10 +75,10 @@ class ScriptedEngine:
         self.aborted: list[str] = []
         self._journal = os.environ.get(JOURNAL_ENV) or None
 
-    def _note(self, event: str, request_id: str = "") -> None:
+    def _note(self, event: str, request_id: str = "", **extra: int) -> None:
         if self._journal is None:
             return
-        line = json.dumps({"pid": os.getpid(), "event": event, "request_id": request_id})
+        line = json.dumps({"pid": os.getpid(), "event": event, "request_id": request_id, **extra})
         with open(self._journal, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
@@ -86,6 +89,12 @@ class ScriptedEngine:
             # Deliberately blocking: this is what a real model load does to the loop.
             time.sleep(self.args.start_delay_ms / 1000)  # noqa: ASYNC251
         self._note("start")
+        if self.args.leave_child:
+            import multiprocessing
+
+            child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,), daemon=True)
+            child.start()
+            self._note("child", child_pid=child.pid or 0)
         return EngineInfo(engine="scripted", capacity=self.args.capacity, device="cpu", model="scripted")
 
     async def generate(

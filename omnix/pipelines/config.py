@@ -94,6 +94,9 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     start_delay_ms: float = 0.0
     # close() takes this long (vLLM's teardown takes seconds): shutdown tests.
     close_delay_ms: float = 0.0
+    # start() spawns a daemon process that close() leaves running (a vLLM
+    # engine core whose close ran out of time): shutdown tests.
+    leave_child: bool = False
     # Echo input text back instead of numbered tokens.
     echo: bool = False
 

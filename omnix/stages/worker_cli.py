@@ -106,7 +106,14 @@ def _exit_without_finalizing(code: int) -> None:
     every clean stop; unfreezing first makes the exit walk and free the
     whole torch/vLLM heap instead (~1.3 s more per worker on 2 cores).
     Nothing is left to finalize by then: the engine is closed (its
-    processes joined), the sockets and ZMQ context are closed."""
+    processes joined), the sockets and ZMQ context are closed.  An engine
+    process still alive (its close ran out of time) would have been
+    terminated by finalization (vLLM's engine core is a daemon process);
+    it is killed here instead of being left orphaned."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -3,13 +3,16 @@ its own guards (capacity, aborted ids) and its exit codes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import zmq
 
+from omnix.engines.scripted import JOURNAL_ENV
 from omnix.pipelines.config import ScriptedArgs, StageConfig
 from omnix.stages.engine import InputPiece
 from omnix.stages.work import WorkItem
@@ -170,6 +173,36 @@ def test_worker_clean_stop_prints_no_leak_reports(server):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_worker_clean_stop_leaves_no_engine_process(server, tmp_path, monkeypatch):
+    # The worker skips the interpreter's finalization, which would have
+    # terminated a daemon engine process still running (a vLLM engine core
+    # whose close ran out of time); it must kill it itself.
+    journal = tmp_path / "journal.jsonl"
+    monkeypatch.setenv(JOURNAL_ENV, str(journal))
+    proc = _worker(server.endpoint)
+    try:
+        _welcome(server, ScriptedArgs(leave_child=True))
+        [child] = [e["child_pid"] for e in map(json.loads, journal.read_text().splitlines())
+                   if e["event"] == "child"]
+        assert psutil.pid_exists(child)
+        server.send(m.SHUTDOWN, m.Shutdown("test over"))
+        assert proc.wait(20) == 0
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_worker_exits_when_server_stops_answering(server):
