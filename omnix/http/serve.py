@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline",
         default=DEFAULT_PIPELINE,
         metavar="NAME|PATH",
-        help=f"built-in pipeline name or a TOML/JSON config file (default: {DEFAULT_PIPELINE})",
+        help=f"built-in pipeline name or a TOML/YAML/JSON config file (default: {DEFAULT_PIPELINE})",
     )
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST})"

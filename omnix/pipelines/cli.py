@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = sub.add_parser("show", help="print a pipeline's stages, edges and outputs")
     show.add_argument("pipeline", nargs="?", default=DEFAULT_PIPELINE, help="built-in name or config path")
     show.add_argument("--json", action="store_true", help="print the decoded config as JSON")
-    val = sub.add_parser("validate", help="check config files; exit 1 on the first invalid one")
+    val = sub.add_parser("validate", help="check config files (all of them); exit 1 if any is invalid")
     val.add_argument("pipelines", nargs="+", help="built-in names or config paths")
 
 

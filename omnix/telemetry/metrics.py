@@ -91,8 +91,8 @@ class InstrumentSpec:
 
 # The vocabulary.  Label values are bounded: pipeline and stage names come
 # from configuration, reasons and statuses from closed sets in
-# omnix.events.types, event types from the tagged union.  Never a request
-# id, a prompt or a path.
+# omnix.events.types, token types input/output.  Never a request id, a
+# prompt or a path.
 INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     InstrumentSpec(
         "gen_ai.server.request.duration",
