@@ -45,7 +45,8 @@ def _make_telemetry(omni: Omni) -> Any:
     except Exception as exc:  # an optional dependency missing, a broken install
         log.warning("metrics disabled: omnix.telemetry could not be imported (%s)", exc)
         return None
-    return Telemetry.from_env(omni.pipeline.name)
+    # The config, not its name: audio seconds count at its codec stage's rate.
+    return Telemetry.from_env(omni.pipeline)
 
 
 def build_app(
