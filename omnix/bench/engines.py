@@ -389,7 +389,8 @@ async def _batch(
 # -- the tiny-text comparison ------------------------------------------------------
 
 def _freeze_heap() -> None:
-    """Take what the start-up left on the heap out of the collector's reach.
+    """Take what the start-up left on the heap out of the collector's reach
+    (``omnix.stages.worker.freeze_heap``).
 
     This process holds the direct side's ``AsyncLLM`` (torch, transformers,
     vLLM: ~600k objects) beside omnix's server, so an unfrozen full
@@ -397,8 +398,9 @@ def _freeze_heap() -> None:
     of whichever side's batch it fell on.  vLLM's server and omnix's
     workers freeze after their load for the same reason; omnix's own server
     process holds no such heap (~30k objects, a full collection ~5 ms)."""
-    gc.collect()
-    gc.freeze()
+    from omnix.stages.worker import freeze_heap
+
+    freeze_heap()
 
 
 async def _start_all(sides: list[Any], limit_s: float) -> None:
@@ -746,7 +748,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_on_loop(_bench(args))
     finally:
-        gc.unfreeze()  # frozen at exit, triton reports leaks (omnix.stages.worker_cli)
+        gc.unfreeze()  # frozen at exit, triton reports leaks (worker.exit_without_finalizing)
     _table(res)
     print(json.dumps(res))
     return 0

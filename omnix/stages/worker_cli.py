@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         format=f"%(asctime)s %(levelname)s worker[{args.stage}/{args.replica}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from omnix.stages.worker import PARENT_ENV, TOKEN_ENV, Worker
+    from omnix.stages.worker import PARENT_ENV, TOKEN_ENV, Worker, exit_without_finalizing
 
     worker = Worker(
         args.connect,
@@ -91,36 +91,9 @@ def run(args: argparse.Namespace) -> int:
         hello_timeout_s=args.hello_timeout,
     )
     code = _run_loop(worker.run())
-    if gc.get_freeze_count():
-        _exit_without_finalizing(code)
+    if gc.get_freeze_count():  # the engine loaded: see exit_without_finalizing
+        exit_without_finalizing(code)
     return code
-
-
-def _exit_without_finalizing(code: int) -> None:
-    """Exit once the worker has torn everything down, skipping the
-    interpreter's finalization.
-
-    The worker froze its heap after the engine load (``_freeze_heap``):
-    finalizing would leave those objects alive, and triton's nanobind
-    bindings (imported by vLLM) then print dozens of "leaked" lines on
-    every clean stop; unfreezing first makes the exit walk and free the
-    whole torch/vLLM heap instead (~1.3 s more per worker on 2 cores).
-    Nothing is left to finalize by then: the engine is closed (its
-    processes joined), the sockets and ZMQ context are closed.  An engine
-    process still alive (its close ran out of time) would have been
-    terminated by finalization (vLLM's engine core is a daemon process);
-    it is killed here instead of being left orphaned."""
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        child.kill()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def _run_loop(coro) -> int:

@@ -231,21 +231,29 @@ async def serve_scripted(
     otherwise ``InProcessRuntime``.  Yields the ``HttpServer`` (``.url``,
     ``.omni``)."""
     from omnix.api import Omni
-    from omnix.http.app import DEFAULT_MAX_BODY, HttpServer
+    from omnix.http.app import DEFAULT_MAX_BODY
 
     omni = Omni(pipeline, runtime_options=runtime_options, **(omni_options or {}))
     if not processes:
         omni.runtime = InProcessRuntime(pipeline, omni.sequencer.emit, omni.blobs)
+    async with serve_omni(
+        omni, api_key=api_key, telemetry=telemetry, client_max_size=client_max_size or DEFAULT_MAX_BODY
+    ) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def serve_omni(omni: Any, *, grace_s: float = 1.0, **http_options: Any) -> AsyncIterator[Any]:
+    """Start ``omni`` (not started yet) and an ``HttpServer`` on it (on a
+    free loopback port, ``http_options`` passed on); on exit shut ``omni``
+    down (``grace_s``) and close the server."""
+    from omnix.http.app import HttpServer
+
     await omni.start()
-    server = HttpServer(
-        omni,
-        api_key=api_key,
-        telemetry=telemetry,
-        client_max_size=client_max_size or DEFAULT_MAX_BODY,
-    )
+    server = HttpServer(omni, **http_options)
     try:
         await server.start()
         yield server
     finally:
-        await omni.shutdown(grace_s=1.0)
+        await omni.shutdown(grace_s=grace_s)
         await server.close()

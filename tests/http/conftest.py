@@ -21,7 +21,7 @@ import pytest_asyncio
 from omnix.http.app import HttpServer
 from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
-from omnix.testing.serving import process_runtime_available, serve_scripted
+from omnix.testing.serving import process_runtime_available, serve_omni, serve_scripted
 
 API_KEY = "sk-test-omnix"
 
@@ -187,11 +187,5 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer
         name,
         runtime_options={"forward_worker_output": False, "lost_after_s": 20.0, "start_timeout_s": 600.0},
     )
-    await omni.start()
-    server = HttpServer(omni, telemetry=False)
-    try:
-        await server.start()
+    async with serve_omni(omni, grace_s=2.0, telemetry=False) as server:
         yield server
-    finally:
-        await omni.shutdown(grace_s=2.0)
-        await server.close()
