@@ -35,7 +35,7 @@ def _sync() -> None:
 def codec_figures(models: Path, device: str) -> dict:
     import torch
 
-    from omnix.engines.codec_model import CodecStream, load_codec
+    from omnix.models.codec import CodecStream, load_codec
 
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
@@ -88,7 +88,7 @@ async def codec_engine_figures(models: Path) -> dict:
     from omnix.engines.codec_engine import CodecEngine
     from omnix.events.types import StageParams
     from omnix.pipelines.config import CodecArgs
-    from omnix.stages.engine import GenerateRequest, InputPiece
+    from omnix.transport.work import GenerateRequest, InputPiece
 
     engine = CodecEngine(CodecArgs(model=str(models / "code2wav")))
     info = await engine.start()
@@ -115,7 +115,7 @@ async def diffusers_figures(models: Path) -> dict:
     from omnix.engines.diffusers_engine import DiffusersEngine
     from omnix.events.types import StageParams
     from omnix.pipelines.config import DiffusersArgs
-    from omnix.stages.engine import GenerateRequest, InputPiece
+    from omnix.transport.work import GenerateRequest, InputPiece
 
     engine = DiffusersEngine(DiffusersArgs(model=str(models / "image")))
     t = time.perf_counter()

@@ -25,10 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, help_ in BENCHES.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--json", action="store_true", help="print figures as one JSON object on the last line")
-        try:
-            importlib.import_module(f"omnix.bench.{name}").add_arguments(p)
-        except ModuleNotFoundError:
-            pass
+        importlib.import_module(f"omnix.bench.{name}").add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,9 +40,8 @@ from omnix.events.types import (
     StageFinished,
 )
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
-from omnix.stages.engine import InputPiece
 from omnix.stages.runtime import StageRuntime
-from omnix.stages.work import WorkItem
+from omnix.transport.work import InputPiece, WorkItem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

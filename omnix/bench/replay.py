@@ -89,8 +89,8 @@ async def _generate(n_events: int) -> bytes:
     from omnix.orchestrator.decide import Orchestrator
     from omnix.orchestrator.dispatch import Dispatcher
     from omnix.orchestrator.sequencer import Sequencer
-    from omnix.replay.trace import export_trace
     from omnix.testing.sim import SimRuntime
+    from omnix.trace import export_trace
 
     cfg = bench_pipeline()
     clock = ManualClock()
@@ -127,7 +127,7 @@ async def _generate(n_events: int) -> bytes:
 def _cache_path(n_events: int) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "omnix" / "bench"
     from omnix.orchestrator.decide import RULES_VERSION
-    from omnix.replay.trace import TRACE_FORMAT_VERSION
+    from omnix.trace import TRACE_FORMAT_VERSION
 
     return base / f"replay-{n_events}-f{TRACE_FORMAT_VERSION}-r{RULES_VERSION}-{omnix.__version__}.trace"
 
@@ -149,7 +149,7 @@ def _best(fn, repeat: int) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> int:
     from omnix.events.reducer import Fold
     from omnix.replay.drive import drive
-    from omnix.replay.trace import read_trace, write_trace
+    from omnix.trace import read_trace, write_trace
 
     gen_s = 0.0
     if args.trace:

@@ -3,7 +3,7 @@
 Owns: loading a ``CodecDecoder`` from a model folder onto a device, and
 turning each request's stream of code pieces into audio outputs as the
 pieces arrive.  Does not own the decoder's maths or its exactness argument
-(``codec_model.py``), nor the talker that produces the codes.
+(``omnix.models.codec``), nor the talker that produces the codes.
 
 Input: each ``InputPiece``'s ``token_ids`` (or a 1-D integer ``array``) are
 codec codes in the frame-major layout of the model's ``config.json``; pieces
@@ -28,7 +28,7 @@ import numpy as np
 
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import CodecArgs
-from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class CodecEngine:
     async def start(self) -> EngineInfo:
         import torch
 
-        from omnix.engines.codec_model import load_codec
+        from omnix.models.codec import load_codec
 
         folder = resolve_model(self.args.model)
         self.device = pick_device(self.args.device)
@@ -93,7 +93,7 @@ class CodecEngine:
     async def _generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
     ) -> AsyncIterator[EngineOutput]:
-        from omnix.engines.codec_model import CodecStream
+        from omnix.models.codec import CodecStream
 
         if self.decoder is None or self._pool is None:
             raise RuntimeError("CodecEngine.generate before start() (or after close())")

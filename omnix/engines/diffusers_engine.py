@@ -37,7 +37,7 @@ from typing import Any
 
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import DiffusersArgs
-from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 
 class _Aborted(Exception):

@@ -56,7 +56,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from omnix.pipelines.config import ScriptedArgs
-from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 JOURNAL_ENV = "OMNIX_SCRIPTED_JOURNAL"
 FAIL_START_ENV = "OMNIX_SCRIPTED_FAIL_START"  # non-empty: start() raises with this text

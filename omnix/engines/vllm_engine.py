@@ -53,7 +53,7 @@ import msgspec
 
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
-from omnix.stages.engine import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from omnix.api import Omni
 from omnix.http.auth import auth_middleware
 from omnix.http.errors import error_middleware
 from omnix.http.routes import Routes
+from omnix.telemetry import Telemetry
 
 log = logging.getLogger("omnix.http")
 
@@ -38,13 +39,8 @@ OMNI_KEY: web.AppKey[Omni] = web.AppKey("omni", Omni)
 ROUTES_KEY: web.AppKey[Routes] = web.AppKey("routes", Routes)
 
 
-def _make_telemetry(omni: Omni) -> Any:
-    """The telemetry behind /metrics, or None (logged) when unavailable."""
-    try:
-        from omnix.telemetry import Telemetry
-    except Exception as exc:  # an optional dependency missing, a broken install
-        log.warning("metrics disabled: omnix.telemetry could not be imported (%s)", exc)
-        return None
+def _make_telemetry(omni: Omni) -> Telemetry:
+    """The telemetry behind /metrics, built from the environment."""
     # The config, not its name: audio seconds count at its codec stage's rate.
     return Telemetry.from_env(omni.pipeline)
 

@@ -28,6 +28,7 @@ from omnix.api import Omni, ShuttingDown, new_request_id, new_seed
 from omnix.events.types import Rejected
 from omnix.http import adapt
 from omnix.http.errors import ApiError, from_decode_error, from_request_error
+from omnix.http.openapi import openapi_handler
 from omnix.http.render import (
     RETRY_AFTER,
     Head,
@@ -51,6 +52,8 @@ from omnix.http.schemas import (
     SpeechRequest,
 )
 from omnix.pipelines.plan import RequestError
+from omnix.telemetry import Telemetry, metrics_handler
+from omnix.trace import export_trace
 
 log = logging.getLogger("omnix.http")
 
@@ -85,9 +88,10 @@ def _headers(head: Head) -> CIMultiDict[str]:
 class Routes:
     """The handlers, bound to one ``Omni``."""
 
-    def __init__(self, omni: Omni, *, telemetry: Any = None) -> None:
+    def __init__(self, omni: Omni, *, telemetry: Telemetry | None = None) -> None:
         self.omni = omni
         self.telemetry = telemetry
+        self._metrics_handler = None if telemetry is None else metrics_handler(telemetry)
         self.served = adapt.Served(omni.pipeline, new_request_id=new_request_id, new_seed=new_seed)
         self.started_at = int(time.time())
         #: "starting" until the runtime is ready, "serving", then "stopping".
@@ -106,8 +110,6 @@ class Routes:
         r.add_get("/v1/requests/{id}/events", self.request_events)
         r.add_post("/v1/requests/{id}/cancel", self.request_cancel)
         r.add_get("/v1/requests/{id}/trace", self.request_trace)
-        from omnix.http.openapi import openapi_handler
-
         r.add_get("/openapi.json", openapi_handler)
 
     # -- bodies ---------------------------------------------------------------
@@ -302,20 +304,13 @@ class Routes:
         )
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
-        if self.telemetry is None:
-            # Hook: omnix.telemetry (Prometheus exposition) is not available.
+        if self._metrics_handler is None:
             raise ApiError(
                 501,
-                "Metrics are not available: omnix.telemetry could not be loaded in this server "
-                "(see the server log).",
+                "Metrics are off in this server: it was started without telemetry.",
                 code="metrics_unavailable",
             )
-        from omnix.telemetry import metrics_handler
-
-        handler = getattr(self, "_metrics_handler", None)
-        if handler is None:
-            handler = self._metrics_handler = metrics_handler(self.telemetry)
-        return await handler(request)
+        return await self._metrics_handler(request)
 
     # -- omnix's request routes ---------------------------------------------------
     def _known(self, request: web.Request) -> str:
@@ -392,15 +387,6 @@ class Routes:
 
     async def request_trace(self, request: web.Request) -> web.Response:
         rid = self._known(request)
-        try:
-            from omnix.replay.trace import export_trace  # type: ignore[import-not-found]
-        except ImportError:
-            raise ApiError(
-                501,
-                "Trace export is not available in this build (omnix.replay.trace is missing). "
-                f"GET /v1/requests/{rid}/events gives the request's events meanwhile.",
-                code="trace_unavailable",
-            ) from None
         rs = self.omni.state(rid)
         if rs is not None and not rs.terminal:
             raise ApiError(

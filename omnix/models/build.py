@@ -4,7 +4,7 @@ Owns: one builder per tiny model (``thinker``, ``talker``, ``code2wav``,
 ``image``), the talker's vocabulary layout, atomic builds into the model
 cache and ``ensure_models`` (build only what is missing).  Does not own
 where the cache is or how names resolve (``paths.py``), the tokenizer
-(``tokenizer.py``), the codec module (``omnix.engines.codec_model``) or any
+(``tokenizer.py``), the codec module (``omnix.models.codec``) or any
 loading for inference (``omnix.engines``).
 
 Determinism: every random tensor comes from a torch generator seeded from
@@ -192,10 +192,10 @@ def build_talker(out: Path, seed: int) -> ModelInfo:
 
 
 def build_code2wav(out: Path, seed: int) -> ModelInfo:
-    """The codec decoder with random weights (see ``codec_model.py``)."""
+    """The codec decoder with random weights (see ``codec.py``)."""
     import torch
 
-    from omnix.engines.codec_model import CodecConfig, CodecDecoder, save_codec
+    from omnix.models.codec import CodecConfig, CodecDecoder, save_codec
 
     config = CodecConfig(num_codebooks=NUM_CODEBOOKS, codebook_size=CODEC_SIZE)
     torch.manual_seed(derived_seed(seed, "code2wav"))

@@ -35,8 +35,7 @@ from omnix.events.types import (
 )
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import merge_params
-from omnix.stages.engine import InputPiece
-from omnix.stages.work import WorkItem
+from omnix.transport.work import InputPiece, WorkItem
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 
 from omnix.pipelines.config import PipelineConfig
-from omnix.stages.engine import engine_kinds
+from omnix.pipelines.engines import engine_kinds
 
 SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
 

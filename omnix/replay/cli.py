@@ -4,7 +4,8 @@ Owns: the verb's arguments and the choice of mode, ``--set`` overrides of
 a pipeline config, exit codes and what each mode prints.  The modes live
 in their modules: fold-and-show (``show.py``, ``html.py``), drive and
 counterfactual (``drive.py``), fault injection (``faults.py``), client
-bytes (``client.py``); ``capture-corpus`` in ``capture.py``.
+bytes (``client.py``).  Recapturing the corpus is test support
+(``python -m omnix.testing.corpus``).
 
     omnix replay TRACE                         fold, verify the digest, show the timeline
     omnix replay TRACE --html page.html        ... and write the same as one HTML page
@@ -13,7 +14,6 @@ bytes (``client.py``); ``capture-corpus`` in ``capture.py``.
     omnix replay TRACE --set edges.1.every=4   ... the same with one setting changed
     omnix replay TRACE --inject worker-lost@40 fault injection, invariants checked
     omnix replay TRACE --client-bytes -o body  the exact bytes the client received
-    omnix replay capture-corpus --out replay/  recapture the corpus
 
 Exit status: 0 fine; 1 a divergence (``--drive``) or a broken invariant
 (``--inject``); 2 a trace or argument that cannot be used.
@@ -31,8 +31,6 @@ import msgspec
 
 from omnix.pipelines.config import PipelineConfig
 
-CAPTURE = "capture-corpus"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -41,11 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--inject (faults) · --client-bytes.\n"
         "fault syntax: worker-lost@POS[:STAGE/REPLICA]  slow-stage@POS:STAGE:MS  "
         "cancel@POS[:REQUEST]\n"
-        f"`omnix replay {CAPTURE} --out replay/` recaptures the corpus (docs/replay.md)."
+        "`python -m omnix.testing.corpus --out replay/` recaptures the corpus (docs/replay.md)."
     )
-    parser.add_argument(
-        "trace", metavar="TRACE", help=f"a trace file (or `{CAPTURE}` to recapture the corpus)"
-    )
+    parser.add_argument("trace", metavar="TRACE", help="a trace file")
     parser.add_argument("--request", action="append", default=None, metavar="ID",
                         help="show only this request (repeatable); picks the request for --client-bytes")
     parser.add_argument("--events", action="store_true", help="also list every event")
@@ -73,16 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-bytes", action="store_true",
                         help="regenerate the exact response body (SSE stream) the client received")
     parser.add_argument("-o", "--output", metavar="FILE", help="--client-bytes: write the body here")
-    cap = parser.add_argument_group(f"{CAPTURE} options")
-    cap.add_argument("--out", default="replay", help="corpus directory (default: replay/)")
-    cap.add_argument("--runtime", choices=("all", "workers", "sim"), default="all",
-                     help="capture through real worker processes, the virtual-time simulator, or both")
-    cap.add_argument("--pipeline", default=None,
-                     help="capture this pipeline's cases (e.g. tiny-omni, once its engines are built); "
-                     "default: the scripted tiny-omni shape")
-    cap.add_argument("--case", dest="cases", action="append", default=None, metavar="CASE",
-                     help="capture only this case (repeatable): normal, cancel, worker-lost, "
-                     "deadline, rejected, busy")
 
 
 def _fail(msg: str) -> int:
@@ -143,12 +129,8 @@ def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.trace == CAPTURE:
-        from omnix.replay.capture import run_capture
 
-        return run_capture(args.out, runtime=args.runtime, pipeline=args.pipeline, cases=args.cases)
-
-    from omnix.replay.trace import TraceError, read_trace
+    from omnix.trace import TraceError, read_trace
 
     try:
         trace = read_trace(args.trace, verify=not args.no_verify)
@@ -238,12 +220,12 @@ def _faults(trace, args: argparse.Namespace, pipeline: PipelineConfig | None) ->
 
 
 def _client_bytes(trace, args: argparse.Namespace) -> int:
-    from omnix.replay.client import ClientBytesUnavailable, client_bytes, pick_request
+    from omnix.replay.client import client_bytes, pick_request
 
     try:
         rid = pick_request(trace, args.request[0] if args.request else None)
         body = client_bytes(trace, rid)
-    except (ClientBytesUnavailable, KeyError, ValueError) as exc:
+    except (KeyError, ValueError) as exc:
         return _fail(str(exc).strip("'\""))
     if args.output:
         Path(args.output).write_bytes(body)

@@ -13,22 +13,8 @@ you find out.
 from __future__ import annotations
 
 from omnix.events.types import Admitted, Event, Rejected, RequestEvent
-from omnix.replay.trace import Trace
-
-
-class ClientBytesUnavailable(RuntimeError):
-    """This build has no HTTP renderer (``omnix.http.render``)."""
-
-
-def _render():  # -> module
-    try:
-        from omnix.http import render
-    except ImportError as exc:
-        raise ClientBytesUnavailable(
-            "omnix.http.render is not available in this build, so the client's bytes cannot "
-            f"be regenerated ({exc}); install omnix with its HTTP layer"
-        ) from exc
-    return render
+from omnix.http import render
+from omnix.trace import Trace
 
 
 def pick_request(trace: Trace, request_id: str | None) -> str:
@@ -50,7 +36,6 @@ def pick_request(trace: Trace, request_id: str | None) -> str:
 def response_events(trace: Trace, request_id: str) -> list[Event]:
     """The request's events, plus those of the other members of its batch
     (a batched HTTP request is several omnix requests with one response)."""
-    render = _render()
     group_key = getattr(getattr(render, "Opt", None), "GROUP", None)
     group = ""
     specs: dict[str, str] = {}
@@ -68,11 +53,10 @@ def client_bytes(trace: Trace, request_id: str | None = None) -> bytes:
     """The response body the client received (the SSE stream for a streamed
     request), byte for byte."""
     rid = pick_request(trace, request_id)
-    render = _render()
     return b"".join(render.render_stream(response_events(trace, rid), trace.blobs))
 
 
 def client_response(trace: Trace, request_id: str | None = None):  # -> render.Rendered
     """Status, headers and body (the request must have ended in the trace)."""
     rid = pick_request(trace, request_id)
-    return _render().render_response(response_events(trace, rid), trace.blobs)
+    return render.render_response(response_events(trace, rid), trace.blobs)

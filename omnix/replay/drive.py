@@ -52,7 +52,7 @@ from omnix.orchestrator.sequencer import Sequencer
 from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
 from omnix.replay.show import describe
-from omnix.replay.trace import Trace, is_decision
+from omnix.trace import Trace, is_decision
 
 __all__ = [
     "Counterfactual",

@@ -62,7 +62,7 @@ from omnix.events.types import (
 from omnix.pipelines.config import PipelineConfig
 from omnix.replay.drive import FreeRun, Injection, free_run
 from omnix.replay.show import describe
-from omnix.replay.trace import Trace, is_decision
+from omnix.trace import Trace, is_decision
 
 __all__ = [
     "FaultError",

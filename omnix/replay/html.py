@@ -14,7 +14,7 @@ from __future__ import annotations
 from html import escape
 
 from omnix.replay.show import MS, RequestTiming, _n, describe, request_timing
-from omnix.replay.trace import Trace, is_decision
+from omnix.trace import Trace, is_decision
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2430;background:#fbfbfd}

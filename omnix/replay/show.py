@@ -36,7 +36,7 @@ from omnix.events.types import (
     WorkerLost,
     event_tag,
 )
-from omnix.replay.trace import Trace, is_decision
+from omnix.trace import Trace, is_decision
 
 MS = 1_000_000
 

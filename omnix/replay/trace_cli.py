@@ -2,7 +2,7 @@
 
 Owns: the verb's arguments.  ``omnix trace export --log-dir DIR --request
 ID [-o FILE]`` writes the same bytes as ``GET /v1/requests/ID/trace`` and
-``export_trace`` (``omnix.replay.trace``), which does the work; ``--all``
+``export_trace`` (``omnix.trace``), which does the work; ``--all``
 exports the whole log.  ``omnix trace info TRACE`` prints a trace's
 header without replaying it.  The log is read offline (no lock), so this
 works beside a running server.
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from omnix.replay.trace import TraceError
+    from omnix.trace import TraceError
 
     try:
         if args.trace_cmd == "info":
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from omnix.replay.trace import export_from_dir, write_trace
+    from omnix.trace import export_from_dir, write_trace
 
     if bool(args.request) == bool(args.all):
         print("omnix trace export: give --request ID (repeatable) or --all", file=sys.stderr)
@@ -64,7 +64,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from omnix.replay.trace import read_trace
+    from omnix.trace import read_trace
 
     t = read_trace(Path(args.trace))
     f = t.fold()

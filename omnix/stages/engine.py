@@ -1,10 +1,11 @@
 """The engine protocol every stage implementation speaks.
 
 Owns: ``Engine`` (start, generate with streaming input and output, abort,
-close), the values that cross it (``InputPiece``, ``EngineOutput``,
-``EngineInfo``) and the registry that maps an engine kind from a pipeline
-config to its class.  Does not own processes or sockets (``worker.py``,
-``omnix.transport``) nor any model code (``omnix.engines``).
+close) and ``load_engine``, which builds the class a pipeline's engine kind
+names.  Does not own the values that cross it (``omnix.transport.work``),
+the registry of kinds (``omnix.pipelines.engines``), processes or sockets
+(``worker.py``, ``omnix.transport``) nor any model code
+(``omnix.engines``).
 
 A stage execution is one ``generate`` call.  Its input arrives as a stream
 of pieces (async chunk: the talker starts on the first sentence of the
@@ -20,63 +21,8 @@ import importlib
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-import msgspec
-import numpy as np
-
-from omnix.events.types import ChatMessage, Modality, StageParams
-
-
-class InputPiece(msgspec.Struct, frozen=True):
-    """One piece of a stage's input.
-
-    Source stages get the request's ``prompt``/``messages``; downstream
-    stages get upstream output: ``text`` and/or ``token_ids`` (text or codec
-    codes), or an ``array`` (audio, images, hidden states).
-    """
-
-    text: str = ""
-    token_ids: tuple[int, ...] = ()
-    messages: tuple[ChatMessage, ...] = ()
-    array: np.ndarray | None = None
-    modality: Modality = "text"
-
-
-class EngineOutput(msgspec.Struct):
-    """One streamed output.  Exactly one of the payload fields is usually
-    set.  ``progress`` outputs (``step``/``total`` > 0, no payload) report
-    steps of long work; the worker turns them into Progress events.
-    ``media_type`` tags opaque bytes (``image/png``)."""
-
-    modality: Modality = "text"
-    text: str = ""
-    token_ids: tuple[int, ...] = ()
-    array: np.ndarray | None = None
-    data: bytes = b""
-    media_type: str = ""
-    step: int = 0
-    total: int = 0
-    # Reported once, on the last output of a request (or with finish_reason).
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    finish_reason: str = ""
-
-    @property
-    def is_progress(self) -> bool:
-        return self.total > 0 and not (self.text or self.token_ids or self.data) and self.array is None
-
-
-class EngineInfo(msgspec.Struct, frozen=True):
-    engine: str
-    capacity: int
-    device: str = "cpu"
-    model: str = ""
-
-
-class GenerateRequest(msgspec.Struct, frozen=True):
-    request_id: str
-    stage: str
-    params: StageParams
-    seed: int = 0
+from omnix.pipelines.engines import ENGINE_CLASSES
+from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 
 @runtime_checkable
@@ -106,26 +52,14 @@ class Engine(Protocol):
         ...
 
 
-_REGISTRY: dict[str, str] = {
-    "scripted": "omnix.engines.scripted:ScriptedEngine",
-    "vllm": "omnix.engines.vllm_engine:VllmEngine",
-    "diffusers": "omnix.engines.diffusers_engine:DiffusersEngine",
-    "codec": "omnix.engines.codec_engine:CodecEngine",
-}
-
-
-def engine_kinds() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
-
-
 def load_engine(kind: str, args: Any) -> Engine:
     """Build the engine for a config's engine kind (imports lazily: a worker
     for a codec stage never imports vLLM)."""
     try:
-        target = _REGISTRY[kind]
+        target = ENGINE_CLASSES[kind]
     except KeyError:
         raise ValueError(
-            f"unknown engine kind {kind!r}; known kinds: {', '.join(_REGISTRY)}"
+            f"unknown engine kind {kind!r}; known kinds: {', '.join(ENGINE_CLASSES)}"
         ) from None
     module, _, name = target.partition(":")
     cls = getattr(importlib.import_module(module), name)

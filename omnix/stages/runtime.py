@@ -66,7 +66,6 @@ from omnix.stages.placement import (
     pin_process,
 )
 from omnix.stages.procs import WorkerProcess
-from omnix.stages.work import WorkItem
 from omnix.stages.worker import PARENT_ENV, TOKEN_ENV
 from omnix.stages.worker_cli import CPUS_ENV
 from omnix.transport import messages as m
@@ -81,6 +80,7 @@ from omnix.transport.sockets import (
     remove_endpoint_dir,
     send_frames,
 )
+from omnix.transport.work import WorkItem
 
 log = logging.getLogger("omnix.runtime")
 

@@ -40,8 +40,7 @@ import msgspec
 import zmq
 
 from omnix.pipelines.config import StageConfig
-from omnix.stages.engine import Engine, EngineInfo, GenerateRequest, InputPiece, load_engine
-from omnix.stages.work import WorkItem
+from omnix.stages.engine import Engine, load_engine
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import (
@@ -52,6 +51,7 @@ from omnix.transport.sockets import (
     recv_parts,
     send_frames,
 )
+from omnix.transport.work import EngineInfo, GenerateRequest, InputPiece, WorkItem
 
 log = logging.getLogger("omnix.worker")
 

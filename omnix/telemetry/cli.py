@@ -1,6 +1,6 @@
 """``omnix telemetry --trace FILE``: re-emit the spans and metrics of a captured trace.
 
-Owns: the verb.  It reads a trace (``omnix.replay.trace.read_trace``), feeds
+Owns: the verb.  It reads a trace (``omnix.trace.read_trace``), feeds
 its events in order to the same projection a live server runs
 (``Telemetry.observe``), then:
 
@@ -50,15 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from omnix.replay.trace import TraceError, read_trace
-    except ImportError as exc:
-        print(
-            f"omnix telemetry: cannot read traces in this build ({exc}); "
-            "omnix.replay.trace.read_trace is needed",
-            file=sys.stderr,
-        )
-        return 2
+    from omnix.trace import TraceError, read_trace
+
     try:
         trace = read_trace(args.trace)
     except (TraceError, OSError) as exc:

@@ -25,7 +25,6 @@ A ``Rejected`` request gets one zero-length span with status ERROR.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -44,9 +43,7 @@ from omnix.events.types import (
     StageFailed,
     WorkerLost,
 )
-
-if TYPE_CHECKING:
-    from omnix.telemetry.projection import EventSource
+from omnix.telemetry.sources import EventSource
 
 _propagator = TraceContextTextMapPropagator()
 

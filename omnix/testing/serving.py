@@ -33,8 +33,8 @@ from omnix.events.types import (
     WorkerJoined,
 )
 from omnix.pipelines.config import PipelineConfig
-from omnix.stages.engine import Engine, GenerateRequest, InputPiece, load_engine
-from omnix.stages.work import WorkItem
+from omnix.stages.engine import Engine, load_engine
+from omnix.transport.work import GenerateRequest, InputPiece, WorkItem
 
 
 class _Inputs:
@@ -203,15 +203,6 @@ class InProcessRuntime:
                 output_tokens=getattr(last, "output_tokens", 0) or 0,
             )
         )
-
-
-def process_runtime_available() -> bool:
-    """Whether ``omnix.stages.runtime.StageRuntime`` (real workers) exists."""
-    try:
-        from omnix.stages.runtime import StageRuntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @contextlib.asynccontextmanager

@@ -32,8 +32,7 @@ from omnix.events.types import (
 )
 from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs
-from omnix.stages.engine import InputPiece
-from omnix.stages.work import WorkItem
+from omnix.transport.work import InputPiece, WorkItem
 
 MS = 1_000_000
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from omnix.events.types import Modality
 from omnix.pipelines.config import StageConfig
-from omnix.stages.work import WorkItem
 from omnix.transport.codec import FrameDecoder
+from omnix.transport.work import WorkItem
 
 PROTOCOL_VERSION = 2  # 2: WORK carries a list of WorkItems
 

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from omnix.models.paths import ModelPaths
-from omnix.models.testing import session_models
+from tests.model_fixtures import session_models
 
 
 @pytest.fixture(scope="session")

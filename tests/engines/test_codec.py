@@ -8,9 +8,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from omnix.engines.codec_model import CodecConfig, CodecDecoder, CodecStream, load_codec
 from omnix.events.types import StageParams
-from omnix.stages.engine import GenerateRequest, InputPiece
+from omnix.models.codec import CodecConfig, CodecDecoder, CodecStream, load_codec
+from omnix.transport.work import GenerateRequest, InputPiece
 
 pytestmark = pytest.mark.engines
 in_session_loop = pytest.mark.asyncio(loop_scope="session")  # where the engines live

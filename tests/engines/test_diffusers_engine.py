@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from omnix.events.types import ChatMessage, StageParams
-from omnix.stages.engine import EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
 
 pytestmark = [pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
 

@@ -11,7 +11,8 @@ import pytest
 from omnix.engines.scripted import JOURNAL_ENV, ScriptedEngine, ScriptedFailure
 from omnix.events.types import StageParams
 from omnix.pipelines.config import ScriptedArgs
-from omnix.stages.engine import Engine, EngineOutput, GenerateRequest, InputPiece, load_engine
+from omnix.stages.engine import Engine, load_engine
+from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
 
 
 async def _feed(*pieces: InputPiece):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from omnix.events.types import ChatMessage, StageParams
-from omnix.stages.engine import EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
 
 pytestmark = [
     pytest.mark.engines,

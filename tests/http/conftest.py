@@ -21,7 +21,7 @@ import pytest_asyncio
 from omnix.http.app import HttpServer
 from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
-from omnix.testing.serving import process_runtime_available, serve_omni, serve_scripted
+from omnix.testing.serving import serve_omni, serve_scripted
 
 API_KEY = "sk-test-omnix"
 
@@ -68,7 +68,7 @@ MAX_BODY = 64 * 1024
 
 
 def use_processes() -> bool:
-    return process_runtime_available() and os.environ.get("OMNIX_HTTP_TEST_INPROC", "") != "1"
+    return os.environ.get("OMNIX_HTTP_TEST_INPROC", "") != "1"
 
 
 async def _serve(text: str, **kwargs) -> AsyncIterator[HttpServer]:
@@ -129,14 +129,9 @@ def engines_missing() -> str | None:
     """Why the built-in pipelines cannot run here, or None."""
     import importlib.util
 
-    for module in ("omnix.engines.vllm_engine", "omnix.engines.codec_engine", "omnix.engines.diffusers_engine"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not there yet"
     for dist in ("vllm", "torch", "diffusers"):
         if importlib.util.find_spec(dist) is None:
             return f"{dist} is not installed"
-    if not process_runtime_available():
-        return "omnix.stages.runtime.StageRuntime is not there yet"
     return None
 
 
@@ -177,7 +172,7 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer
     session (``$OMNIX_MODEL_DIR`` when set: point it at a folder that keeps
     them to skip building)."""
     from omnix.api import Omni
-    from omnix.models.testing import session_models
+    from tests.model_fixtures import session_models
 
     session_models(tmp_path_factory)
     # A worker loading vLLM on a busy 2-core machine can miss heartbeats for

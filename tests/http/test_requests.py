@@ -170,7 +170,7 @@ async def test_resuming_an_event_stream_has_no_gap_and_no_duplicate(slow_server,
 
 
 async def test_trace_download(omni_server, http):
-    from omnix.replay.trace import read_trace
+    from omnix.trace import read_trace
 
     async with http.post(omni_server.url + "/v1/chat/completions", json={"messages": USER}) as r:
         rid = r.headers["X-Request-Id"]

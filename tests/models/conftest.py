@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnix.models.paths import ModelPaths
-from omnix.models.testing import session_models
+from tests.model_fixtures import session_models
 
 
 @pytest.fixture(scope="session")

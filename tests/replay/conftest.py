@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from omnix.events.types import RequestSpec
-from omnix.replay.trace import export_trace, read_trace
 from omnix.testing.sim import start_sim
+from omnix.trace import export_trace, read_trace
 
 from ..orchestrator.conftest import omni_like
 

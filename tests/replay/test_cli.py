@@ -10,7 +10,7 @@ import pytest
 
 from omnix.cli import main
 from omnix.events.types import Chunk
-from omnix.replay.trace import export_trace, write_trace
+from omnix.trace import export_trace, write_trace
 
 from .conftest import busy_two_talkers
 
@@ -74,7 +74,7 @@ async def test_counterfactual_by_set_and_by_config(trace_file, tmp_path, capsys)
 
 
 async def test_inject_prints_what_happened_and_the_invariants(trace_file, capsys):
-    from omnix.replay.trace import read_trace
+    from omnix.trace import read_trace
 
     t = read_trace(trace_file)
     p = next(e.pos for e in t.events if isinstance(e, Chunk) and e.request_id == "r3" and e.stage == "talker")

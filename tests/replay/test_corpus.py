@@ -15,7 +15,7 @@ import pytest
 from omnix.replay.drive import drive
 from omnix.replay.faults import check_invariants
 from omnix.replay.show import render_timeline
-from omnix.replay.trace import read_trace
+from omnix.trace import read_trace
 
 CORPUS = Path(__file__).resolve().parents[2] / "replay"
 TRACES = sorted(CORPUS.glob("*.trace"))

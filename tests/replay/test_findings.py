@@ -18,7 +18,7 @@ from omnix.orchestrator.decide import Orchestrator
 from omnix.orchestrator.sequencer import Sequencer
 from omnix.pipelines.validate import parse_pipeline
 from omnix.replay.faults import inject
-from omnix.replay.trace import export_trace, read_trace
+from omnix.trace import export_trace, read_trace
 
 EARLY = """
 name = "early-stop"

@@ -18,8 +18,8 @@ from omnix.replay.client import client_bytes, client_response
 from omnix.replay.drive import counterfactual, drive
 from omnix.replay.faults import inject
 from omnix.replay.show import render_timeline
-from omnix.replay.trace import export_trace, read_trace
 from omnix.testing.pipelines import scripted_omni_toml
+from omnix.trace import export_trace, read_trace
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +41,8 @@ async def _chat(session, url: str, *, audio: bool, stream: bool = True) -> tuple
 
 
 async def test_live_http_run_replays_in_every_mode(tmp_path, capsys):
-    from omnix.testing.serving import process_runtime_available, serve_scripted
+    from omnix.testing.serving import serve_scripted
 
-    if not process_runtime_available():
-        pytest.skip("omnix.stages.runtime.StageRuntime is not available")
     log_dir = tmp_path / "log"
     served: dict[str, bytes] = {}
     api: dict[str, bytes] = {}

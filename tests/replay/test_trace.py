@@ -9,7 +9,7 @@ import pytest
 from omnix.events.codec import decode_events, encode_events
 from omnix.events.types import Chunk, RequestEvent, Routed, WorkerJoined, WorkerLost
 from omnix.replay.drive import Divergence, drive
-from omnix.replay.trace import (
+from omnix.trace import (
     TRACE_FORMAT_VERSION,
     TRACE_MAGIC,
     Trace,

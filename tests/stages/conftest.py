@@ -15,9 +15,8 @@ from omnix.events.log import MemoryLog
 from omnix.events.reducer import IllegalTransition
 from omnix.events.types import Admitted, Event, RequestSpec, Routed, WorkerJoined
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
-from omnix.stages.engine import InputPiece
 from omnix.stages.runtime import StageRuntime
-from omnix.stages.work import WorkItem
+from omnix.transport.work import InputPiece, WorkItem
 
 
 def scripted_pipeline(**stages: tuple[ScriptedArgs, int]) -> PipelineConfig:

@@ -27,17 +27,16 @@ from omnix.events.types import (
     WorkerLost,
 )
 from omnix.pipelines.config import ScriptedArgs
-from omnix.stages.engine import InputPiece
 from omnix.stages.runtime import (
     CapacityExceeded,
     ReplicaUnavailable,
     StageRuntime,
     WorkerStartError,
 )
-from omnix.stages.work import WorkItem
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import make_dealer, readable, recv_parts
+from omnix.transport.work import InputPiece, WorkItem
 
 from .conftest import pid_alive, scripted_pipeline
 

@@ -14,11 +14,10 @@ import zmq
 
 from omnix.engines.scripted import JOURNAL_ENV
 from omnix.pipelines.config import ScriptedArgs, StageConfig
-from omnix.stages.engine import InputPiece
-from omnix.stages.work import WorkItem
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import make_router, readable, recv_parts
+from omnix.transport.work import InputPiece, WorkItem
 
 
 class RawServer:

@@ -14,10 +14,9 @@ import asyncio
 
 from omnix.engines.scripted import ScriptedEngine
 from omnix.pipelines.config import ScriptedArgs
-from omnix.stages.engine import InputPiece
-from omnix.stages.work import WorkItem
 from omnix.stages.worker import Worker
 from omnix.transport import messages as m
+from omnix.transport.work import InputPiece, WorkItem
 
 
 def _work(rid: str) -> WorkItem:

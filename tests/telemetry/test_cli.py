@@ -52,14 +52,6 @@ def test_a_missing_trace_is_a_clear_error(capsys: pytest.CaptureFixture) -> None
     assert "no such trace file" in capsys.readouterr().err
 
 
-def test_without_the_trace_reader(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    monkeypatch.setitem(sys.modules, "omnix.replay.trace", None)  # import fails
-    assert main(["telemetry", "--trace", str(TRACE)]) == 2
-    assert "read_trace is needed" in capsys.readouterr().err
-
-
 def test_bench_prints_the_ratio_last() -> None:
     cmd = [
         sys.executable, "-m", "omnix.cli", "bench", "telemetry",

@@ -115,8 +115,8 @@ def test_otlp_export_when_the_endpoint_is_set(receiver: Receiver) -> None:
 
 
 def test_cli_reemits_a_trace_over_otlp(receiver: Receiver, capsys: pytest.CaptureFixture) -> None:
-    from omnix.replay.trace import read_trace
     from omnix.telemetry import cli
+    from omnix.trace import read_trace
 
     path = Path(__file__).parents[2] / "replay" / "tiny-omni-normal.trace"
     if not path.exists():

@@ -301,7 +301,7 @@ def test_replay_corpus_traces(name: str) -> None:
     agree, spans nest under one root per request, times are event times."""
     from pathlib import Path
 
-    from omnix.replay.trace import read_trace
+    from omnix.trace import read_trace
 
     path = Path(__file__).parents[2] / "replay" / f"tiny-omni-{name}.trace"
     if not path.exists():

@@ -12,11 +12,10 @@ import zmq
 
 from omnix.events.types import StageParams
 from omnix.pipelines.config import ScriptedArgs, StageConfig
-from omnix.stages.engine import InputPiece
-from omnix.stages.work import WorkItem
 from omnix.transport import messages as m
 from omnix.transport.codec import ARRAY_FRAME_THRESHOLD, FrameDecoder, FrameEncoder
 from omnix.transport.sockets import make_dealer, make_router, recv_parts
+from omnix.transport.work import InputPiece, WorkItem
 
 
 class Payload(msgspec.Struct):

@@ -1,4 +1,4 @@
-"""Capture the replay corpus (``replay/`` at the project root).
+"""Capture the replay corpus (``replay/`` at the project root): test support.
 
 Owns: the corpus cases (a normal text+audio request, a cancel mid-stream,
 a worker lost mid-stream, a deadline expiry, a rejected overload, and a
@@ -8,12 +8,12 @@ every trace must fold to its digest and drive with zero divergence, and
 where the request came through HTTP the client's bytes must be
 regenerated exactly (they are saved beside the trace as ``NAME.body``).
 
-Does not own the trace format (``trace.py``) or replaying (``drive.py``).
+Does not own the trace format (``omnix.trace``) or replaying
+(``omnix.replay.drive``).
 
-    omnix replay capture-corpus --out replay/              # both sets below
-    omnix replay capture-corpus --out replay/ --runtime sim
-    omnix replay capture-corpus --out replay/ --pipeline tiny-omni
-    python -m omnix.replay.capture --out replay/           # the same
+    python -m omnix.testing.corpus --out replay/              # both sets below
+    python -m omnix.testing.corpus --out replay/ --runtime sim
+    python -m omnix.testing.corpus --out replay/ --pipeline tiny-omni
 
 Sets, by file name prefix:
 
@@ -109,7 +109,7 @@ class Captured:
 def _check(data: bytes, body: bytes | None, name: str) -> None:
     from omnix.replay.client import client_bytes
     from omnix.replay.drive import drive
-    from omnix.replay.trace import read_trace
+    from omnix.trace import read_trace
 
     trace = read_trace(data)
     res = drive(trace, raise_on_divergence=False)
@@ -140,20 +140,14 @@ def _runtime_options(cfg: PipelineConfig) -> dict[str, object]:
 
 async def _capture_workers_case(cfg: PipelineConfig, case: str, prefix: str, out: Path) -> Captured:
     from omnix.api import Omni
-    from omnix.replay.trace import export_from_dir, write_trace
-
-    try:
-        from omnix.http.app import HttpServer
-    except ImportError:  # pragma: no cover - an omnix without its HTTP layer
-        HttpServer = None  # type: ignore[assignment]
+    from omnix.http.app import HttpServer
+    from omnix.trace import export_from_dir, write_trace
 
     with tempfile.TemporaryDirectory(prefix="omnix-capture-") as tmp:
         omni = Omni(_variant(cfg, case), log_dir=tmp, runtime_options=_runtime_options(cfg))
         await omni.start()
-        server = None
-        if HttpServer is not None:
-            server = HttpServer(omni, telemetry=False)
-            await server.start()
+        server = HttpServer(omni, telemetry=False)
+        await server.start()
         try:
             targets, body = await _run_case(omni, server, case)
             # Every request must end before shutdown, or the shutdown's own
@@ -177,7 +171,7 @@ async def _capture_workers_case(cfg: PipelineConfig, case: str, prefix: str, out
 
 
 def read_events(data: bytes) -> list[Event]:
-    from omnix.replay.trace import read_trace
+    from omnix.trace import read_trace
 
     return read_trace(data, verify=False).events
 
@@ -299,8 +293,8 @@ async def _run_case_offline(omni, spec: RequestSpec, case: str) -> tuple[list[st
 
 
 async def _capture_sim_case(cfg: PipelineConfig, case: str, out: Path) -> Captured:
-    from omnix.replay.trace import export_trace, write_trace
     from omnix.testing.sim import start_sim
+    from omnix.trace import export_trace, write_trace
 
     omni, sim = await start_sim(_variant(cfg, case))
     spec = RequestSpec(prompt="Tell me about the sea.", outputs=("text", "audio"), seed=7)
@@ -387,7 +381,7 @@ def run_capture(
 
     unknown = sorted(set(cases or ()) - set(CASES))
     if unknown:
-        print(f"omnix replay capture-corpus: unknown case(s) {unknown}; cases: {', '.join(CASES)}", file=sys.stderr)
+        print(f"omnix capture-corpus: unknown case(s) {unknown}; cases: {', '.join(CASES)}", file=sys.stderr)
         return 2
     try:
         asyncio.run(
@@ -396,13 +390,13 @@ def run_capture(
             )
         )
     except Exception as exc:
-        print(f"omnix replay capture-corpus: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"omnix capture-corpus: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m omnix.replay.capture", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m omnix.testing.corpus", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="replay")
     p.add_argument("--runtime", choices=("all", "workers", "sim"), default="all")
     p.add_argument("--pipeline", default=None)

@@ -4,8 +4,8 @@ Owns: ``CodecConfig`` (saved as the model folder's ``config.json``), the
 ``CodecDecoder`` module (code embeddings, then causal convolutions and
 non-overlapping transposed-convolution upsampling), its save/load, and
 ``CodecStream``, the stateful streaming decoder.  Does not own the stage
-plumbing (``codec_engine.py``) nor building the tiny model's weights
-(``omnix.models.build``).
+plumbing (``omnix.engines.codec_engine``) nor building the tiny model's
+weights (``build.py``).
 
 Codec layout: ``num_codebooks`` (K) codebooks of ``codebook_size`` (C)
 codes each, one frame of K codes per ``hop`` (= product of the upsample
@@ -246,7 +246,7 @@ def load_codec(folder: Path, device: str | torch.device = "cpu") -> CodecDecoder
     if not cfg_path.is_file():
         raise FileNotFoundError(
             f"codec model folder {folder} has no {CONFIG_NAME}: run `omnix models init` "
-            "or point the stage's model at a folder saved by omnix.engines.codec_model.save_codec"
+            "or point the stage's model at a folder saved by omnix.models.codec.save_codec"
         )
     config = msgspec.json.decode(cfg_path.read_bytes(), type=CodecConfig)
     decoder = CodecDecoder(config)

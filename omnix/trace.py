@@ -6,8 +6,10 @@ and versions), ``read_trace``/``write_trace`` and ``Trace``, the decoded,
 verified in-memory form every replay mode works on.  Also
 ``export_from_dir`` for logs on disk (``omnix trace export``).
 
-Does not own replaying (``drive.py``, ``faults.py``), presentation
-(``show.py``, ``html.py``) or the log itself (``omnix.events``).
+Does not own replaying (``omnix.replay``: drive, faults), presentation
+(``omnix.replay.show``, ``html``) or the log itself (``omnix.events``).
+It sits below the HTTP layer and telemetry, which export and read traces,
+and above the orchestrator, whose rules version every trace records.
 
 File layout::
 

@@ -1,4 +1,4 @@
-"""Test support: the tiny models built once per test session.
+"""The tiny models built once per test session.
 
 Owns: ``session_models``, which the ``tiny_models`` fixtures of
 ``tests/models`` and ``tests/engines`` (and any other suite that needs real

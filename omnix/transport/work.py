@@ -1,0 +1,88 @@
+"""The values that cross between the orchestrator, the transport and an engine.
+
+Owns: ``WorkItem`` (one input piece, or several, for one request on one
+stage replica, as the orchestrator derives it from a ``Routed`` event) and
+the engine's value types (``InputPiece``, ``EngineOutput``, ``EngineInfo``,
+``GenerateRequest``).  They live on the transport's floor because all three
+layers above speak them: the orchestrator builds work items, the transport
+frames them, workers and engines consume them.  Does not own how they travel
+(``codec.py``, ``messages.py``), the engine protocol (``omnix.stages.engine``)
+nor what runs them (``omnix.stages.worker``).
+
+``seq == 0`` starts the stage for the request (it takes one of the
+replica's credits); later items stream more input into the running
+``generate`` call (async chunk); ``last`` closes the input.  ``params`` are
+already merged (stage defaults + request overrides): the worker does no
+merging of its own.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from omnix.events.types import ChatMessage, Modality, StageParams
+
+
+class InputPiece(msgspec.Struct, frozen=True):
+    """One piece of a stage's input.
+
+    Source stages get the request's ``prompt``/``messages``; downstream
+    stages get upstream output: ``text`` and/or ``token_ids`` (text or codec
+    codes), or an ``array`` (audio, images, hidden states).
+    """
+
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    messages: tuple[ChatMessage, ...] = ()
+    array: np.ndarray | None = None
+    modality: Modality = "text"
+
+
+class EngineOutput(msgspec.Struct):
+    """One streamed output.  Exactly one of the payload fields is usually
+    set.  ``progress`` outputs (``step``/``total`` > 0, no payload) report
+    steps of long work; the worker turns them into Progress events.
+    ``media_type`` tags opaque bytes (``image/png``)."""
+
+    modality: Modality = "text"
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    array: np.ndarray | None = None
+    data: bytes = b""
+    media_type: str = ""
+    step: int = 0
+    total: int = 0
+    # Reported once, on the last output of a request (or with finish_reason).
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+
+    @property
+    def is_progress(self) -> bool:
+        return self.total > 0 and not (self.text or self.token_ids or self.data) and self.array is None
+
+
+class EngineInfo(msgspec.Struct, frozen=True):
+    engine: str
+    capacity: int
+    device: str = "cpu"
+    model: str = ""
+
+
+class GenerateRequest(msgspec.Struct, frozen=True):
+    request_id: str
+    stage: str
+    params: StageParams
+    seed: int = 0
+
+
+class WorkItem(msgspec.Struct, frozen=True, array_like=True):
+    request_id: str
+    stage: str
+    replica: int
+    seq: int
+    last: bool
+    pieces: tuple[InputPiece, ...]
+    params: StageParams = StageParams()
+    seed: int = 0
