@@ -311,6 +311,18 @@ Event = Union[  # noqa: UP007 (one tagged union, listed one per line)
     WorkerLost,
 ]
 
+#: Events about one stage of one request on one replica: each has ``stage``
+#: and ``replica`` (narrow with ``isinstance(ev, STAGE_EVENT_TYPES)``).
+StageEvent = Routed | StageStarted | Progress | Chunk | StageFinished | StageFailed
+#: Events from a stage's worker about a request (not decisions).
+StageOutputEvent = StageStarted | Progress | Chunk | StageFinished | StageFailed
+#: The one event each request ends with.
+TerminalEvent = Rejected | Cancelled | Failed | Finished
+#: Events about a worker replica rather than a request.
+WorkerEventType = WorkerJoined | WorkerLost
+
+STAGE_EVENT_TYPES: tuple[type, ...] = (Routed, StageStarted, Progress, Chunk, StageFinished, StageFailed)
+
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]
 TERMINAL_TYPES: tuple[type, ...] = (Rejected, Cancelled, Failed, Finished)
 REQUEST_EVENT_TYPES: tuple[type, ...] = tuple(
