@@ -1,6 +1,7 @@
 # The two commands a newcomer needs (see README.md):
 #   make serve   set up .venv, build the tiny models if missing, serve tiny-omni
 #   make test    set up .venv and run the whole test suite
+#   make lint    ruff, and mypy (strict on events, orchestrator, transport, replay, trace)
 .PHONY: setup serve test lint
 
 setup:
@@ -15,3 +16,4 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check omnix tests
+	.venv/bin/mypy

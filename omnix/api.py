@@ -3,8 +3,9 @@
 Owns: ``Omni`` (async; what the HTTP layer adapts) and ``OmniSync`` (a small
 blocking wrapper for scripts, like vLLM-Omni's ``Omni.generate``), and the
 wiring of one server process: log, blob store, orchestrator, sequencer,
-dispatcher, timer and stage runtime.  Also ``Output``/``RequestResult``,
-the user-facing view of a request's chunks.
+dispatcher, timer and the stage runtime its ``RuntimeFactory`` builds.
+Also ``Output``/``RequestResult``, the user-facing view of a request's
+chunks.
 
 Does not own any decision (the orchestrator), any worker (the runtime) or
 any protocol (HTTP).  Everything a caller learns comes from the log: the
@@ -22,9 +23,9 @@ import asyncio
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -40,16 +41,20 @@ from omnix.events.types import (
     CancelRequested,
     Chunk,
     Event,
+    Modality,
     Rejected,
     RequestSpec,
 )
 from omnix.orchestrator.decide import Orchestrator
-from omnix.orchestrator.dispatch import Dispatcher, Runtime
+from omnix.orchestrator.dispatch import Dispatcher
+from omnix.orchestrator.runtime import Runtime, RuntimeFactory
 from omnix.orchestrator.sequencer import Sequencer
 from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
 from omnix.pipelines.validate import load_pipeline
+
+_T = TypeVar("_T")
 
 
 class Overloaded(RuntimeError):
@@ -101,13 +106,32 @@ def new_seed() -> int:
     return secrets.randbits(31)
 
 
+def _stage_runtime(**options: Any) -> RuntimeFactory:
+    """The default factory: a ``StageRuntime`` (worker processes) with
+    ``options`` (its keyword arguments)."""
+
+    def build(pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore) -> Runtime:
+        from omnix.stages.runtime import StageRuntime
+
+        return StageRuntime(pipeline, emit=emit, blobs=blobs, **options)
+
+    return build
+
+
 class Omni:
     """One pipeline served in this process, with its workers.
 
-    ``runtime`` is injectable (tests drive the orchestrator with an
-    in-process scripted runtime); by default a ``StageRuntime`` spawns the
-    pipeline's worker processes.  ``log_dir`` makes the log and blobs
-    durable (``DIR/events``, ``DIR/blobs``, ``DIR/pipeline.json``).
+    ``runtime_factory`` builds the stage runtime, once, at construction
+    (``omnix.orchestrator.runtime.RuntimeFactory``); by default a
+    ``StageRuntime`` with ``runtime_options`` as its keyword arguments,
+    which spawns the pipeline's worker processes.  ``start`` starts the
+    runtime and ``shutdown`` shuts it down.  ``log_dir`` makes the log and
+    blobs durable (``DIR/events``, ``DIR/blobs``, ``DIR/pipeline.json``).
+
+    ``virtual_time``: the clock moves only when the runtime moves it
+    (``SimRuntime`` on a ``ManualClock``), so the deadline timer is not armed
+    on the event loop; that runtime fires it (``timer.next_due``,
+    ``timer.fire_due``).
     """
 
     def __init__(
@@ -117,12 +141,19 @@ class Omni:
         log_dir: str | os.PathLike[str] | None = None,
         log: EventLog | None = None,
         blobs: BlobStore | None = None,
-        runtime: Runtime | None = None,
-        clock: Clock | None = None,
+        runtime_factory: RuntimeFactory | None = None,
         runtime_options: dict[str, Any] | None = None,
+        clock: Clock | None = None,
+        virtual_time: bool = False,
     ) -> None:
+        if runtime_factory is not None and runtime_options:
+            raise ValueError(
+                "runtime_options configure the default runtime; give them to runtime_factory instead"
+            )
         self.pipeline = (
-            pipeline if isinstance(pipeline, PipelineConfig) else load_pipeline(pipeline)
+            pipeline
+            if isinstance(pipeline, PipelineConfig)
+            else load_pipeline(pipeline if isinstance(pipeline, str) else Path(pipeline))
         )
         self.graph = PipelineGraph(self.pipeline)
         self.clock = clock or SystemClock()
@@ -135,10 +166,13 @@ class Omni:
         self.blobs = blobs
         self.orchestrator = Orchestrator(self.pipeline)
         self.sequencer = Sequencer(self.log, self.orchestrator)
-        self._runtime_options = runtime_options or {}
-        self.runtime: Any = runtime
-        self.dispatcher: Dispatcher | None = None
+        factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
+        self.runtime: Runtime = factory(self.pipeline, self.sequencer.emit, self.blobs)
+        self.dispatcher = Dispatcher(
+            self.log, self.runtime, self.blobs, self.pipeline, report=self.sequencer.emit
+        )
         self.timer = DeadlineTimer(self.sequencer, self.clock)
+        self.virtual_time = virtual_time
         self._accepting = False
         self._started = False
         self._stopped = False
@@ -168,21 +202,9 @@ class Omni:
         if self._started:
             return self
         self._started = True
-        if self.runtime is None:
-            from omnix.stages.runtime import StageRuntime
-
-            self.runtime = StageRuntime(
-                self.pipeline, emit=self.sequencer.emit, blobs=self.blobs, **self._runtime_options
-            )
-        self.dispatcher = Dispatcher(
-            self.log, self.runtime, self.blobs, self.pipeline, report=self.sequencer.emit
-        )
         self.log.add_listener(self.dispatcher)
-        # A virtual-time runtime (tests) drives the timer itself.
-        self.timer.attach(None if getattr(self.runtime, "virtual_time", False) else asyncio.get_running_loop())
-        start = getattr(self.runtime, "start", None)
-        if start is not None:
-            await start()
+        self.timer.attach(None if self.virtual_time else asyncio.get_running_loop())
+        await self.runtime.start()
         self._accepting = True
         return self
 
@@ -209,8 +231,7 @@ class Omni:
         if live:
             await self._wait_terminal(live, self.pipeline.abort_timeout_s + 1.0)
         self.timer.close()
-        if self.runtime is not None and hasattr(self.runtime, "shutdown"):
-            await self.runtime.shutdown()
+        await self.runtime.shutdown()
         self.log.close()
 
     async def _wait_terminal(self, rids: tuple[str, ...], limit_s: float) -> None:
@@ -297,13 +318,12 @@ class Omni:
         # layer costs a frame resume per event.
         wanted: dict[str, str] = {}
         async for ev in self.log.tail(0, request_id=request_id):
-            cls = type(ev)
-            if cls is Chunk:
-                if wanted.get(ev.stage) == ev.modality:  # type: ignore[union-attr]
-                    yield self.to_output(ev)  # type: ignore[arg-type]
-            elif cls is Admitted:
-                wanted = self.output_stages(ev.spec)  # type: ignore[union-attr]
-            elif cls in TERMINAL_TYPES:
+            if type(ev) is Chunk:
+                if wanted.get(ev.stage) == ev.modality:
+                    yield self.to_output(ev)
+            elif type(ev) is Admitted:
+                wanted = self.output_stages(ev.spec)
+            elif type(ev) in TERMINAL_TYPES:
                 return
 
     async def generate(self, spec: RequestSpec, request_id: str | None = None) -> RequestResult:
@@ -353,14 +373,14 @@ class OmniSync:
         self.omni = Omni(pipeline, **kwargs)
         self._call(self.omni.start())
 
-    def _call(self, coro: Any) -> Any:
+    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def generate(
         self,
         prompts: str | list[str],
         *,
-        outputs: tuple[str, ...] = ("text",),
+        outputs: tuple[Modality, ...] = ("text",),
         sampling_params_list: dict[str, Any] | None = None,
         seed: int | None = None,
     ) -> list[RequestResult]:
@@ -376,7 +396,7 @@ class OmniSync:
             specs = [
                 RequestSpec(
                     prompt=p,
-                    outputs=outputs,  # type: ignore[arg-type]
+                    outputs=outputs,
                     stage_params=params,
                     seed=new_seed() if seed is None else seed,
                     api="offline",

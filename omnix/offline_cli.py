@@ -50,7 +50,7 @@ async def _generate(args: argparse.Namespace) -> int:
     if args.max_tokens is not None:
         params = {st.name: StageParams(max_tokens=args.max_tokens) for st in pipeline.stages
                   if type(st.engine).__struct_config__.tag in ("vllm", "scripted")}
-    spec = RequestSpec(prompt=args.prompt, outputs=outputs, stage_params=params, seed=seed, api="offline")  # type: ignore[arg-type]
+    spec = RequestSpec(prompt=args.prompt, outputs=outputs, stage_params=params, seed=seed, api="offline")
     print(f"pipeline {pipeline.name}, seed {seed}; starting workers...", file=sys.stderr)
     async with Omni(pipeline, log_dir=args.log_dir) as omni:
         try:

@@ -41,6 +41,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 import msgspec
 
@@ -72,6 +73,7 @@ __all__ = [
     "TraceCorrupt",
     "TraceError",
     "TraceFile",
+    "DecisionEvent",
     "export_from_dir",
     "export_trace",
     "is_decision",
@@ -86,14 +88,18 @@ _PREFIX = struct.Struct("<8sH")
 _INF = 1 << 62
 
 _DECISIONS = (Routed, Cancelled, Failed, Finished)
+#: Events carrying a ``cause`` that may point anywhere in the log.
+_CAUSED = (CancelRequested, Cancelled, Failed, Finished)
+
+#: The event types a decision can have (a CancelRequested only with a cause).
+DecisionEvent = Routed | CancelRequested | Cancelled | Failed | Finished
 
 
-def is_decision(ev: Event) -> bool:
+def is_decision(ev: Event) -> TypeGuard[DecisionEvent]:
     """Appended by the orchestrator in reaction to an input (replay re-derives
     these).  A CancelRequested is a decision when it has a cause (the
     deadline's); a client's (``cause == -1``) is an input."""
-    cls = type(ev)
-    return cls in _DECISIONS or (cls is CancelRequested and ev.cause >= 0)  # type: ignore[union-attr]
+    return type(ev) in _DECISIONS or (type(ev) is CancelRequested and ev.cause >= 0)
 
 
 class TraceError(ValueError):
@@ -324,16 +330,15 @@ def _renumber(events: list[Event], prefix: list[int], first: int) -> list[Event]
     shift = base - first
     for i, ev in enumerate(events):
         new_pos = head[ev.pos] if i < base else ev.pos + shift
-        cls = type(ev)
-        if cls is Routed:
+        if type(ev) is Routed:
             ev = replace(
                 ev,
                 pos=new_pos,
                 cause=remap(ev.cause, ev),
                 sources=tuple(remap(s, ev) for s in ev.sources),
             )
-        elif cls is CancelRequested or cls is Cancelled or cls is Failed or cls is Finished:
-            ev = replace(ev, pos=new_pos, cause=remap(ev.cause, ev))  # type: ignore[union-attr]
+        elif isinstance(ev, _CAUSED):
+            ev = replace(ev, pos=new_pos, cause=remap(ev.cause, ev))
         elif ev.pos != new_pos:
             ev = replace(ev, pos=new_pos)
         out.append(ev)

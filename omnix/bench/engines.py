@@ -10,7 +10,7 @@ Owns two measurements on real engines and the tiny models, in one run:
   1, 8 and 32.  Same prompts (through the same chat template), same
   sampling (the stage's defaults, a fixed ``max_tokens``), the same seed per
   request index, so both sides generate the same tokens; the run reports
-  how many requests matched token for token.  Targets (the issue): omnix
+  how many requests matched token for token.  Targets: omnix
   TTFT p50 <= 1.10 x direct + 2 ms, tokens/s >= 0.95 x direct.
 * ``tiny-omni`` TTFP (submit to the first audio chunk) with async chunk
   forwarding on (the built-in config) and off (the same config with every
@@ -45,8 +45,8 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -54,10 +54,16 @@ from omnix.bench.loop import run_on_loop
 from omnix.events.types import (
     Admitted,
     Chunk,
+    Event,
+    RequestEvent,
     RequestSpec,
     StageParams,
     StageStarted,
 )
+
+if TYPE_CHECKING:
+    from omnix.stages.runtime import StageRuntime
+    from omnix.transport.work import WorkItem
 
 # Varied lengths so prefill is not one shape; request i uses PROMPTS[i % n]
 # and seed SEED0 + i on both sides.
@@ -336,7 +342,8 @@ class OmnixSide:
         rs = omni.state(rid)
         ok = ("finished", "cancelled") if stop_at_audio and first_audio else ("finished",)
         if rs is None or rs.status not in ok:
-            raise RuntimeError(f"request {rid} ended {getattr(rs, 'status', '?')}: {getattr(rs, 'reason', '')}")
+            status, reason = (rs.status, rs.reason) if rs is not None else ("?", "")
+            raise RuntimeError(f"request {rid} ended {status}: {reason}")
         return Sample(
             index, first - t0, len(ids), tuple(ids),
             ttfp=first_audio - t0 if first_audio else 0.0, rid=rid, submit_ns=wall0,
@@ -403,7 +410,17 @@ def _freeze_heap() -> None:
     freeze_heap()
 
 
-async def _start_all(sides: list[Any], limit_s: float) -> None:
+#: The two sides of the tiny-text comparison.
+Side = DirectSide | OmnixSide
+#: Runs request ``index`` of a batch that started at ``t0``.
+OneRequest = Callable[[int, float], Awaitable[Sample]]
+
+
+def _one(side: Side, max_tokens: int) -> OneRequest:
+    return lambda i, t0: side.one(i, max_tokens, t0)
+
+
+async def _start_all(sides: Sequence[Side], limit_s: float) -> None:
     # One after the other: two engines loading at once on 2 cores only make
     # each start slower, and a start failure then names its side.
     for s in sides:
@@ -417,7 +434,9 @@ async def _start_all(sides: list[Any], limit_s: float) -> None:
         _say(f"{s.name} ready in {time.perf_counter() - t0:.1f} s")
 
 
-async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str, Any]) -> dict[str, Any]:
+async def _text_phase(
+    args: argparse.Namespace, pipeline: Any, options: dict[str, Any]
+) -> dict[int, dict[str, list[Batch]]]:
     from omnix.pipelines.plan import merge_params
     from omnix.stages.placement import available_cpus, cpu_plan
 
@@ -429,7 +448,7 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
     plan = cpu_plan(pipeline, available_cpus()) if args.vllm_cpu_placement == "spread" else None
     direct = DirectSide(stage.engine, sampling, plan.engines["thinker/0"] if plan else None)
     omnix_ = OmnixSide("omnix", pipeline, options)
-    sides: list[Any] = [direct, omnix_]
+    sides: list[Side] = [direct, omnix_]
     try:
         await _start_all(sides, args.start_timeout)
         _freeze_heap()
@@ -437,8 +456,8 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
         _say("warming up both sides")
         for s in sides:
             for c in (1, 8, max(LEVELS)):
-                await _batch(c, 900_000, lambda i, t0, s=s: s.one(i, n, t0))
-        out: dict[str, Any] = {}
+                await _batch(c, 900_000, _one(s, n))
+        out: dict[int, dict[str, list[Batch]]] = {}
         for c in LEVELS:
             per_round = max(args.batches if c > 1 else 1, args.requests // c)  # batches of c per side per round
             batches: dict[str, list[Batch]] = {"direct": [], "omnix": []}
@@ -450,10 +469,8 @@ async def _text_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
                     for b in range(per_round):
                         # The same request indices on both sides: same prompt, same seed.
                         start = (c * 10_000) + (r * per_round + b) * c
-                        batches[s.name].append(
-                            await _batch(c, start, lambda i, t0, s=s: s.one(i, n, t0), s.meter,
-                                         getattr(s, "annotate", None))
-                        )
+                        annotate = s.annotate if isinstance(s, OmnixSide) else None
+                        batches[s.name].append(await _batch(c, start, _one(s, n), s.meter, annotate))
             out[c] = batches
         return out
     finally:
@@ -539,24 +556,23 @@ class SharedWorkers:
         from omnix.stages.runtime import StageRuntime
 
         self.blobs = MemoryBlobStore()
-        self._owners: dict[str, Callable[[Any], None]] = {}
+        self._owners: dict[str, Callable[[Event], None]] = {}
         self.runtime = StageRuntime(pipeline, emit=self._emit, blobs=self.blobs, **options)
 
-    def attach(self, prefix: str, emit: Callable[[Any], None]) -> None:
+    def attach(self, prefix: str, emit: Callable[[Event], None]) -> None:
         self._owners[prefix] = emit
 
     def detach(self, prefix: str) -> None:
         self._owners.pop(prefix, None)
 
-    def _emit(self, ev: Any) -> None:
-        rid = getattr(ev, "request_id", None)
-        if rid is None:
+    def _emit(self, ev: Event) -> None:
+        if not isinstance(ev, RequestEvent):  # a worker's event: every log needs it
             for emit in self._owners.values():
                 emit(ev)
             return
-        emit = self._owners.get(rid.partition("-")[0])
-        if emit is not None:
-            emit(ev)
+        owner = self._owners.get(ev.request_id.partition("-")[0])
+        if owner is not None:
+            owner(ev)
 
     async def shutdown(self) -> None:
         self._owners.clear()  # the logs are closed by now
@@ -564,12 +580,20 @@ class SharedWorkers:
 
 
 class _RuntimeView:
-    """What an ``Omni`` may call on the shared runtime: no start, no shutdown."""
+    """The shared runtime as one ``Omni`` drives it: ``start`` and
+    ``shutdown`` do nothing (``SharedWorkers`` starts and stops the workers
+    once, for both variants)."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: StageRuntime) -> None:
         self._rt = runtime
 
-    def send(self, work: Any) -> None:
+    async def start(self) -> None:
+        pass
+
+    async def shutdown(self) -> None:
+        pass
+
+    def send(self, work: WorkItem) -> None:
         self._rt.send(work)
 
     def abort(self, request_id: str, stage: str, replica: int) -> None:
@@ -587,7 +611,9 @@ class OmniVariant(OmnixSide):
 
         self.name = name
         self.meter = None
-        self.omni = Omni(pipeline, blobs=shared.blobs, runtime=_RuntimeView(shared.runtime))
+        self.omni = Omni(
+            pipeline, blobs=shared.blobs, runtime_factory=lambda p, e, b: _RuntimeView(shared.runtime)
+        )
         self._shared = shared
         shared.attach(name, self.omni.sequencer.emit)
         self._n = 0

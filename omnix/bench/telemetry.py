@@ -14,13 +14,14 @@ between a log followed by the projection and one that is not, in pairs
 (the order inside a pair alternating), each timed in CPU time of this
 thread from the first append until the projection has read the last event.
 One ``Telemetry`` follows every "on" pass, as one follows a server's log
-for its life, so its periodic bucketing is paid where it falls.  CPU time keeps other processes' load out
-of the figure; whole passes keep every cost the projection adds (its
-wake-ups, its passes, its bucketing) in the pass it belongs to.  The figure is the median of the pairs' off/on time ratios
-(= on/off throughput).  (An earlier version timed interleaved blocks of a
-few requests; work the projection defers by its polling interval then
-landed in whichever block was running, sometimes an "off" one, which a
-dry run that did nothing showed as a bias.)
+for its life, so its periodic bucketing is paid where it falls.  CPU time
+keeps other processes' load out of the figure; whole passes keep every
+cost the projection adds (its wake-ups, its passes, its bucketing) in the
+pass it belongs to: in interleaved blocks of a few requests, work the
+projection defers by its polling interval would land in whichever block
+was running, sometimes an "off" one (a dry run that does nothing shows
+that as a bias).  The figure is the median of the pairs' off/on time
+ratios (= on/off throughput).
 
 A second figure (``telemetry_traces_throughput_ratio``, informative) builds
 the spans too and hands them to a discarding exporter.
@@ -35,15 +36,17 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from omnix.events.clock import ManualClock
 from omnix.events.log import MemoryLog
 from omnix.events.types import Event
 from omnix.telemetry.setup import Telemetry
-from omnix.telemetry.synthetic import TinyOmniShape, tiny_omni_events, worker_events
+from omnix.telemetry.synthetic import Outcome, TinyOmniShape, tiny_omni_events, worker_events
 
 _T0 = 1_700_000_000_000_000_000
 
@@ -63,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class _Discard(SpanExporter):
     """Spans are built and exported to nowhere: the cost of tracing without I/O."""
 
-    def export(self, spans: Sequence[object]) -> SpanExportResult:  # type: ignore[override]
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -77,7 +80,7 @@ def workload(n: int, shape: TinyOmniShape | None = None) -> list[list[Event]]:
     out = [workers]
     pos = len(workers)
     for i in range(n):
-        outcome = "cancelled" if i % 20 == 19 else "finished"
+        outcome: Outcome = "cancelled" if i % 20 == 19 else "finished"
         evs = tiny_omni_events(f"req-{i}", _T0 + i * 50_000_000, pos, shape, outcome=outcome)
         out.append(evs)
         pos += len(evs)
@@ -158,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
     work = workload(args.requests)
     n_events = sum(len(w) for w in work)
 
-    async def main() -> dict:
-        res: dict = {"metrics": await _measure(args, work, "metrics")}
+    async def main() -> dict[str, Any]:
+        res: dict[str, Any] = {"metrics": await _measure(args, work, "metrics")}
         if not args.no_traces:
             res["traces"] = await _measure(args, work, "traces")
         # One scrape after a round's worth of requests, for scale.

@@ -23,12 +23,17 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from omnix.engines.device import pick_device
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import CodecArgs
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+
+if TYPE_CHECKING:  # imported by start(): importing torch costs ~1 s
+    from omnix.models.codec import CodecDecoder
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +42,12 @@ log = logging.getLogger(__name__)
 CAPACITY = 16
 
 
-def pick_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but torch sees no CUDA GPU: use 'auto' or 'cpu'")
-    return device
-
-
 class CodecEngine:
     """``Engine`` over ``CodecDecoder``.  Built as ``CodecEngine(args)``."""
 
     def __init__(self, args: CodecArgs) -> None:
         self.args = args
-        self.decoder = None
+        self.decoder: CodecDecoder | None = None
         self.device = "cpu"
         self._aborted: set[str] = set()
         self._running: set[str] = set()

@@ -31,10 +31,12 @@ import inspect
 import io
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+from omnix.engines.device import pick_device
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import DiffusersArgs
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
@@ -42,16 +44,6 @@ from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, Inpu
 
 class _Aborted(Exception):
     """Raised from the step callback to stop a pipeline call."""
-
-
-def pick_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but torch sees no CUDA GPU: use 'auto' or 'cpu'")
-    return device
 
 
 class DiffusersEngine:
@@ -77,7 +69,7 @@ class DiffusersEngine:
         self.pipe = await loop.run_in_executor(self._pool, self._load, folder)
         return EngineInfo(engine="diffusers", capacity=1, device=self.device, model=str(folder))
 
-    def _load(self, folder) -> Any:
+    def _load(self, folder: Path) -> Any:
         import torch
         from diffusers import DiffusionPipeline
 
@@ -189,11 +181,14 @@ class DiffusersEngine:
             kwargs["max_sequence_length"] = self._max_sequence_length
         return {k: v for k, v in kwargs.items() if k in self._accepts or k == "prompt"}, steps
 
-    def _run(self, rid: str, kwargs: dict[str, Any], steps: int, flag: threading.Event, post) -> None:
+    def _run(
+        self, rid: str, kwargs: dict[str, Any], steps: int, flag: threading.Event,
+        post: Callable[[str, Any], None],
+    ) -> None:
         """In the pipeline thread: run one call, post progress and the result."""
         done = 0
 
-        def on_step_end(pipe, i, t, tensors):
+        def on_step_end(pipe: Any, i: int, t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
             nonlocal done
             done = i + 1
             post("step", done)

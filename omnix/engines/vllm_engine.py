@@ -482,7 +482,8 @@ def engine_args(args: VllmArgs, folder: Path) -> Any:
             kv_bytes = max(1, int(args.kv_cache_gib * GIB))
     return AsyncEngineArgs(
         model=str(folder),
-        dtype=args.dtype,
+        # A plain str in the stage config: vLLM checks the name itself.
+        dtype=args.dtype,  # type: ignore[arg-type]
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         enforce_eager=args.enforce_eager,

@@ -33,7 +33,8 @@ def blob_digest(data: bytes | memoryview) -> str:
 
 def _array_view(arr: np.ndarray) -> tuple[memoryview, str, tuple[int, ...]]:
     arr = np.ascontiguousarray(arr)
-    return memoryview(arr).cast("B"), arr.dtype.str, tuple(int(d) for d in arr.shape)
+    # ``arr.data`` is ``memoryview(arr)``, spelled so numpy's stubs type it.
+    return arr.data.cast("B"), arr.dtype.str, tuple(int(d) for d in arr.shape)
 
 
 class BlobStore:

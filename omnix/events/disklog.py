@@ -79,7 +79,7 @@ from omnix.events.clock import Clock
 from omnix.events.codec import SchemaError
 from omnix.events.log import EventLog, LogClosed
 from omnix.events.reducer import IllegalTransition
-from omnix.events.types import SCHEMA_VERSION, Event, RequestEvent
+from omnix.events.types import SCHEMA_VERSION, Event, WorkerJoined, WorkerLost
 
 __all__ = [
     "FORMAT_VERSION",
@@ -238,10 +238,10 @@ def _read_header(path: Path, data: bytes, expected_pos: int) -> int:
             f"{path}: segment format version {version} is not readable by this omnix "
             f"(reads 1..{FORMAT_VERSION}); upgrade omnix to open this log"
         )
-    return first
+    return int(first)
 
 
-def _iter_records(f, size: int, start: int) -> Iterator[tuple[int, int, bytes]]:
+def _iter_records(f: BinaryIO, size: int, start: int) -> Iterator[tuple[int, int, bytes]]:
     """Yield ``(offset, version, body)`` for each valid record from ``start``.
 
     ``body`` is the payload without its schema version byte, ready for the
@@ -293,7 +293,7 @@ def _iter_records(f, size: int, start: int) -> Iterator[tuple[int, int, bytes]]:
         i = 0
 
 
-def _valid_record_after(f, size: int, offset: int) -> int:
+def _valid_record_after(f: BinaryIO, size: int, offset: int) -> int:
     """The offset of the first valid-looking record after ``offset``, or -1.
 
     A torn tail is followed by nothing valid; damage in the middle is.
@@ -405,6 +405,11 @@ def iter_log(path: str | os.PathLike[str]) -> Iterator[Event]:
 # --------------------------------------------------------------------------
 
 
+#: A ``flush()`` waiting for a position to be durable: (position, its
+#: future, the loop that awaits it; the flusher thread resolves it there).
+_DurableWaiter = tuple[int, asyncio.Future[None], asyncio.AbstractEventLoop]
+
+
 def _resolve(fut: asyncio.Future[None], exc: BaseException | None) -> None:
     if fut.done():
         return
@@ -461,7 +466,7 @@ class DiskLog(EventLog):
         self._buffered_pos = 0  # positions < this are stored (buffer or OS)
         self._written_pos = 0  # positions < this are in the OS
         self._durable_pos = 0  # positions < this are fsynced
-        self._durable_waiters: list[tuple[int, asyncio.Future[None], asyncio.AbstractEventLoop]] = []
+        self._durable_waiters: list[_DurableWaiter] = []
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
 
@@ -617,12 +622,12 @@ class DiskLog(EventLog):
                 raise CorruptLog(p, off, pos, f"record holds position {ev.pos}")
             at[0] = off
             offs_append(off)
-            if isinstance(ev, RequestEvent):
+            if type(ev) is WorkerJoined or type(ev) is WorkerLost:  # exact types: see types.py
+                prev_append(-1)
+            else:
                 rid = ev.request_id
                 prev_append(last_get(rid, -1))
                 last[rid] = pos
-            else:
-                prev_append(-1)
             pos += 1
             at[1] = pos
             yield ev
@@ -691,13 +696,13 @@ class DiskLog(EventLog):
             self._guarded(self._rotate, pos)
             end = self._end
         self._offs.append(end)
-        if isinstance(ev, RequestEvent):
+        if type(ev) is WorkerJoined or type(ev) is WorkerLost:  # exact types: see types.py
+            self._prev.append(-1)
+        else:
             rid = ev.request_id
             last = self._last
             self._prev.append(last.get(rid, -1))
             last[rid] = pos
-        else:
-            self._prev.append(-1)
         self._end = end + rec_len
         buf = self._buf
         buf += _REC_V.pack(rec_len - REC_HEADER_SIZE, zlib.crc32(body, _VERSION_CRC), SCHEMA_VERSION)
@@ -895,8 +900,8 @@ class DiskLog(EventLog):
             if not self._durable_waiters:
                 return
             durable = self._durable_pos
-            keep = []
-            ready = []
+            keep: list[_DurableWaiter] = []
+            ready: list[_DurableWaiter] = []
             for item in self._durable_waiters:
                 (ready if exc is not None or item[0] <= durable else keep).append(item)
             self._durable_waiters = keep

@@ -24,7 +24,7 @@ import msgspec
 
 from omnix.events.clock import Clock, SystemClock
 from omnix.events.reducer import Fold, IllegalTransition, Snapshot
-from omnix.events.types import Event, RequestEvent
+from omnix.events.types import Event, WorkerJoined, WorkerLost
 
 Listener = Callable[[Event], None]
 
@@ -105,12 +105,12 @@ class EventLog:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
-        if self._req_waiters and isinstance(ev, RequestEvent):
+        if self._req_waiters and type(ev) is not WorkerJoined and type(ev) is not WorkerLost:
             # A request's tail wakes only for its own events: an open stream
             # costs nothing when other requests' events are appended.
-            waiters = self._req_waiters.pop(ev.request_id, None)
-            if waiters:
-                for fut in waiters:
+            req_waiters = self._req_waiters.pop(ev.request_id, None)
+            if req_waiters:
+                for fut in req_waiters:
                     if not fut.done():
                         fut.set_result(None)
         if self._listeners:
@@ -244,7 +244,8 @@ class MemoryLog(EventLog):
 
     def _store(self, ev: Event) -> None:
         self._events.append(ev)
-        if isinstance(ev, RequestEvent):
+        # Exact types, not isinstance(ev, RequestEvent): see types.py.
+        if type(ev) is not WorkerJoined and type(ev) is not WorkerLost:
             idx = self._index.get(ev.request_id)
             if idx is None:
                 self._index[ev.request_id] = [ev.pos]

@@ -1,12 +1,15 @@
 """The reducer: request and worker state as a pure fold over the log.
 
-Owns: ``RequestState``/``StageState``/``WorkerState``, ``reduce_request`` and
-``reduce_worker`` (pure: immutable states in, a new immutable state out),
-transition validation (``IllegalTransition``), and ``Fold``, the accumulator
-that maps ids to their latest state, with snapshots and a digest.
+Owns: ``reduce_request`` and ``reduce_worker`` (pure: immutable states in,
+a new immutable state out), transition validation (``IllegalTransition``),
+and ``Fold``, the accumulator that maps ids to their latest state, with
+snapshots and a digest.  The state types are re-exported from
+``state.py``.
 
-Does not own storage or ordering (the log assigns positions) nor decisions
-(the orchestrator reads these states and appends its own events).
+Does not own storage or ordering (the log assigns positions), decisions
+(the orchestrator reads these states and appends its own events) nor the
+bulk path behind ``Fold.apply_all`` (``fold_runs.py``: the same fold,
+faster on streamed output).
 
 Because states are frozen Structs, a snapshot is a shallow copy of two dicts
 and ``fold(snapshot + suffix) == fold(all)`` holds by construction.  The
@@ -19,10 +22,19 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Iterable
-from typing import Literal
 
 import msgspec
 
+from omnix.events.fold_runs import fold_runs
+from omnix.events.state import (
+    ACTIVE_STAGE_STATUSES,
+    TERMINAL_STATUSES,
+    RequestState,
+    RequestStatus,
+    StageState,
+    StageStatus,
+    WorkerState,
+)
 from omnix.events.types import (
     Admitted,
     Cancelled,
@@ -35,6 +47,7 @@ from omnix.events.types import (
     Progress,
     Rejected,
     RequestEvent,
+    RequestEventType,
     Routed,
     StageFailed,
     StageFinished,
@@ -44,10 +57,23 @@ from omnix.events.types import (
     event_tag,
 )
 
-RequestStatus = Literal["admitted", "running", "cancelling", "finished", "cancelled", "failed", "rejected"]
-StageStatus = Literal["routed", "running", "finished", "failed", "aborted", "lost"]
-TERMINAL_STATUSES = frozenset({"finished", "cancelled", "failed", "rejected"})
-_ACTIVE_STAGE = ("routed", "running")
+__all__ = [
+    "TERMINAL_STATUSES",
+    "Fold",
+    "IllegalTransition",
+    "RequestState",
+    "RequestStatus",
+    "Snapshot",
+    "StageState",
+    "StageStatus",
+    "WorkerState",
+    "fold",
+    "mark_stage_lost",
+    "reduce_request",
+    "reduce_worker",
+    "worker_id",
+]
+
 _RETRYABLE = ("failed", "lost")
 
 
@@ -74,88 +100,10 @@ class IllegalTransition(ValueError):
 
     def refused(self) -> IllegalTransition:
         """The same error for an event a log refused to store: its message
-        no longer says the event is at the position it was offered.
+        says the position was only offered, not that the event is there.
         ``event.pos`` keeps that position (a replay's divergence report
         looks up what the recording holds there)."""
         return IllegalTransition(self.key, self.event, self.reason, self.prior, stored=False)
-
-
-class StageState(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    name: str
-    replica: int
-    status: StageStatus = "routed"
-    pieces: int = 0  # Routed events received (input pieces)
-    input_closed: bool = False
-    chunks: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    finish_reason: str = ""
-    routed_ts: int = 0
-    started_ts: int = 0
-    first_chunk_ts: int = 0
-    last_chunk_ts: int = 0
-    finished_ts: int = 0
-    first_chunk_pos: int = -1
-    last_chunk_pos: int = -1
-    progress_step: int = 0
-    progress_total: int = 0
-    abort_sent: bool = False  # an abort has been asked of this stage
-    attempt: int = 1  # > 1 after a retry on another replica
-    last_activity_ts: int = 0  # last event of any kind from this stage
-
-    @property
-    def active(self) -> bool:
-        return self.status in _ACTIVE_STAGE
-
-
-class RequestState(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    request_id: str
-    status: RequestStatus
-    pipeline: str
-    admitted_pos: int
-    admitted_ts: int
-    outputs: tuple[str, ...]
-    deadline_ns: int = 0
-    stages: tuple[StageState, ...] = ()
-    first_token_ts: int = 0  # first text chunk of any stage
-    first_audio_ts: int = 0  # first audio chunk (TTFP)
-    first_image_ts: int = 0
-    cancel_reason: str = ""
-    cancel_pos: int = -1
-    terminal_pos: int = -1
-    terminal_ts: int = 0
-    terminal_type: str = ""
-    reason: str = ""
-    last_pos: int = -1
-    events: int = 0
-    cancel_ts: int = 0
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-    def stage(self, name: str) -> StageState | None:
-        for st in self.stages:
-            if st.name == name:
-                return st
-        return None
-
-    def active_stages(self) -> tuple[StageState, ...]:
-        return tuple(st for st in self.stages if st.status in _ACTIVE_STAGE)
-
-
-class WorkerState(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    worker_id: str
-    stage: str
-    replica: int
-    engine: str
-    capacity: int
-    alive: bool = True
-    pid: int = 0
-    joined_pos: int = -1
-    lost_pos: int = -1
-    lost_reason: str = ""
-    incarnation: int = 1
 
 
 # States outlive their events: a request's state would otherwise keep its
@@ -205,7 +153,7 @@ def _need_stage(rs: RequestState, ev: Event, stage: str, replica: int) -> StageS
 
 def _need_active(rs: RequestState, ev: Event, stage: str, replica: int) -> StageState:
     st = _need_stage(rs, ev, stage, replica)
-    if st.status not in _ACTIVE_STAGE:
+    if st.status not in ACTIVE_STAGE_STATUSES:
         raise IllegalTransition(rs.request_id, ev, f"stage {stage!r} is already {st.status}")
     return st
 
@@ -238,7 +186,7 @@ def _reduce_chunk(rs: RequestState, ev: Chunk) -> RequestState:
         i += 1
     else:
         st = None
-    if st is None or st.replica != ev.replica or st.status not in _ACTIVE_STAGE:
+    if st is None or st.replica != ev.replica or st.status not in ACTIVE_STAGE_STATUSES:
         st = _need_active(rs, ev, name, ev.replica)  # raises, naming the reason
     if ev.index != st.chunks:
         raise IllegalTransition(
@@ -290,7 +238,7 @@ def _reduce_chunk(rs: RequestState, ev: Chunk) -> RequestState:
     )
 
 
-def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
+def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestState:
     """Fold one request event into the request's state.  Pure.
 
     Raises ``IllegalTransition`` for an event the state does not allow: any
@@ -299,7 +247,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
     """
     rid = ev.request_id
     if rs is None:
-        if isinstance(ev, Admitted):
+        if type(ev) is Admitted:
             dl = ev.spec.deadline_ms
             return RequestState(
                 request_id=rid,
@@ -312,7 +260,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
                 last_pos=ev.pos,
                 events=1,
             )
-        if isinstance(ev, Rejected):
+        if type(ev) is Rejected:
             rs = RequestState(
                 request_id=rid,
                 status="rejected",
@@ -327,10 +275,11 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
     if rs.status in TERMINAL_STATUSES:
         raise IllegalTransition(rid, ev, "request already ended", _terminal_desc(rs))
 
-    cls = type(ev)
-    if cls is Chunk:
+    # Dispatch on the exact type, written out per branch: the checker
+    # narrows ``ev`` from ``type(ev) is X`` (not from a saved ``type(ev)``).
+    if type(ev) is Chunk:
         return _reduce_chunk(rs, ev)
-    if cls is Routed:
+    if type(ev) is Routed:
         st = rs.stage(ev.stage)
         if st is None:
             if ev.seq != 0:
@@ -362,7 +311,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             )
             stages = _replace_stage(rs, new_st)
         else:
-            if st.status not in _ACTIVE_STAGE:
+            if st.status not in ACTIVE_STAGE_STATUSES:
                 raise IllegalTransition(rid, ev, f"stage {ev.stage!r} is already {st.status}")
             if st.replica != ev.replica:
                 raise IllegalTransition(
@@ -385,7 +334,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             last_pos=ev.pos,
             events=rs.events + 1,
         )
-    if cls is StageStarted:
+    if type(ev) is StageStarted:
         st = _need_active(rs, ev, ev.stage, ev.replica)
         new_st = msgspec.structs.replace(
             st, status="running", started_ts=st.started_ts or ev.ts_ns, last_activity_ts=ev.ts_ns
@@ -393,7 +342,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
         return msgspec.structs.replace(
             rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
         )
-    if cls is Progress:
+    if type(ev) is Progress:
         st = _need_active(rs, ev, ev.stage, ev.replica)
         new_st = msgspec.structs.replace(
             st,
@@ -405,7 +354,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
         return msgspec.structs.replace(
             rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
         )
-    if cls is StageFinished:
+    if type(ev) is StageFinished:
         st = _need_active(rs, ev, ev.stage, ev.replica)
         if ev.chunks != st.chunks:
             raise IllegalTransition(
@@ -422,7 +371,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
         return msgspec.structs.replace(
             rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
         )
-    if cls is StageFailed:
+    if type(ev) is StageFailed:
         st = _need_active(rs, ev, ev.stage, ev.replica)
         new_st = msgspec.structs.replace(
             st, status="failed", finish_reason="error", finished_ts=ev.ts_ns
@@ -430,7 +379,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
         return msgspec.structs.replace(
             rs, stages=_replace_stage(rs, new_st), last_pos=ev.pos, events=rs.events + 1
         )
-    if cls is CancelRequested:
+    if type(ev) is CancelRequested:
         if rs.status == "cancelling":
             # A second cancel (say, a disconnect after a client cancel) is a
             # fact worth keeping but changes nothing.
@@ -442,25 +391,25 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
             cancel_pos=ev.pos,
             cancel_ts=ev.ts_ns,
             stages=tuple(
-                msgspec.structs.replace(st, abort_sent=True) if st.status in _ACTIVE_STAGE else st
+                msgspec.structs.replace(st, abort_sent=True) if st.status in ACTIVE_STAGE_STATUSES else st
                 for st in rs.stages
             ),
             last_pos=ev.pos,
             events=rs.events + 1,
         )
-    if cls is DeadlineExpired:
+    if type(ev) is DeadlineExpired:
         return msgspec.structs.replace(rs, last_pos=ev.pos, events=rs.events + 1)
-    if cls is Cancelled:
+    if type(ev) is Cancelled:
         if rs.status != "cancelling":
             raise IllegalTransition(rid, ev, "cancelled without a cancel request")
         return _terminate(rs, ev, "cancelled", ev.reason)
-    if cls is Failed:
+    if type(ev) is Failed:
         stages = tuple(
-            msgspec.structs.replace(st, abort_sent=True) if st.status in _ACTIVE_STAGE else st
+            msgspec.structs.replace(st, abort_sent=True) if st.status in ACTIVE_STAGE_STATUSES else st
             for st in rs.stages
         )
         return msgspec.structs.replace(_terminate(rs, ev, "failed", ev.reason), stages=stages)
-    if cls is Finished:
+    if type(ev) is Finished:
         if rs.status == "cancelling":
             raise IllegalTransition(rid, ev, "finished while cancelling")
         active = rs.active_stages()
@@ -469,7 +418,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
                 rid, ev, f"finished while stage {active[0].name!r} is still {active[0].status}"
             )
         return _terminate(rs, ev, "finished", "")
-    if cls is Admitted or cls is Rejected:
+    if type(ev) is Admitted or type(ev) is Rejected:
         raise IllegalTransition(rid, ev, "request id already admitted", f"admitted at pos {rs.admitted_pos}")
     raise IllegalTransition(rid, ev, "unknown request event type")
 
@@ -477,7 +426,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEvent) -> RequestState:
 def mark_stage_lost(rs: RequestState, stage: str, ts_ns: int) -> RequestState:
     """The replica running ``stage`` for this request is gone (WorkerLost)."""
     st = rs.stage(stage)
-    if st is None or st.status not in _ACTIVE_STAGE:
+    if st is None or st.status not in ACTIVE_STAGE_STATUSES:
         return rs
     new_st = msgspec.structs.replace(st, status="lost", finished_ts=ts_ns)
     return msgspec.structs.replace(rs, stages=_replace_stage(rs, new_st))
@@ -575,7 +524,7 @@ class Fold:
         if rs.status in TERMINAL_STATUSES:
             return
         for st in rs.stages:
-            if st.status in _ACTIVE_STAGE:
+            if st.status in ACTIVE_STAGE_STATUSES:
                 wid = worker_id(st.name, st.replica)
                 self._by_worker.setdefault(wid, {})[rs.request_id] = None
 
@@ -584,11 +533,10 @@ class Fold:
         if isinstance(ev, RequestEvent):
             reduce_request(self.requests.get(ev.request_id), ev)
         else:
-            reduce_worker(self.workers.get(ev.worker_id), ev)  # type: ignore[arg-type]
+            reduce_worker(self.workers.get(ev.worker_id), ev)
 
     def apply(self, ev: Event) -> None:
-        cls = type(ev)
-        if cls is Chunk:
+        if type(ev) is Chunk:
             # The bulk of a log: straight to the chunk reducer when the
             # request is live (reduce_request would dispatch to it too).
             rid = ev.request_id
@@ -602,145 +550,40 @@ class Fold:
             if blob is not None and blob.shape and ev.modality == "audio":
                 audio = self.audio_samples
                 audio[rid] = audio.get(rid, 0) + blob.shape[0]
-        elif isinstance(ev, RequestEvent):
+        elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
+            # Exact types rather than isinstance(ev, RequestEvent): see types.py.
+            wid = ev.worker_id
+            self.workers[wid] = reduce_worker(self.workers.get(wid), ev)
+            if type(ev) is WorkerLost:
+                for rid in self._by_worker.pop(wid, {}):
+                    rs = self.requests[rid]
+                    self.requests[rid] = mark_stage_lost(rs, ev.stage, ev.ts_ns)
+        else:
             rid = ev.request_id
             old = self.requests.get(rid)
             new = reduce_request(old, ev)
             self.requests[rid] = new
             # Events that can neither start nor end a stage's occupancy of a
             # worker skip the worker index entirely.
-            if cls is StageStarted or cls is Progress:
+            if type(ev) is StageStarted or type(ev) is Progress:
                 pass
-            elif cls is Routed and ev.seq == 0:
-                self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
-            elif cls is StageFinished or cls is StageFailed:
+            elif type(ev) is Routed:
+                # A Routed never ends a request: only its first piece matters here.
+                if ev.seq == 0:
+                    self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
+            elif type(ev) is StageFinished or type(ev) is StageFailed:
                 self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)
             elif new.status in TERMINAL_STATUSES:
                 self.ended.append(rid)
                 for st in new.stages:
                     self._by_worker.get(worker_id(st.name, st.replica), {}).pop(rid, None)
-        else:
-            wid = ev.worker_id
-            self.workers[wid] = reduce_worker(self.workers.get(wid), ev)  # type: ignore[arg-type]
-            if isinstance(ev, WorkerLost):
-                for rid in self._by_worker.pop(wid, {}):
-                    rs = self.requests[rid]
-                    self.requests[rid] = mark_stage_lost(rs, ev.stage, ev.ts_ns)
         self.next_pos = ev.pos + 1 if ev.pos >= 0 else self.next_pos + 1
 
     def apply_all(self, events: Iterable[Event]) -> None:
         """``apply`` each event in order: the same fold, faster on logs made
-        mostly of one stage's stream (replay, recovery).
-
-        Once a stage of a request is streaming (``_run_can_open``), its
-        next chunks and input pieces are validated exactly as ``apply``
-        would but not folded one by one: they only move counters and
-        last-event stamps, which fold in one step (a *run*) when an event
-        that reads or changes them arrives -- another event of that stage
-        or of the whole request, any worker event -- or at the end.  Events
-        of the request's other stages fold past the run.  So the result
-        equals per-event application field for field (a property test
-        holds it to that), and on an illegal event everything before it is
-        folded and the error raised, as ``apply`` leaves it.
-        """
-        runs: dict[str, _Runs] = {}
-        requests = self.requests
-        audio = self.audio_samples
-        apply = self.apply
-        next_pos = self.next_pos
-        try:
-            for ev in events:
-                cls = type(ev)
-                rr = None
-                if cls is Chunk or cls is Routed:
-                    rid = ev.request_id  # type: ignore[union-attr]
-                    rr = runs.get(rid)
-                    if rr is not None:
-                        run = rr.by_stage.get(ev.stage)  # type: ignore[union-attr]
-                        if run is not None and ev.replica == run.replica:  # type: ignore[union-attr]
-                            if cls is Chunk:
-                                if ev.index == run.chunks and ev.modality == run.modality:  # type: ignore[union-attr]
-                                    run.chunks += 1
-                                    run.last_chunk = ev  # type: ignore[assignment]
-                                    run.last_ts = ev.ts_ns
-                                    rr.chunks += 1
-                                    rr.last = ev
-                                    if run.modality == "audio":
-                                        blob = ev.blob  # type: ignore[union-attr]
-                                        if blob is not None and blob.shape:
-                                            audio[rid] = audio.get(rid, 0) + blob.shape[0]
-                                    next_pos = ev.pos + 1 if ev.pos >= 0 else next_pos + 1
-                                    continue
-                            elif ev.seq == run.pieces and ev.seq and not run.input_closed:  # type: ignore[union-attr]
-                                run.pieces += 1
-                                run.input_closed = ev.last  # type: ignore[union-attr]
-                                run.last_ts = ev.ts_ns
-                                rr.pieces += 1
-                                rr.last = ev
-                                next_pos = ev.pos + 1 if ev.pos >= 0 else next_pos + 1
-                                continue
-                        if run is not None:
-                            # The run breaks (an error, or a change the full
-                            # reduce must see): fold it so apply() sees the truth.
-                            del runs[rid]
-                            self._close_runs(rr)
-                            rr = None
-                elif runs:
-                    if isinstance(ev, RequestEvent):
-                        rr = runs.get(ev.request_id)
-                        if rr is not None and (cls not in _ONE_STAGE_EVENTS or ev.stage in rr.by_stage):  # type: ignore[union-attr]
-                            # It reads or changes what the runs hold: fold them first.
-                            del runs[ev.request_id]
-                            self._close_runs(rr)
-                            rr = None
-                    else:  # a worker event can touch any request: fold everything first
-                        for open_runs in runs.values():
-                            self._close_runs(open_runs)
-                        runs.clear()
-                self.next_pos = next_pos
-                apply(ev)
-                next_pos = self.next_pos
-                if rr is not None:
-                    rr.last = ev  # another stage's event: the request's last_pos when its runs fold
-                if cls is Chunk:
-                    rs = requests[ev.request_id]  # type: ignore[union-attr]
-                    i = _run_can_open(rs, ev)  # type: ignore[arg-type]
-                    if i >= 0:
-                        if rr is None:
-                            rr = runs[rs.request_id] = _Runs()
-                        rr.by_stage[ev.stage] = _Run(rs.stages[i], i, ev)  # type: ignore[arg-type,union-attr]
-        finally:
-            for rr in runs.values():
-                self._close_runs(rr)
-            self.next_pos = next_pos
-
-    def _close_runs(self, rr: _Runs) -> None:
-        n = rr.chunks + rr.pieces
-        if not n:
-            return  # nothing unfolded
-        last = rr.last
-        assert last is not None
-        rid = last.request_id  # type: ignore[union-attr]
-        rs = self.requests[rid]
-        stages = rs.stages
-        replace = msgspec.structs.replace
-        for run in rr.by_stage.values():
-            if run.last_ts is None:
-                continue  # nothing unfolded
-            i = run.index  # a stage keeps its place in the tuple (new ones append)
-            st = stages[i]
-            end = run.last_chunk
-            if end is not None:
-                new_st = replace(
-                    st, chunks=run.chunks, pieces=run.pieces, input_closed=run.input_closed,
-                    last_chunk_ts=end.ts_ns, last_chunk_pos=end.pos, last_activity_ts=run.last_ts,
-                )
-            else:
-                new_st = replace(
-                    st, pieces=run.pieces, input_closed=run.input_closed, last_activity_ts=run.last_ts
-                )
-            stages = (*stages[:i], new_st, *stages[i + 1 :])
-        self.requests[rid] = replace(rs, stages=stages, last_pos=last.pos, events=rs.events + n)
+        mostly of one stage's stream (replay, recovery).  See
+        ``omnix.events.fold_runs``."""
+        fold_runs(self, events)
 
     def requests_on(self, wid: str) -> tuple[str, ...]:
         """Live requests with an active stage on worker ``wid``, in routing order."""
@@ -763,71 +606,6 @@ class Fold:
         for wid in sorted(self.workers):
             h.update(_state_encoder.encode(self.workers[wid]))
         return h.hexdigest()
-
-
-# Request events that read and change only the stage they name: one may
-# fold past another stage's open run (that stage's state stays as it was).
-_ONE_STAGE_EVENTS = frozenset({Routed, StageStarted, Progress, StageFinished, StageFailed})
-
-
-class _Run:
-    """One streaming stage of one request: its counters as validated so
-    far, ahead of the state they will fold into."""
-
-    __slots__ = ("chunks", "index", "input_closed", "last_chunk", "last_ts", "modality", "pieces", "replica")
-
-    def __init__(self, st: StageState, index: int, first: Chunk) -> None:
-        self.index = index  # the stage's place in RequestState.stages
-        self.replica = st.replica
-        self.modality = first.modality
-        self.chunks = st.chunks
-        self.pieces = st.pieces
-        self.input_closed = st.input_closed
-        self.last_chunk: Chunk | None = None  # latest unfolded chunk
-        self.last_ts: int | None = None  # latest unfolded event's time (None: nothing unfolded)
-
-
-class _Runs:
-    """One request's open runs (at most one per stage)."""
-
-    __slots__ = ("by_stage", "chunks", "last", "pieces")
-
-    def __init__(self) -> None:
-        self.by_stage: dict[str, _Run] = {}
-        self.chunks = 0  # unfolded chunks, all stages
-        self.pieces = 0  # unfolded pieces, all stages
-        self.last: Event | None = None  # the request's latest event since a run opened
-
-
-def _first_output_ts(rs: RequestState, modality: str) -> int:
-    """The request's first-output stamp a chunk of ``modality`` would set
-    (non-zero: already set; 1 for modalities without one)."""
-    if modality == "text":
-        return rs.first_token_ts
-    if modality == "audio":
-        return rs.first_audio_ts
-    if modality == "image":
-        return rs.first_image_ts
-    return 1
-
-
-def _run_can_open(rs: RequestState, ev: Chunk) -> int:
-    """The index of the chunk's stage in ``rs.stages`` if ``_reduce_chunk``
-    of its next chunk (same modality) would change only its counters and
-    last-chunk fields -- exactly the conditions of its fast path, plus the
-    request's first-output stamp for that modality already set -- and a
-    next piece (``Routed``, seq > 0) only its piece counters; else -1."""
-    if rs.status == "admitted" or not _first_output_ts(rs, ev.modality):
-        return -1
-    name = ev.stage
-    i = 0
-    for st in rs.stages:
-        if st.name == name:
-            if st.first_chunk_pos >= 0 and st.first_chunk_ts and st.started_ts and st.status == "running":
-                return i
-            return -1
-        i += 1
-    return -1
 
 
 def worker_id(stage: str, replica: int) -> str:

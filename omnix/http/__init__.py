@@ -6,7 +6,7 @@ submit through ``Omni.submit``/``Omni.cancel`` and tail the log),
 ``render`` (responses as a pure function of a request's events: the live
 handlers and replay share it), ``audio`` (encoders), ``errors``, ``auth``,
 ``openapi``, ``app`` (``build_app``/``HttpServer``) and ``serve`` (the
-``omnix serve`` verb).  ``testing`` serves scripted pipelines for tests and
-benchmarks.  Routing between stages is the orchestrator's, never this
-package's.  See docs/http.md.
+``omnix serve`` verb).  Serving scripted pipelines for tests and
+benchmarks is ``omnix.testing.serving``'s.  Routing between stages is the
+orchestrator's, never this package's.  See docs/http.md.
 """

@@ -79,8 +79,8 @@ class Served:
                 code="model_not_found",
             )
 
-    def output_stage(self, modality: str) -> str:
-        return self.pipeline.outputs.get(modality, "")  # type: ignore[call-overload]
+    def output_stage(self, modality: Modality) -> str:
+        return self.pipeline.outputs.get(modality, "")
 
     def source_stage(self, outputs: tuple[str, ...]) -> str:
         needed = self.graph.needed_stages(outputs)
@@ -222,17 +222,19 @@ def chat_plan(body: ChatCompletionRequest, served: Served, *, traceparent: str =
     # One conversation, or a batch of them.
     if not body.messages:
         raise _bad("messages", "messages is empty: give at least one message.")
-    batched = isinstance(body.messages[0], list)
-    if any(isinstance(m, list) != batched for m in body.messages):
+    batch = [m for m in body.messages if isinstance(m, list)]
+    single = [m for m in body.messages if not isinstance(m, list)]
+    if batch and single:
         raise _bad(
             "messages",
             "messages mixes messages and lists of messages: send one conversation "
             "(a list of messages) or a batch (a list of conversations).",
         )
+    batched = bool(batch)
     convs = (
-        [_messages(c, f"messages[{i}]") for i, c in enumerate(body.messages)]  # type: ignore[arg-type]
+        [_messages(c, f"messages[{i}]") for i, c in enumerate(batch)]
         if batched
-        else [_messages(body.messages, "messages")]  # type: ignore[arg-type]
+        else [_messages(single, "messages")]
     )
     if batched and body.stream:
         raise ApiError(
@@ -268,7 +270,7 @@ def chat_plan(body: ChatCompletionRequest, served: Served, *, traceparent: str =
         max_tokens=body.max_completion_tokens or body.max_tokens,
         stop=(stop,) if isinstance(stop, str) else (tuple(stop) if stop is not None else None),
     )
-    outputs: tuple[Modality, ...] = modalities  # type: ignore[assignment]
+    outputs: tuple[Modality, ...] = modalities
     text_stage = served.output_stage("text") or served.source_stage(outputs)
     params = served.stage_params(body.sampling_params_list)
     _put(params, text_stage, base)

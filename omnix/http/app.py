@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from omnix.api import Omni
 from omnix.http.auth import auth_middleware
@@ -49,7 +51,7 @@ def build_app(
     omni: Omni,
     *,
     api_key: str | None = None,
-    telemetry: Any = True,
+    telemetry: Telemetry | bool | None = True,
     client_max_size: int = DEFAULT_MAX_BODY,
 ) -> web.Application:
     """The application serving ``omni``.
@@ -58,7 +60,7 @@ def build_app(
     one from the environment (it follows ``omni.log`` while the app runs),
     or ``False``/``None`` for none (/metrics answers 501).
     """
-    middlewares = [error_middleware]
+    middlewares: list[Middleware] = [error_middleware]
     if api_key:
         middlewares.append(auth_middleware(api_key))
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
@@ -69,7 +71,7 @@ def build_app(
     app[ROUTES_KEY] = routes
     if tel is not None and telemetry is True:
 
-        async def follow_log(app: web.Application) -> Any:
+        async def follow_log(app: web.Application) -> AsyncIterator[None]:
             task = asyncio.create_task(tel.run(omni.log), name="omnix-telemetry")
             yield
             await tel.aclose(task)
@@ -88,7 +90,7 @@ class HttpServer:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
-        telemetry: Any = True,
+        telemetry: Telemetry | bool | None = True,
         client_max_size: int = DEFAULT_MAX_BODY,
         access_log: bool = False,
     ) -> None:
@@ -123,9 +125,9 @@ class HttpServer:
             await runner.cleanup()
             raise
         self._runner = runner
-        server = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        bound = runner.addresses  # where the site listens (the OS picks the port for 0)
+        if bound:
+            self.port = bound[0][1]
         if self.omni.accepting:
             self.mark_serving()
         return self

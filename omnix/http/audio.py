@@ -21,12 +21,15 @@ identical order.
 from __future__ import annotations
 
 import io
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
-AUDIO_FORMATS: tuple[str, ...] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
+AUDIO_FORMATS: tuple[AudioFormat, ...] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
 
 MEDIA_TYPES: dict[str, str] = {
     "wav": "audio/wav",
@@ -52,10 +55,11 @@ _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 
 def normalize_format(fmt: str) -> AudioFormat:
     """Chat's ``pcm16`` is speech's ``pcm``."""
-    fmt = "pcm" if fmt == "pcm16" else fmt
-    if fmt not in AUDIO_FORMATS:
-        raise ValueError(f"unknown audio format {fmt!r} (known: {', '.join(AUDIO_FORMATS)})")
-    return fmt  # type: ignore[return-value]
+    name = "pcm" if fmt == "pcm16" else fmt
+    for known in AUDIO_FORMATS:
+        if known == name:
+            return known
+    raise ValueError(f"unknown audio format {name!r} (known: {', '.join(AUDIO_FORMATS)})")
 
 
 def as_mono_float(samples: np.ndarray) -> np.ndarray:
@@ -104,9 +108,11 @@ class _Sink(io.RawIOBase):
     def seekable(self) -> bool:
         return False
 
-    def write(self, b) -> int:  # type: ignore[override]
-        self._buf += b
-        return len(b)
+    def write(self, b: ReadableBuffer) -> int:
+        # PyAV writes ``bytes``; a memoryview counts any buffer in bytes.
+        data = memoryview(b)
+        self._buf += data
+        return data.nbytes
 
     def take(self) -> bytes:
         out = bytes(self._buf)
@@ -126,12 +132,17 @@ class _AvEncoder:
         # flush_packets: a stream's bytes leave with each packet, not when
         # FFmpeg's I/O buffer fills.
         self.container.flags = (
-            self.container.flags | flags.bitexact.value | flags.flush_packets.value
+            # PyAV's stub declares each Flags member ``ClassVar[Flags]``, so
+            # mypy takes ``.value`` for a Flags; at runtime it is the int.
+            self.container.flags | flags.bitexact.value | flags.flush_packets.value  # type: ignore[operator]
         )
         rate = sample_rate
         if codec == "libopus" and rate not in _OPUS_RATES:
             rate = 48000  # PyAV resamples the frames
-        self.stream = self.container.add_stream(codec, rate=rate, layout="mono")
+        stream = self.container.add_stream(codec, rate=rate, layout="mono")
+        # add_stream is typed by codec name; these codecs are all audio.
+        assert isinstance(stream, av.audio.stream.AudioStream)
+        self.stream = stream
         ctx = self.stream.codec_context
         ctx.flags = ctx.flags | av.codec.context.Flags.bitexact.value
         self._pts = 0

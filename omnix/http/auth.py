@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from omnix.http.errors import ApiError, Handler
 
@@ -23,7 +24,7 @@ from omnix.http.errors import ApiError, Handler
 PUBLIC_PATHS = frozenset({"/health"})
 
 
-def auth_middleware(api_key: str):  # -> aiohttp middleware
+def auth_middleware(api_key: str) -> Middleware:
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware

@@ -96,9 +96,14 @@ def _post(summary: str, body: type, ok: dict[str, Any], description: str = "") -
 
 
 def _get(
-    summary: str, ok: dict[str, Any], *, params: list[dict[str, Any]] | None = None, **errors: Any
+    summary: str,
+    ok: dict[str, Any],
+    *,
+    params: list[dict[str, Any]] | None = None,
+    errors: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **errors}}
+    """A GET operation; ``errors`` are its responses by status code."""
+    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **(errors or {})}}
     if params:
         op["parameters"] = params
     return {"get": op}
@@ -154,7 +159,7 @@ def openapi_document() -> dict[str, Any]:
         "/ready": _get(
             "Readiness: every stage has a ready replica",
             _json(Readiness, "Ready"),
-            **{"503": _json(Readiness, "Not ready")},
+            errors={"503": _json(Readiness, "Not ready")},
         ),
         "/metrics": _get(
             "Prometheus exposition of omnix's metrics",
@@ -164,7 +169,7 @@ def openapi_document() -> dict[str, Any]:
             "A request's state, folded from its events",
             {"description": "RequestState as a JSON object", "content": {"application/json": {}}},
             params=[_ID_PARAM],
-            **{"404": not_found},
+            errors={"404": not_found},
         ),
         "/v1/requests/{id}/events": _get(
             "SSE tail of a request's events (resumable with Last-Event-ID)",
@@ -178,7 +183,7 @@ def openapi_document() -> dict[str, Any]:
                 {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
                 {"name": "format", "in": "query", "schema": {"enum": ["array", "object"]}},
             ],
-            **{"404": not_found},
+            errors={"404": not_found},
         ),
         "/v1/requests/{id}/cancel": {
             "post": {
@@ -194,7 +199,7 @@ def openapi_document() -> dict[str, Any]:
             "Download a replayable trace of the request",
             {"description": "Trace file", "content": {"application/octet-stream": {}}},
             params=[_ID_PARAM],
-            **{
+            errors={
                 "404": not_found,
                 "409": _json(ErrorBody, "Still running"),
                 "501": _json(ErrorBody, "Not available"),

@@ -54,10 +54,12 @@ from omnix.events.types import (
     RequestEvent,
     RequestSpec,
     StageFinished,
+    TerminalEvent,
     event_tag,
 )
 from omnix.http.audio import (
     MEDIA_TYPES,
+    AudioFormat,
     StreamEncoder,
     as_mono_float,
     encode_audio,
@@ -124,9 +126,10 @@ class Head(msgspec.Struct, frozen=True):
     """Status and headers of a response (aiohttp adds Date, Server, framing).
 
     ``streamed`` heads are sent before the body is known (chunked transfer);
-    the others go with a complete body.  ``abort`` asks the server to cut
-    the connection instead of ending the body cleanly: a raw audio stream
-    whose request failed must not look complete to its client.
+    the others go with a complete body.  Whether the connection is cut
+    instead of the body ending cleanly is not the head's to say: that is
+    ``Rendered.aborted`` / ``StreamRenderer.aborted`` (a raw audio stream
+    whose request failed must not look complete to its client).
     """
 
     status: int
@@ -172,10 +175,10 @@ def _created(ev: RequestEvent) -> int:
 # --------------------------------------------------------------------------
 
 
-def terminal_error(ev: Event) -> tuple[int, bytes, tuple[tuple[str, str], ...]] | None:
+def terminal_error(ev: TerminalEvent) -> tuple[int, bytes, tuple[tuple[str, str], ...]] | None:
     """(status, error body, extra headers) for a request that did not
     finish; None for ``Finished``."""
-    rid = ev.request_id  # type: ignore[union-attr]
+    rid = ev.request_id
     if isinstance(ev, Rejected):
         status = 429 if ev.reason == "overloaded" else 503
         msg = (
@@ -225,15 +228,16 @@ class Summary:
         self.audio_rate = 0  # from a blob's media type, when it says
         self.images: list[bytes] = []
         self.finished: dict[str, StageFinished] = {}
-        self.terminal: Event | None = None
+        self.terminal: TerminalEvent | None = None
 
     @property
     def options(self) -> dict[str, str]:
         return self.spec.options if self.spec is not None else {}
 
     def feed(self, ev: Event) -> None:
-        cls = type(ev)
-        if cls is Chunk:
+        # ``type(ev) is X`` inline: one exact-type test per branch, which
+        # the checker narrows (events are final classes).
+        if type(ev) is Chunk:
             opts = self.options
             if ev.modality == "text" and ev.stage == opts.get(Opt.TEXT_STAGE):
                 self.text.append(ev.text)
@@ -247,15 +251,15 @@ class Summary:
                 img = self.chunk_image(ev)
                 if img is not None:
                     self.images.append(img)
-        elif cls is StageFinished:
+        elif type(ev) is StageFinished:
             self.finished[ev.stage] = ev
-        elif cls is Admitted or cls is Rejected:
+        elif type(ev) is Admitted or type(ev) is Rejected:
             self.request_id = ev.request_id
             self.spec = ev.spec
             self.created = _created(ev)
-            if cls is Rejected:
+            if type(ev) is Rejected:
                 self.terminal = ev
-        elif cls is Finished or cls is Cancelled or cls is Failed:
+        elif type(ev) is Finished or type(ev) is Cancelled or type(ev) is Failed:
             self.terminal = ev
 
     def chunk_audio(self, ev: Chunk) -> np.ndarray | None:
@@ -294,7 +298,7 @@ class Summary:
         return self.audio_rate or int(self.options.get(Opt.SAMPLE_RATE, "24000") or 24000)
 
     @property
-    def audio_format(self) -> str:
+    def audio_format(self) -> AudioFormat:
         return normalize_format(self.options.get(Opt.AUDIO_FORMAT, "wav") or "wav")
 
     def usage(self) -> tuple[int, int]:
@@ -335,7 +339,7 @@ def _chat_body(members: list[Summary]) -> bytes:
         text = "".join(s.text)
         audio: Any = UNSET
         if s.options.get(Opt.AUDIO_STAGE):
-            data = encode_audio(s.all_audio(), s.sample_rate, s.audio_format)  # type: ignore[arg-type]
+            data = encode_audio(s.all_audio(), s.sample_rate, s.audio_format)
             audio = AudioOut(
                 id=f"audio-{s.request_id}",
                 data=_b64(data),
@@ -391,7 +395,7 @@ def _whole(members: list[Summary]) -> Rendered:
     if spec.api == API_SPEECH:
         s = members[0]
         fmt = s.audio_format
-        data = encode_audio(s.all_audio(), s.sample_rate, fmt)  # type: ignore[arg-type]
+        data = encode_audio(s.all_audio(), s.sample_rate, fmt)
         head = Head(200, (("Content-Type", MEDIA_TYPES[fmt]), ("X-Request-Id", s.request_id)))
         return Rendered(head, data)
     raise ValueError(f"request {rids[0]}: no renderer for api {spec.api!r}")
@@ -420,7 +424,7 @@ class _ChatStream:
         self.audio_id = f"audio-{s.request_id}"
         self.encoder: StreamEncoder | None = None
         if self.audio_stage:
-            self.encoder = StreamEncoder(s.audio_format, s.sample_rate)  # type: ignore[arg-type]
+            self.encoder = StreamEncoder(s.audio_format, s.sample_rate)
 
     def _chunk(self, delta: Delta, finish: str | None = None) -> bytes:
         return _sse(
@@ -434,8 +438,7 @@ class _ChatStream:
         )
 
     def feed(self, ev: Event) -> list[bytes]:
-        cls = type(ev)
-        if cls is Chunk:
+        if type(ev) is Chunk:
             if ev.stage == self.text_stage and ev.modality == "text":
                 if not ev.text:
                     return []
@@ -449,9 +452,9 @@ class _ChatStream:
                     else []
                 )
             return []
-        if cls is Admitted:
+        if type(ev) is Admitted:
             return [self._chunk(Delta(role="assistant", content=""))]
-        if cls is Finished:
+        if type(ev) is Finished:
             out = []
             if self.encoder is not None:
                 tail = self.encoder.finish()
@@ -478,7 +481,7 @@ class _ChatStream:
                 )
             out.append(SSE_DONE)
             return out
-        if cls is Failed or cls is Cancelled:
+        if type(ev) is Failed or type(ev) is Cancelled:
             err = terminal_error(ev)
             assert err is not None
             return [b"data: " + err[1] + b"\n\n", SSE_DONE]
@@ -496,7 +499,7 @@ class _SpeechStream:
         assert spec is not None
         self.sse = spec.options.get(Opt.STREAM_FORMAT) == "sse"
         self.audio_stage = spec.options.get(Opt.AUDIO_STAGE, "")
-        self.encoder = StreamEncoder(s.audio_format, s.sample_rate)  # type: ignore[arg-type]
+        self.encoder = StreamEncoder(s.audio_format, s.sample_rate)
         self.aborted = False
 
     def _out(self, data: bytes) -> list[bytes]:
@@ -505,13 +508,12 @@ class _SpeechStream:
         return [_sse(SpeechAudioDelta(audio=_b64(data)))] if self.sse else [data]
 
     def feed(self, ev: Event) -> list[bytes]:
-        cls = type(ev)
-        if cls is Chunk:
+        if type(ev) is Chunk:
             if ev.stage == self.audio_stage and ev.modality == "audio":
                 arr = self.s.chunk_audio(ev)
                 return self._out(self.encoder.write(arr)) if arr is not None else []
             return []
-        if cls is Finished:
+        if type(ev) is Finished:
             out = self._out(self.encoder.finish())
             if self.sse:
                 p, c = self.s.usage()
@@ -523,7 +525,7 @@ class _SpeechStream:
                     )
                 )
             return out
-        if cls is Failed or cls is Cancelled:
+        if type(ev) is Failed or type(ev) is Cancelled:
             if self.sse:
                 err = terminal_error(ev)
                 assert err is not None
@@ -551,24 +553,12 @@ class StreamRenderer:
         if self.done or not isinstance(ev, RequestEvent):
             return []
         s = self.summary
-        cls = type(ev)
-        if cls is Admitted and _flag(ev.spec, Opt.STREAM):
+        if type(ev) is Admitted and _flag(ev.spec, Opt.STREAM):
             s.collect_media = False
-        s.feed(ev)
-        if cls is Admitted and _flag(ev.spec, Opt.STREAM):
-            rid = ev.request_id
-            if ev.spec.api == API_CHAT:
-                self._stream = _ChatStream(s)
-                self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)
-            elif ev.spec.api == API_SPEECH:
-                self._stream = _SpeechStream(s)
-                ctype = "text/event-stream" if self._stream.sse else MEDIA_TYPES[s.audio_format]
-                extra = (("Cache-Control", "no-cache"),) if self._stream.sse else ()
-                self.head = Head(
-                    200, (("Content-Type", ctype), *extra, ("X-Request-Id", rid)), streamed=True
-                )
-            else:
-                raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed form")
+            s.feed(ev)
+            self._open_stream(ev)
+        else:
+            s.feed(ev)
         out = self._stream.feed(ev) if self._stream is not None else []
         if s.terminal is not None:
             self.done = True
@@ -579,6 +569,22 @@ class StreamRenderer:
             elif isinstance(self._stream, _SpeechStream):
                 self.aborted = self._stream.aborted
         return out
+
+    def _open_stream(self, ev: Admitted) -> None:
+        s = self.summary
+        rid = ev.request_id
+        if ev.spec.api == API_CHAT:
+            self._stream = _ChatStream(s)
+            self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)
+        elif ev.spec.api == API_SPEECH:
+            stream = self._stream = _SpeechStream(s)
+            ctype = "text/event-stream" if stream.sse else MEDIA_TYPES[s.audio_format]
+            extra = (("Cache-Control", "no-cache"),) if stream.sse else ()
+            self.head = Head(
+                200, (("Content-Type", ctype), *extra, ("X-Request-Id", rid)), streamed=True
+            )
+        else:
+            raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed form")
 
 
 # --------------------------------------------------------------------------
@@ -599,19 +605,20 @@ def _split(events: Iterable[Event]) -> dict[str, list[Event]]:
 def _batched(by_rid: dict[str, list[Event]]) -> bool:
     """One member of a batch (whose response needs all of them)."""
     first = next(iter(by_rid.values()))[0]
-    spec = getattr(first, "spec", None)
-    return spec is not None and int(spec.options.get(Opt.GROUP_SIZE, "1") or 1) > 1
+    if not isinstance(first, (Admitted, Rejected)):
+        return False
+    return int(first.spec.options.get(Opt.GROUP_SIZE, "1") or 1) > 1
 
 
 def _group_order(by_rid: dict[str, list[Event]], blobs: BlobStore) -> list[Summary]:
     members = []
     groups = set()
-    for evs in by_rid.values():
+    for rid, evs in by_rid.items():
         s = Summary(blobs)
         for ev in evs:
             s.feed(ev)
         if s.spec is None:
-            raise ValueError(f"request {evs[0].request_id}: its Admitted/Rejected event is missing")
+            raise ValueError(f"request {rid}: its Admitted/Rejected event is missing")
         groups.add(s.options.get(Opt.GROUP) or s.request_id)
         members.append(s)
     if len(groups) > 1:
@@ -638,13 +645,11 @@ def render_response(events: Iterable[Event], blobs: BlobStore) -> Rendered:
     by_rid = _split(events)
     if len(by_rid) > 1 or _batched(by_rid):
         return _whole(_group_order(by_rid, blobs))
-    (evs,) = by_rid.values()
+    ((rid, evs),) = by_rid.items()
     r = StreamRenderer(blobs)
     body = b"".join(piece for ev in evs for piece in r.feed(ev))
     if not r.done or r.head is None:
-        raise ValueError(
-            f"request {evs[0].request_id} has no terminal event: cannot render its response yet"
-        )
+        raise ValueError(f"request {rid} has no terminal event: cannot render its response yet")
     return Rendered(r.head, body, r.aborted)
 
 

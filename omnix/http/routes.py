@@ -121,8 +121,10 @@ class Routes:
             raise ApiError(
                 400, "The request body is empty: send a JSON object.", code="invalid_json"
             )
+        # _DECODERS maps each body type to its own decoder.
+        decoder: msgspec.json.Decoder[T] = _DECODERS[typ]
         try:
-            return _DECODERS[typ].decode(raw)
+            return decoder.decode(raw)
         except msgspec.DecodeError as exc:
             raise from_decode_error(exc, unsupported) from None
 

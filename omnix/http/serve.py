@@ -27,11 +27,9 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 log = logging.getLogger("omnix.serve")
 
@@ -171,8 +169,8 @@ async def serve(args: argparse.Namespace) -> int:
         )
         await waiting
     elif starting.done():
-        exc = starting.exception()
-        log.error("the pipeline failed to start: %s", exc)
+        err = starting.exception()
+        log.error("the pipeline failed to start: %s", err)
         code = 1
     else:
         starting.cancel()
@@ -193,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    runner: Callable[[Coroutine[Any, Any, int]], int]
     try:
         import uvloop
 

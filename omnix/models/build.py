@@ -13,8 +13,8 @@ a fixed order, and the tokenizer trains on a fixed corpus.  With the same
 seed and the same library versions (torch, transformers, diffusers,
 tokenizers) the files are byte-identical; ``folder_digest`` checks it.
 
-Why Qwen2 and not Llama: the issue asks for "tiny Qwen2".  transformers
-5.x rebuilds a ``Qwen2Tokenizer`` for ``model_type: qwen2`` whatever
+Why Qwen2 and not Llama: the tiny models stand in for Qwen's (Qwen3-Omni's
+thinker and talker).  transformers 5.x rebuilds a ``Qwen2Tokenizer`` for ``model_type: qwen2`` whatever
 ``tokenizer_class`` says, so the tokenizer is trained with Qwen2's exact
 pipeline and saved natively (see ``tokenizer.py``); ids then agree across
 every loader, vLLM's included.
@@ -28,8 +28,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -42,6 +43,10 @@ from omnix.models.paths import (
     is_built,
     read_info,
 )
+
+if TYPE_CHECKING:  # imported where used: most commands never build a model
+    import torch
+    from transformers import Qwen2Config
 
 # -- sizes ------------------------------------------------------------------
 
@@ -79,7 +84,7 @@ def _pad64(n: int) -> int:
 # -- language models (thinker, talker) ----------------------------------------
 
 
-def _qwen2_config(vocab_size: int, eos: int, bos: int | None, pad: int | None):
+def _qwen2_config(vocab_size: int, eos: int, bos: int | None, pad: int | None) -> Qwen2Config:
     from transformers import Qwen2Config
 
     return Qwen2Config(
@@ -100,7 +105,9 @@ def _qwen2_config(vocab_size: int, eos: int, bos: int | None, pad: int | None):
     )
 
 
-def _lm_weights(config, seed: int, model: str, std: float = 0.05, head_std: float = 0.15) -> dict:
+def _lm_weights(
+    config: Qwen2Config, seed: int, model: str, std: float = 0.05, head_std: float = 0.15
+) -> dict[str, torch.Tensor]:
     """Random weights for a Qwen2 causal LM, one generator per tensor name:
     norms are ones, biases zeros, the output head N(0, head_std), everything
     else N(0, std).
@@ -129,7 +136,9 @@ def _lm_weights(config, seed: int, model: str, std: float = 0.05, head_std: floa
     return out
 
 
-def _write_lm(out: Path, config, weights: dict, generation: dict) -> None:
+def _write_lm(
+    out: Path, config: Qwen2Config, weights: dict[str, torch.Tensor], generation: dict[str, object]
+) -> None:
     from safetensors.torch import save_file
 
     config.save_pretrained(str(out))
@@ -146,6 +155,7 @@ def build_thinker(out: Path, seed: int) -> ModelInfo:
 
     tok = AutoTokenizer.from_pretrained(str(out))
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)
+    assert isinstance(eos, int) and isinstance(pad, int)  # one token in, one id out
     config = _qwen2_config(_pad64(n_text), eos=eos, bos=None, pad=pad)
     _write_lm(
         out,
@@ -248,7 +258,7 @@ def build_image(out: Path, seed: int) -> ModelInfo:
         )
     vocab = _pad64(n_text)
 
-    def seeded(component: str):
+    def seeded(component: str) -> None:
         torch.manual_seed(derived_seed(seed, "image", component))
 
     seeded("text_encoder")
@@ -318,7 +328,9 @@ def build_image(out: Path, seed: int) -> ModelInfo:
         tokenizer_2=tokenizer,
         transformer=transformer,
     )
-    pipe.save_pretrained(str(out))
+    # mypy resolves diffusers' FluxPipeline to the placeholder diffusers
+    # exports when torch is missing, which has no save_pretrained.
+    pipe.save_pretrained(str(out))  # type: ignore[attr-defined]
     return ModelInfo(name="image", seed=seed, layout={"default_size": 64, "text_vocab": n_text})
 
 
@@ -334,7 +346,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
 
 
 @contextlib.contextmanager
-def _quiet_hf():
+def _quiet_hf() -> Iterator[None]:
     """transformers and diffusers draw a progress bar per saved file; the
     CLI draws one per model instead."""
     from diffusers.utils import logging as dlog

@@ -42,6 +42,7 @@ import msgspec
 import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.typing import ArrayLike
 from torch import nn
 
 CONFIG_NAME = "config.json"
@@ -86,6 +87,8 @@ class _CausalConv(nn.Module):
 
 class CodecDecoder(nn.Module):
     """codes (K, T) -> PCM (T * hop,).  Use ``CodecStream`` or ``decode``."""
+
+    offsets: torch.Tensor  # (K, 1) row offset of each codebook in ``embed`` (a buffer)
 
     def __init__(self, config: CodecConfig):
         super().__init__()
@@ -137,7 +140,7 @@ class CodecDecoder(nn.Module):
         return torch.tanh(x).reshape(-1) * self.config.out_scale, new_state
 
     @torch.inference_mode()
-    def decode(self, codes) -> np.ndarray:
+    def decode(self, codes: ArrayLike) -> np.ndarray:
         """One-shot decode of a frame-major code sequence: the canonical
         result streaming reproduces bit for bit.  A trailing partial frame
         is dropped."""
@@ -145,7 +148,7 @@ class CodecDecoder(nn.Module):
         return np.concatenate([stream.push(codes), stream.flush()])
 
     @torch.inference_mode()
-    def decode_full(self, codes) -> np.ndarray:
+    def decode_full(self, codes: ArrayLike) -> np.ndarray:
         """One pass over all frames (no blocks): fastest offline, equal to
         ``decode`` only within float32 rounding."""
         frames = _frames(codes, self.config.num_codebooks, self.config.codebook_size)
@@ -154,7 +157,7 @@ class CodecDecoder(nn.Module):
         return pcm.float().cpu().numpy()
 
 
-def _frames(codes, k: int, c: int) -> np.ndarray:
+def _frames(codes: ArrayLike, k: int, c: int) -> np.ndarray:
     arr = np.asarray(codes, dtype=np.int64).reshape(-1)
     n = arr.size // k
     arr = arr[: n * k]
@@ -194,7 +197,7 @@ class CodecStream:
         self.dropped_codes = 0
 
     @torch.inference_mode()
-    def push(self, codes) -> np.ndarray:
+    def push(self, codes: ArrayLike) -> np.ndarray:
         flat = [*self.partial, *np.asarray(codes, dtype=np.int64).reshape(-1).tolist()]
         whole = len(flat) // self.k * self.k
         self.partial = flat[whole:]
@@ -225,7 +228,7 @@ class CodecStream:
         self.partial = []
         return np.zeros(0, dtype=np.float32)
 
-    def _run(self, frames: np.ndarray):
+    def _run(self, frames: np.ndarray) -> tuple[torch.Tensor, list[torch.Tensor]]:
         codes = torch.as_tensor(frames, device=self.device)
         return self.decoder.step(codes, self.state)
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.config import PipelineConfig, engine_model
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,8 @@ def _tiny_models_needed(pipeline: PipelineConfig) -> list[str]:
 
     names = []
     for st in pipeline.stages:
-        model = getattr(st.engine, "model", None)
-        if isinstance(model, str) and model in TINY_MODELS and model not in names:
+        model = engine_model(st.engine)
+        if model is not None and model in TINY_MODELS and model not in names:
             names.append(model)
     return names
 

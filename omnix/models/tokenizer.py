@@ -18,8 +18,12 @@ it for a folder.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omnix.models.corpus import CORPUS, ROUNDTRIP_SAMPLES
+
+if TYPE_CHECKING:  # imported where used: building models is rare
+    from tokenizers import Tokenizer
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -41,7 +45,7 @@ _QWEN2_SPLIT = (
 )
 
 
-def train_tokenizer(vocab_size: int = 1024):
+def train_tokenizer(vocab_size: int = 1024) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Train the byte-level BPE (deterministic: one fixed corpus, one
     thread-independent trainer) and return ``(vocab, merges)``."""
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
@@ -70,12 +74,15 @@ def train_tokenizer(vocab_size: int = 1024):
     return model, merges
 
 
-def _merges_of(tok) -> list[tuple[str, str]]:
+def _merges_of(tok: Tokenizer) -> list[tuple[str, str]]:
     import json
 
     data = json.loads(tok.to_str())
-    merges = data["model"]["merges"]
-    return [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+    merges: list[tuple[str, str]] = []
+    for m in data["model"]["merges"]:  # "a b" (older tokenizers) or ["a", "b"]
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        merges.append((a, b))
+    return merges
 
 
 def build_tokenizer(out_dir: Path, model_max_length: int = 2048) -> int:
@@ -86,7 +93,9 @@ def build_tokenizer(out_dir: Path, model_max_length: int = 2048) -> int:
     vocab, merges = train_tokenizer()
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,
+        # Pairs, as in tokenizer.json: transformers takes them, though its
+        # annotation names only "a b" strings.
+        merges=merges,  # type: ignore[arg-type]
         unk_token=ENDOFTEXT,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,

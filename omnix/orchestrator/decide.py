@@ -26,17 +26,21 @@ logic flags in its histories).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, get_args
 
 from omnix.events.reducer import Fold, RequestState, worker_id
 from omnix.events.types import (
     Admitted,
     Cancelled,
+    CancelReason,
     CancelRequested,
     Chunk,
     DeadlineExpired,
     Event,
     Failed,
+    FailReason,
     Finished,
     Rejected,
     RequestSpec,
@@ -52,6 +56,21 @@ from omnix.pipelines.validate import SENTENCE_ENDS
 
 RULES_VERSION = 1
 MAX_ATTEMPTS = 2  # a retried stage runs at most twice
+
+#: The fold keeps a request's cancel reason as a plain ``str``; this maps it
+#: back to the ``CancelReason`` it was recorded as.
+_CANCEL_REASONS: dict[str, CancelReason] = {r: r for r in get_args(CancelReason)}
+
+_E = TypeVar("_E", bound=Event)
+# A reaction filed under its event's type.  The table erases the parameter
+# type; ``_reaction`` checks each entry when the table is built.
+_Reaction = Callable[[Any, Fold], list[Event]]
+
+
+def _reaction(
+    cls: type[_E], fn: Callable[[_E, Fold], list[Event]]
+) -> tuple[type[object], _Reaction]:
+    return cls, fn
 
 
 @dataclass(slots=True)
@@ -100,6 +119,23 @@ class Orchestrator:
         self._load: dict[str, int] = {}
         self._replicas: dict[str, list[int]] = {n: [] for n in self.graph.stage_names}
         self._queues: dict[str, dict[str, None]] = {n: {} for n in self.graph.stage_names}
+        # Per event type, exact (events are final): one dict lookup per
+        # event, where a chain of ``is`` tests costs one test per type.
+        # Routed, StageStarted, Progress and Rejected decide nothing.
+        self._reactions: dict[type[object], _Reaction] = dict(
+            (
+                _reaction(StageFinished, self._on_stage_finished),
+                _reaction(Admitted, self._on_admitted),
+                _reaction(CancelRequested, self._on_cancel_requested),
+                _reaction(StageFailed, self._on_stage_failed),
+                _reaction(DeadlineExpired, self._on_deadline),
+                _reaction(Finished, self._on_terminal),
+                _reaction(Cancelled, self._on_terminal),
+                _reaction(Failed, self._on_terminal),
+                _reaction(WorkerJoined, self._on_worker_joined),
+                _reaction(WorkerLost, self._on_worker_lost),
+            )
+        )
 
     # -- introspection (tests, /ready, timers) ----------------------------
     @property
@@ -151,31 +187,10 @@ class Orchestrator:
     # -- reaction -----------------------------------------------------------
     def react(self, ev: Event, state: Fold) -> list[Event]:
         """Decisions that follow from ``ev`` (already appended and folded)."""
-        cls = type(ev)
-        if cls is Chunk:
+        if type(ev) is Chunk:  # the most frequent event, tested before the table
             return self._on_chunk(ev, state)
-        if cls is StageFinished:
-            return self._on_stage_finished(ev, state)
-        if cls is Admitted:
-            return self._on_admitted(ev, state)
-        if cls is CancelRequested:
-            return self._on_cancel_requested(ev, state)
-        if cls is StageFailed:
-            return self._on_stage_failed(ev, state)
-        if cls is DeadlineExpired:
-            return self._on_deadline(ev, state)
-        if cls is Finished or cls is Cancelled or cls is Failed:
-            return self._on_terminal(ev, state)
-        if cls is WorkerJoined:
-            reps = self._replicas[ev.stage]
-            if ev.replica not in reps:
-                reps.append(ev.replica)
-                reps.sort()
-            self._load[ev.worker_id] = 0
-            return self._drain(ev.stage, ev, state)
-        if cls is WorkerLost:
-            return self._on_worker_lost(ev, state)
-        return []  # Routed, StageStarted, Progress, Rejected: nothing to decide
+        react = self._reactions.get(type(ev))
+        return react(ev, state) if react is not None else []
 
     # -- handlers -----------------------------------------------------------
     def _on_admitted(self, ev: Admitted, state: Fold) -> list[Event]:
@@ -247,6 +262,14 @@ class Orchestrator:
         out = self._stage_gone(plan, ev.stage, ev, state, "stage_error", ev.message)
         return out + self._drain(ev.stage, ev, state)
 
+    def _on_worker_joined(self, ev: WorkerJoined, state: Fold) -> list[Event]:
+        reps = self._replicas[ev.stage]
+        if ev.replica not in reps:
+            reps.append(ev.replica)
+            reps.sort()
+        self._load[ev.worker_id] = 0
+        return self._drain(ev.stage, ev, state)
+
     def _on_worker_lost(self, ev: WorkerLost, state: Fold) -> list[Event]:
         reps = self._replicas[ev.stage]
         if ev.replica in reps:
@@ -269,7 +292,7 @@ class Orchestrator:
         return out
 
     def _stage_gone(
-        self, plan: _Plan, stage: str, ev: Event, state: Fold, reason: str, message: str
+        self, plan: _Plan, stage: str, ev: Event, state: Fold, reason: FailReason, message: str
     ) -> list[Event]:
         """A stage of a live request stopped without finishing: retry or fail."""
         rs = state.requests[plan.request_id]
@@ -289,7 +312,7 @@ class Orchestrator:
             Failed(
                 request_id=plan.request_id,
                 ts_ns=ev.ts_ns,
-                reason=reason,  # type: ignore[arg-type]
+                reason=reason,
                 message=message,
                 stage=stage,
                 cause=ev.pos,
@@ -327,7 +350,7 @@ class Orchestrator:
                 Cancelled(
                     request_id=ev.request_id,
                     ts_ns=ev.ts_ns,
-                    reason=rs.cancel_reason,  # type: ignore[arg-type]
+                    reason=_CANCEL_REASONS[rs.cancel_reason],
                     cause=ev.pos,
                 )
             ]
@@ -347,8 +370,8 @@ class Orchestrator:
             )
         ]
 
-    def _on_terminal(self, ev: Event, state: Fold) -> list[Event]:
-        plan = self._live.pop(ev.request_id, None)  # type: ignore[union-attr]
+    def _on_terminal(self, ev: Cancelled | Failed | Finished, state: Fold) -> list[Event]:
+        plan = self._live.pop(ev.request_id, None)
         if plan is None:
             return []
         stages: list[str] = []
@@ -372,7 +395,7 @@ class Orchestrator:
             Cancelled(
                 request_id=rs.request_id,
                 ts_ns=ev.ts_ns,
-                reason=rs.cancel_reason,  # type: ignore[arg-type]
+                reason=_CANCEL_REASONS[rs.cancel_reason],
                 cause=rs.cancel_pos,
             )
         ]

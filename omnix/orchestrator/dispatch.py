@@ -2,9 +2,10 @@
 
 Owns: ``Dispatcher``, a synchronous log listener that, for a ``Routed``
 event, assembles the stage's input piece from the events it names (the
-request's prompt, upstream chunks and their blobs) and sends it; for a
-cancel or a failure, sends aborts to every stage still active; and after a
-terminal event tells the runtime to forget the request.
+request's prompt, upstream chunks and their blobs) and sends it to the
+``Runtime`` (``runtime.py``); for a cancel or a failure, sends aborts to
+every stage still active; and after a terminal event tells the runtime to
+forget the request.
 
 Does not decide anything: every call it makes is implied by one event, so
 replay can run the orchestrator without it.  It is the only place the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,17 +34,21 @@ from omnix.events.types import (
     Routed,
     StageFailed,
 )
+from omnix.orchestrator.runtime import Runtime
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import merge_params
 from omnix.transport.work import InputPiece, WorkItem
 
 log = logging.getLogger(__name__)
 
+_E = TypeVar("_E", bound=Event)
+# An effect filed under its event's type.  The table erases the parameter
+# type; ``_effect`` checks each entry when the table is built.
+_Effect = Callable[[Any], None]
 
-class Runtime(Protocol):
-    def send(self, work: WorkItem) -> None: ...
-    def abort(self, request_id: str, stage: str, replica: int) -> None: ...
-    def release(self, request_id: str) -> None: ...
+
+def _effect(cls: type[_E], fn: Callable[[_E], None]) -> tuple[type[object], _Effect]:
+    return cls, fn
 
 
 class Dispatcher:
@@ -64,35 +69,54 @@ class Dispatcher:
         self.blobs = blobs
         self.pipeline = pipeline
         self._specs: dict[str, RequestSpec] = {}
+        # Per event type, exact (events are final): one dict lookup per
+        # event; most events (chunks, progress) have no effect at all.
+        self._effects: dict[type[object], _Effect] = dict(
+            (
+                _effect(Routed, self._send),
+                _effect(Admitted, self._on_admitted),
+                _effect(CancelRequested, self._on_cancel_requested),
+                _effect(Failed, self._on_failed),
+                _effect(Cancelled, self._on_ended),
+                _effect(Finished, self._on_ended),
+            )
+        )
 
     def __call__(self, ev: Event) -> None:
-        cls = type(ev)
-        if cls is Routed:
-            try:
-                self.runtime.send(self.work_item(ev))  # type: ignore[arg-type]
-            except Exception as exc:
-                if self.report is None:
-                    raise
-                log.error("could not send %s piece %d of %s: %s", ev.stage, ev.seq, ev.request_id, exc)  # type: ignore[union-attr]
-                self.report(
-                    StageFailed(
-                        request_id=ev.request_id,  # type: ignore[union-attr]
-                        stage=ev.stage,  # type: ignore[union-attr]
-                        replica=ev.replica,  # type: ignore[union-attr]
-                        message=f"the runtime refused the work: {exc}",
-                    )
+        effect = self._effects.get(type(ev))
+        if effect is not None:
+            effect(ev)
+
+    def _send(self, ev: Routed) -> None:
+        try:
+            self.runtime.send(self.work_item(ev))
+        except Exception as exc:
+            if self.report is None:
+                raise
+            log.error("could not send %s piece %d of %s: %s", ev.stage, ev.seq, ev.request_id, exc)
+            self.report(
+                StageFailed(
+                    request_id=ev.request_id,
+                    stage=ev.stage,
+                    replica=ev.replica,
+                    message=f"the runtime refused the work: {exc}",
                 )
-        elif cls is Admitted:
-            self._specs[ev.request_id] = ev.spec  # type: ignore[union-attr]
-        elif cls is CancelRequested:
-            rs = self.log.state.requests[ev.request_id]  # type: ignore[union-attr]
-            if rs.cancel_pos == ev.pos:  # the first cancel; later ones change nothing
-                self._abort_active(ev.request_id)  # type: ignore[union-attr]
-        elif cls is Failed:
-            self._abort_active(ev.request_id)  # type: ignore[union-attr]
-            self._release(ev.request_id)  # type: ignore[union-attr]
-        elif cls is Cancelled or cls is Finished:
-            self._release(ev.request_id)  # type: ignore[union-attr]
+            )
+
+    def _on_admitted(self, ev: Admitted) -> None:
+        self._specs[ev.request_id] = ev.spec
+
+    def _on_cancel_requested(self, ev: CancelRequested) -> None:
+        rs = self.log.state.requests[ev.request_id]
+        if rs.cancel_pos == ev.pos:  # the first cancel; later ones change nothing
+            self._abort_active(ev.request_id)
+
+    def _on_failed(self, ev: Failed) -> None:
+        self._abort_active(ev.request_id)
+        self._release(ev.request_id)
+
+    def _on_ended(self, ev: Cancelled | Finished) -> None:
+        self._release(ev.request_id)
 
     def _abort_active(self, request_id: str) -> None:
         rs = self.log.state.requests[request_id]
@@ -107,9 +131,9 @@ class Dispatcher:
         spec = self._specs.get(request_id)
         if spec is None:
             # Not seen live (a dispatcher attached to a reopened log).
-            pos = self.log.state.requests[request_id].admitted_pos
-            spec = self.log.get(pos).spec  # type: ignore[union-attr]
-            self._specs[request_id] = spec
+            admitted = self.log.get(self.log.state.requests[request_id].admitted_pos)
+            assert isinstance(admitted, Admitted), admitted
+            spec = self._specs[request_id] = admitted.spec
         return spec
 
     def work_item(self, ev: Routed) -> WorkItem:

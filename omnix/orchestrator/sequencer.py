@@ -44,7 +44,8 @@ class Sequencer:
             raise RuntimeError("submit() called from inside an append cascade")
         decision = self.orchestrator.admit(self.log.state, request_id, spec, ts_ns)
         out = self._run(decision)
-        return out  # type: ignore[return-value]
+        assert isinstance(out, (Admitted, Rejected)), out  # the log returns what it stored
+        return out
 
     def append(self, ev: Event) -> Event:
         """Append an input event and its consequences; raises on an illegal one."""

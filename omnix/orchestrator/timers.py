@@ -59,15 +59,16 @@ class DeadlineTimer:
             self._handle = None
 
     def __call__(self, ev: Event) -> None:
-        cls = type(ev)
-        if (cls is Chunk or cls is Progress) and ev.request_id in self._armed:  # type: ignore[union-attr]
-            # Output only pushes a stage's inactivity timeout later and moves
-            # nothing earlier, and the armed entry fires no later than the
-            # earliest due time (stale entries re-arm when they fire).  So a
-            # chunk of an armed request needs no due-time computation: it was
-            # a quarter of the server's work per streamed token.
-            return
-        if not isinstance(ev, RequestEvent):
+        if type(ev) is Chunk or type(ev) is Progress:
+            if ev.request_id in self._armed:
+                # Output only pushes a stage's inactivity timeout later and
+                # moves nothing earlier, and the armed entry fires no later
+                # than the earliest due time (stale entries re-arm when they
+                # fire).  So a chunk of an armed request needs no due-time
+                # computation, which would be a quarter of the server's work
+                # per streamed token.
+                return
+        elif not isinstance(ev, RequestEvent):
             return
         rid = ev.request_id
         due = self.orchestrator.due_times(rid, self.sequencer.log.state)

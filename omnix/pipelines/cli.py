@@ -11,6 +11,7 @@ import sys
 
 import msgspec
 
+from omnix.pipelines.config import engine_kind, engine_model
 from omnix.pipelines.registry import DEFAULT_PIPELINE, builtin_names
 from omnix.pipelines.validate import PipelineError, load_pipeline, stage_output_modality
 
@@ -44,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(f"pipeline {cfg.name}: {cfg.description}")
         for st in cfg.stages:
-            kind = type(st.engine).__struct_config__.tag
-            model = getattr(st.engine, "model", "")
+            kind = engine_kind(st.engine)
+            model = engine_model(st.engine) or ""
             out = stage_output_modality(cfg, st.name) or "?"
             print(f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={st.replicas} "
                   f"timeout={st.timeout_s:g}s retry={'yes' if st.retry else 'no'}")

@@ -104,6 +104,18 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
 EngineArgs = VllmArgs | DiffusersArgs | CodecArgs | ScriptedArgs
 
 
+def engine_kind(engine: EngineArgs) -> str:
+    """The ``kind`` a stage's engine args are tagged with (``"vllm"``, ...)."""
+    tag = type(engine).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def engine_model(engine: EngineArgs) -> str | None:
+    """The model a stage's engine loads (None: the scripted engine loads none)."""
+    return None if isinstance(engine, ScriptedArgs) else engine.model
+
+
 class StageConfig(msgspec.Struct, **_STRICT):
     name: str
     engine: EngineArgs

@@ -129,8 +129,7 @@ def _check_params(p: StageParams, where: str) -> None:
         raise bad("max_tokens", "must be a positive integer")
     if p.num_inference_steps is not None and not (1 <= p.num_inference_steps <= 1000):
         raise bad("num_inference_steps", "must be between 1 and 1000")
-    for dim in ("width", "height"):
-        v = getattr(p, dim)
+    for dim, v in (("width", p.width), ("height", p.height)):
         if v is not None and not (8 <= v <= 4096 and v % 8 == 0):
             raise bad(dim, "must be a multiple of 8 between 8 and 4096")
     if p.speed is not None and not (0.25 <= p.speed <= 4.0):

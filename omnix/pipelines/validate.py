@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.config import CodecArgs, DiffusersArgs, PipelineConfig, ScriptedArgs, VllmArgs
 from omnix.pipelines.engines import engine_kinds
 
 SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
@@ -143,15 +143,12 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
 def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:
     """What a stage's engine produces, when its kind says (None: any)."""
     eng = cfg.stage(stage).engine
-    kind = type(eng).__struct_config__.tag
-    if kind == "vllm":
-        return eng.output_modality  # type: ignore[union-attr]
-    if kind == "diffusers":
+    if isinstance(eng, (VllmArgs, ScriptedArgs)):
+        return eng.output_modality
+    if isinstance(eng, DiffusersArgs):
         return "image"
-    if kind == "codec":
+    if isinstance(eng, CodecArgs):
         return "audio"
-    if kind == "scripted":
-        return eng.output_modality  # type: ignore[union-attr]
     return None
 
 

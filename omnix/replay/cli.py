@@ -2,10 +2,10 @@
 
 Owns: the verb's arguments and the choice of mode, ``--set`` overrides of
 a pipeline config, exit codes and what each mode prints.  The modes live
-in their modules: fold-and-show (``show.py``, ``html.py``), drive and
-counterfactual (``drive.py``), fault injection (``faults.py``), client
-bytes (``client.py``).  Recapturing the corpus is test support
-(``python -m omnix.testing.corpus``).
+in their modules: fold-and-show (``show.py``, ``html.py``), drive
+(``drive.py``), counterfactual (``counterfactual.py``), fault injection
+(``faults.py``), client bytes (``client.py``).  Recapturing the corpus is
+test support (``python -m omnix.testing.corpus``).
 
     omnix replay TRACE                         fold, verify the digest, show the timeline
     omnix replay TRACE --html page.html        ... and write the same as one HTML page
@@ -25,11 +25,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from omnix.pipelines.config import PipelineConfig
+
+if TYPE_CHECKING:  # the modes import what they use when they run
+    from omnix.trace import Trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +132,6 @@ def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig
 
 
 def run(args: argparse.Namespace) -> int:
-
     from omnix.trace import TraceError, read_trace
 
     try:
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
-def _modes(trace, args: argparse.Namespace) -> int:
+def _modes(trace: Trace, args: argparse.Namespace) -> int:
     pipeline: PipelineConfig | None = None
     try:
         if args.config:
@@ -168,7 +170,7 @@ def _modes(trace, args: argparse.Namespace) -> int:
     if args.drive:
         return _drive(trace, args, pipeline)
     if pipeline is not None or args.rules is not None:
-        from omnix.replay.drive import counterfactual
+        from omnix.replay.counterfactual import counterfactual
 
         try:
             cf = counterfactual(trace, pipeline=pipeline, rules=args.rules, timers=args.timers)
@@ -183,7 +185,7 @@ def _modes(trace, args: argparse.Namespace) -> int:
     return 0
 
 
-def _drive(trace, args: argparse.Namespace, pipeline: PipelineConfig | None) -> int:
+def _drive(trace: Trace, args: argparse.Namespace, pipeline: PipelineConfig | None) -> int:
     import time
 
     from omnix.replay.drive import drive
@@ -206,7 +208,7 @@ def _drive(trace, args: argparse.Namespace, pipeline: PipelineConfig | None) -> 
     return 0
 
 
-def _faults(trace, args: argparse.Namespace, pipeline: PipelineConfig | None) -> int:
+def _faults(trace: Trace, args: argparse.Namespace, pipeline: PipelineConfig | None) -> int:
     from omnix.replay.faults import FaultError, inject
 
     try:
@@ -219,7 +221,7 @@ def _faults(trace, args: argparse.Namespace, pipeline: PipelineConfig | None) ->
     return 0 if res.ok else 1
 
 
-def _client_bytes(trace, args: argparse.Namespace) -> int:
+def _client_bytes(trace: Trace, args: argparse.Namespace) -> int:
     from omnix.replay.client import client_bytes, pick_request
 
     try:

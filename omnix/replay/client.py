@@ -36,14 +36,13 @@ def pick_request(trace: Trace, request_id: str | None) -> str:
 def response_events(trace: Trace, request_id: str) -> list[Event]:
     """The request's events, plus those of the other members of its batch
     (a batched HTTP request is several omnix requests with one response)."""
-    group_key = getattr(getattr(render, "Opt", None), "GROUP", None)
     group = ""
     specs: dict[str, str] = {}
     for ev in trace.events:
         if type(ev) is Admitted or type(ev) is Rejected:
-            g = ev.spec.options.get(group_key, "") if group_key else ""  # type: ignore[union-attr]
-            specs[ev.request_id] = g  # type: ignore[union-attr]
-            if ev.request_id == request_id:  # type: ignore[union-attr]
+            g = ev.spec.options.get(render.Opt.GROUP, "")
+            specs[ev.request_id] = g
+            if ev.request_id == request_id:
                 group = g
     members = {request_id} | ({rid for rid, g in specs.items() if g == group} if group else set())
     return [ev for ev in trace.events if isinstance(ev, RequestEvent) and ev.request_id in members]
@@ -56,7 +55,7 @@ def client_bytes(trace: Trace, request_id: str | None = None) -> bytes:
     return b"".join(render.render_stream(response_events(trace, rid), trace.blobs))
 
 
-def client_response(trace: Trace, request_id: str | None = None):  # -> render.Rendered
+def client_response(trace: Trace, request_id: str | None = None) -> render.Rendered:
     """Status, headers and body (the request must have ended in the trace)."""
     rid = pick_request(trace, request_id)
     return render.render_response(response_events(trace, rid), trace.blobs)

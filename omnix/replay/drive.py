@@ -1,17 +1,16 @@
-"""Drive: the real orchestrator against a trace's recorded inputs.
+"""Drive: the real orchestrator against a trace's recorded inputs, strictly.
 
 Owns: ``drive`` (strict replay: every decision must come out byte for byte
 as recorded, else a ``Divergence`` naming the first differing event, the
 cascade that produced it and the inputs before it, as Temporal's replayer
-reports non-determinism), ``free_run`` (lenient replay under another
-config, rules or faults: illegal inputs are dropped and listed, timers and
-abort acknowledgements can be simulated in virtual time) and
-``counterfactual`` (a free run compared decision by decision with the
-recording).
+reports non-determinism), its result and report, and the orchestrator
+factory every replay mode builds its orchestrator with.
 
-Does not own the decisions (``omnix.orchestrator.decide``), the append
-loop (``Sequencer``), the fault vocabulary and invariants (``faults.py``)
-or presentation (``show.py``).
+Does not own lenient replay under other configs, rules or faults
+(``freerun.py``), the comparison of such a run with the recording
+(``counterfactual.py``), the decisions (``omnix.orchestrator.decide``), the
+append loop (``Sequencer``), the fault vocabulary and invariants
+(``faults.py``) or presentation (``show.py``).
 
 No models, workers, sockets or asyncio: a ``MemoryLog`` on a
 ``ManualClock``, an ``Orchestrator`` and a ``Sequencer``.  Inputs are fed in
@@ -21,10 +20,8 @@ recorded order with their recorded ``ts_ns``; admissions go through
 
 from __future__ import annotations
 
-import difflib
-import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -35,47 +32,34 @@ from omnix.events.types import (
     Admitted,
     Cancelled,
     CancelRequested,
-    DeadlineExpired,
     Event,
     Failed,
     Finished,
     Rejected,
     RequestEvent,
     Routed,
-    StageFinished,
-    WorkerJoined,
-    WorkerLost,
     event_tag,
 )
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.sequencer import Sequencer
-from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
 from omnix.replay.show import describe
 from omnix.trace import Trace, is_decision
 
 __all__ = [
-    "Counterfactual",
     "Divergence",
     "DivergenceContext",
     "DriveResult",
-    "Dropped",
-    "FreeRun",
-    "counterfactual",
+    "OrchestratorFactory",
+    "default_orchestrator",
     "drive",
-    "free_run",
 ]
 
 OrchestratorFactory = Callable[[PipelineConfig, int], Orchestrator]
 
 
-def _default_factory(pipeline: PipelineConfig, rules: int) -> Orchestrator:
+def default_orchestrator(pipeline: PipelineConfig, rules: int) -> Orchestrator:
     return Orchestrator(pipeline, rules=rules)
-
-
-# --------------------------------------------------------------------------
-# Strict drive
-# --------------------------------------------------------------------------
 
 
 @dataclass
@@ -274,12 +258,13 @@ def drive(
             f"(v{RULES_VERSION}); replay it with the omnix that captured it "
             f"({trace.omnix_version}) or newer"
         )
-    orch = (orchestrator or _default_factory)(cfg, rv)
+    orch = (orchestrator or default_orchestrator)(cfg, rv)
     log = MemoryLog(ManualClock(0))
     seq = Sequencer(log, orch)
     stored = log._events  # the replayed events; read in place on the hot path
     events = trace.events
     n = len(events)
+    # is_decision, inlined: this loop runs once per trace event.
     decision_set = (Routed, Cancelled, Failed, Finished)
     inputs = decisions = 0
     i = 0
@@ -292,16 +277,15 @@ def drive(
 
     while i < n:
         ev = events[i]
-        cls = type(ev)
-        if cls in decision_set or (cls is CancelRequested and ev.cause >= 0):  # type: ignore[union-attr]
+        if type(ev) in decision_set or (type(ev) is CancelRequested and ev.cause >= 0):
             # A recorded decision with no input before it in this cascade:
             # the previous cascade stopped short of it.
             div = diverge(i, ev, None, "missing", _input_before(events, i))
             break
         inputs += 1
-        if cls is Admitted or cls is Rejected:
-            got = seq.submit(ev.request_id, ev.spec, ev.ts_ns)  # type: ignore[union-attr]
-            if type(got) is not cls or _encode(got) != _encode(ev):
+        if type(ev) is Admitted or type(ev) is Rejected:
+            got = seq.submit(ev.request_id, ev.spec, ev.ts_ns)
+            if type(got) is not type(ev) or _encode(got) != _encode(ev):
                 div = diverge(i, ev, got, "admission", i)
                 break
         else:
@@ -322,16 +306,15 @@ def drive(
         j = i + 1
         k = j
         while j < n:
-            exp = events[j]
-            ecls = type(exp)
-            if not (ecls in decision_set or (ecls is CancelRequested and exp.cause >= 0)):  # type: ignore[union-attr]
+            nxt = events[j]
+            if not (type(nxt) in decision_set or (type(nxt) is CancelRequested and nxt.cause >= 0)):
                 break
             if k >= after:
-                div = diverge(j, exp, None, "missing", i)
+                div = diverge(j, nxt, None, "missing", i)
                 break
             act = stored[k]
-            if _encode(act) != _encode(exp):
-                div = diverge(j, exp, act, "different", i)
+            if _encode(act) != _encode(nxt):
+                div = diverge(j, nxt, act, "different", i)
                 break
             j += 1
             k += 1
@@ -390,13 +373,13 @@ def _divergence(
     while j < len(events) and is_decision(events[j]):
         recorded.append(events[j])
         j += 1
-    produced = [ev for ev in log.read(trigger_pos + 1) if is_decision(ev)] if trigger else []
+    produced: list[Event] = [ev for ev in log.read(trigger_pos + 1) if is_decision(ev)] if trigger else []
     # Causes of the expected event (else the actual one), through the recording.
     chain: list[Event] = []
     probe = expected if expected is not None else actual
-    seen = set()
+    seen: set[int] = set()
     while probe is not None:
-        c = getattr(probe, "cause", -1)
+        c = _cause(probe)
         if c < 0 or c in seen or c >= len(events):
             break
         seen.add(c)
@@ -409,7 +392,7 @@ def _divergence(
             recent.append(events[j])
         j -= 1
     recent.reverse()
-    rid = getattr(expected, "request_id", None) or getattr(actual, "request_id", None)
+    rid = _request_id(expected) or _request_id(actual)
     state = None
     if rid is not None:
         before = fold(events[:pos]) if pos <= len(events) else Fold()
@@ -429,423 +412,14 @@ def _divergence(
     )
 
 
-# --------------------------------------------------------------------------
-# Free runs: other configs, other rules, faults
-# --------------------------------------------------------------------------
-
-
-class Dropped(msgspec.Struct, frozen=True):
-    """A recorded input the free run did not apply, and why."""
-
-    event: Event  # as recorded (recorded position)
-    reason: str
-
-
-@dataclass
-class Injection:
-    """An event a fault adds to the input stream, after recorded input
-    ``after`` (-1: before everything), or at ``ts_ns`` when ``after`` is None."""
-
-    event: Event
-    after: int | None
-    label: str
-    ts_ns: int = 0
-
-
-@dataclass
-class FreeRun:
-    log: MemoryLog
-    pipeline: PipelineConfig
-    rules: int
-    # New position -> what it was: ("in", recorded pos), ("inj", label),
-    # ("timer", ""), ("ack", ""), or ("dec", "") for decisions.
-    origin: list[tuple[str, object]]
-    dropped: list[Dropped]
-    # Decisions the orchestrator made that the reducer refused (an input
-    # stream the rules did not expect): each is a finding, not noise.
-    refused: list[Dropped]
-    injected: list[Event]
-    synthesized: list[Event]  # abort acknowledgements made up in fault runs
-    timer_fired: list[Event]
-
-
-_WORKER_SIDE = ("stage_started", "progress", "chunk", "stage_finished", "stage_failed")
-
-
-def free_run(
-    trace: Trace,
-    *,
-    pipeline: PipelineConfig | None = None,
-    rules: int | None = None,
-    orchestrator: OrchestratorFactory | None = None,
-    injections: list[Injection] | None = None,
-    shift: Callable[[Event], int] | None = None,
-    timers: bool = False,
-    ack_aborts_ms: float | None = None,
-    max_timer_steps: int = 100_000,
-) -> FreeRun:
-    """Feed the trace's recorded inputs through an orchestrator, keeping
-    going where a strict drive would stop.
-
-    * Recorded decisions are not fed: the orchestrator makes its own.
-    * An input the replayed state refuses (a chunk for a request that ended,
-      a stage routed elsewhere) is dropped and listed in ``dropped``.
-    * ``injections`` add inputs at exact points; ``shift(ev)`` delays a
-      recorded input by that many ns (inputs are then merged by time, ties
-      in recorded order).  Once an injected WorkerLost kills a worker, the
-      recorded inputs from it are dropped (a dead process sends nothing)
-      until the recording has it join again.
-    * ``timers``: recorded DeadlineExpired inputs are dropped and a
-      ``DeadlineTimer`` in virtual time appends them where they fall due
-      under this run's decisions; after the last input the clock keeps
-      advancing to due timers until none is left.
-    * ``ack_aborts_ms``: when a request starts cancelling, each active stage
-      acknowledges the abort (StageFinished "aborted") that much later in
-      virtual time, as a worker would, unless the recording has its own
-      acknowledgement for it.
-    """
-    cfg = pipeline if pipeline is not None else trace.pipeline
-    rv = rules if rules is not None else trace.rules_version
-    orch = (orchestrator or _default_factory)(cfg, rv)
-    events = trace.events
-    clock = ManualClock(events[0].ts_ns if events else 0)
-    log = MemoryLog(clock)
-    seq = Sequencer(log, orch)
-    timer: DeadlineTimer | None = None
-    if timers:
-        timer = DeadlineTimer(seq, clock)
-        timer.attach(None)
-    origin: list[tuple[str, object]] = []
-    dropped: list[Dropped] = []
-    refused: list[Dropped] = []
-    injected: list[Event] = []
-    synthesized: list[Event] = []
-    timer_fired: list[Event] = []
-    recorded_acks = {
-        (ev.request_id, ev.stage, ev.replica)
-        for ev in events
-        if type(ev) is StageFinished and ev.finish_reason == "aborted"
-    }
-    dead: set[str] = set()
-
-    # The input schedule: (ts, order, kind, payload).  Kind 0: recorded
-    # input; 1: injection; 2: synthesized ack.  ``order`` keeps ties in the
-    # order they were scheduled, which for recorded inputs is log order.
-    sched: list[tuple[int, int, int, object]] = []
-    order = 0
-    after_map: dict[int, list[Injection]] = {}
-    for inj in injections or []:
-        if inj.after is None:
-            sched.append((inj.ts_ns, order, 1, inj))
-            order += 1
-        else:
-            after_map.setdefault(inj.after, []).append(inj)
-    for ev in events:
-        if is_decision(ev):
-            continue
-        ts = ev.ts_ns + (shift(ev) if shift is not None else 0)
-        sched.append((ts, order, 0, ev))
-        order += 1
-    heapq.heapify(sched)
-
-    acks_pending: dict[tuple[str, str, int], None] = {}
-
-    def listener(ev: Event) -> None:
-        if ack_aborts_ms is None or type(ev) is not CancelRequested:
-            return
-        rs = log.state.requests[ev.request_id]
-        if rs.cancel_pos != ev.pos:
-            return  # a second cancel changes nothing
-        nonlocal order
-        for st in rs.active_stages():
-            key = (ev.request_id, st.name, st.replica)
-            if key in recorded_acks or key in acks_pending:
-                continue
-            acks_pending[key] = None
-            ack = StageFinished(
-                request_id=ev.request_id,
-                stage=st.name,
-                replica=st.replica,
-                chunks=0,  # filled in when it is delivered
-                finish_reason="aborted",
-            )
-            heapq.heappush(sched, (ev.ts_ns + int(ack_aborts_ms * 1_000_000), order, 2, ack))
-            order += 1
-
-    log.add_listener(listener)
-
-    def note_new(start: int, what: tuple[str, object]) -> None:
-        for p in range(start, log.next_pos):
-            origin.append(what if p == start else ("dec", ""))
-
-    def fire_timers(until: int | None) -> None:
-        if timer is None:
-            return
-        steps = 0
-        while True:
-            due = timer.next_due()
-            if due is None or (until is not None and due > until) or steps >= max_timer_steps:
-                return
-            steps += 1
-            clock.set(max(due, clock.now_ns()))
-            start = log.next_pos
-            timer.fire_due()
-            for p in range(start, log.next_pos):
-                ev = log.get(p)
-                if type(ev) is DeadlineExpired:
-                    timer_fired.append(ev)
-                    origin.append(("timer", ""))
-                else:
-                    origin.append(("dec", ""))
-
-    def feed(ev: Event, what: tuple[str, object]) -> int:
-        """Append one input and its cascade; its position, or -1 if refused."""
-        start = log.next_pos
-        cls = type(ev)
-        try:
-            if cls is Admitted or cls is Rejected:
-                seq.submit(ev.request_id, ev.spec, ev.ts_ns)  # type: ignore[union-attr]
-            else:
-                seq.append(msgspec.structs.replace(ev, pos=-1))
-        except IllegalTransition as exc:
-            if log.next_pos > start:
-                # The input went in, but a decision of its cascade was
-                # refused by the reducer: the orchestrator decided something
-                # illegal.  The rest of that cascade is lost; keep going.
-                note_new(start, what)
-                refused.append(Dropped(exc.event, str(exc)))
-                return start
-            if what[0] == "in":
-                dropped.append(Dropped(ev, exc.reason))
+def _cause(ev: Event) -> int:
+    """The position of the event that led to ``ev`` (-1: none recorded)."""
+    match ev:
+        case Routed() | CancelRequested() | Cancelled() | Failed() | Finished():
+            return ev.cause
+        case _:
             return -1
-        note_new(start, what)
-        return start
-
-    def run_injections(after: int) -> None:
-        for inj in after_map.pop(after, []):
-            ev = msgspec.structs.replace(inj.event, ts_ns=max(inj.event.ts_ns, clock.now_ns()))
-            at = feed(ev, ("inj", inj.label))
-            if at >= 0:
-                injected.append(log.get(at))
-                if type(ev) is WorkerLost:
-                    dead.add(ev.worker_id)  # type: ignore[union-attr]
-
-    run_injections(-1)
-    while sched:
-        ts, _, kind, payload = heapq.heappop(sched)
-        fire_timers(ts)
-        clock.set(max(ts, clock.now_ns()))
-        if kind == 0:
-            ev = payload  # type: ignore[assignment]
-            if timers and type(ev) is DeadlineExpired:
-                dropped.append(Dropped(ev, "replaced by the virtual-time deadline timer"))
-                run_injections(ev.pos)
-                continue
-            if dead and _from_dead_worker(ev, dead):
-                dropped.append(Dropped(ev, "its worker was lost (injected fault)"))
-                run_injections(ev.pos)
-                continue
-            ev_t = msgspec.structs.replace(ev, ts_ns=ts) if ts != ev.ts_ns else ev
-            feed(ev_t, ("in", ev.pos))
-            if type(ev) is WorkerJoined:
-                dead.discard(ev.worker_id)  # type: ignore[union-attr]
-            run_injections(ev.pos)
-        elif kind == 1:
-            inj = payload  # type: ignore[assignment]
-            ev = msgspec.structs.replace(inj.event, ts_ns=ts)  # type: ignore[union-attr]
-            at = feed(ev, ("inj", inj.label))  # type: ignore[union-attr]
-            if at >= 0:
-                injected.append(log.get(at))
-                if type(ev) is WorkerLost:
-                    dead.add(ev.worker_id)  # type: ignore[union-attr]
-        else:
-            ack = payload  # type: ignore[assignment]
-            rs = log.state.requests.get(ack.request_id)  # type: ignore[union-attr]
-            st = rs.stage(ack.stage) if rs is not None else None  # type: ignore[union-attr]
-            if rs is None or rs.terminal or st is None or not st.active:
-                continue
-            ack = msgspec.structs.replace(ack, chunks=st.chunks, ts_ns=ts)  # type: ignore[arg-type]
-            at = feed(ack, ("ack", ""))
-            if at >= 0:
-                synthesized.append(log.get(at))
-    fire_timers(None)
-    return FreeRun(
-        log=log,
-        pipeline=cfg,
-        rules=rv,
-        origin=origin,
-        dropped=dropped,
-        refused=refused,
-        injected=injected,
-        synthesized=synthesized,
-        timer_fired=timer_fired,
-    )
 
 
-def _from_dead_worker(ev: Event, dead: set[str]) -> bool:
-    cls = type(ev)
-    if cls is WorkerLost:
-        return ev.worker_id in dead  # type: ignore[union-attr]
-    if cls is WorkerJoined:
-        return False  # a restart: the worker is back
-    stage = getattr(ev, "stage", None)
-    if stage is None or cls is Routed or not isinstance(ev, RequestEvent):
-        return False
-    if event_tag(ev) not in _WORKER_SIDE:
-        return False
-    return f"{stage}/{ev.replica}" in dead  # type: ignore[union-attr]
-
-
-# --------------------------------------------------------------------------
-# Counterfactual
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class RequestDiff:
-    request_id: str
-    recorded_outcome: str
-    new_outcome: str
-    lines: list[str]  # unified-diff style: "  ", "- ", "+ "
-
-
-@dataclass
-class Counterfactual:
-    run: FreeRun
-    recorded_decisions: int
-    new_decisions: int
-    differing: int
-    requests: list[RequestDiff] = field(default_factory=list)
-
-    @property
-    def same(self) -> bool:
-        return self.differing == 0 and not self.run.dropped
-
-    def report(self, trace: Trace) -> str:
-        out = [
-            f"counterfactual replay of {trace.source}",
-            f"  pipeline {self.run.pipeline.name} · rules v{self.run.rules} "
-            f"(recorded: rules v{trace.rules_version})",
-            f"  decisions: {self.recorded_decisions} recorded, {self.new_decisions} now; "
-            f"{self.differing} differ",
-        ]
-        t0 = trace.events[0].ts_ns if trace.events else 0
-        for rd in self.requests:
-            if not any(line[0] in "+-" for line in rd.lines):
-                continue
-            change = (
-                f"{rd.recorded_outcome} -> {rd.new_outcome}"
-                if rd.recorded_outcome != rd.new_outcome
-                else f"{rd.new_outcome} (same outcome)"
-            )
-            out.append(f"request {rd.request_id}: {change}")
-            out.extend(f"  {line}" for line in rd.lines)
-        if self.run.dropped:
-            out.append(f"inputs dropped as illegal under the new decisions ({len(self.run.dropped)}):")
-            for d in self.run.dropped[:50]:
-                out.append(f"  {describe(d.event, t0)}  -- {d.reason}")
-            if len(self.run.dropped) > 50:
-                out.append(f"  ... and {len(self.run.dropped) - 50} more")
-        if self.same:
-            out.append("no decision differs: this change does not alter the recorded case")
-        return "\n".join(out) + "\n"
-
-
-def _canon(events: list[Event], ident: Callable[[int], str]) -> dict[str, list[tuple[str, str]]]:
-    """Per request, its decisions as position-free lines: references to
-    inputs become their recorded positions, to decisions their ordinal."""
-    per: dict[str, list[tuple[str, str]]] = {}
-    for ev in events:
-        if not is_decision(ev):
-            continue
-        rid = ev.request_id  # type: ignore[union-attr]
-        cls = type(ev)
-        if cls is Routed:
-            src = " ".join(ident(p) for p in ev.sources)  # type: ignore[union-attr]
-            line = (
-                f"routed -> {ev.stage}/{ev.replica} seq={ev.seq} sources=[{src}]"  # type: ignore[union-attr]
-                f"{' last' if ev.last else ''} cause={ident(ev.cause)}"  # type: ignore[union-attr]
-            )
-        elif cls is Failed:
-            line = f"failed {ev.reason} stage={ev.stage} cause={ident(ev.cause)} {ev.message!r}"  # type: ignore[union-attr]
-        elif cls is Finished:
-            line = f"finished cause={ident(ev.cause)}"  # type: ignore[union-attr]
-        else:
-            line = f"{event_tag(ev)} {ev.reason} cause={ident(ev.cause)}"  # type: ignore[union-attr]
-        per.setdefault(rid, []).append((line, ""))
-    return per
-
-
-def counterfactual(
-    trace: Trace,
-    *,
-    pipeline: PipelineConfig | None = None,
-    rules: int | None = None,
-    orchestrator: OrchestratorFactory | None = None,
-    timers: bool = False,
-) -> Counterfactual:
-    """Drive the recorded inputs under another config or rules and compare
-    the decisions with the recording, request by request."""
-    run = free_run(
-        trace, pipeline=pipeline, rules=rules, orchestrator=orchestrator, timers=timers
-    )
-    events = trace.events
-
-    def rec_ident(p: int) -> str:
-        if p < 0:
-            return "-"
-        ev = events[p]
-        return f"#{p}" if not is_decision(ev) else f"({event_tag(ev)} of {ev.request_id})"  # type: ignore[union-attr]
-
-    new_events = list(run.log.read())
-
-    def new_ident(p: int) -> str:
-        if p < 0:
-            return "-"
-        kind, what = run.origin[p]
-        if kind == "in":
-            return f"#{what}"
-        ev = new_events[p]
-        if kind == "dec":
-            return f"({event_tag(ev)} of {ev.request_id})"  # type: ignore[union-attr]
-        return f"({kind} {event_tag(ev)})"
-
-    rec = _canon(events, rec_ident)
-    new = _canon(new_events, new_ident)
-    rec_fold = trace.fold()
-    new_fold = run.log.state
-    diffs: list[RequestDiff] = []
-    differing = 0
-    for rid in list(dict.fromkeys([*rec, *new, *rec_fold.requests])):
-        a = [line for line, _ in rec.get(rid, [])]
-        b = [line for line, _ in new.get(rid, [])]
-        lines: list[str] = []
-        sm = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
-        for op, i1, i2, j1, j2 in sm.get_opcodes():
-            if op == "equal":
-                continue
-            differing += max(i2 - i1, j2 - j1)
-            lines.extend(f"- {x}" for x in a[i1:i2])
-            lines.extend(f"+ {x}" for x in b[j1:j2])
-        diffs.append(
-            RequestDiff(
-                request_id=rid,
-                recorded_outcome=_outcome(rec_fold.requests.get(rid)),
-                new_outcome=_outcome(new_fold.requests.get(rid)),
-                lines=lines,
-            )
-        )
-    return Counterfactual(
-        run=run,
-        recorded_decisions=sum(len(v) for v in rec.values()),
-        new_decisions=sum(len(v) for v in new.values()),
-        differing=differing,
-        requests=diffs,
-    )
-
-
-def _outcome(rs: RequestState | None) -> str:
-    if rs is None:
-        return "absent"
-    return rs.status + (f" ({rs.reason})" if rs.reason else "")
-
+def _request_id(ev: Event | None) -> str | None:
+    return ev.request_id if isinstance(ev, RequestEvent) else None

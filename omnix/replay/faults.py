@@ -7,7 +7,7 @@ of the trace (``inject``: injected inputs, delayed inputs, a
 ``check_invariants`` over any log: exactly one terminal event per request,
 nothing routed after it, no event for a lost worker's stage after the loss.
 
-Does not own the replay loop (``drive.free_run``) or decisions.
+Does not own the replay loop (``freerun.free_run``) or decisions.
 
 Exact meaning of each fault (``P`` is a trace position, as printed by
 ``omnix replay TRACE --events``).  "Right after P" means after the
@@ -51,16 +51,19 @@ from omnix.events.reducer import RequestState
 from omnix.events.types import (
     TERMINAL_TYPES,
     CancelRequested,
+    DeadlineExpired,
     Event,
     RequestEvent,
     Routed,
+    StageEvent,
+    StageOutputEvent,
     WorkerEvent,
     WorkerJoined,
     WorkerLost,
     event_tag,
 )
 from omnix.pipelines.config import PipelineConfig
-from omnix.replay.drive import FreeRun, Injection, free_run
+from omnix.replay.freerun import FreeRun, Injection, free_run
 from omnix.replay.show import describe
 from omnix.trace import Trace, is_decision
 
@@ -77,7 +80,6 @@ __all__ = [
 FAULT_SYNTAX = (
     "worker-lost@POSITION[:STAGE/REPLICA], slow-stage@POSITION:STAGE:MS, cancel@POSITION[:REQUEST]"
 )
-_STAGE_OUTPUTS = ("stage_started", "progress", "chunk", "stage_finished", "stage_failed")
 
 
 class FaultError(ValueError):
@@ -157,29 +159,28 @@ def check_invariants(events: list[Event], *, require_terminal: bool = True) -> l
     seen: dict[str, None] = {}
     lost: dict[str, int] = {}  # worker id -> position of its loss
     for ev in events:
-        cls = type(ev)
         if isinstance(ev, WorkerEvent):
-            if cls is WorkerLost:
+            if type(ev) is WorkerLost:
                 lost.setdefault(ev.worker_id, ev.pos)
-            elif cls is WorkerJoined:
+            elif type(ev) is WorkerJoined:
                 lost.pop(ev.worker_id, None)
             continue
-        rid = ev.request_id  # type: ignore[union-attr]
+        rid = ev.request_id
         seen.setdefault(rid, None)
         if rid in terminal:
             rule = "nothing-after-terminal"
-            what = "routed" if cls is Routed else event_tag(ev)
+            what = "routed" if type(ev) is Routed else event_tag(ev)
             out.append(
                 Violation(rule, rid, ev.pos, f"{what} after its terminal event at #{terminal[rid]}")
             )
-            if cls in TERMINAL_TYPES:
+            if type(ev) in TERMINAL_TYPES:
                 out.append(Violation("one-terminal", rid, ev.pos, "a second terminal event"))
             continue
-        if cls in TERMINAL_TYPES:
+        if type(ev) in TERMINAL_TYPES:
             terminal[rid] = ev.pos
             continue
-        if cls is Routed or event_tag(ev) in _STAGE_OUTPUTS:
-            wid = f"{ev.stage}/{ev.replica}"  # type: ignore[union-attr]
+        if isinstance(ev, StageEvent):
+            wid = f"{ev.stage}/{ev.replica}"
             if wid in lost:
                 out.append(
                     Violation(
@@ -239,7 +240,7 @@ class FaultResult:
         for ev in log_events:
             if type(ev) in TERMINAL_TYPES:
                 out.append(f"  ended          {describe(ev, t0)}")
-        real_drops = [d for d in self.run.dropped if type(d.event).__name__ != "DeadlineExpired"]
+        real_drops = [d for d in self.run.dropped if type(d.event) is not DeadlineExpired]
         if real_drops:
             out.append(f"  recorded inputs dropped ({len(real_drops)}):")
             for d in real_drops[:20]:
@@ -291,8 +292,8 @@ def plan(trace: Trace, specs: list[FaultSpec]) -> tuple[list[Injection], dict[st
             if not wid:
                 if isinstance(ev, WorkerEvent):
                     wid = ev.worker_id
-                elif hasattr(ev, "stage") and hasattr(ev, "replica") and getattr(ev, "stage", ""):
-                    wid = f"{ev.stage}/{ev.replica}"  # type: ignore[union-attr]
+                elif isinstance(ev, StageEvent) and ev.stage:
+                    wid = f"{ev.stage}/{ev.replica}"
                 else:
                     raise FaultError(
                         f"fault {spec}: event #{spec.position} ({event_tag(ev)}) names no worker; "
@@ -368,10 +369,9 @@ def inject(
     injections, delays, planned = plan(trace, parsed)
 
     def shift(ev: Event) -> int:
-        stage = getattr(ev, "stage", None)
-        if stage is None or stage not in delays or event_tag(ev) not in _STAGE_OUTPUTS:
+        if not isinstance(ev, StageOutputEvent) or ev.stage not in delays:
             return 0
-        return sum(ns for start, ns in delays[stage] if ev.pos >= start)
+        return sum(ns for start, ns in delays[ev.stage] if ev.pos >= start)
 
     run = free_run(
         trace,
@@ -386,7 +386,7 @@ def inject(
     violations = [
         Violation(
             "legal-decisions",
-            getattr(d.event, "request_id", ""),
+            d.event.request_id if isinstance(d.event, RequestEvent) else "",
             d.event.pos,
             f"{describe(d.event)} refused: {d.reason}",
         )

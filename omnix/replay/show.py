@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import assert_never
 
 from omnix.events.reducer import RequestState, StageState
 from omnix.events.types import (
@@ -28,6 +29,7 @@ from omnix.events.types import (
     Finished,
     Progress,
     Rejected,
+    RequestEvent,
     Routed,
     StageFailed,
     StageFinished,
@@ -66,55 +68,55 @@ def describe(ev: Event, t0: int | None = None) -> str:
     """``#pos +t  tag  who  details``: one event on one line."""
     when = f" +{_ms(ev.ts_ns - t0)}" if t0 is not None and ev.ts_ns else ""
     head = f"#{ev.pos}{when} {event_tag(ev)}"
-    cls = type(ev)
-    if cls is Admitted:
-        s = ev.spec  # type: ignore[union-attr]
-        extra = f" deadline={s.deadline_ms}ms" if s.deadline_ms else ""
-        prompt = s.prompt or (s.messages[-1].content if s.messages else "")
-        return f"{head} {ev.request_id} outputs={'+'.join(s.outputs)} prompt={_short(prompt)}{extra}"  # type: ignore[union-attr]
-    if cls is Rejected:
-        return f"{head} {ev.request_id} {ev.reason}: {ev.message}"  # type: ignore[union-attr]
-    if cls is Routed:
-        last = " last" if ev.last else ""  # type: ignore[union-attr]
-        return (
-            f"{head} {ev.request_id} -> {ev.stage}/{ev.replica} seq={ev.seq} "  # type: ignore[union-attr]
-            f"sources={_refs(ev.sources)}{last}{_cause(ev.cause)}"  # type: ignore[union-attr]
-        )
-    if cls is StageStarted:
-        return f"{head} {ev.request_id} {ev.stage}/{ev.replica}"  # type: ignore[union-attr]
-    if cls is Progress:
-        return f"{head} {ev.request_id} {ev.stage}/{ev.replica} {ev.step}/{ev.total}"  # type: ignore[union-attr]
-    if cls is Chunk:
-        if ev.blob is not None:  # type: ignore[union-attr]
-            b = ev.blob  # type: ignore[union-attr]
-            shape = "x".join(map(str, b.shape)) or f"{b.nbytes}B"
-            body = f"blob {b.digest[:8]} {shape} {b.dtype}"
-        elif ev.text:  # type: ignore[union-attr]
-            body = _short(ev.text)  # type: ignore[union-attr]
-        else:
-            body = f"ids={list(ev.token_ids)}"  # type: ignore[union-attr]
-        return f"{head} {ev.request_id} {ev.stage}/{ev.replica} [{ev.index}] {ev.modality} {body}"  # type: ignore[union-attr]
-    if cls is StageFinished:
-        return (
-            f"{head} {ev.request_id} {ev.stage}/{ev.replica} chunks={ev.chunks} "  # type: ignore[union-attr]
-            f"{ev.finish_reason}"  # type: ignore[union-attr]
-        )
-    if cls is StageFailed:
-        return f"{head} {ev.request_id} {ev.stage}/{ev.replica} {_short(ev.message, 60)}"  # type: ignore[union-attr]
-    if cls is CancelRequested or cls is Cancelled:
-        return f"{head} {ev.request_id} {ev.reason}{_cause(ev.cause)}"  # type: ignore[union-attr]
-    if cls is DeadlineExpired:
-        return f"{head} {ev.request_id} scope={ev.scope}"  # type: ignore[union-attr]
-    if cls is Failed:
-        stage = f" stage={ev.stage}" if ev.stage else ""  # type: ignore[union-attr]
-        return f"{head} {ev.request_id} {ev.reason}{stage} {_short(ev.message, 60)}{_cause(ev.cause)}"  # type: ignore[union-attr]
-    if cls is Finished:
-        return f"{head} {ev.request_id}{_cause(ev.cause)}"  # type: ignore[union-attr]
-    if cls is WorkerJoined:
-        return f"{head} {ev.worker_id} engine={ev.engine} capacity={ev.capacity}"  # type: ignore[union-attr]
-    if cls is WorkerLost:
-        return f"{head} {ev.worker_id} {ev.reason}"  # type: ignore[union-attr]
-    return head  # pragma: no cover - every event type is listed above
+    match ev:
+        case Admitted(spec=s):
+            extra = f" deadline={s.deadline_ms}ms" if s.deadline_ms else ""
+            prompt = s.prompt or (s.messages[-1].content if s.messages else "")
+            return f"{head} {ev.request_id} outputs={'+'.join(s.outputs)} prompt={_short(prompt)}{extra}"
+        case Rejected():
+            return f"{head} {ev.request_id} {ev.reason}: {ev.message}"
+        case Routed():
+            last = " last" if ev.last else ""
+            return (
+                f"{head} {ev.request_id} -> {ev.stage}/{ev.replica} seq={ev.seq} "
+                f"sources={_refs(ev.sources)}{last}{_cause(ev.cause)}"
+            )
+        case StageStarted():
+            return f"{head} {ev.request_id} {ev.stage}/{ev.replica}"
+        case Progress():
+            return f"{head} {ev.request_id} {ev.stage}/{ev.replica} {ev.step}/{ev.total}"
+        case Chunk():
+            if ev.blob is not None:
+                b = ev.blob
+                shape = "x".join(map(str, b.shape)) or f"{b.nbytes}B"
+                body = f"blob {b.digest[:8]} {shape} {b.dtype}"
+            elif ev.text:
+                body = _short(ev.text)
+            else:
+                body = f"ids={list(ev.token_ids)}"
+            return f"{head} {ev.request_id} {ev.stage}/{ev.replica} [{ev.index}] {ev.modality} {body}"
+        case StageFinished():
+            return (
+                f"{head} {ev.request_id} {ev.stage}/{ev.replica} chunks={ev.chunks} "
+                f"{ev.finish_reason}"
+            )
+        case StageFailed():
+            return f"{head} {ev.request_id} {ev.stage}/{ev.replica} {_short(ev.message, 60)}"
+        case CancelRequested() | Cancelled():
+            return f"{head} {ev.request_id} {ev.reason}{_cause(ev.cause)}"
+        case DeadlineExpired():
+            return f"{head} {ev.request_id} scope={ev.scope}"
+        case Failed():
+            stage = f" stage={ev.stage}" if ev.stage else ""
+            return f"{head} {ev.request_id} {ev.reason}{stage} {_short(ev.message, 60)}{_cause(ev.cause)}"
+        case Finished():
+            return f"{head} {ev.request_id}{_cause(ev.cause)}"
+        case WorkerJoined():
+            return f"{head} {ev.worker_id} engine={ev.engine} capacity={ev.capacity}"
+        case WorkerLost():
+            return f"{head} {ev.worker_id} {ev.reason}"
+        case _:
+            assert_never(ev)
 
 
 # -- timings ------------------------------------------------------------------------
@@ -310,8 +312,7 @@ def render_timeline(
         out.append("events")
         wanted = set(rids)
         for ev in trace.events:
-            rid = getattr(ev, "request_id", None)
-            if rid is None or rid in wanted:
+            if not isinstance(ev, RequestEvent) or ev.request_id in wanted:
                 mark = "  " if not is_decision(ev) else " >"
                 out.append(f"{mark} {describe(ev, t0)}")
     return "\n".join(out).rstrip() + "\n"

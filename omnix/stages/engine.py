@@ -63,4 +63,5 @@ def load_engine(kind: str, args: Any) -> Engine:
         ) from None
     module, _, name = target.partition(":")
     cls = getattr(importlib.import_module(module), name)
-    return cls(args)
+    engine: Engine = cls(args)
+    return engine

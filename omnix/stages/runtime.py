@@ -39,9 +39,8 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
-import msgspec
 import zmq
 
 import omnix
@@ -70,13 +69,10 @@ from omnix.stages.worker import PARENT_ENV, TOKEN_ENV
 from omnix.stages.worker_cli import CPUS_ENV
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
+from omnix.transport.inbox import Inbox, Route
 from omnix.transport.sockets import (
-    MAX_DRAIN,
-    LoopReader,
     default_ipc_endpoint,
     make_router,
-    readable,
-    recv_parts,
     remove_endpoint_dir,
     send_frames,
 )
@@ -240,10 +236,9 @@ class StageRuntime:
         self._by_identity: dict[bytes, _Slot] = {}
         self._by_token: dict[str, _Slot] = {}
         self._enc = FrameEncoder()
-        self._dec = m.decoders(m.SERVER_BOUND)
-        self._ctx: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
-        self._reader: LoopReader | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._inbox: Inbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._changed: asyncio.Event | None = None
@@ -293,7 +288,8 @@ class StageRuntime:
             pin_process(self.cpu_plan.frontend)
         self._ctx = zmq.Context()
         self._sock, self._endpoint = make_router(self._ctx, self._endpoint)
-        self._reader = LoopReader(loop, self._sock, self._drain)
+        self._inbox = Inbox(loop, self._sock, m.SERVER_BOUND, self._routes(), routed=True, log=log,
+                            unknown_hint="a newer worker?")
         self._tick_handle = loop.call_later(self._tick_s, self._tick)
         if self.spawn:
             for slot in self._all_slots():
@@ -415,10 +411,10 @@ class StageRuntime:
         self._closed = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        if self._reader is not None:
+        if self._inbox is not None:
             # Stop reading now: an unread, still-registered ZMQ FD stays
             # readable and would spin the loop while workers exit.
-            self._reader.close()
+            self._inbox.close()
         slots = self._all_slots()
         # A worker still loading its engine runs no request and cannot stop
         # before its load ends (a vLLM load takes 15-30 s on CPU): it gets
@@ -522,7 +518,9 @@ class StageRuntime:
         (before its per-incarnation token and parent pid)."""
         wid = f"{stage}/{replica}"
         env = dict(os.environ)
-        env["OMP_NUM_THREADS"] = "1"  # see ARCHITECTURE.md; worker_env may override
+        # torch's thread pool and the streaming loop fight for a small
+        # machine's cores (docs/runtime.md); worker_env may override it.
+        env["OMP_NUM_THREADS"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
         root = os.path.dirname(os.path.dirname(os.path.abspath(omnix.__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -598,7 +596,8 @@ class StageRuntime:
             return
         assert self._loop is not None
         self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
-        self._drain()  # heartbeats already queued count: our own lateness is not their death
+        assert self._inbox is not None
+        self._inbox.drain()  # heartbeats already queued count: our own lateness is not their death
         now = time.monotonic()
         for slot in self._all_slots():
             proc = slot.proc
@@ -622,48 +621,27 @@ class StageRuntime:
                     proc.kill()
 
     # -- receiving ------------------------------------------------------------
-    def _drain(self) -> None:
-        sock = self._sock
-        if sock is None or self._closed:
-            return
-        for _ in range(MAX_DRAIN):
-            try:
-                if not readable(sock):
-                    return
-                identity = sock.recv(zmq.NOBLOCK)
-                mtype, body, aux = recv_parts(sock)
-            except zmq.ZMQError:
-                return
-            dec = self._dec.get(mtype)
-            if dec is None:
-                log.error("ignoring a message of unknown type %r (a newer worker?)", mtype)
-                continue
-            try:
-                msg = dec.decode(body, aux)
-            except msgspec.DecodeError as exc:
-                log.error("ignoring a malformed %r message: %s", mtype, exc)
-                continue
-            if mtype == m.OUTPUTS:
-                slot = self._by_identity.get(identity)
-                if slot is not None:
-                    slot.last_seen = time.monotonic()
-                    self._on_records(slot, msg)
-            elif mtype == m.HEARTBEAT:
-                self._on_heartbeat(identity, msg)
-            elif mtype == m.HELLO:
-                self._on_hello(identity, msg)
-            elif mtype == m.READY:
-                self._on_ready(identity, msg)
-            elif mtype == m.START_FAILED:
-                self._on_start_failed(identity, msg)
-            elif mtype == m.GOODBYE:
-                slot = self._by_identity.get(identity)
-                if slot is not None and slot.token == msg.token:
-                    self._lose(slot, f"worker exited: {msg.reason}")
-            if self._closed:
-                return
-        assert self._reader is not None
-        self._reader.reschedule()
+    def _routes(self) -> list[Route[Any]]:
+        """What each message a worker sends is handed to (see ``Inbox``)."""
+        return [
+            Route(m.OUTPUTS, list[m.Record], self._on_outputs),
+            Route(m.HEARTBEAT, m.Heartbeat, self._on_heartbeat),
+            Route(m.HELLO, m.Hello, self._on_hello),
+            Route(m.READY, m.Ready, self._on_ready),
+            Route(m.START_FAILED, m.StartFailed, self._on_start_failed),
+            Route(m.GOODBYE, m.Goodbye, self._on_goodbye),
+        ]
+
+    def _on_outputs(self, identity: bytes, records: list[m.Record]) -> None:
+        slot = self._by_identity.get(identity)
+        if slot is not None:
+            slot.last_seen = time.monotonic()
+            self._on_records(slot, records)
+
+    def _on_goodbye(self, identity: bytes, msg: m.Goodbye) -> None:
+        slot = self._by_identity.get(identity)
+        if slot is not None and slot.token == msg.token:
+            self._lose(slot, f"worker exited: {msg.reason}")
 
     def _on_records(self, slot: _Slot, records: list[m.Record]) -> None:
         emit = self._emit
@@ -673,14 +651,11 @@ class StageRuntime:
         for rec in records:
             rid = rec.request_id
             run = active.get(rid)
-            cls = type(rec)
-            if cls is m.Done or cls is m.Error:
-                active.pop(rid, None)
-                if slot.deferred:
-                    self._send_deferred(slot)
-            if run is None or run.released:
-                continue
-            if cls is m.Output:
+            # type(rec) is written out in each test so the checker narrows
+            # rec; outputs, the common record, cost one test.
+            if type(rec) is m.Output:
+                if run is None or run.released:
+                    continue
                 blob = None
                 if rec.array is not None:
                     blob = self.blobs.put_array(rec.array, rec.media_type)
@@ -688,16 +663,24 @@ class StageRuntime:
                     blob = self.blobs.put(rec.data, rec.media_type)
                 emit(Chunk(request_id=rid, stage=stage, replica=replica, index=rec.index,
                            modality=rec.modality, text=rec.text, token_ids=rec.token_ids, blob=blob))
-            elif cls is m.Started:
-                emit(StageStarted(request_id=rid, stage=stage, replica=replica))
-            elif cls is m.ProgressRec:
-                emit(Progress(request_id=rid, stage=stage, replica=replica, step=rec.step, total=rec.total))
-            elif cls is m.Done:
-                emit(StageFinished(request_id=rid, stage=stage, replica=replica, chunks=rec.chunks,
-                                   finish_reason=rec.finish_reason, prompt_tokens=rec.prompt_tokens,
-                                   output_tokens=rec.output_tokens))
             else:
-                emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=rec.message))
+                if type(rec) is m.Done or type(rec) is m.Error:
+                    active.pop(rid, None)
+                    if slot.deferred:
+                        self._send_deferred(slot)
+                if run is None or run.released:
+                    continue
+                if type(rec) is m.Started:
+                    emit(StageStarted(request_id=rid, stage=stage, replica=replica))
+                elif type(rec) is m.ProgressRec:
+                    emit(Progress(request_id=rid, stage=stage, replica=replica, step=rec.step,
+                                  total=rec.total))
+                elif type(rec) is m.Done:
+                    emit(StageFinished(request_id=rid, stage=stage, replica=replica, chunks=rec.chunks,
+                                       finish_reason=rec.finish_reason, prompt_tokens=rec.prompt_tokens,
+                                       output_tokens=rec.output_tokens))
+                elif type(rec) is m.Error:
+                    emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=rec.message))
             if slot.state != "ready":
                 return  # an event listener shut us down or lost the slot
 
@@ -816,10 +799,10 @@ class StageRuntime:
         cores, serialising a 32-request burst by ~7 ms.  One message costs
         one wakeup.  The delay is the rest of the current turn.
 
-        Not "the first at once, the rest batched": tried, the lone first
-        request reached vLLM ~2 ms before the rest, vLLM ran a prefill step
-        for it alone, and the burst's others queued behind that step (worse
-        TTFT p50 at concurrency 32).  On a small machine the worker shares
+        Not "the first at once, the rest batched": the lone first request
+        reaches vLLM ~2 ms before the rest, vLLM runs a prefill step for it
+        alone, and the burst's others queue behind that step (worse TTFT
+        p50 at concurrency 32).  On a small machine the worker shares
         the CPU with this process anyway, so sending early overlaps
         nothing."""
         box = slot.outbox
@@ -858,8 +841,8 @@ class StageRuntime:
             assert self._loop is not None
             self._loop.call_soon(self._lose, slot, f"unreachable: {exc}")
             return
-        assert self._reader is not None
-        self._reader.kick()
+        assert self._inbox is not None
+        self._inbox.kick()
 
     def _emit(self, ev: Event) -> None:
         try:

@@ -20,6 +20,8 @@ import gc
 import logging
 import os
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 CPUS_ENV = "OMNIX_WORKER_CPUS"
 
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_loop(coro) -> int:
+def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
     except ImportError:

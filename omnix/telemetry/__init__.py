@@ -11,12 +11,19 @@ Nothing outside this package records telemetry: spans and metrics are
 derived from events, so an old trace yields the same ones as the live log.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from omnix.telemetry.metrics import INSTRUMENTS, MetricSet
 from omnix.telemetry.projection import Projection
 from omnix.telemetry.setup import OtlpConfig, Telemetry
 
+if TYPE_CHECKING:
+    from omnix.telemetry.http import Handler
 
-def metrics_handler(telemetry: Telemetry):
+
+def metrics_handler(telemetry: Telemetry) -> Handler:
     """Lazy re-export of ``omnix.telemetry.http.metrics_handler`` (keeps
     aiohttp out of importers that only need the projection)."""
     from omnix.telemetry.http import metrics_handler as _handler

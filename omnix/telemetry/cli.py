@@ -13,7 +13,7 @@ its events in order to the same projection a live server runs
     the Prometheus exposition to stdout;
   * ``--spans``: prints the spans as JSON lines to stdout.
 
-Does not own the trace format (``omnix.replay``) or the projection.
+Does not own the trace format (``omnix.trace``) or the projection.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from omnix.events.reducer import RequestState
+from omnix.events.reducer import RequestState, StageState
 from omnix.events.types import Chunk, Event
 from omnix.telemetry.metrics import Cell, MetricSet
 
@@ -39,9 +39,11 @@ _NS = 1e-9
 _ACTIVE = frozenset({"routed", "running"})
 
 Add = Callable[[float], None]
+#: ``event_at(request_id, pos)``: one of a request's events, read back.
+EventAt = Callable[[str, int], Event | None]
 
 
-class _AddBy(dict):
+class _AddBy(dict[str, Add]):
     """label value -> the ``add`` of its series, made on first use (``d[k]``
     is one specialised dict subscript when present)."""
 
@@ -128,7 +130,7 @@ class EndedRequests:
         self,
         rs: RequestState,
         audio_samples: int,
-        event_at: Callable[[str, int], Event | None],
+        event_at: EventAt,
     ) -> None:
         """Observe one ended request.  ``event_at(request_id, pos)`` reads
         back one of its events (only to learn a stage's modality, once per
@@ -185,12 +187,14 @@ class EndedRequests:
             if status == "finished":
                 ps.rtf((end - adm) / seconds)
 
-    def _learn(self, rs: RequestState, st, ss: StageSeries, event_at) -> None:
+    def _learn(
+        self, rs: RequestState, st: StageState, ss: StageSeries, event_at: EventAt
+    ) -> None:
         # A stage's output modality is its engine's: learned once, from its
         # first chunk; a text stage then gets TPOT, from this request on.
         first = event_at(rs.request_id, st.first_chunk_pos)
         if type(first) is Chunk:
-            ss.learn(first.modality)  # type: ignore[union-attr]
+            ss.learn(first.modality)
             if ss.text and st.status == "finished":
                 n = st.output_tokens or st.chunks
                 if n > 1:

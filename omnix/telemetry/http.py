@@ -52,8 +52,5 @@ async def serve_metrics(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    bound = port
-    server = site._server  # the only way aiohttp exposes an ephemeral port
-    if server is not None and getattr(server, "sockets", None):
-        bound = server.sockets[0].getsockname()[1]
-    return runner, bound
+    addresses = runner.addresses  # where the site listens (the OS picks the port for 0)
+    return runner, addresses[0][1] if addresses else port

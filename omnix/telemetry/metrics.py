@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -295,7 +295,7 @@ class Cell:
         self.value: float = 0
 
 
-def _capped(series: dict, key: Key) -> Key:
+def _capped(series: Mapping[Key, object], key: Key) -> Key:
     # Past MAX_SERIES, new label sets share one overflow series.
     if len(series) >= MAX_SERIES:
         return (_OVERFLOW,) * len(key)

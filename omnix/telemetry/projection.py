@@ -48,7 +48,10 @@ from omnix.events.reducer import (
 from omnix.events.types import (
     CancelReason,
     Event,
+    Failed,
+    Rejected,
     RejectReason,
+    RequestEvent,
 )
 from omnix.telemetry.ended import EndedRequests
 from omnix.telemetry.metrics import MetricSet
@@ -233,19 +236,20 @@ class Projection:
         ev = src.event(rs.request_id, rs.terminal_pos) if spans is not None or status == "failed" else None
         if status == "rejected":
             self._c_rejected.add((rs.pipeline, rs.reason))
-            if spans is not None and ev is not None:
-                spans.rejected(ev)  # type: ignore[arg-type]
+            if spans is not None and isinstance(ev, Rejected):
+                spans.rejected(ev)
         else:
             ended = self._ended
             ended.record(rs, audio, src.event)
-            if spans is not None and ev is not None:
+            if spans is not None and isinstance(ev, RequestEvent):
                 p = rs.pipeline
                 modalities = {st.name: ended.modality(p, st.name) for st in rs.stages}
-                spans.request(rs, ev, src, modalities, audio, self.sample_rate)  # type: ignore[arg-type]
+                spans.request(rs, ev, src, modalities, audio, self.sample_rate)
             if status == "cancelled":
                 self._c_cancelled.add((rs.pipeline, rs.reason))
             elif status == "failed":
-                self._c_failed.add((rs.pipeline, rs.reason, getattr(ev, "stage", "")))
+                stage = ev.stage if isinstance(ev, Failed) else ""
+                self._c_failed.add((rs.pipeline, rs.reason, stage))
             self._unfolded += 1
             if self._unfolded >= self.FOLD_EVERY:
                 # Bucket what is pending (bounds the pending lists).

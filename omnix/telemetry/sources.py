@@ -24,6 +24,7 @@ from omnix.events.types import (
     Failed,
     Finished,
     Rejected,
+    RequestEvent,
     StageFailed,
     WorkerLost,
 )
@@ -54,7 +55,8 @@ class LogSource:
             # then seen as unfinished).
             try:
                 for ev in self.log.events_for(request_id):
-                    rs = reduce_request(rs, ev)  # type: ignore[arg-type]
+                    if isinstance(ev, RequestEvent):  # all are: the index is by request
+                        rs = reduce_request(rs, ev)
             except (IllegalTransition, IndexError):
                 return None
         return rs
@@ -91,11 +93,15 @@ class BufferSource:
         if ev.pos < 0:
             ev = msgspec.structs.replace(ev, pos=self.fold.next_pos)
         self.fold.apply(ev)  # raises IllegalTransition; nothing kept then
-        cls = type(ev)
-        if cls in _KEEP or (cls is Chunk and ev.index == 0):  # type: ignore[union-attr]
-            self.kept.setdefault(ev.request_id, {})[ev.pos] = ev  # type: ignore[union-attr]
-        elif cls is WorkerLost:
-            self.lost[ev.worker_id] = ev  # type: ignore[union-attr,assignment]
+        # Chunks (most events) first; ``isinstance`` with the literal tuple
+        # narrows ``ev`` to the kept request events.
+        if type(ev) is Chunk:
+            if ev.index == 0:
+                self.kept.setdefault(ev.request_id, {})[ev.pos] = ev
+        elif isinstance(ev, _KEEP):
+            self.kept.setdefault(ev.request_id, {})[ev.pos] = ev
+        elif type(ev) is WorkerLost:
+            self.lost[ev.worker_id] = ev
         return ev
 
     def request(self, request_id: str) -> RequestState | None:

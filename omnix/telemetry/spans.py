@@ -30,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 from omnix.events.reducer import RequestState
 from omnix.events.types import (
@@ -131,7 +132,7 @@ class SpanWriter:
         model = spec.model or rs.pipeline
         end = rs.terminal_ts
 
-        attrs: dict[str, object] = {
+        attrs: dict[str, AttributeValue] = {
             "gen_ai.operation.name": op,
             "gen_ai.request.model": model,
             "gen_ai.request.seed": spec.seed,
@@ -169,7 +170,7 @@ class SpanWriter:
             context=parent_context(spec.traceparent),
             kind=SpanKind.SERVER,
             start_time=rs.admitted_ts,
-            attributes=attrs,  # type: ignore[arg-type]
+            attributes=attrs,
         )
         if rs.first_token_ts:
             span.add_event("first_token", timestamp=rs.first_token_ts)
@@ -187,7 +188,7 @@ class SpanWriter:
         for st in rs.stages:
             status = "unfinished" if st.active else st.status
             modality = modalities.get(st.name, "")
-            sattrs: dict[str, object] = {
+            sattrs: dict[str, AttributeValue] = {
                 "omnix.stage": st.name,
                 "omnix.replica": st.replica,
                 "omnix.status": status,
@@ -209,7 +210,7 @@ class SpanWriter:
                 context=ctx,
                 kind=SpanKind.INTERNAL,
                 start_time=st.routed_ts,
-                attributes=sattrs,  # type: ignore[arg-type]
+                attributes=sattrs,
             )
             if st.started_ts:
                 child.add_event("stage_started", timestamp=st.started_ts)
@@ -227,22 +228,22 @@ class SpanWriter:
                 child.add_event("stage_failed", {"omnix.message": message}, timestamp=st_end)
                 child.set_status(Status(StatusCode.ERROR, message or "stage failed"))
             elif status == "lost":
-                lost_attrs = {"omnix.replica": st.replica}
+                lost_attrs: dict[str, AttributeValue] = {"omnix.replica": st.replica}
                 if isinstance(cause, WorkerLost) and cause.stage == st.name:
-                    lost_attrs["omnix.reason"] = cause.reason  # type: ignore[assignment]
-                child.add_event("worker_lost", lost_attrs, timestamp=st_end)  # type: ignore[arg-type]
+                    lost_attrs["omnix.reason"] = cause.reason
+                child.add_event("worker_lost", lost_attrs, timestamp=st_end)
                 child.set_status(Status(StatusCode.ERROR, "worker lost"))
             child.end(end_time=st_end)
 
         if isinstance(terminal, Failed):
-            fattrs: dict[str, object] = {"omnix.reason": terminal.reason}
+            fattrs: dict[str, AttributeValue] = {"omnix.reason": terminal.reason}
             if terminal.stage:
                 fattrs["omnix.stage"] = terminal.stage
             if terminal.message:
                 fattrs["omnix.message"] = terminal.message
             if isinstance(cause, DeadlineExpired):
                 fattrs["omnix.deadline_scope"] = cause.scope
-            span.add_event("failed", fattrs, timestamp=end)  # type: ignore[arg-type]
+            span.add_event("failed", fattrs, timestamp=end)
             span.set_status(
                 Status(StatusCode.ERROR, f"{terminal.reason}: {terminal.message}".rstrip(": "))
             )

@@ -36,6 +36,8 @@ MS = 1_000_000
 STAGES = ("thinker", "talker", "code2wav")
 
 Outcome = Literal["finished", "cancelled", "failed"]
+#: (milliseconds, tie-break, event): an event before it has its timestamp
+Timed = tuple[float, int, Event]
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def tiny_omni_events(
     ``failed``: the code2wav replica is lost after its first audio chunk.
     """
     s = shape or TinyOmniShape()
-    timed: list[tuple[float, int, Event]] = []  # (ms, tie-break, event)
+    timed: list[Timed] = []
     order = 0
 
     def at(ms: float, ev: Event) -> None:
@@ -178,9 +180,9 @@ def tiny_omni_events(
     out: list[Event] = []
     for ms, _, ev in timed:
         ev = _with(ev, ts_ns=t0_ns + round(ms * MS))
-        cause = getattr(ev, "cause", None)
-        if cause is not None and cause < -1:  # placeholder: -(2 + index) of the cause
-            ev = _with(ev, cause=base_pos + (-cause - 2))
+        if isinstance(ev, (Routed, CancelRequested, Cancelled, Failed, Finished)) and ev.cause < -1:
+            # a placeholder: -(2 + index) of the cause in ``timed``
+            ev = _with(ev, cause=base_pos + (-ev.cause - 2))
         out.append(ev)
     return out
 
@@ -191,7 +193,7 @@ def _with(ev: Event, **kw: object) -> Event:
     return msgspec.structs.replace(ev, **kw)
 
 
-def _cancel(timed: list, rid: str, after_tokens: int) -> list:
+def _cancel(timed: list[Timed], rid: str, after_tokens: int) -> list[Timed]:
     """Cut the stream at the ``after_tokens``-th thinker token; cancel."""
     out = []
     seen = 0
@@ -222,7 +224,7 @@ def _cancel(timed: list, rid: str, after_tokens: int) -> list:
     return out
 
 
-def _fail(timed: list, rid: str, replica: int) -> list:
+def _fail(timed: list[Timed], rid: str, replica: int) -> list[Timed]:
     """Lose the code2wav replica right after its first audio chunk."""
     out = []
     for item in timed:

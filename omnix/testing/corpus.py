@@ -39,11 +39,18 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from omnix.events.types import Chunk, Event, Rejected, RequestSpec
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from omnix.api import Omni
+    from omnix.http.app import HttpServer
 
 CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected", "busy")
 
@@ -125,7 +132,7 @@ def _check(data: bytes, body: bytes | None, name: str) -> None:
 
 
 # --------------------------------------------------------------------------
-# Real workers (over HTTP when the HTTP layer is there)
+# Real workers, over HTTP
 # --------------------------------------------------------------------------
 
 
@@ -156,8 +163,7 @@ async def _capture_workers_case(cfg: PipelineConfig, case: str, prefix: str, out
                 await asyncio.wait_for(_until_terminal(omni, rid), 60)
         finally:
             await omni.shutdown(grace_s=5.0)
-            if server is not None:
-                await server.close()
+            await server.close()
         data = export_from_dir(tmp, targets)
     name = f"{prefix}-{case}"
     _check(data, body, name)
@@ -176,13 +182,15 @@ def read_events(data: bytes) -> list[Event]:
     return read_trace(data, verify=False).events
 
 
-async def _until_terminal(omni, rid: str) -> None:
+async def _until_terminal(omni: Omni, rid: str) -> None:
     async for _ in omni.events(rid):
         pass
 
 
-async def _http_chat(server, session, *, stream: bool = True) -> tuple[int, str, bytes]:
-    body = {
+async def _http_chat(
+    server: HttpServer, session: aiohttp.ClientSession, *, stream: bool = True
+) -> tuple[int, str, bytes]:
+    body: dict[str, object] = {
         "messages": MESSAGES,
         "modalities": ["text", "audio"],
         "audio": {"format": "pcm16", "voice": "default"},
@@ -196,47 +204,45 @@ async def _http_chat(server, session, *, stream: bool = True) -> tuple[int, str,
         return r.status, r.headers.get("X-Request-Id", ""), raw
 
 
-def _on(omni, pred: Callable[[Event], bool], action: Callable[[Event], None]) -> None:
-    """Run ``action`` once, right after the first event matching ``pred``."""
+def _on_chunk(omni: Omni, pred: Callable[[Chunk], bool], action: Callable[[Chunk], object]) -> None:
+    """Run ``action`` once, right after the first chunk matching ``pred``."""
     done = False
 
     def listener(ev: Event) -> None:
         nonlocal done
-        if not done and pred(ev):
+        if not done and type(ev) is Chunk and pred(ev):
             done = True
             action(ev)
 
     omni.log.add_listener(listener)
 
 
-def _kill_worker(omni, wid: str) -> None:
+def _kill_worker(omni: Omni, wid: str) -> None:
     ws = omni.log.state.workers[wid]
     if ws.pid <= 0:
         raise RuntimeError(f"worker {wid} has no pid in the log: cannot kill it")
     os.kill(ws.pid, signal.SIGKILL)
 
 
-async def _run_case(omni, server, case: str) -> tuple[list[str], bytes | None]:
+async def _run_case(omni: Omni, server: HttpServer, case: str) -> tuple[list[str], bytes | None]:
     """Run one case; the target request ids and the HTTP client's bytes."""
     spec = RequestSpec(messages=(), prompt="Tell me about the sea.", outputs=("text", "audio"), seed=7)
     if case == "cancel":
-        _on(
+        _on_chunk(
             omni,
-            lambda ev: type(ev) is Chunk and ev.stage == "code2wav",
+            lambda ev: ev.stage == "code2wav",
             lambda ev: omni.cancel(ev.request_id, "client"),
         )
     elif case == "worker-lost":
-        _on(
+        _on_chunk(
             omni,
-            lambda ev: type(ev) is Chunk and ev.stage == "talker" and ev.index == 2,
+            lambda ev: ev.stage == "talker" and ev.index == 2,
             lambda ev: _kill_worker(omni, f"talker/{ev.replica}"),
         )
     if case == "deadline":
         # The HTTP API has no deadline parameter: submit as the offline API does.
         ev = omni.submit(msgspec.structs.replace(spec, deadline_ms=60), request_id="deadline-1")
         return [ev.request_id], None
-    if server is None:
-        return await _run_case_offline(omni, spec, case)
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -267,24 +273,6 @@ async def _run_case(omni, server, case: str) -> tuple[list[str], bytes | None]:
         third = admitted[2]
         body = next(raw for _, rid, raw in results if rid == third)
         return [third], body
-
-
-async def _run_case_offline(omni, spec: RequestSpec, case: str) -> tuple[list[str], bytes | None]:
-    if case in ("normal", "cancel", "worker-lost"):
-        ev = omni.submit(spec, request_id=f"{case}-1")
-        return [ev.request_id], None
-    if case == "rejected":
-        omni.submit(spec, request_id="rejected-0")
-        for i in range(1, 257):
-            ev = omni.submit(spec, request_id=f"rejected-{i}")
-            if isinstance(ev, Rejected):
-                return [ev.request_id], None
-        raise RuntimeError("no request was refused: the overload case did not happen")
-    rids = []
-    for i in range(4):
-        rids.append(omni.submit(spec, request_id=f"busy-{i}").request_id)
-        await asyncio.sleep(0.015)
-    return [rids[2]], None
 
 
 # --------------------------------------------------------------------------

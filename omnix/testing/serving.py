@@ -7,9 +7,8 @@ would (StageStarted, Chunk, Progress, then StageFinished or StageFailed),
 and ``serve_scripted``, which starts an ``Omni`` plus ``HttpServer`` on
 either it or the real ``StageRuntime``.
 
-Why it exists: it measures and tests the HTTP layer without process hops,
-and it lets the HTTP tests run while the process runtime is elsewhere.
-Never a product default: ``omnix serve`` always runs real workers.
+It measures and tests the HTTP layer without process hops.  Never a
+product default: ``omnix serve`` always runs real workers.
 
 Does not own worker semantics (``omnix.stages.worker`` does; this mirrors
 its per-request contract from docs/CONTRACTS.md) nor any decision.
@@ -20,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnix.events.blobs import BlobStore
 from omnix.events.types import (
@@ -32,9 +31,14 @@ from omnix.events.types import (
     StageStarted,
     WorkerJoined,
 )
-from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.config import EngineArgs, PipelineConfig
 from omnix.stages.engine import Engine, load_engine
-from omnix.transport.work import GenerateRequest, InputPiece, WorkItem
+from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, WorkItem
+
+if TYPE_CHECKING:
+    from omnix.api import Omni
+    from omnix.http.app import HttpServer
+    from omnix.orchestrator.runtime import Runtime
 
 
 class _Inputs:
@@ -48,7 +52,7 @@ class _Inputs:
         self.closed = self.closed or last
         self.event.set()
 
-    async def __aiter__(self) -> AsyncIterator[InputPiece]:
+    async def stream(self) -> AsyncIterator[InputPiece]:
         while True:
             while self.items:
                 yield self.items.pop(0)
@@ -71,7 +75,7 @@ class _Exec:
 
 
 class InProcessRuntime:
-    """The runtime contract (start/send/abort/release/shutdown), in process."""
+    """The ``Runtime`` protocol (``omnix.orchestrator.runtime``), in process."""
 
     def __init__(
         self,
@@ -79,7 +83,7 @@ class InProcessRuntime:
         emit: Callable[[Event], None],
         blobs: BlobStore,
         *,
-        engine_factory: Callable[[Any], Engine] | None = None,
+        engine_factory: Callable[[EngineArgs], Engine] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.emit = emit
@@ -92,11 +96,9 @@ class InProcessRuntime:
         for st in self.pipeline.stages:
             for rep in range(st.replicas):
                 args = st.engine
-                engine = (
-                    self._factory(args)
-                    if self._factory
-                    else load_engine(args.__struct_config__.tag, args)
-                )
+                kind = args.__struct_config__.tag
+                assert isinstance(kind, str), kind  # engine configs are tagged by name
+                engine = self._factory(args) if self._factory else load_engine(kind, args)
                 info = await engine.start()
                 self.engines[(st.name, rep)] = engine
                 self.emit(
@@ -151,13 +153,13 @@ class InProcessRuntime:
                 ex.task.cancel()
 
     async def _run(self, ex: _Exec, work: WorkItem) -> None:
-        base = dict(request_id=ex.rid, stage=ex.stage, replica=ex.replica)
-        self.emit(StageStarted(**base))
-        engine = self.engines[(ex.stage, ex.replica)]
-        last: Any = None
+        rid, stage, replica = ex.rid, ex.stage, ex.replica
+        self.emit(StageStarted(request_id=rid, stage=stage, replica=replica))
+        engine = self.engines[(stage, replica)]
+        last: EngineOutput | None = None
         try:
             async for out in engine.generate(
-                GenerateRequest(ex.rid, ex.stage, work.params, work.seed), ex.inputs
+                GenerateRequest(rid, stage, work.params, work.seed), ex.inputs.stream()
             ):
                 last = out
                 if out.text or out.token_ids or out.data or out.array is not None:
@@ -168,7 +170,9 @@ class InProcessRuntime:
                         blob = self.blobs.put(out.data, out.media_type)
                     self.emit(
                         Chunk(
-                            **base,
+                            request_id=rid,
+                            stage=stage,
+                            replica=replica,
                             index=ex.chunks,
                             modality=out.modality,
                             text=out.text,
@@ -178,30 +182,44 @@ class InProcessRuntime:
                     )
                     ex.chunks += 1
                 elif out.total > 0:
-                    self.emit(Progress(**base, step=out.step, total=out.total))
+                    self.emit(
+                        Progress(request_id=rid, stage=stage, replica=replica, step=out.step, total=out.total)
+                    )
         except asyncio.CancelledError:
             ex.done = True
             if ex.aborted:
-                self.emit(StageFinished(**base, chunks=ex.chunks, finish_reason="aborted"))
+                self.emit(self._aborted(ex))
             return
         except Exception as exc:
             ex.done = True
             if ex.aborted:
-                self.emit(StageFinished(**base, chunks=ex.chunks, finish_reason="aborted"))
+                self.emit(self._aborted(ex))
             else:
-                self.emit(StageFailed(**base, message=f"{type(exc).__name__}: {exc}"))
+                self.emit(
+                    StageFailed(
+                        request_id=rid, stage=stage, replica=replica, message=f"{type(exc).__name__}: {exc}"
+                    )
+                )
             return
         ex.done = True
         self.emit(
             StageFinished(
-                **base,
+                request_id=rid,
+                stage=stage,
+                replica=replica,
                 chunks=ex.chunks,
                 finish_reason="aborted"
                 if ex.aborted
-                else (getattr(last, "finish_reason", "") or "stop"),
-                prompt_tokens=getattr(last, "prompt_tokens", 0) or 0,
-                output_tokens=getattr(last, "output_tokens", 0) or 0,
+                else (last.finish_reason if last is not None else "") or "stop",
+                prompt_tokens=last.prompt_tokens if last is not None else 0,
+                output_tokens=last.output_tokens if last is not None else 0,
             )
+        )
+
+    @staticmethod
+    def _aborted(ex: _Exec) -> StageFinished:
+        return StageFinished(
+            request_id=ex.rid, stage=ex.stage, replica=ex.replica, chunks=ex.chunks, finish_reason="aborted"
         )
 
 
@@ -215,18 +233,19 @@ async def serve_scripted(
     client_max_size: int | None = None,
     runtime_options: dict[str, Any] | None = None,
     omni_options: dict[str, Any] | None = None,
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[HttpServer]:
     """An ``Omni`` serving ``pipeline`` over HTTP on a free loopback port.
 
-    ``processes=True`` runs real worker processes (``StageRuntime``);
-    otherwise ``InProcessRuntime``.  Yields the ``HttpServer`` (``.url``,
-    ``.omni``)."""
+    ``processes=True`` runs real worker processes (``StageRuntime`` with
+    ``runtime_options``); otherwise ``InProcessRuntime``.  Yields the
+    ``HttpServer`` (``.url``, ``.omni``)."""
     from omnix.api import Omni
     from omnix.http.app import DEFAULT_MAX_BODY
 
-    omni = Omni(pipeline, runtime_options=runtime_options, **(omni_options or {}))
-    if not processes:
-        omni.runtime = InProcessRuntime(pipeline, omni.sequencer.emit, omni.blobs)
+    if processes:
+        omni = Omni(pipeline, runtime_options=runtime_options, **(omni_options or {}))
+    else:
+        omni = Omni(pipeline, runtime_factory=InProcessRuntime, **(omni_options or {}))
     async with serve_omni(
         omni, api_key=api_key, telemetry=telemetry, client_max_size=client_max_size or DEFAULT_MAX_BODY
     ) as server:
@@ -234,7 +253,7 @@ async def serve_scripted(
 
 
 @contextlib.asynccontextmanager
-async def serve_omni(omni: Any, *, grace_s: float = 1.0, **http_options: Any) -> AsyncIterator[Any]:
+async def serve_omni(omni: Omni, *, grace_s: float = 1.0, **http_options: Any) -> AsyncIterator[HttpServer]:
     """Start ``omni`` (not started yet) and an ``HttpServer`` on it (on a
     free loopback port, ``http_options`` passed on); on exit shut ``omni``
     down (``grace_s``) and close the server."""
@@ -248,3 +267,7 @@ async def serve_omni(omni: Any, *, grace_s: float = 1.0, **http_options: Any) ->
     finally:
         await omni.shutdown(grace_s=grace_s)
         await server.close()
+
+
+if TYPE_CHECKING:
+    _runtime: type[Runtime] = InProcessRuntime

@@ -1,7 +1,7 @@
 """A deterministic, in-process stage runtime on virtual time, for tests.
 
-Owns: ``SimRuntime``, which implements the runtime contract
-(``send``/``abort``/``release``, ``start``/``shutdown``) by simulating each
+Owns: ``SimRuntime``, which implements the ``Runtime`` protocol
+(``omnix.orchestrator.runtime``) by simulating each
 stage's scripted engine (``ScriptedArgs``) as a discrete-event schedule on a
 ``ManualClock``: outputs are emitted at virtual times, in (time, order of
 scheduling) order, so the same scenario always yields the same log, byte
@@ -16,6 +16,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +35,10 @@ from omnix.events.types import (
 from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs
 from omnix.transport.work import InputPiece, WorkItem
+
+if TYPE_CHECKING:
+    from omnix.api import Omni
+    from omnix.orchestrator.runtime import Runtime
 
 MS = 1_000_000
 
@@ -72,12 +78,11 @@ class SimRuntime:
         self.aborts: list[tuple[str, str, int]] = []
         self.released: list[str] = []
         self.dead: set[str] = set()
-        # Set by the test harness: a DeadlineTimer driven in virtual time.
+        # The deadline timer this simulation fires in virtual time, if any
+        # (``start_sim`` gives it the ``Omni``'s).
         self.timer: DeadlineTimer | None = None
 
-    virtual_time = True
-
-    # -- runtime contract -----------------------------------------------------
+    # -- the Runtime protocol ---------------------------------------------------
     async def start(self) -> None:
         for st in self.pipeline.stages:
             args = st.engine
@@ -105,14 +110,14 @@ class SimRuntime:
             assert isinstance(args, ScriptedArgs), "SimRuntime runs scripted stages only"
             ex = _Exec(work.request_id, work.stage, work.replica, args)
             self._execs[key] = ex
-            self._at(0, lambda ex=ex: self._started(ex))
+            self._at(0, partial(self._started, ex))
         if ex is None or ex.done:
             return  # late work for an aborted execution is dropped
         ex.pieces.extend(work.pieces or ([InputPiece()] if work.seq == 0 else []))
         ex.closed = work.last
         if not ex.busy:
             ex.busy = True
-            self._at(self._delay(ex), lambda ex=ex: self._step(ex))
+            self._at(self._delay(ex), partial(self._step, ex))
 
     def abort(self, request_id: str, stage: str, replica: int) -> None:
         self.aborts.append((request_id, stage, replica))
@@ -205,27 +210,43 @@ class SimRuntime:
         ex.produced += 1
         if k == a.chunks_per_piece - 1:
             ex.pieces.pop(0)
-        self._at(self._delay(ex), lambda: self._step(ex))
+        self._at(self._delay(ex), partial(self._step, ex))
 
     def _chunk(self, ex: _Exec, n: int, piece: InputPiece) -> Chunk:
         a = ex.args
-        base = dict(request_id=ex.request_id, stage=ex.stage, replica=ex.replica, index=n)
+        rid, stage, replica = ex.request_id, ex.stage, ex.replica
         if a.output_modality == "audio":
             ref = self.blobs.put_array(np.full(320, n, dtype=np.float32))
-            return Chunk(**base, modality="audio", blob=ref)
+            return Chunk(request_id=rid, stage=stage, replica=replica, index=n, modality="audio", blob=ref)
         if a.output_modality == "codec":
-            return Chunk(**base, modality="codec", token_ids=(n % 64, (n * 7) % 64))
+            return Chunk(
+                request_id=rid,
+                stage=stage,
+                replica=replica,
+                index=n,
+                modality="codec",
+                token_ids=(n % 64, (n * 7) % 64),
+            )
         text = (piece.text or "") if a.echo else (f"t{n}." if n % 3 == 2 else f"t{n} ")
-        return Chunk(**base, modality=a.output_modality, text=text, token_ids=(n,))
+        return Chunk(
+            request_id=rid,
+            stage=stage,
+            replica=replica,
+            index=n,
+            modality=a.output_modality,
+            text=text,
+            token_ids=(n,),
+        )
 
     def _next(self) -> tuple[int, Callable[[], None]] | None:
         """The next action in virtual time: a scheduled output or a due timer."""
-        due = self.timer.next_due() if self.timer is not None else None
+        timer = self.timer
+        due = timer.next_due() if timer is not None else None
         if self._queue and (due is None or self._queue[0][0] < due):
             t, _, fn = heapq.heappop(self._queue)
             return t, fn
-        if due is not None:
-            return due, self.timer.fire_due  # type: ignore[union-attr]
+        if timer is not None and due is not None:
+            return due, timer.fire_due
         return None
 
     def step(self) -> bool:
@@ -250,18 +271,24 @@ class SimRuntime:
         return not self._queue and (self.timer is None or self.timer.next_due() is None)
 
 
-async def start_sim(pipeline: PipelineConfig, *, abort_delay_ms: float = 1.0):  # -> (Omni, SimRuntime)
+async def start_sim(pipeline: PipelineConfig, *, abort_delay_ms: float = 1.0) -> tuple[Omni, SimRuntime]:
     """An ``Omni`` on a memory log and a ``SimRuntime``, started, with the
     deadline timer driven in virtual time by the simulation."""
     from omnix.api import Omni
-    from omnix.events.blobs import MemoryBlobStore
     from omnix.events.log import MemoryLog
 
     clock = ManualClock()
-    blobs = MemoryBlobStore()
-    omni = Omni(pipeline, log=MemoryLog(clock), blobs=blobs, clock=clock)
-    sim = SimRuntime(pipeline, omni.sequencer.emit, blobs, clock, abort_delay_ms=abort_delay_ms)
+
+    def simulate(pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore) -> SimRuntime:
+        return SimRuntime(pipeline, emit, blobs, clock, abort_delay_ms=abort_delay_ms)
+
+    omni = Omni(pipeline, log=MemoryLog(clock), clock=clock, runtime_factory=simulate, virtual_time=True)
+    sim = omni.runtime
+    assert isinstance(sim, SimRuntime)
     sim.timer = omni.timer
-    omni.runtime = sim
     await omni.start()
     return omni, sim
+
+
+if TYPE_CHECKING:
+    _runtime: type[Runtime] = SimRuntime

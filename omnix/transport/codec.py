@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import numpy as np
@@ -46,6 +46,7 @@ _EXT_RAW = 1  # msgpack ext code: raw array bytes inline in the body
 _TORCH_PREFIX = "torch."  # dtype names numpy cannot express (bfloat16, ...)
 
 Buffer = bytes | bytearray | memoryview
+T = TypeVar("T")
 
 
 class FrameEncoder:
@@ -109,17 +110,17 @@ class FrameEncoder:
         return len(frames) - 1 - self._base
 
 
-class FrameDecoder:
+class FrameDecoder(Generic[T]):
     """Decode one message type's body (+ array frames); not thread-safe."""
 
     __slots__ = ("_aux", "_dec", "type")
 
-    def __init__(self, type_: Any) -> None:
+    def __init__(self, type_: type[T]) -> None:
         self.type = type_
         self._dec = msgspec.msgpack.Decoder(type_, dec_hook=self._hook, ext_hook=_ext_hook)
         self._aux: Sequence[Buffer] = ()
 
-    def decode(self, body: Buffer, aux: Sequence[Buffer] = ()) -> Any:
+    def decode(self, body: Buffer, aux: Sequence[Buffer] = ()) -> T:
         if not aux:
             return self._dec.decode(body)
         self._aux = aux
@@ -183,7 +184,7 @@ def _build_np_of_torch() -> dict[Any, str]:
     return out
 
 
-class _LazyTorchDtypes(dict):
+class _LazyTorchDtypes(dict[Any, str]):
     """torch dtype -> numpy dtype string, filled the first time torch is seen
     (importing torch just to encode would cost a codec worker ~1 s)."""
 

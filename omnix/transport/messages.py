@@ -27,6 +27,8 @@ refused with a message naming both versions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import numpy as np
 
@@ -171,25 +173,25 @@ Record = Started | Output | ProgressRec | Done | Error
 
 # One typed decoder per message type (the worker and the server each build
 # their own set: decoders hold per-call state and are not thread-safe).
-SERVER_BOUND: dict[bytes, type] = {
+SERVER_BOUND: dict[bytes, type[Any]] = {
     HELLO: Hello,
     READY: Ready,
     START_FAILED: StartFailed,
-    OUTPUTS: list[Record],  # type: ignore[dict-item]
+    OUTPUTS: list[Record],
     GOODBYE: Goodbye,
     HEARTBEAT: Heartbeat,
 }
-WORKER_BOUND: dict[bytes, type] = {
+WORKER_BOUND: dict[bytes, type[Any]] = {
     WELCOME: Welcome,
     REFUSED: Refused,
     # Everything the server routes to one worker in one loop turn, in order
     # (a burst of admissions is one message, not one per request).
-    WORK: list[WorkItem],  # type: ignore[dict-item]
+    WORK: list[WorkItem],
     ABORT: Abort,
     SHUTDOWN: Shutdown,
     HEARTBEAT_ACK: HeartbeatAck,
 }
 
 
-def decoders(table: dict[bytes, type]) -> dict[bytes, FrameDecoder]:
+def decoders(table: dict[bytes, type[Any]]) -> dict[bytes, FrameDecoder[Any]]:
     return {k: FrameDecoder(t) for k, t in table.items()}

@@ -3,7 +3,7 @@
 Owns: the socket options (and why), default endpoints, reading one message
 as ``(identity, type, body, array_buffers)`` and ``LoopReader``, which
 drives a plain (non-asyncio) ZMQ socket from an asyncio loop.  Does not own
-what messages mean.
+decoding and dispatching what is read (``inbox.py``) nor what messages mean.
 
 Socket layout (one endpoint, so ``omnix worker --connect ADDR`` is all a
 worker needs): the server binds a ROUTER; each worker connects a DEALER for
@@ -66,7 +66,7 @@ def check_endpoint(endpoint: str) -> None:
         )
 
 
-def make_router(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, str]:
+def make_router(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> tuple[zmq.Socket[bytes], str]:
     """Bind the server's ROUTER; returns it and the bound endpoint (tcp port 0 resolved)."""
     check_endpoint(endpoint)
     sock = ctx.socket(zmq.ROUTER)
@@ -87,8 +87,9 @@ def make_router(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, str]:
 
 
 def make_dealer(
-    ctx: zmq.Context, endpoint: str, routing_id: bytes, *, hwm: int = 0, linger_ms: int = 1000
-) -> zmq.Socket:
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, routing_id: bytes, *, hwm: int = 0,
+    linger_ms: int = 1000,
+) -> zmq.Socket[bytes]:
     check_endpoint(endpoint)
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.ROUTING_ID, routing_id)
@@ -107,17 +108,18 @@ _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
 
 
-def readable(sock: zmq.Socket) -> bool:
+def readable(sock: zmq.Socket[bytes]) -> bool:
     """Whether a message waits.  Also processes ZMQ's pending commands,
     which re-arms the socket's FD (a bare ``recv`` does that only now and
     then, leaving the FD readable and the loop waking for nothing)."""
-    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+    # EVENTS is an int option; pyzmq types every option's value as int | bytes.
+    return bool(sock.getsockopt(_EVENTS) & _POLLIN)  # type: ignore[operator]
 
 
 _SNDMORE = int(zmq.SNDMORE)
 
 
-def send_frames(sock: zmq.Socket, frames: list) -> None:
+def send_frames(sock: zmq.Socket[bytes], frames: list[bytes | memoryview]) -> None:
     """Send one multipart message.  Small frames (bytes) are copied, which
     is cheapest; array buffers (memoryviews from ``FrameEncoder``) go
     zero-copy.  ~2x cheaper than ``send_multipart`` (no enum arithmetic
@@ -132,7 +134,7 @@ def send_frames(sock: zmq.Socket, frames: list) -> None:
             send(f, flags)
 
 
-def recv_parts(sock: zmq.Socket) -> tuple[bytes, bytes, list[memoryview]]:
+def recv_parts(sock: zmq.Socket[bytes]) -> tuple[bytes, bytes, list[memoryview]]:
     """Read the rest of a message after its identity: (type, body, arrays).
 
     Call when ``readable``.  Small frames are received as bytes (cheapest
@@ -159,13 +161,15 @@ class LoopReader:
     __slots__ = ("_fd", "_loop", "_on_readable", "_pending", "_sock")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, sock: zmq.Socket, on_readable: Callable[[], None]
+        self, loop: asyncio.AbstractEventLoop, sock: zmq.Socket[bytes], on_readable: Callable[[], None]
     ) -> None:
         self._loop = loop
         self._sock = sock
         self._on_readable = on_readable
         self._pending = False
-        self._fd = sock.getsockopt(zmq.FD)
+        fd = sock.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
+        self._fd = fd
         loop.add_reader(self._fd, self._fire)
         # ZMQ signals the FD only when a pipe goes from "read found it empty"
         # to non-empty: until one read attempt is made, arrivals are silent.
@@ -181,7 +185,9 @@ class LoopReader:
             self._loop.call_soon(self._fire)
 
     def kick(self) -> None:
-        if not self._pending and self._sock.getsockopt(_EVENTS) & _POLLIN:
+        # readable() inlined, as kick runs after every send; EVENTS is an
+        # int option (see readable()).
+        if not self._pending and self._sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
             self.reschedule()
 
     def close(self) -> None:

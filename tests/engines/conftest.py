@@ -24,7 +24,7 @@ def tiny_models(tmp_path_factory) -> ModelPaths:
 
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads():
-    # ARCHITECTURE.md: on 2 cores torch's pool fights the streaming thread.
+    # On 2 cores torch's pool fights the streaming thread (docs/runtime.md).
     try:
         import torch
     except ImportError:

@@ -117,7 +117,7 @@ def test_request_index(tmp_path: Path) -> None:
     with DiskLog(tmp_path, SMALL, clock=ManualClock()) as log:
         events = fill(log, n_requests=30)
         log.append(WorkerJoined(worker_id="w/0", stage="w", replica=0, engine="x", capacity=1))
-        want = [e for e in events if e.request_id == "req-7"]  # type: ignore[union-attr]
+        want = [e for e in events if e.request_id == "req-7"]
         assert log.events_for("req-7") == want
         assert log.positions_for("req-7") == [e.pos for e in want]
         assert log.positions_for("nope") == [] and log.events_for("nope") == []

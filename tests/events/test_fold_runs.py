@@ -1,4 +1,5 @@
-"""``Fold.apply_all`` folds runs of chunks in one step and equals ``apply``.
+"""``Fold.apply_all`` (``omnix.events.fold_runs``) folds runs of chunks in
+one step and equals ``apply``.
 
 The property test covers random lifecycles; these pin the shapes a real
 tiny-omni log has that random streams rarely produce: two stages of one
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from omnix.events.reducer import Fold, IllegalTransition
-from omnix.events.types import Admitted, Chunk, Event, RequestSpec, Routed, StageStarted
+from omnix.events.types import Admitted, Chunk, Event, Modality, RequestSpec, Routed, StageStarted
 
 
 def _stamp(events: list[Event]) -> list[Event]:
@@ -20,7 +21,7 @@ def _stamp(events: list[Event]) -> list[Event]:
     return [msgspec.structs.replace(ev, pos=i, ts_ns=10_000 + 7 * i) for i, ev in enumerate(events)]
 
 
-def _chunk(rid: str, stage: str, index: int, modality: str = "text") -> Chunk:
+def _chunk(rid: str, stage: str, index: int, modality: Modality = "text") -> Chunk:
     return Chunk(request_id=rid, stage=stage, replica=0, index=index, modality=modality, text="x")
 
 
@@ -105,4 +106,5 @@ def test_pieces_and_audio_chunks_alternating_fold_as_one_run() -> None:
     one = _one_by_one(events)
     assert bulk.requests == one.requests
     assert bulk.audio_samples == one.audio_samples == {"a": sum(960 + i for i in range(12))}
-    assert bulk.requests["a"].stage("code2wav").input_closed  # type: ignore[union-attr]
+    code2wav = bulk.requests["a"].stage("code2wav")
+    assert code2wav is not None and code2wav.input_closed

@@ -169,16 +169,21 @@ async def test_openai_client_sees_typed_errors(key_server):
         await bad.models.list()
     good = openai.AsyncOpenAI(base_url=key_server.url + "/v1", api_key=API_KEY, max_retries=0)
     with pytest.raises(openai.BadRequestError) as err:
+        # A size outside the client's Literal, on purpose: the server must refuse it.
         await good.images.generate(prompt="x", size="65x64")  # type: ignore[arg-type]
-    assert err.value.body["param"] == "size"  # type: ignore[index]
+    body = err.value.body
+    assert isinstance(body, dict) and body["param"] == "size"
     with pytest.raises(openai.UnprocessableEntityError):
+        # USER is a plain list of dicts, not the client's message TypedDicts.
         await good.chat.completions.create(model="http-image", messages=USER)  # type: ignore[arg-type]
     await bad.close()
     await good.close()
 
 
 async def test_not_ready_while_loading_and_503_after_shutdown(http):
-    omni = Omni(parse_pipeline(IMAGE))
+    from omnix.testing.serving import InProcessRuntime
+
+    omni = Omni(parse_pipeline(IMAGE), runtime_factory=InProcessRuntime)
     server = await HttpServer(omni, telemetry=False).start()
     try:
         async with http.get(server.url + "/health") as r:
@@ -191,9 +196,6 @@ async def test_not_ready_while_loading_and_503_after_shutdown(http):
             assert r.headers["Retry-After"] == "5"
             assert (await r.json())["error"]["code"] == "not_ready"
         assert len(omni.log) == 0
-        from omnix.testing.serving import InProcessRuntime
-
-        omni.runtime = InProcessRuntime(omni.pipeline, omni.sequencer.emit, omni.blobs)
         await omni.start()
         server.mark_serving()
         async with http.get(server.url + "/ready") as r:

@@ -169,8 +169,8 @@ def test_speech_renders_deterministically_in_every_format(fmt):
 def test_encoders_are_deterministic_and_streams_are_files():
     x = (np.sin(np.arange(24000) * 0.05) * 0.5).astype(np.float32)
     for fmt in AUDIO_FORMATS:
-        assert encode_audio(x, 24000, fmt) == encode_audio(x, 24000, fmt)  # type: ignore[arg-type]
-        e1, e2 = StreamEncoder(fmt, 24000), StreamEncoder(fmt, 24000)  # type: ignore[arg-type]
+        assert encode_audio(x, 24000, fmt) == encode_audio(x, 24000, fmt)
+        e1, e2 = StreamEncoder(fmt, 24000), StreamEncoder(fmt, 24000)
         s1 = b"".join([*(e1.write(c) for c in np.array_split(x, 7)), e1.finish()])
         s2 = b"".join([*(e2.write(c) for c in np.array_split(x, 7)), e2.finish()])
         assert s1 == s2 and len(s1) > 100

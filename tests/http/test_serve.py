@@ -37,11 +37,13 @@ async def test_serve_logs_serves_and_stops_on_sigterm(tmp_path):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     lines: list[str] = []
+    stdout = proc.stdout
+    assert stdout is not None
 
     async def until(pattern: str) -> re.Match[str]:
         async with asyncio.timeout(60):
             while True:
-                line = (await proc.stdout.readline()).decode()  # type: ignore[union-attr]
+                line = (await stdout.readline()).decode()
                 assert line, "omnix serve exited:\n" + "".join(lines)
                 lines.append(line)
                 m = re.search(pattern, line)

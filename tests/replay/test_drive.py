@@ -10,7 +10,8 @@ import pytest
 
 from omnix.events.types import Routed
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
-from omnix.replay.drive import Divergence, counterfactual, drive
+from omnix.replay.counterfactual import counterfactual
+from omnix.replay.drive import Divergence, drive
 
 from .conftest import queued_chain, trace_of
 

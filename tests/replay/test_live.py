@@ -15,7 +15,8 @@ from omnix.cli import main
 from omnix.events.types import Chunk
 from omnix.pipelines.validate import parse_pipeline
 from omnix.replay.client import client_bytes, client_response
-from omnix.replay.drive import counterfactual, drive
+from omnix.replay.counterfactual import counterfactual
+from omnix.replay.drive import drive
 from omnix.replay.faults import inject
 from omnix.replay.show import render_timeline
 from omnix.testing.pipelines import scripted_omni_toml

@@ -47,7 +47,9 @@ class Scenario:
 
     def at(self, ms: float, name: str, event: Event) -> Event:
         """Append ``event`` ``ms`` after the previous one; remember it as ``name``."""
-        self.log.clock.advance(round(ms * MS))  # type: ignore[attr-defined]
+        clock = self.log.clock
+        assert isinstance(clock, ManualClock)  # a scenario's log runs on a manual clock
+        clock.advance(round(ms * MS))
         stored = self.log.append(event)
         self.ev[name] = stored
         return stored

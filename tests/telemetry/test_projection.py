@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Iterator
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from omnix.events.clock import ManualClock
 from omnix.events.log import MemoryLog
+from omnix.events.types import Event
 from omnix.telemetry import Telemetry
 from omnix.telemetry.metrics import DURATION_BUCKETS, INSTRUMENTS
 from tests.telemetry.scenario import MS, PARENT_SPAN_ID, PIPELINE, SAMPLES, TRACE_ID, Scenario
@@ -427,12 +429,12 @@ class _CountingLog(MemoryLog):
         super().__init__(ManualClock(0))
         self.reads = 0
 
-    def read(self, start: int = 0, stop: int | None = None):  # type: ignore[override]
+    def read(self, start: int = 0, stop: int | None = None) -> Iterator[Event]:
         for ev in super().read(start, stop):
             self.reads += 1
             yield ev
 
-    def get(self, pos: int):  # type: ignore[override]
+    def get(self, pos: int) -> Event:
         self.reads += 1
         return super().get(pos)
 
