@@ -47,6 +47,7 @@ from omnix.events.types import (
 )
 from omnix.orchestrator.decide import Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
+from omnix.orchestrator.recovery import recover, restart_inputs
 from omnix.orchestrator.runtime import Runtime, RuntimeFactory
 from omnix.orchestrator.sequencer import Sequencer
 from omnix.orchestrator.timers import DeadlineTimer
@@ -176,6 +177,8 @@ class Omni:
         self._accepting = False
         self._started = False
         self._stopped = False
+        #: events of an earlier process's log shown to the orchestrator at start
+        self.recovered_events = 0
 
     def _open_log(self) -> EventLog:
         if self.log_dir is None:
@@ -202,8 +205,18 @@ class Omni:
         if self._started:
             return self
         self._started = True
+        resumed = len(self.log) > 0
+        if resumed:
+            # A log an earlier process wrote: its orchestrator's plans and
+            # queues are rebuilt from the log before anything is appended.
+            self.recovered_events = recover(self.orchestrator, self.log.read())
         self.log.add_listener(self.dispatcher)
         self.timer.attach(None if self.virtual_time else asyncio.get_running_loop())
+        if resumed:
+            for lost in restart_inputs(self.log.state):
+                self.sequencer.emit(lost)
+            for rid in self.orchestrator.live_requests:
+                self.timer.track(rid)
         await self.runtime.start()
         self._accepting = True
         return self

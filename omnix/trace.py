@@ -41,7 +41,6 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeGuard
 
 import msgspec
 
@@ -55,6 +54,7 @@ from omnix.events.types import (
     Cancelled,
     CancelRequested,
     Chunk,
+    DecisionEvent,
     Event,
     Failed,
     Finished,
@@ -62,6 +62,7 @@ from omnix.events.types import (
     Routed,
     WorkerJoined,
     WorkerLost,
+    is_decision,
 )
 from omnix.orchestrator.decide import RULES_VERSION
 from omnix.pipelines.config import PipelineConfig
@@ -87,20 +88,8 @@ TRACE_FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sH")
 _INF = 1 << 62
 
-_DECISIONS = (Routed, Cancelled, Failed, Finished)
 #: Events carrying a ``cause`` that may point anywhere in the log.
 _CAUSED = (CancelRequested, Cancelled, Failed, Finished)
-
-#: The event types a decision can have (a CancelRequested only with a cause).
-DecisionEvent = Routed | CancelRequested | Cancelled | Failed | Finished
-
-
-def is_decision(ev: Event) -> TypeGuard[DecisionEvent]:
-    """Appended by the orchestrator in reaction to an input (replay re-derives
-    these).  A CancelRequested is a decision when it has a cause (the
-    deadline's); a client's (``cause == -1``) is an input."""
-    return type(ev) in _DECISIONS or (type(ev) is CancelRequested and ev.cause >= 0)
-
 
 class TraceError(ValueError):
     """A trace cannot be exported or read as asked (wrong request, missing

@@ -374,6 +374,15 @@ WORKER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost)
 #: Appended by the orchestrator; everything else is an input.  CancelRequested
 #: is both: a client's is an input, a deadline's is a decision (it has a cause).
 DECISION_TYPES: Final = (Routed, Cancelled, Failed, Finished)
+#: The event types a decision can have (a CancelRequested only with a cause).
+DecisionEvent = Routed | CancelRequested | Cancelled | Failed | Finished
+
+
+def is_decision(ev: Event) -> TypeGuard[DecisionEvent]:
+    """Appended by the orchestrator in reaction to an input (replay re-derives
+    these).  A CancelRequested is a decision when it has a cause (the
+    deadline's); a client's (``cause == -1``) is an input."""
+    return type(ev) in DECISION_TYPES or (type(ev) is CancelRequested and ev.cause >= 0)
 
 
 def _tag_of(cls: type[Event]) -> str:

@@ -100,19 +100,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace) -> int:
     from omnix.api import Omni
+    from omnix.events.disklog import LogError
     from omnix.http.app import HttpServer
     from omnix.models.prepare import prepare_models
-    from omnix.pipelines.validate import load_pipeline
+    from omnix.pipelines.validate import PipelineError, load_pipeline
 
-    pipeline = load_pipeline(args.pipeline)
-    prepare_models(pipeline, args.model_dir, build=not args.no_build)
-    omni = Omni(
-        pipeline,
-        log_dir=args.log_dir,
-        # pin_server: this process joins the frontend CPUs of the runtime's
-        # placement (docs/runtime.md), away from the vLLM engine cores.
-        runtime_options={"start_timeout_s": args.start_timeout, "pin_server": True},
-    )
+    try:
+        pipeline = load_pipeline(args.pipeline)
+        prepare_models(pipeline, args.model_dir, build=not args.no_build)
+        omni = Omni(
+            pipeline,
+            log_dir=args.log_dir,
+            # pin_server: this process joins the frontend CPUs of the runtime's
+            # placement (docs/runtime.md), away from the vLLM engine cores.
+            runtime_options={"start_timeout_s": args.start_timeout, "pin_server": True},
+        )
+    except (PipelineError, LogError) as bad:
+        # What the operator must fix, in one line: no traceback.
+        log.error("%s", bad)
+        return 2
     server = HttpServer(
         omni,
         host=args.host,

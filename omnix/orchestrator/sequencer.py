@@ -13,7 +13,8 @@ the log, ``dispatch.py``).
 Late worker events (a chunk after the request was cancelled) are illegal
 transitions; ``emit`` drops them and counts them instead of raising into
 the runtime, which is what "work for a cancelled request that arrives late
-is dropped" means at this layer.
+is dropped" means at this layer.  Any other refused input is an error,
+logged and counted, never silent.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections import deque
 
 from omnix.events.log import EventLog
 from omnix.events.reducer import IllegalTransition
-from omnix.events.types import Admitted, Event, Rejected, RequestSpec
+from omnix.events.types import Admitted, Event, Rejected, RequestEvent, RequestSpec
 from omnix.orchestrator.decide import Orchestrator
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class Sequencer:
         self.orchestrator = orchestrator
         self.dropped = 0  # late worker events refused by the reducer
         self.refused_decisions = 0  # orchestrator bugs: logged, never silent
+        self.refused_inputs = 0  # inputs the log refuses that are not late: logged
         self._busy = False
         self._backlog: deque[Event] = deque()
 
@@ -57,13 +59,26 @@ class Sequencer:
         return self._run(ev)
 
     def emit(self, ev: Event) -> None:
-        """``append`` for worker and timer inputs: illegal late events are
-        dropped (counted), never raised into the caller."""
+        """``append`` for worker and timer inputs: an illegal event is
+        dropped, never raised into the caller.  A request event arriving
+        after its request ended is expected (work in flight when an abort
+        landed) and counted in ``dropped``; any other refusal means a
+        component disagrees with the log, and is logged as an error and
+        counted in ``refused_inputs``."""
         try:
             self.append(ev)
         except IllegalTransition as exc:
-            self.dropped += 1
-            log.debug("dropped late event: %s", exc)
+            self._refused_input(ev, exc)
+
+    def _refused_input(self, ev: Event, exc: IllegalTransition) -> None:
+        if isinstance(ev, RequestEvent):
+            rs = self.log.state.requests.get(ev.request_id)
+            if rs is not None and rs.terminal:
+                self.dropped += 1
+                log.debug("dropped late event: %s", exc)
+                return
+        self.refused_inputs += 1
+        log.error("input event refused (nothing stored): %s", exc)
 
     def _run(self, ev: Event) -> Event:
         self._busy = True
@@ -74,8 +89,7 @@ class Sequencer:
                 try:
                     self._cascade(nxt)
                 except IllegalTransition as exc:
-                    self.dropped += 1
-                    log.debug("dropped late event: %s", exc)
+                    self._refused_input(nxt, exc)
             return first
         finally:
             self._busy = False

@@ -70,7 +70,11 @@ class DeadlineTimer:
                 return
         elif not isinstance(ev, RequestEvent):
             return
-        rid = ev.request_id
+        self.track(ev.request_id)
+
+    def track(self, rid: str) -> None:
+        """Arm (or disarm) ``rid`` for its next due time: after each of its
+        events, and for every live request of a log taken over at start."""
         due = self.orchestrator.due_times(rid, self.sequencer.log.state)
         if not due:
             self._armed.pop(rid, None)

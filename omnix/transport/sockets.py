@@ -36,6 +36,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import zmq
 
@@ -43,9 +44,46 @@ MAX_DRAIN = 256  # messages read per loop callback before yielding to other work
 
 
 def default_ipc_endpoint() -> tuple[str, str]:
-    """An ``ipc://`` endpoint in a fresh private temp dir; returns (endpoint, dir)."""
-    d = tempfile.mkdtemp(prefix="omnix-")
+    """An ``ipc://`` endpoint in a fresh private temp dir; returns (endpoint, dir).
+
+    The dir is named for this process (``omnix-PID-*``), and the dirs of
+    processes that no longer run (killed with SIGKILL, so they could not
+    remove theirs) are removed first."""
+    remove_stale_endpoint_dirs()
+    d = tempfile.mkdtemp(prefix=f"omnix-{os.getpid()}-")
     return f"ipc://{d}/stages.sock", d
+
+
+def remove_stale_endpoint_dirs(root: str | None = None) -> list[str]:
+    """Remove this user's ``omnix-PID-*`` endpoint dirs whose process is
+    gone; returns the dirs removed."""
+    removed: list[str] = []
+    base = Path(root or tempfile.gettempdir())
+    for d in base.glob("omnix-*-*"):
+        pid = d.name.split("-")[1]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        try:
+            if not d.is_dir() or d.stat().st_uid != os.getuid():
+                continue
+            # Only what an endpoint dir holds: its sockets.
+            if any(not f.name.startswith("stages.sock") for f in d.iterdir()):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_endpoint_dir(d: str | None) -> None:

@@ -1,0 +1,197 @@
+"""``omnix serve --log-dir`` killed with SIGKILL and started again on the
+same directory: it serves again, every request it had in flight gets its
+one terminal event, the restart is in the log for replay to see, and the
+dead server's socket directory is cleaned up."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from omnix.events.types import WorkerLost
+from omnix.orchestrator.recovery import RESTART_REASON
+from omnix.replay.drive import drive
+from omnix.trace import read_trace
+
+from .conftest import use_processes
+
+pytestmark = pytest.mark.skipif(not use_processes(), reason="needs the process runtime")
+in_session_loop = pytest.mark.asyncio(loop_scope="session")
+
+# One slow stage: a request streams for ~4 s, long enough to kill the
+# server in the middle of it.
+PIPELINE = """
+name = "restart-test"
+[[stages]]
+name = "thinker"
+engine = { kind = "scripted", chunks_per_piece = 200, delay_ms = 20 }
+[outputs]
+text = "thinker"
+"""
+
+
+@dataclass
+class Served:
+    proc: asyncio.subprocess.Process
+    url: str
+    lines: list[str] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def omnix_serve(cfg: Path, log_dir: Path) -> AsyncIterator[Served]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "omnix.cli", "serve", "--pipeline", str(cfg), "--port", "0",
+        "--log-dir", str(log_dir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    lines: list[str] = []
+    stdout = proc.stdout
+    assert stdout is not None
+
+    async def until(pattern: str) -> re.Match[str]:
+        async with asyncio.timeout(60):
+            while True:
+                line = (await stdout.readline()).decode()
+                assert line, "omnix serve exited:\n" + "".join(lines)
+                lines.append(line)
+                if m := re.search(pattern, line):
+                    return m
+
+    async def drain() -> None:
+        while await stdout.readline():
+            pass
+
+    try:
+        url = (await until(r"listening on (http://\S+)")).group(1)
+        await until(r"ready in [0-9.]+ s")
+        reader = asyncio.ensure_future(drain())
+        try:
+            yield Served(proc, url, lines)
+        finally:
+            reader.cancel()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def kill9(served: Served) -> None:
+    served.proc.send_signal(signal.SIGKILL)
+    await served.proc.wait()
+
+
+async def chat(http: aiohttp.ClientSession, url: str) -> dict[str, object]:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    async with http.post(url + "/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        out: dict[str, object] = await r.json()
+        return out
+
+
+def _pipeline(tmp_path: Path, text: str = PIPELINE) -> Path:
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(text)
+    return cfg
+
+
+@in_session_loop
+async def test_server_killed_idle_serves_again_on_its_log_dir(tmp_path: Path) -> None:
+    cfg, log_dir = _pipeline(tmp_path), tmp_path / "log"
+    async with aiohttp.ClientSession() as http:
+        async with omnix_serve(cfg, log_dir) as first:
+            await chat(http, first.url)
+            dead_pid = first.proc.pid
+            await kill9(first)
+        async with omnix_serve(cfg, log_dir) as second:
+            async with http.get(second.url + "/ready") as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["stages"] == {"thinker": 1}
+            await chat(http, second.url)
+    # The dead server's socket dir went with the restart.
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"omnix-{dead_pid}-*"))
+
+
+@in_session_loop
+async def test_server_killed_mid_stream_ends_the_request_on_restart(tmp_path: Path) -> None:
+    cfg, log_dir = _pipeline(tmp_path), tmp_path / "log"
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with omnix_serve(cfg, log_dir) as first:
+            async with http.post(first.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+                rid = r.headers["X-Request-Id"]
+                seen = 0
+                async for line in r.content:
+                    seen += line.startswith(b"data: ")
+                    if seen >= 10:
+                        break
+                await kill9(first)
+        async with omnix_serve(cfg, log_dir) as second:
+            async with http.get(f"{second.url}/v1/requests/{rid}") as r:
+                state = await r.json()
+            assert state["status"] == "failed", state
+            # Its events end (the stream of a live request would not).
+            async with asyncio.timeout(10):
+                url = f"{second.url}/v1/requests/{rid}/events?format=object"
+                async with http.get(url) as r:
+                    text = await r.text()
+            kinds = [x[7:] for x in text.splitlines() if x.startswith("event: ")]
+            last = json.loads([x for x in text.splitlines() if x.startswith("data: ")][-1][6:])
+            assert kinds[-1] == "failed" and kinds.count("failed") == 1
+            assert RESTART_REASON in last["message"]
+            # The restart is recorded, and replay re-derives every decision.
+            async with http.get(f"{second.url}/v1/requests/{rid}/trace") as r:
+                assert r.status == 200, await r.text()
+                trace = read_trace(await r.read())
+            assert any(
+                isinstance(ev, WorkerLost) and ev.reason == RESTART_REASON for ev in trace.events
+            )
+            assert drive(trace).ok
+            # And new requests are served.
+            await chat(http, second.url)
+
+
+def _serve_once(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "omnix.cli", "serve", "--port", "0", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_a_corrupt_log_is_refused_in_one_line(tmp_path: Path) -> None:
+    from omnix.events.disklog import DiskLog
+    from omnix.events.types import WorkerJoined
+
+    log_dir = tmp_path / "log"
+    log = DiskLog(log_dir / "events")
+    for i in range(200):
+        log.append(WorkerJoined(worker_id=f"w/{i}", stage="w", replica=i, engine="scripted", capacity=1))
+    log.close()
+    (segment,) = (log_dir / "events").glob("*.seg")
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    done = _serve_once("--pipeline", str(_pipeline(tmp_path)), "--log-dir", str(log_dir))
+    assert done.returncode == 2
+    assert "corrupt event log" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_bad_pipeline_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[[stages]]\nname = "a"\nengine = { kind = "nope" }\n')
+    done = _serve_once("--pipeline", str(bad))
+    assert done.returncode == 2
+    assert "bad.toml" in done.stderr and "Traceback" not in done.stderr
