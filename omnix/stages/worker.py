@@ -456,6 +456,10 @@ class Worker:
                 ))
                 return
             req = _Req(rid)
+            if item.resume is not None:
+                # A migrated execution: its outputs continue the stage's
+                # chunk indices where the lost replica's stopped.
+                req.chunks = item.resume.chunks
             req.inputs.push(item.pieces, item.last)
             self._active[rid] = req
             assert self._loop is not None
@@ -505,7 +509,9 @@ class Worker:
         record(m.Started(rid))
         engine = self.engine
         assert engine is not None
-        gen = engine.generate(GenerateRequest(rid, item.stage, item.params, item.seed), req.inputs)
+        gen = engine.generate(
+            GenerateRequest(rid, item.stage, item.params, item.seed, item.resume), req.inputs
+        )
         try:
             async for out in gen:
                 req.last = out

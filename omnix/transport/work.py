@@ -70,11 +70,33 @@ class EngineInfo(msgspec.Struct, frozen=True):
     model: str = ""
 
 
+class Resume(msgspec.Struct, frozen=True, array_like=True):
+    """Where a continuation picks up: a stage execution migrated to another
+    replica after ``chunks`` outputs (chunk indices ``0..chunks-1``) were
+    already delivered and logged.
+
+    The engine gets every input piece again and must produce only what
+    follows, so that the outputs before and after the move concatenate to
+    an undisturbed run's: an autoregressive engine continues from its
+    prompt plus ``token_ids`` (every token id the stage emitted, in order)
+    with the rest of its token budget; a deterministic decoder re-decodes
+    and drops the first ``samples`` samples it emitted; the scripted engine
+    skips its first ``chunks`` outputs.  The worker numbers the
+    continuation's chunks from ``chunks`` on."""
+
+    chunks: int
+    token_ids: tuple[int, ...] = ()
+    samples: int = 0
+    text: str = ""
+
+
 class GenerateRequest(msgspec.Struct, frozen=True):
     request_id: str
     stage: str
     params: StageParams
     seed: int = 0
+    #: set on a migrated stage execution (see ``Resume``)
+    resume: Resume | None = None
 
 
 class WorkItem(msgspec.Struct, frozen=True, array_like=True):
@@ -86,3 +108,5 @@ class WorkItem(msgspec.Struct, frozen=True, array_like=True):
     pieces: tuple[InputPiece, ...]
     params: StageParams = StageParams()
     seed: int = 0
+    #: set on the first piece (``seq == 0``) of a migrated stage execution
+    resume: Resume | None = None
