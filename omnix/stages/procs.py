@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 
 TAIL_LINES = 30
+# A DEBUG or INFO line of the worker's own logging (worker_cli's format).
+_WORKER_INFO = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO) worker\[")
 
 
 class WorkerProcess:
@@ -90,7 +93,10 @@ class WorkerProcess:
         return f"worker process {self.pid} exited with code {rc}"
 
     def last_output(self, n: int = 12) -> str:
-        lines = list(self.tail)[-n:]
+        """Its last ``n`` lines, indented, without the worker's own DEBUG and
+        INFO log lines ("ready", "stopping"): what explains a death is what
+        came after them (a traceback, a warning, a message from its engine)."""
+        lines = [ln for ln in self.tail if not _WORKER_INFO.match(ln)][-n:]
         return "\n".join("    " + ln for ln in lines) if lines else "    (no output)"
 
     def poll(self) -> int | None:

@@ -23,22 +23,37 @@ from its event listeners without being re-entered.
 Liveness: a spawned worker is watched by pidfd (a ``kill -9`` is seen in
 milliseconds); every worker, spawned or not, sends heartbeats from a thread
 every ``heartbeat_interval_s``; silence for ``lost_after_s`` (minus one
-check interval, so the bound holds) makes it lost.  Before judging
-silence the runtime reads whatever is queued on its socket, so a server
-loop that was busy does not mistake its own backlog for dead workers.
+check interval, so the bound holds) makes a *ready* worker lost.  A spawned
+worker still loading its engine is judged by its process and by
+``load_timeout_s``, not by heartbeats: a load can starve its heartbeat
+thread, and slow to load is not dead.  Before judging silence the runtime
+reads whatever is queued on its socket, and a check that itself ran late
+(this process was starved) judges nobody, so a busy server does not
+mistake its own lateness for dead workers.
+
+Start-up: a spawned replica that dies before it is ready is restarted with
+backoff, during ``start()`` too, up to ``start_attempts`` failed starts in
+a row; then ``start()`` fails naming how its process ended and the last
+lines it wrote (its own INFO log lines left out).
+
+Which stages the runtime spawns is ``spawn`` (all, none or some); the
+others wait for ``omnix worker --connect``.  With ``worker_token`` every
+HELLO must carry it; a tcp endpoint that is not loopback-only requires one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import logging
 import os
 import secrets
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import zmq
@@ -65,7 +80,7 @@ from omnix.stages.placement import (
     pin_process,
 )
 from omnix.stages.procs import WorkerProcess
-from omnix.stages.worker import PARENT_ENV, TOKEN_ENV
+from omnix.stages.worker import AUTH_ENV, PARENT_ENV, TOKEN_ENV
 from omnix.stages.worker_cli import CPUS_ENV
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
@@ -91,6 +106,7 @@ SlotState = Literal["down", "starting", "joining", "ready"]
 # core mid-teardown (on ROCm that can leave memory resident).
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
 _RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)  # by consecutive failed starts
+DEFAULT_START_ATTEMPTS = 3  # failed starts in a row of one replica before start() gives up
 
 
 async def _exited(procs: list[WorkerProcess], seconds: float) -> list[WorkerProcess]:
@@ -108,6 +124,11 @@ class StageRuntimeError(RuntimeError):
 
 class WorkerStartError(StageRuntimeError):
     """``start()`` could not bring every replica up."""
+
+
+class RuntimeConfigError(StageRuntimeError, ValueError):
+    """The runtime's options are inconsistent (bad ``spawn`` list, a public
+    tcp endpoint without a worker token, ...): raised at construction."""
 
 
 class ReplicaUnavailable(StageRuntimeError):
@@ -132,8 +153,8 @@ class _Run:
 class _Slot:
     __slots__ = (
         "active", "capacity", "config", "deferred", "engine", "expected_token", "failures", "identity",
-        "joined_at", "last_seen", "outbox", "pid", "proc", "replica", "restart_handle", "stage",
-        "started_at", "state", "token", "worker_id",
+        "joined_at", "last_failure", "last_seen", "outbox", "pid", "proc", "replica", "restart_handle", "stage",
+        "started_at", "state", "token", "welcomed_at", "worker_id",
     )
 
     def __init__(self, config: StageConfig, replica: int) -> None:
@@ -162,7 +183,9 @@ class _Slot:
         self.last_seen = 0.0
         self.started_at = 0.0
         self.joined_at = 0.0
-        self.failures = 0
+        self.welcomed_at = 0.0
+        self.failures = 0  # failed starts in a row (died or gave up before READY)
+        self.last_failure = ""  # how the last failed start ended, for start-up errors
         self.restart_handle: asyncio.TimerHandle | None = None
 
     def where(self) -> str:
@@ -183,7 +206,10 @@ class StageRuntime:
         lost_after_s: float = 2.0,
         start_timeout_s: float = 120.0,
         restart: bool = True,
-        spawn: bool = True,
+        spawn: bool | Iterable[str] = True,
+        worker_token: str | None = None,
+        load_timeout_s: float | None = None,
+        start_attempts: int = DEFAULT_START_ATTEMPTS,
         worker_env: dict[str, str] | None = None,
         python: str = sys.executable,
         forward_worker_output: bool = True,
@@ -204,7 +230,24 @@ class StageRuntime:
         self.lost_after_s = lost_after_s
         self.start_timeout_s = start_timeout_s
         self.restart = restart
-        self.spawn = spawn
+        names = [st.name for st in pipeline.stages]
+        if spawn is True or spawn is False:
+            spawned = set(names) if spawn else set()
+        else:
+            spawned = set(spawn)
+            if unknown := sorted(spawned - set(names)):
+                raise RuntimeConfigError(
+                    f"spawn names {', '.join(map(repr, unknown))}, which pipeline {pipeline.name!r} "
+                    f"does not have (stages: {', '.join(names)})")
+        # The stages whose workers this runtime starts (and restarts); the
+        # others wait for `omnix worker --connect`.
+        self.spawned_stages = frozenset(spawned)
+        self.worker_token = worker_token or None
+        # A replica spawned but not READY within this is killed (and restarted).
+        self.load_timeout_s = start_timeout_s if load_timeout_s is None else load_timeout_s
+        if start_attempts < 1:
+            raise RuntimeConfigError(f"start_attempts={start_attempts} must be at least 1")
+        self.start_attempts = start_attempts
         self.worker_env = dict(worker_env or {})
         self.python = python
         self.forward_worker_output = forward_worker_output
@@ -226,6 +269,11 @@ class StageRuntime:
         self._tmpdir: str | None = None
         if endpoint is None:
             endpoint, self._tmpdir = default_ipc_endpoint()
+        if self.worker_token is None and not _private_endpoint(endpoint):
+            raise RuntimeConfigError(
+                f"workers endpoint {endpoint} accepts connections from other hosts: set a shared "
+                "worker token (--worker-token or OMNIX_WORKER_TOKEN on the server and on every "
+                "worker), or bind a loopback address such as tcp://127.0.0.1:PORT")
         self._endpoint = endpoint
         # Check often enough that silence is judged within the bound.
         self._tick_s = min(heartbeat_interval_s, lost_after_s / 8)
@@ -241,6 +289,8 @@ class StageRuntime:
         self._inbox: Inbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0
+        self._tick_skipped = False
         self._changed: asyncio.Event | None = None
         self._unsent: list[_Slot] = []  # slots whose outbox holds work
         self._start_errors: list[str] = []
@@ -269,12 +319,13 @@ class StageRuntime:
         return len(self._slot(stage, replica).active)
 
     async def start(self, wait: bool | None = None) -> None:
-        """Bind, spawn the workers and (by default when spawning) wait for all.
+        """Bind, spawn the workers of ``spawned_stages`` and (by default,
+        when it spawns any) wait until those are ready.
 
-        ``wait`` defaults to ``self.spawn``: with ``spawn=False`` the runtime
-        binds and returns, and hand-started workers join whenever they come
-        (``WorkerJoined`` says so; ``wait_ready()`` waits for them).
-        Raises ``WorkerStartError`` naming the stage that did not come up.
+        Hand-started workers (the other stages) join whenever they come
+        (``WorkerJoined`` says so; ``wait_ready()`` waits for them): with
+        ``spawn=False`` the runtime binds and returns.  Raises
+        ``WorkerStartError`` naming the replica that did not come up and why.
         """
         if self._started:
             raise StageRuntimeError("StageRuntime.start() was already called")
@@ -290,16 +341,24 @@ class StageRuntime:
         self._sock, self._endpoint = make_router(self._ctx, self._endpoint)
         self._inbox = Inbox(loop, self._sock, m.SERVER_BOUND, self._routes(), routed=True, log=log,
                             unknown_hint="a newer worker?")
+        self._tick_due = time.monotonic() + self._tick_s
         self._tick_handle = loop.call_later(self._tick_s, self._tick)
-        if self.spawn:
-            for slot in self._all_slots():
+        by_hand = [n for n in self._slots if n not in self.spawned_stages]
+        log.info(
+            "workers endpoint %s; spawned here: %s%s", self._endpoint,
+            ", ".join(n for n in self._slots if n in self.spawned_stages) or "none",
+            f"; waiting for {', '.join(by_hand)}: omnix worker --connect {self._endpoint} --stage NAME"
+            f"{' --worker-token TOKEN' if self.worker_token else ''}" if by_hand else "")
+        for slot in self._all_slots():
+            if slot.stage in self.spawned_stages:
                 self._spawn(slot)
         if wait is None:
-            wait = self.spawn
+            wait = bool(self.spawned_stages)
         if wait:
             self._starting = True
             try:
-                await self.wait_ready(self.start_timeout_s)
+                await self._wait(self.start_timeout_s, [s for s in self._all_slots()
+                                                        if s.stage in self.spawned_stages])
             except BaseException:
                 await self.shutdown()
                 raise
@@ -308,12 +367,15 @@ class StageRuntime:
 
     async def wait_ready(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Wait until every replica of every stage is ready."""
+        await self._wait(timeout, self._all_slots())
+
+    async def _wait(self, timeout: float | None, slots: list[_Slot]) -> None:  # noqa: ASYNC109
         assert self._changed is not None, "call start() first"
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._start_errors:
                 raise WorkerStartError("\n".join(self._start_errors))
-            missing = [s for s in self._all_slots() if s.state != "ready"]
+            missing = [s for s in slots if s.state != "ready"]
             if not missing:
                 return
             left = None if deadline is None else deadline - time.monotonic()
@@ -496,6 +558,10 @@ class StageRuntime:
         env = self.spawn_env(slot.stage, slot.replica)
         env[TOKEN_ENV] = token
         env[PARENT_ENV] = str(os.getpid())
+        if self.worker_token:
+            env[AUTH_ENV] = self.worker_token
+        else:
+            env.pop(AUTH_ENV, None)
         argv = [
             self.python, "-m", "omnix.stages.worker_cli",
             "--connect", self._endpoint, "--stage", slot.stage, "--replica", str(slot.replica),
@@ -537,34 +603,25 @@ class StageRuntime:
 
     def _on_proc_exit(self, proc: WorkerProcess) -> None:
         slot = next((s for s in self._all_slots() if s.proc is proc), None)
-        if slot is None or self._closed:
-            return
+        if slot is None or self._closed or slot.state == "down":
+            return  # not ours any more, or already handled (lost by heartbeat, then killed)
         why = proc.describe_exit()
-        if slot.state == "down":
-            return  # already handled (lost by heartbeat, then killed)
-        if self._starting:  # no restarts while start() waits: report it
-            when = "before it was ready" if slot.state != "ready" else "while the others started"
-            self._start_errors.append(
-                f"{slot.where()} did not come up: {why} {when}; its last output:\n"
-                f"{proc.last_output()}"
-            )
-        elif slot.state != "ready":
-            log.error("%s died while starting: %s; last output:\n%s", slot.worker_id, why, proc.last_output())
-        self._lose(slot, why)
+        when = "" if slot.state == "ready" else " before it was ready"
+        self._lose(slot, why, f"{why}{when}; its last output:\n{proc.last_output()}")
 
     def _schedule_restart(self, slot: _Slot) -> None:
-        if self._closed or not self.spawn or not self.restart or self._starting:
-            return
         assert self._loop is not None
         delay = _RESTART_BACKOFF_S[min(slot.failures, len(_RESTART_BACKOFF_S) - 1)]
-        slot.failures += 1
         if delay:
-            log.warning("restarting %s in %.1f s (%d failed starts in a row)", slot.worker_id, delay, slot.failures - 1)
+            log.warning("restarting %s in %.1f s (%d failed starts in a row)", slot.worker_id, delay, slot.failures)
         slot.restart_handle = self._loop.call_later(delay, self._spawn, slot)
 
     # -- loss -----------------------------------------------------------------
-    def _lose(self, slot: _Slot, reason: str) -> None:
-        """The slot's worker is gone (or disowned): emit, clean up, restart."""
+    def _lose(self, slot: _Slot, reason: str, detail: str = "", *, restart: bool = True) -> None:
+        """The slot's worker is gone (or disowned): emit, clean up, restart.
+
+        ``detail`` (how it ended and its last output) goes into start-up
+        errors and logs, ``reason`` into ``WorkerLost``."""
         if slot.state == "down":
             return
         was_ready = slot.state == "ready"
@@ -579,26 +636,53 @@ class StageRuntime:
         slot.deferred.clear()
         slot.outbox.clear()
         if slot.proc is not None and slot.proc.returncode is None:
-            # Alive but silent (hung, stopped, partitioned): make sure it can
-            # never come back as a ghost next to its replacement.
+            # Alive but silent (hung, stopped, partitioned) or too slow to
+            # load: make sure it can never come back as a ghost next to its
+            # replacement.
             slot.proc.kill()
         if was_ready:
             log.warning("lost %s: %s", slot.worker_id, reason)
             self._emit(WorkerLost(worker_id=slot.worker_id, stage=slot.stage,
                                   replica=slot.replica, reason=reason))
             slot.failures = 0
+        else:
+            slot.failures += 1
+            slot.last_failure = detail or reason
         self._changed_state()
-        if slot.proc is not None:
-            self._schedule_restart(slot)
+        if slot.proc is None or self._closed:
+            return  # hand-started: restarting it is its process manager's job
+        if not restart or not self.restart:
+            if self._starting:
+                self._start_errors.append(f"{slot.where()} did not come up: {detail or reason}")
+            return
+        if self._starting and not was_ready and slot.failures >= self.start_attempts:
+            self._start_errors.append(
+                f"{slot.where()} did not come up ({slot.failures} failed starts in a row); the last: "
+                f"{slot.last_failure}")
+            return
+        if not was_ready:
+            log.error("%s failed to start: %s", slot.worker_id, slot.last_failure)
+        self._schedule_restart(slot)
 
     def _tick(self) -> None:
         if self._closed:
             return
         assert self._loop is not None
+        late = time.monotonic() - self._tick_due
         self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
+        self._tick_due = time.monotonic() + self._tick_s
         assert self._inbox is not None
         self._inbox.drain()  # heartbeats already queued count: our own lateness is not their death
         now = time.monotonic()
+        if late > self._tick_s and not self._tick_skipped:
+            # This process did not run for a while (a starved server on a
+            # loaded machine): heartbeats sent meanwhile may still sit in the
+            # kernel, unread by ZMQ's I/O thread.  Judge at the next tick
+            # (only one in a row: a loop that is always late still judges).
+            self._tick_skipped = True
+            log.debug("liveness check ran %.2f s late; judging at the next one", late)
+            return
+        self._tick_skipped = False
         for slot in self._all_slots():
             proc = slot.proc
             if proc is not None and proc.returncode is None:
@@ -607,18 +691,20 @@ class StageRuntime:
             silent = now - slot.last_seen
             if st == "ready" and silent > self._silence_s:
                 self._lose(slot, f"no heartbeat for {silent:.1f} s")
-            elif st == "joining" and silent > (self._silence_s if proc is None else self.start_timeout_s):
-                # A spawned worker loading its model is watched through its
-                # process (death is seen at once); its heartbeat thread can
-                # starve on a loaded machine, so only start_timeout_s bounds
-                # a silent load.  A worker we did not spawn has only heartbeats.
+            elif st == "joining" and proc is None and silent > self._silence_s:
+                # A worker we did not spawn has only its heartbeats.  One we
+                # spawned is watched through its process (its death is seen
+                # at once) while it loads: the load can starve its heartbeat
+                # thread on a loaded machine, and slow to load is not dead.
                 log.error("%s went silent for %.1f s while loading its engine; dropping it",
                           slot.worker_id, silent)
                 self._lose(slot, f"no heartbeat for {silent:.1f} s while loading")
-            elif st == "starting" and not self._starting and now - slot.started_at > self.start_timeout_s:
-                log.error("%s did not say hello within %.0f s; killing it", slot.worker_id, self.start_timeout_s)
-                if proc is not None:
-                    proc.kill()
+            elif st == "joining" and proc is not None and now - slot.welcomed_at > self.load_timeout_s:
+                self._lose(slot, f"did not finish loading its engine within {self.load_timeout_s:.0f} s "
+                                 "(load_timeout_s); killed it")
+            elif st == "starting" and now - slot.started_at > self.load_timeout_s:
+                self._lose(slot, f"worker process {slot.pid} did not say hello within "
+                                 f"{self.load_timeout_s:.0f} s (load_timeout_s); killed it")
 
     # -- receiving ------------------------------------------------------------
     def _routes(self) -> list[Route[Any]]:
@@ -707,8 +793,9 @@ class StageRuntime:
         with contextlib.suppress(zmq.ZMQError):  # its connection may be gone
             self._sock.send_multipart(msg)
 
-    def _refuse(self, identity: bytes, reason: str) -> None:
-        log.warning("refused a worker: %s", reason)
+    def _refuse(self, identity: bytes, reason: str, hello: m.Hello | None = None) -> None:
+        who = f" (stage {hello.stage!r}, pid {hello.pid} on {hello.host or 'an unnamed host'})" if hello else ""
+        log.warning("refused a worker%s: %s", who, reason)
         assert self._sock is not None
         with contextlib.suppress(zmq.ZMQError):
             self._sock.send_multipart(self._enc.encode(m.REFUSED, m.Refused(reason), identity))
@@ -717,42 +804,62 @@ class StageRuntime:
         if hello.protocol != m.PROTOCOL_VERSION:
             return self._refuse(identity, (
                 f"protocol version {hello.protocol} differs from the server's "
-                f"{m.PROTOCOL_VERSION}; run the same omnix version on both sides"))
+                f"{m.PROTOCOL_VERSION}; run the same omnix version on both sides"), hello)
+        if self.worker_token is not None and not hmac.compare_digest(
+                hello.auth.encode(), self.worker_token.encode()):
+            return self._refuse(identity, (
+                "wrong worker token" if hello.auth else "this server requires a worker token") +
+                "; pass the server's with --worker-token or OMNIX_WORKER_TOKEN", hello)
+        known = self._by_token.get(hello.token)
+        if known is not None:
+            if known.state != "joining" or known.stage != hello.stage:
+                return self._refuse(identity, "a worker with this token has already joined", hello)
+            # The same worker again (its attempt timed out before our answer
+            # reached it): the same answer, on its new connection.
+            if known.identity is not None:
+                self._by_identity.pop(known.identity, None)
+            known.identity = identity
+            self._by_identity[identity] = known
+            return self._welcome(known)
         slots = self._slots.get(hello.stage)
         if slots is None:
             return self._refuse(identity, (
                 f"pipeline {self.pipeline.name!r} has no stage {hello.stage!r} "
-                f"(stages: {', '.join(self._slots)})"))
+                f"(stages: {', '.join(self._slots)})"), hello)
         slot: _Slot | None
-        if self.spawn:
+        if hello.stage in self.spawned_stages:
             slot = next((s for s in slots if s.expected_token == hello.token and s.state == "starting"), None)
             if slot is None:
                 return self._refuse(identity, (
-                    f"the workers of stage {hello.stage!r} are spawned by this server itself "
-                    "(spawn=True); hand-started workers join a server started with spawn=False"))
+                    f"the workers of stage {hello.stage!r} are spawned by this server itself; "
+                    "hand-started workers join the stages it does not spawn (omnix serve --spawn)"), hello)
         elif hello.replica >= 0:
             if hello.replica >= len(slots):
                 return self._refuse(identity, (
-                    f"stage {hello.stage!r} has replicas 0..{len(slots) - 1}, not {hello.replica}"))
+                    f"stage {hello.stage!r} has replicas 0..{len(slots) - 1}, not {hello.replica}"), hello)
             slot = slots[hello.replica]
             if slot.state != "down":
                 return self._refuse(identity, (
                     f"replica {hello.replica} of stage {hello.stage!r} already has a worker "
-                    f"(pid {slot.pid}, {slot.state}); pick another --replica or omit it"))
+                    f"(pid {slot.pid}, {slot.state}); pick another --replica or omit it"), hello)
         else:
             slot = next((s for s in slots if s.state == "down"), None)
             if slot is None:
                 return self._refuse(identity, (
                     f"all {len(slots)} replicas of stage {hello.stage!r} have workers; raise "
-                    "`replicas` in the pipeline config to add more"))
+                    "`replicas` in the pipeline config to add more"), hello)
         assert self._sock is not None
         slot.state = "joining"
         slot.token = hello.token
         slot.identity = identity
         slot.pid = hello.pid
-        slot.last_seen = time.monotonic()
+        slot.last_seen = slot.welcomed_at = time.monotonic()
         self._by_identity[identity] = slot
         self._by_token[hello.token] = slot
+        self._welcome(slot)
+        log.debug("welcomed %s (pid %d)", slot.worker_id, hello.pid)
+
+    def _welcome(self, slot: _Slot) -> None:
         welcome = m.Welcome(
             replica=slot.replica,
             config=slot.config,
@@ -761,7 +868,6 @@ class StageRuntime:
             server_lost_after_s=max(10.0, 5 * self.lost_after_s),
         )
         self._send_to(slot, m.WELCOME, welcome)
-        log.debug("welcomed %s (pid %d)", slot.worker_id, hello.pid)
 
     def _on_ready(self, identity: bytes, ready: m.Ready) -> None:
         slot = self._by_identity.get(identity)
@@ -782,10 +888,12 @@ class StageRuntime:
             return
         text = f"{slot.where()} could not load its engine: {msg.message}"
         if self._starting:
+            # The engine said why: a missing model or a bad argument, which a
+            # restart would only repeat.  Fail start-up with its own words.
             self._start_errors.append(text)
+            self._lose(slot, text, restart=False)
         else:
-            log.error("%s", text)
-        self._lose(slot, text)
+            self._lose(slot, text)
 
     # -- sending ----------------------------------------------------------------
     def _queue(self, slot: _Slot, work: WorkItem) -> None:
@@ -854,7 +962,7 @@ class StageRuntime:
     def _not_ready_message(self, missing: list[_Slot], timeout: float) -> str:
         lines = []
         for s in missing:
-            if s.state == "down" and not self.spawn:
+            if s.state == "down" and s.stage not in self.spawned_stages:
                 lines.append(
                     f"{s.where()}: no worker joined within {timeout:.0f} s; start one with "
                     f"`omnix worker --connect {self._endpoint} --stage {s.stage}`")
@@ -864,6 +972,9 @@ class StageRuntime:
                 lines.append(
                     f"{s.where()}: the worker (pid {s.pid}) was still loading its engine after "
                     f"{timeout:.0f} s; raise start_timeout_s if its model loads slowly")
+            elif s.state == "down" and s.failures:
+                lines.append(f"{s.where()}: {s.failures} failed starts in a row; the last: {s.last_failure}")
+                continue
             else:
                 lines.append(f"{s.where()}: not ready ({s.state})")
             if s.proc is not None and s.proc.tail:
@@ -879,3 +990,16 @@ def _kill_all(procs: list[WorkerProcess], tmpdir: str | None) -> None:
             p.kill()
             p.wait_blocking(2.0)
     remove_endpoint_dir(tmpdir)
+
+
+def _private_endpoint(endpoint: str) -> bool:
+    """Whether only this host can connect: ipc, or tcp on a loopback address."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a wildcard (*), an interface or a host name: reachable from elsewhere

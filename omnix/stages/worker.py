@@ -5,7 +5,10 @@ stage runtime, says HELLO, gets its stage's config, loads the engine, says
 READY, then runs one asyncio task per request, feeding ``WorkItem`` pieces
 into ``engine.generate`` through a queue-backed async iterator and
 streaming outputs back in batches.  A heartbeat thread proves the process
-alive even while the engine load blocks the loop.  Does not own the
+alive even while the engine load blocks the loop.  A hand-started worker
+whose server stops answering (or no longer knows it: a restarted server)
+drops the requests it ran and joins again, keeping its loaded engine, for
+up to ``reconnect_for_s``.  Does not own the
 protocol's shape (``omnix.transport``) nor any decisions about requests:
 it reports what happened, the orchestrator decides.
 
@@ -25,10 +28,11 @@ group waits for every child however long; and a task group plus a cancel
 scope costs ~40 us more per request than ``create_task`` on a small
 machine, paid 32 times over by a burst of 32 admissions.
 
-Exit codes: 0 clean shutdown, 2 refused by the server, 3 the engine failed
-to load, 4 no answer to HELLO, 5 the server stopped answering heartbeats
-(or the parent that spawned this worker died), 128 + the signal when a
-second SIGINT/SIGTERM cut the shutdown short.
+Exit codes: 0 clean shutdown, 2 refused by the server (a missing or wrong
+worker token among the reasons), 3 the engine failed to load, 4 no answer
+to HELLO, 5 the server stopped answering heartbeats and no server answered
+within ``reconnect_for_s`` (or the parent that spawned this worker died),
+128 + the signal when a second SIGINT/SIGTERM cut the shutdown short.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, Inpu
 
 log = logging.getLogger("omnix.worker")
 
-TOKEN_ENV = "OMNIX_WORKER_TOKEN"  # set by the runtime for the workers it spawns
+TOKEN_ENV = "OMNIX_WORKER_INCARNATION"  # set by the runtime for the workers it spawns
+AUTH_ENV = "OMNIX_WORKER_TOKEN"  # the shared secret a server started with --worker-token requires
 PARENT_ENV = "OMNIX_PARENT_PID"  # the spawning runtime's pid: die with it
 
 EXIT_OK = 0
@@ -75,6 +80,10 @@ _HARD_EXIT_GRACE_S = 5.0  # after asking the loop to stop, exit anyway
 # Bound on the engine's close at shutdown: inside the runtime's default grace
 # (DEFAULT_SHUTDOWN_GRACE_S, 10 s), with room left for the goodbye.
 _ENGINE_CLOSE_S = 8.0
+# Rejoining: a fresh socket and HELLO this often until a server answers.
+# The server answers a repeated HELLO (same token) with the same WELCOME,
+# so an answer racing the next attempt takes no second replica.
+_REJOIN_ATTEMPT_S = 5.0
 
 
 class WorkerExit(Exception):
@@ -145,10 +154,18 @@ class Worker:
         token: str | None = None,
         parent_pid: int = 0,
         hello_timeout_s: float = 60.0,
+        auth: str = "",
+        reconnect_for_s: float = 300.0,
     ) -> None:
         self.connect = connect
         self.stage = stage
         self.replica = replica
+        self._asked_replica = replica  # what a rejoin asks for again
+        self.auth = auth
+        # A hand-started worker that lost its server tries to join one again
+        # for this long (0: exit at once, code 5).  Spawned workers die with
+        # their server instead.
+        self.reconnect_for_s = reconnect_for_s
         self.token = token or secrets.token_hex(8)
         self.parent_pid = parent_pid
         self.hello_timeout_s = hello_timeout_s
@@ -175,6 +192,12 @@ class Worker:
         self._hb_wake_r, self._hb_wake_w = os.pipe()
         self._hb_thread: threading.Thread | None = None
         self._server_gone = False
+        self._info: EngineInfo | None = None
+        self._lost_reason: str | None = None  # the server was lost; set until rejoined
+        # The same, written by the heartbeat thread at once: a load that
+        # blocks the loop ends before the thread's callback can run.
+        self._hb_lost: str | None = None
+        self._rejoining: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------
     async def run(self) -> int:
@@ -190,9 +213,16 @@ class Worker:
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
         try:
-            welcome = await self._handshake()
+            welcome = await self._handshake(self.hello_timeout_s)
+            self.replica = welcome.replica
+            self.config = welcome.config
             self._start_heartbeats(welcome)
             await self._load_engine()
+            if self._lost_reason is None and self._hb_lost is None:
+                self._send_ready()
+            else:  # the server went away while the engine loaded
+                self._lost_reason = self._lost_reason or self._hb_lost
+                self._begin_rejoin()
             await self._stopped.wait()
             return self._exit_code
         except WorkerExit as exc:
@@ -222,30 +252,119 @@ class Worker:
             _exit_now(128 + sig)
         self.stop(EXIT_OK, f"received {name}")
 
-    async def _handshake(self) -> m.Welcome:
+    async def _handshake(self, timeout: float) -> m.Welcome:  # noqa: ASYNC109
         loop = asyncio.get_running_loop()
         self._welcome = loop.create_future()
         hello = m.Hello(
             protocol=m.PROTOCOL_VERSION,
             stage=self.stage,
-            replica=self.replica,
+            replica=self._asked_replica,
             pid=os.getpid(),
             token=self.token,
             host=socket.gethostname(),
+            auth=self.auth,
         )
         self._send(m.HELLO, hello)
         try:
-            welcome = await asyncio.wait_for(self._welcome, self.hello_timeout_s)
+            return await asyncio.wait_for(self._welcome, timeout)
         except TimeoutError:
             raise WorkerExit(
                 EXIT_NO_SERVER,
                 f"no answer from a stage runtime at {self.connect} within "
-                f"{self.hello_timeout_s:.0f} s; check that the server is running and that "
+                f"{timeout:.0f} s; check that the server is running and that "
                 "the address (and port) is the one it printed",
             ) from None
+
+    # -- losing the server and joining again ---------------------------------------
+    def _on_server_lost(self, reason: str) -> None:
+        """On the loop, from the heartbeat thread: the server is gone or no
+        longer knows this worker."""
+        if self._stopped is None or self._stopped.is_set() or self._lost_reason is not None:
+            return
+        self._lost_reason = reason
+        if self._info is not None:
+            self._begin_rejoin()
+        # else: still loading; run() rejoins once the engine is up
+
+    def _begin_rejoin(self) -> None:
+        assert self._loop is not None
+        self._rejoining = self._loop.create_task(self._rejoin())
+        self._rejoining.add_done_callback(self._rejoin_done)
+
+    def _rejoin_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, WorkerExit):
+            _say(f"omnix worker {self.stage}/{self.replica}: {exc}")
+            self._server_gone = True
+            self.stop(exc.code, str(exc))
+        elif exc is not None:
+            log.error("rejoining failed: %s: %s", type(exc).__name__, exc)
+            self._server_gone = True
+            self.stop(EXIT_SERVER_LOST, f"rejoining failed: {type(exc).__name__}: {exc}")
+
+    async def _rejoin(self) -> None:
+        """Drop the lost server's requests, then say HELLO to whatever
+        server answers at ``connect`` (a restarted one takes its requests
+        over from its log), keeping the loaded engine."""
+        reason = self._lost_reason
+        self._server_gone = True
+        self._drop_requests()
+        if self._hb_thread is not None:
+            await asyncio.to_thread(self._hb_thread.join, 2.0)  # it returned after reporting
+        self.token = secrets.token_hex(8)  # a new incarnation: the server's records of the old one are void
+        deadline = time.monotonic() + self.reconnect_for_s
+        while True:
+            self._new_socket()
+            try:
+                welcome = await self._handshake(max(0.1, min(_REJOIN_ATTEMPT_S, deadline - time.monotonic())))
+                break
+            except WorkerExit as exc:
+                if exc.code != EXIT_NO_SERVER:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise WorkerExit(EXIT_SERVER_LOST, (
+                        f"{reason}; no server answered at {self.connect} within "
+                        f"{self.reconnect_for_s:.0f} s (--reconnect-for); exiting")) from None
+        if welcome.config != self.config:
+            raise WorkerExit(EXIT_SERVER_LOST, (
+                f"the server at {self.connect} runs stage {self.stage!r} with another config than "
+                "the one this worker loaded; exiting, so that a process manager starts it again"))
         self.replica = welcome.replica
-        self.config = welcome.config
-        return welcome
+        self._lost_reason = self._hb_lost = None
+        self._server_gone = False
+        self._start_heartbeats(welcome)
+        self._send_ready()
+        _say(f"omnix worker {self.stage}/{self.replica}: joined {self.connect} again")
+
+    def _drop_requests(self) -> None:
+        """Forget every request: the server that sent them is gone, and a
+        restarted one continues them elsewhere from its log."""
+        for rid, req in list(self._active.items()):
+            req.done = req.aborted = True  # its task's end reports nothing
+            self._aborted[rid] = None
+            if req.task is not None and not req.task.done():
+                req.task.cancel()
+            if self.engine is not None:
+                assert self._loop is not None
+                task = self._loop.create_task(self._engine_abort(rid))
+                self._aborting.add(task)
+                task.add_done_callback(self._aborting.discard)
+        self._active.clear()
+        self._outbox.clear()
+
+    def _new_socket(self) -> None:
+        """A fresh work socket for this incarnation's token: nothing queued
+        for the old server (outputs, a READY) reaches the next one."""
+        assert self._ctx is not None and self._loop is not None
+        if self._inbox is not None:
+            self._inbox.close()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._sock = make_dealer(self._ctx, self.connect, b"w" + self.token.encode())
+        self._inbox = Inbox(self._loop, self._sock, m.WORKER_BOUND, self._routes(), routed=False, log=log,
+                            unknown_hint="protocol mismatch?")
 
     async def _load_engine(self) -> None:
         cfg = self.config
@@ -269,6 +388,11 @@ class Worker:
         _apply_thread_limits()
         freeze_heap()
         self.capacity = info.capacity
+        self._info = info
+
+    def _send_ready(self) -> None:
+        info = self._info
+        assert info is not None
         self._send(m.READY, m.Ready(self.token, info.engine, info.capacity, info.device, info.model))
         log.info(
             "worker %s/%d ready: engine %s, capacity %d, pid %d",
@@ -276,6 +400,8 @@ class Worker:
         )
 
     async def _teardown(self) -> None:
+        if self._rejoining is not None and not self._rejoining.done():
+            self._rejoining.cancel()
         tasks = [r.task for r in self._active.values() if r.task is not None and not r.task.done()]
         for t in tasks:
             t.cancel()
@@ -359,7 +485,7 @@ class Worker:
                     last_ack = time.monotonic()
                 elif mtype == m.REFUSED:
                     reason = ack_dec[m.REFUSED].decode(body).reason
-                    self._fatal(EXIT_SERVER_LOST, f"the server disowned this worker: {reason}")
+                    self._server_lost(f"the server disowned this worker: {reason}")
                     return
             if self.parent_pid and os.getppid() != self.parent_pid:
                 self._fatal(EXIT_SERVER_LOST, f"the runtime that spawned this worker (pid {self.parent_pid}) is gone")
@@ -369,12 +495,27 @@ class Worker:
             # a hand-started one needs the server's silence to give up, so
             # a server loop blocked for a while does not kill its children.
             if not self.parent_pid and silent > server_lost_after:
-                self._fatal(
-                    EXIT_SERVER_LOST,
-                    f"the server at {self.connect} has not answered heartbeats for {silent:.1f} s; "
-                    "exiting so a process manager can restart this worker",
-                )
+                self._server_lost(f"the server at {self.connect} has not answered heartbeats for {silent:.1f} s")
                 return
+
+    def _server_lost(self, reason: str) -> None:
+        """From the heartbeat thread (which returns after this): rejoin, or
+        exit when this worker does not (spawned, or --reconnect-for 0)."""
+        if self.parent_pid:
+            self._fatal(EXIT_SERVER_LOST, reason)  # its runtime starts another if it still runs
+            return
+        if self.reconnect_for_s <= 0:
+            self._fatal(EXIT_SERVER_LOST, f"{reason}; exiting so a process manager can restart this worker")
+            return
+        _say(f"omnix worker {self.stage}/{self.replica}: {reason}; trying to join a server at "
+             f"{self.connect} for up to {self.reconnect_for_s:.0f} s")
+        self._hb_lost = reason
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._on_server_lost, reason)
+            except RuntimeError:
+                pass
 
     def _fatal(self, code: int, reason: str) -> None:
         """From the heartbeat thread: stop the worker; hard-exit if the loop is stuck."""

@@ -6,7 +6,7 @@ the process-level setup that must happen before any engine is imported
 ``python -m omnix.stages.worker_cli``; a person or a process manager starts
 them by hand with::
 
-    omnix worker --connect tcp://SERVER:PORT --stage talker [--replica 1]
+    omnix worker --connect tcp://SERVER:PORT --stage talker [--replica 1] [--worker-token T]
 
 Everything else (the engine and its arguments) comes from the server in the
 handshake.  Does not own the worker's behaviour (``omnix.stages.worker``).
@@ -39,6 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hello-timeout", type=float, default=60.0, metavar="S",
         help="give up if the server does not answer the handshake within S seconds",
+    )
+    parser.add_argument(
+        "--worker-token", default=None, metavar="TOKEN",
+        help="the shared secret the server was started with (omnix serve --worker-token); "
+        "default: $OMNIX_WORKER_TOKEN",
+    )
+    parser.add_argument(
+        "--reconnect-for", type=float, default=300.0, metavar="S",
+        help="when the server stops answering (it died or restarted), keep trying to join one "
+        "at the same address for S seconds before exiting with code 5 (default 300; 0: exit at once)",
     )
     parser.add_argument(
         "--cpus", default=os.environ.get(CPUS_ENV, ""), metavar="LIST",
@@ -82,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
         format=f"%(asctime)s %(levelname)s worker[{args.stage}/{args.replica}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from omnix.stages.worker import PARENT_ENV, TOKEN_ENV, Worker, exit_without_finalizing
+    from omnix.stages.worker import AUTH_ENV, PARENT_ENV, TOKEN_ENV, Worker, exit_without_finalizing
 
+    # Popped: the engine's own processes need none of these.
+    auth = os.environ.pop(AUTH_ENV, "")
     worker = Worker(
         args.connect,
         args.stage,
@@ -91,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         token=os.environ.pop(TOKEN_ENV, None) or None,
         parent_pid=int(os.environ.pop(PARENT_ENV, "0") or 0),
         hello_timeout_s=args.hello_timeout,
+        auth=args.worker_token or auth,
+        reconnect_for_s=max(0.0, args.reconnect_for),
     )
     code = _run_loop(worker.run())
     if gc.get_freeze_count():  # the engine loaded: see exit_without_finalizing

@@ -9,7 +9,7 @@ does with a message (``omnix.stages.runtime``, ``omnix.stages.worker``).
 Conversation (worker DEALER -> server ROUTER, one endpoint)::
 
     worker                              server
-    HELLO(stage, replica|-1, pid, token) ->
+    HELLO(stage, replica|-1, pid, token, auth) ->
                                      <- WELCOME(replica, StageConfig, timings)
                                         or REFUSED(reason)   (worker exits 2)
     [heartbeat thread starts: HEARTBEAT -> / <- HEARTBEAT_ACK, own socket]
@@ -60,7 +60,8 @@ class Hello(msgspec.Struct, **_MSG):
     """First message of a worker.  ``replica == -1`` asks the server to
     assign a free one.  ``token`` names this worker incarnation: heartbeats
     carry it, and a spawned worker gets it from the server (env var) so the
-    server can tell its own child from a stranger."""
+    server can tell its own child from a stranger.  ``auth`` is the shared
+    worker token (``--worker-token``) a server started with one requires."""
 
     protocol: int
     stage: str
@@ -68,6 +69,7 @@ class Hello(msgspec.Struct, **_MSG):
     pid: int
     token: str
     host: str = ""
+    auth: str = ""
 
 
 class Welcome(msgspec.Struct, frozen=True, array_like=True):

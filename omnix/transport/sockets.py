@@ -26,7 +26,8 @@ is worthless, so dropping one beats queueing it.
 The ROUTER sets ``ROUTER_MANDATORY`` so a send to a worker whose connection
 is gone raises instead of vanishing; the runtime then declares it lost.
 Workers set their routing id from their token, so a TCP reconnect keeps
-the identity.
+the identity; ``ROUTER_HANDOVER`` lets a new connection under a known
+routing id replace the old one.
 """
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ def make_router(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> tuple[zmq
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    # A worker that reconnects under its routing id (a new socket for a
+    # repeated HELLO) takes it over, instead of being dropped while the
+    # server still holds its old, dying connection.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.LINGER, 0)
     if endpoint.startswith("ipc://"):
         os.makedirs(os.path.dirname(endpoint[6:]) or ".", exist_ok=True)

@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import sys
 
 import aiohttp
@@ -74,3 +75,103 @@ async def test_serve_logs_serves_and_stops_on_sigterm(tmp_path):
             await proc.wait()
     # --log-dir made the log durable.
     assert (tmp_path / "log" / "pipeline.json").is_file()
+
+
+class _Serve:
+    """One ``omnix serve`` subprocess and its merged output, line by line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+
+    @classmethod
+    async def start(cls, *args: str) -> _Serve:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "omnix.cli", "serve", "--port", "0", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        return cls(proc)
+
+    async def until(self, pattern: str, timeout: float = 60) -> re.Match[str]:  # noqa: ASYNC109
+        stdout = self.proc.stdout
+        assert stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await stdout.readline()).decode()
+                assert line, "omnix serve exited:\n" + "".join(self.lines)
+                self.lines.append(line)
+                if m := re.search(pattern, line):
+                    return m
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def _chat(url: str) -> str:
+    async with aiohttp.ClientSession() as http:
+        async with asyncio.timeout(30):
+            while True:  # until a worker has joined
+                async with http.get(url + "/ready") as r:
+                    if r.status == 200:
+                        break
+                await asyncio.sleep(0.1)
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        async with http.post(url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            return (await r.json())["choices"][0]["message"]["content"]
+
+
+@pytest.mark.skipif(not use_processes(), reason="needs the process runtime")
+async def test_a_hand_started_worker_joins_a_restarted_server(tmp_path):
+    # omnix serve --spawn none takes its workers from `omnix worker
+    # --connect`; killed with SIGKILL and started again on the same
+    # endpoint, it gets its worker back without anyone restarting it.
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PIPELINE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    args = ("--pipeline", str(cfg), "--workers-endpoint", endpoint, "--spawn", "none")
+    first = await _Serve.start(*args)
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "omnix.cli", "worker", "--connect", endpoint, "--stage", "thinker",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    second = None
+    try:
+        assert (await first.until(r"workers endpoint (\S+); spawned here: none; waiting for thinker")).group(1) == endpoint
+        url = (await first.until(r"ready in [0-9.]+ s: .* at (http://\S+)")).group(1)
+        assert await _chat(url) == "t0 t1 t2 "
+        first.proc.kill()  # no goodbye, no shutdown: the worker must notice by itself
+        await first.proc.wait()
+        second = await _Serve.start(*args)
+        url = (await second.until(r"ready in [0-9.]+ s: .* at (http://\S+)")).group(1)
+        assert await _chat(url) == "t0 t1 t2 "
+        assert worker.returncode is None
+    finally:
+        await first.stop()
+        if second is not None:
+            await second.stop()
+        if worker.returncode is None:
+            worker.kill()
+        _, err = await worker.communicate()
+    assert b"joined " + endpoint.encode() + b" again" in err
+
+
+async def test_a_public_workers_endpoint_without_a_token_is_refused_in_one_line(tmp_path):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PIPELINE)
+    env = {k: v for k, v in os.environ.items() if k != "OMNIX_WORKER_TOKEN"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "omnix.cli", "serve", "--pipeline", str(cfg), "--port", "0",
+        "--workers-endpoint", "tcp://0.0.0.0:0", "--spawn", "none",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    [line] = out.decode().strip().splitlines()
+    assert "tcp://0.0.0.0:0 accepts connections from other hosts" in line and "--worker-token" in line

@@ -205,13 +205,58 @@ def _alive(pid: int) -> bool:
 
 
 def test_worker_exits_when_server_stops_answering(server):
-    proc = _worker(server.endpoint)
+    proc = _worker(server.endpoint, "--reconnect-for", "0")
     try:
         _welcome(server, ScriptedArgs(), lost_after=0.6)
         server.ack_heartbeats = False
         server.quiet(0.1)
         assert proc.wait(10) == 5
         assert "has not answered heartbeats" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_worker_that_lost_its_server_joins_again_with_its_loaded_engine(server, tmp_path, monkeypatch):
+    journal = tmp_path / "journal.jsonl"
+    monkeypatch.setenv(JOURNAL_ENV, str(journal))
+    proc = _worker(server.endpoint, "--reconnect-for", "60")
+    try:
+        args = ScriptedArgs(chunks_per_piece=1000, delay_ms=5)
+        first = _welcome(server, args, lost_after=0.6)
+        server.send(m.WORK, [_work("old")])
+        assert server.records(1)[0] == m.Started("old")
+        server.ack_heartbeats = False  # the server "died": silence
+        while (got := server.recv(10))[0] == m.OUTPUTS:  # "old" streams until the worker gives up on us
+            pass
+        mtype, hello = got  # it says hello again, as a new incarnation
+        assert mtype == m.HELLO and hello.token != first.token and hello.replica == -1
+        server.ack_heartbeats = True
+        server.send(m.WELCOME, m.Welcome(0, StageConfig(name="s", engine=args), "p", 0.1, 0.6))
+        mtype, ready = server.recv()
+        # READY at once: the engine stayed loaded; the old request's outputs stopped.
+        assert mtype == m.READY and ready.token == hello.token
+        server.send(m.WORK, [_work("new")])
+        recs = server.records(2)
+        assert recs[0] == m.Started("new") and all(r.request_id == "new" for r in recs)
+        server.send(m.SHUTDOWN, m.Shutdown("test over"))
+        assert proc.wait(10) == 0
+        assert "joined " + server.endpoint + " again" in proc.stderr.read()
+        events = [json.loads(ln)["event"] for ln in journal.read_text().splitlines()]
+        assert events.count("start") == 1 and "abort" in events
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_worker_gives_up_rejoining_after_reconnect_for(server):
+    proc = _worker(server.endpoint, "--reconnect-for", "1")
+    try:
+        _welcome(server, ScriptedArgs(), lost_after=0.6)
+        server.ack_heartbeats = False
+        assert proc.wait(20) == 5
+        err = proc.stderr.read()
+        assert "has not answered heartbeats" in err and "within 1 s (--reconnect-for); exiting" in err
     finally:
         proc.kill()
         proc.wait()
@@ -236,3 +281,25 @@ def test_parse_cpus():
         parse_cpus("a-b")
     with pytest.raises(ValueError, match="bad CPU range"):
         parse_cpus("3-1")
+
+
+def test_worker_that_lost_its_server_while_loading_joins_again_once_loaded(server):
+    proc = _worker(server.endpoint, "--reconnect-for", "60")
+    try:
+        args = ScriptedArgs(start_delay_ms=2000)  # blocks the worker's loop, as a model load does
+        mtype, hello = server.recv()
+        assert mtype == m.HELLO
+        server.send(m.WELCOME, m.Welcome(0, StageConfig(name="s", engine=args), "p", 0.1, 0.6))
+        server.ack_heartbeats = False  # gone while the engine loads
+        mtype, again = server.recv(15)
+        # Not READY to the old incarnation: a new HELLO, once the load is over.
+        assert mtype == m.HELLO and again.token != hello.token
+        server.ack_heartbeats = True
+        server.send(m.WELCOME, m.Welcome(0, StageConfig(name="s", engine=args), "p", 0.1, 0.6))
+        mtype, ready = server.recv()
+        assert mtype == m.READY and ready.token == again.token
+        server.send(m.SHUTDOWN, m.Shutdown("test over"))
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
