@@ -45,7 +45,7 @@ from omnix.events.types import (
     Rejected,
     RequestSpec,
 )
-from omnix.orchestrator.decide import Orchestrator
+from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
 from omnix.orchestrator.recovery import recover, restart_inputs
 from omnix.orchestrator.runtime import Runtime, RuntimeFactory
@@ -64,6 +64,14 @@ class Overloaded(RuntimeError):
     def __init__(self, event: Rejected) -> None:
         super().__init__(f"request refused ({event.reason}): {event.message}")
         self.event = event
+
+
+class _ServerInfo(msgspec.Struct, frozen=True):
+    """``DIR/server.json``: what wrote a log directory."""
+
+    omnix_version: str = ""
+    schema_version: int = 1
+    rules_version: int = 1
 
 
 class ShuttingDown(RuntimeError):
@@ -159,13 +167,17 @@ class Omni:
         self.graph = PipelineGraph(self.pipeline)
         self.clock = clock or SystemClock()
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        #: the decision rules this server decides under: the current ones,
+        #: or those a log it takes over was written under (one log, one
+        #: rules version, so replay re-derives every decision)
+        self.rules = RULES_VERSION
         if log is None:
             log = self._open_log()
         self.log = log
         if blobs is None:
             blobs = DiskBlobStore(self.log_dir / "blobs") if self.log_dir else MemoryBlobStore()
         self.blobs = blobs
-        self.orchestrator = Orchestrator(self.pipeline)
+        self.orchestrator = Orchestrator(self.pipeline, rules=self.rules)
         self.sequencer = Sequencer(self.log, self.orchestrator)
         factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
         self.runtime: Runtime = factory(self.pipeline, self.sequencer.emit, self.blobs)
@@ -186,19 +198,25 @@ class Omni:
         from omnix.events.disklog import DiskLog
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = DiskLog(self.log_dir / "events", clock=self.clock)
+        server = self.log_dir / "server.json"
+        if len(log) and server.is_file():
+            # Taking over a log: keep deciding under the rules it was
+            # written with (a log from before server.json said v1).
+            recorded = msgspec.json.decode(server.read_bytes(), type=_ServerInfo)
+            self.rules = recorded.rules_version
         (self.log_dir / "pipeline.json").write_bytes(msgspec.json.encode(self.pipeline))
         # What wrote this log: replay drives a trace with the decision rules
         # it was recorded under.
         from omnix import __version__
         from omnix.events.types import SCHEMA_VERSION
-        from omnix.orchestrator.decide import RULES_VERSION
 
-        (self.log_dir / "server.json").write_bytes(
+        server.write_bytes(
             msgspec.json.encode(
-                {"omnix_version": __version__, "schema_version": SCHEMA_VERSION, "rules_version": RULES_VERSION}
+                _ServerInfo(omnix_version=__version__, schema_version=SCHEMA_VERSION, rules_version=self.rules)
             )
         )
-        return DiskLog(self.log_dir / "events", clock=self.clock)
+        return log
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> Omni:

@@ -99,3 +99,25 @@ async def test_a_credit_held_by_a_failed_request_is_waited_for_not_exceeded():
         res2 = await omni.collect(r2.request_id)
         assert res1.status == "failed" and res1.reason == "stage_error"
         assert res2.ok and res2.text.startswith("t0 ")
+
+
+async def test_a_log_taken_over_keeps_the_rules_it_was_written_under(tmp_path):
+    from omnix.orchestrator.decide import RULES_VERSION
+    from omnix.testing.serving import InProcessRuntime
+
+    cfg = omni_like()
+    spec = RequestSpec(prompt="hi", outputs=("text",))
+    async with Omni(cfg, log_dir=tmp_path, runtime_factory=InProcessRuntime) as omni:
+        assert omni.rules == RULES_VERSION
+        assert (await omni.collect(omni.submit(spec).request_id)).ok
+    # As a server of rules v1 would have left it.
+    (tmp_path / "server.json").write_text('{"omnix_version": "0.1.0", "schema_version": 1, "rules_version": 1}')
+    async with Omni(cfg, log_dir=tmp_path, runtime_factory=InProcessRuntime) as again:
+        assert again.rules == 1 and again.orchestrator.rules == 1
+        assert again.recovered_events > 0
+        assert (await again.collect(again.submit(spec).request_id)).ok
+    assert '"rules_version":1' in (tmp_path / "server.json").read_text()
+    # A new log directory decides under the current rules.
+    fresh = Omni(cfg, log_dir=tmp_path / "new", runtime_factory=InProcessRuntime)
+    assert fresh.rules == RULES_VERSION
+    fresh.log.close()

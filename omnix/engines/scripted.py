@@ -13,6 +13,12 @@ Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
   (``media_type="application/x-scripted"``).  With ``echo`` each piece
   yields one output carrying the piece back (its text, the last message's
   content, its token ids or its array).
+* A continuation (``request.resume``, a migrated execution) gets every
+  input piece again and skips its first ``resume.chunks`` outputs (no
+  delay, no fault: they were delivered before the move), so its outputs
+  are exactly those an undisturbed run makes after them; the
+  ``crash_at``/``fail_at``/``hang_at`` faults still fire at their index
+  past that point.
 * ``params.num_inference_steps = K`` makes it report K progress steps
   before each piece's outputs (exercises Progress events).
 * ``params.max_tokens`` stops the request with ``finish_reason="length"``
@@ -108,6 +114,7 @@ class ScriptedEngine:
         max_tokens = request.params.max_tokens
         n = 0
         pieces = 0
+        skip = request.resume.chunks if request.resume is not None else 0
         async for piece in inputs:
             pieces += 1
             for step in range(1, steps + 1):
@@ -116,6 +123,9 @@ class ScriptedEngine:
             for _ in range(count):
                 if max_tokens is not None and n >= max_tokens:
                     break
+                if n < skip:  # delivered before the migration: not again
+                    n += 1
+                    continue
                 if delay > 0:
                     await asyncio.sleep(delay)
                 elif n % _YIELD_EVERY == _YIELD_EVERY - 1:

@@ -284,6 +284,10 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
         if st is None:
             if ev.seq != 0:
                 raise IllegalTransition(rid, ev, f"first piece for stage {ev.stage!r} has seq {ev.seq}")
+            if ev.resume:
+                raise IllegalTransition(
+                    rid, ev, f"stage {ev.stage!r} never ran; it cannot resume after chunk {ev.resume}"
+                )
             if rs.status == "cancelling":
                 raise IllegalTransition(rid, ev, "request is cancelling")
             new_st = StageState(
@@ -295,20 +299,47 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
                 last_activity_ts=ev.ts_ns,
             )
             stages = (*rs.stages, new_st)
-        elif ev.seq == 0 and st.status in _RETRYABLE and st.chunks == 0:
-            # A retry: the stage failed or lost its replica before it produced
-            # anything, so it starts over (possibly on another replica).
+        elif ev.seq == 0 and st.status in _RETRYABLE:
             if rs.status == "cancelling":
                 raise IllegalTransition(rid, ev, "request is cancelling")
-            new_st = StageState(
-                name=_intern(ev.stage),
-                replica=ev.replica,
-                pieces=1,
-                input_closed=ev.last,
-                routed_ts=ev.ts_ns,
-                last_activity_ts=ev.ts_ns,
-                attempt=st.attempt + 1,
-            )
+            if ev.resume != st.chunks:
+                raise IllegalTransition(
+                    rid,
+                    ev,
+                    f"stage {ev.stage!r} is {st.status} after {st.chunks} chunks; a new "
+                    f"execution must continue after them (resume {st.chunks}), not {ev.resume}",
+                )
+            if st.chunks == 0:
+                # A retry before any output: the stage starts over.
+                new_st = StageState(
+                    name=_intern(ev.stage),
+                    replica=ev.replica,
+                    pieces=1,
+                    input_closed=ev.last,
+                    routed_ts=ev.ts_ns,
+                    last_activity_ts=ev.ts_ns,
+                    attempt=st.attempt + 1,
+                )
+            else:
+                # A continuation: the stage keeps the chunks it delivered
+                # (and when its first came); the new replica's continue at
+                # index ``chunks``.
+                new_st = msgspec.structs.replace(
+                    st,
+                    replica=ev.replica,
+                    status="routed",
+                    pieces=1,
+                    input_closed=ev.last,
+                    finish_reason="",
+                    prompt_tokens=0,
+                    output_tokens=0,
+                    finished_ts=0,
+                    progress_step=0,
+                    progress_total=0,
+                    abort_sent=False,
+                    attempt=st.attempt + 1,
+                    last_activity_ts=ev.ts_ns,
+                )
             stages = _replace_stage(rs, new_st)
         else:
             if st.status not in ACTIVE_STAGE_STATUSES:
@@ -323,6 +354,8 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
                 raise IllegalTransition(
                     rid, ev, f"piece seq {ev.seq} for stage {ev.stage!r}, expected {st.pieces}"
                 )
+            if ev.resume:
+                raise IllegalTransition(rid, ev, "only a stage's first piece (seq 0) can resume")
             new_st = msgspec.structs.replace(
                 st, pieces=st.pieces + 1, input_closed=ev.last, last_activity_ts=ev.ts_ns
             )

@@ -30,7 +30,7 @@ from typing import Final, Literal, TypeGuard, Union, final, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Routed.resume
 
 Modality = Literal["text", "audio", "image", "codec"]
 """What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
@@ -186,6 +186,12 @@ class Routed(RequestEvent, frozen=True, kw_only=True, tag="routed"):
     chunk).  ``sources`` are the positions of the upstream events whose
     payloads form this piece (the ``Admitted`` event for a source stage,
     ``Chunk`` events otherwise).  ``last`` closes the stage's input.
+
+    A continuation (a stage moved to another replica after its replica was
+    lost or it failed) starts again at ``seq == 0`` with ``resume = K``: the
+    stage already delivered chunks ``0..K-1``, its input pieces are sent
+    again, and its new replica's chunks continue at index ``K``.  ``resume``
+    is 0 for a first execution and for a retry before any output.
     """
 
     stage: str
@@ -194,6 +200,7 @@ class Routed(RequestEvent, frozen=True, kw_only=True, tag="routed"):
     sources: tuple[int, ...]
     last: bool
     cause: int = -1
+    resume: int = 0  # schema v2
 
 
 @final

@@ -2,9 +2,10 @@
 
 Owns: ``Orchestrator``, which admits or rejects requests and, for every
 event appended to the log, returns the decision events that follow from it
-(``Routed``, ``CancelRequested`` on a deadline, ``Cancelled``, ``Failed``,
-``Finished``), plus ``due_times`` (when a request's timeouts fall due, for
-the timer to compare with the wall clock).
+(``Routed``, a continuation of a lost or failed stage included,
+``CancelRequested`` on a deadline, ``Cancelled``, ``Failed``, ``Finished``),
+plus ``due_times`` (when a request's timeouts fall due, for the timer to
+compare with the wall clock).
 
 Does not own effects (sending work and aborts: ``dispatch.py``), time
 (``timers.py`` appends ``DeadlineExpired`` when a due time passes) or the
@@ -54,8 +55,13 @@ from omnix.pipelines.config import EdgeConfig, PipelineConfig
 from omnix.pipelines.plan import PipelineGraph
 from omnix.pipelines.validate import SENTENCE_ENDS
 
-RULES_VERSION = 1
-MAX_ATTEMPTS = 2  # a retried stage runs at most twice
+#: 1: a stage with ``retry = true`` re-runs only while it has produced
+#:    nothing, at most twice (``RULES_V1_MAX_ATTEMPTS``).
+#: 2: a stage whose ``retries`` allows it continues after the chunks it
+#:    delivered (``Routed.resume``), up to ``max_retries`` times; with no
+#:    ready replica the continuation waits for one (a restarted replica).
+RULES_VERSION = 2
+RULES_V1_MAX_ATTEMPTS = 2
 
 #: The fold keeps a request's cancel reason as a plain ``str``; this maps it
 #: back to the ``CancelReason`` it was recorded as.
@@ -93,6 +99,7 @@ class _Target:
     done: bool = False
     queued_ts: int = 0  # waiting for a replica since (0: not waiting)
     attempts: int = 0
+    resume: int = 0  # the next placement continues after this many chunks
 
 
 @dataclass(slots=True)
@@ -294,19 +301,23 @@ class Orchestrator:
     def _stage_gone(
         self, plan: _Plan, stage: str, ev: Event, state: Fold, reason: FailReason, message: str
     ) -> list[Event]:
-        """A stage of a live request stopped without finishing: retry or fail."""
+        """A stage of a live request stopped without finishing (its replica
+        was lost, or it failed): continue it elsewhere, or fail the request.
+        A continuation re-sends every piece routed so far, its first one
+        saying how many chunks the stage already delivered (``resume``)."""
         rs = state.requests[plan.request_id]
         if rs.status == "cancelling":
             return self._maybe_cancelled(rs, ev)
         st = rs.stage(stage)
         tgt = plan.targets[stage]
-        cfg = self.pipeline.stage(stage)
-        if cfg.retry and st is not None and st.chunks == 0 and tgt.attempts < MAX_ATTEMPTS:
-            # Re-run from its first piece on whichever replica is free next.
+        if st is not None and self._may_retry(stage, st.chunks, tgt.attempts):
+            # Every piece routed so far goes again, first to whichever
+            # replica is free next; the stage continues after its chunks.
             tgt.pending = tgt.routed + tgt.pending
             tgt.routed = []
             tgt.replica = -1
             tgt.done = False
+            tgt.resume = st.chunks
             return self._flush(plan, stage, ev, state)
         return [
             Failed(
@@ -318,6 +329,12 @@ class Orchestrator:
                 cause=ev.pos,
             )
         ]
+
+    def _may_retry(self, stage: str, chunks: int, attempts: int) -> bool:
+        cfg = self.pipeline.stage(stage)
+        if self.rules < 2:
+            return cfg.retry is True and chunks == 0 and attempts < RULES_V1_MAX_ATTEMPTS
+        return cfg.retries and attempts <= cfg.max_retries
 
     def _on_cancel_requested(self, ev: CancelRequested, state: Fold) -> list[Event]:
         plan = self._live.get(ev.request_id)
@@ -461,16 +478,18 @@ class Orchestrator:
             self._load[wid] = self._load.get(wid, 0) + 1
         out: list[Event] = []
         for sources, last in tgt.pending:
+            seq = len(tgt.routed)
             out.append(
                 Routed(
                     request_id=plan.request_id,
                     ts_ns=ev.ts_ns,
                     stage=stage,
                     replica=tgt.replica,
-                    seq=len(tgt.routed),
+                    seq=seq,
                     sources=sources,
                     last=last,
                     cause=ev.pos,
+                    resume=tgt.resume if seq == 0 else 0,
                 )
             )
             tgt.routed.append((sources, last))

@@ -37,7 +37,7 @@ from omnix.events.types import (
 from omnix.orchestrator.runtime import Runtime
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import merge_params
-from omnix.transport.work import InputPiece, WorkItem
+from omnix.transport.work import InputPiece, Resume, WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,25 @@ class Dispatcher:
             last=ev.last,
             pieces=self.pieces(ev.sources),
             params=merge_params(stage_cfg.sampling, spec.stage_params.get(ev.stage)),
-            seed=spec.seed,
+            seed=continuation_seed(spec.seed, ev.resume) if ev.seq == 0 else spec.seed,
+            resume=self.resume(ev) if ev.seq == 0 and ev.resume else None,
         )
+
+    def resume(self, ev: Routed) -> Resume:
+        """Where a continuation picks up, read from the log: the stage's
+        chunks before ``ev.resume``, in index order (the log holds them in
+        that order: the reducer refuses any other)."""
+        token_ids: list[int] = []
+        text: list[str] = []
+        samples = 0
+        for e in self.log.events_for(ev.request_id):
+            if type(e) is Chunk and e.stage == ev.stage and e.index < ev.resume:
+                token_ids += e.token_ids
+                text.append(e.text)
+                blob = e.blob
+                if blob is not None and blob.shape and e.modality == "audio":
+                    samples += blob.shape[0]
+        return Resume(chunks=ev.resume, token_ids=tuple(token_ids), samples=samples, text="".join(text))
 
     def pieces(self, sources: tuple[int, ...]) -> tuple[InputPiece, ...]:
         """One input piece per source stage, its chunks joined in order."""
@@ -177,3 +194,21 @@ class Dispatcher:
         if arrays:
             array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
         return InputPiece(text=text, token_ids=ids, array=array, modality=chunks[0].modality)
+
+
+def continuation_seed(seed: int, resume: int) -> int:
+    """The sampling seed of a stage execution that continues after
+    ``resume`` chunks: the request's own for a first execution (and a retry
+    before any output), else a 63-bit mix of the seed and the position, so
+    a seeded continuation draws what it would draw whenever it is replayed
+    (and not the first execution's draws again).  splitmix64's finaliser
+    over ``seed + resume * golden``; see docs/pipelines.md."""
+    if resume == 0:
+        return seed
+    z = (seed + resume * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+_MASK64 = (1 << 64) - 1

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             model = engine_model(st.engine) or ""
             out = stage_output_modality(cfg, st.name) or "?"
             print(f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={st.replicas} "
-                  f"timeout={st.timeout_s:g}s retry={'yes' if st.retry else 'no'}")
+                  f"timeout={st.timeout_s:g}s retry={'yes, up to ' + str(st.max_retries) if st.retries else 'no'}")
         for e in cfg.edges:
             how = f"every {e.every} chunks" if e.forward == "chunk" else (
                 "at sentence ends" if e.forward == "sentence" else "when the source finishes")

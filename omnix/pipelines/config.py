@@ -116,6 +116,15 @@ def engine_model(engine: EngineArgs) -> str | None:
     return None if isinstance(engine, ScriptedArgs) else engine.model
 
 
+#: Engines that can continue a stage from its logged output (``Resume``).
+CONTINUING_ENGINES = (VllmArgs, CodecArgs, ScriptedArgs)
+
+
+def retry_by_default(engine: EngineArgs) -> bool:
+    """Whether a stage on this engine retries when its config says nothing."""
+    return isinstance(engine, CONTINUING_ENGINES)
+
+
 class StageConfig(msgspec.Struct, **_STRICT):
     name: str
     engine: EngineArgs
@@ -124,12 +133,23 @@ class StageConfig(msgspec.Struct, **_STRICT):
     # No output (chunk or finish) from the stage within this many seconds
     # fails the request: no wait without a bound.
     timeout_s: float = 120.0
-    # On the loss of a replica, re-run the stage on another one (only
-    # possible while the stage has not yet emitted output).
-    retry: bool = False
+    # When a replica is lost or the stage fails, continue the stage on
+    # another replica (or on the restarted one) from the output already
+    # logged: a continuation (docs/pipelines.md "Retry and migration").
+    # None: the engine's default (``retry_by_default``): on for engines
+    # that can continue (vllm, codec, scripted), off for diffusers, which
+    # can only start over from step 0 and does so only when this is true.
+    retry: bool | None = None
+    # Continuations a stage may take per request before the request fails.
+    max_retries: int = 2
     # Requests waiting for a replica's credit, beyond which admission is
     # refused.
     max_queue: int = 64
+
+    @property
+    def retries(self) -> bool:
+        """``retry`` with the engine's default filled in."""
+        return retry_by_default(self.engine) if self.retry is None else self.retry
 
 
 Forward = Literal["chunk", "sentence", "finish"]

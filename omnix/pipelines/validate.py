@@ -90,6 +90,11 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
             problems.append(f"stage {st.name!r}: replicas must be >= 1, got {st.replicas}")
         if st.timeout_s <= 0:
             problems.append(f"stage {st.name!r}: timeout_s must be > 0, got {st.timeout_s}")
+        if st.max_retries < 0:
+            problems.append(
+                f"stage {st.name!r}: max_retries must be >= 0, got {st.max_retries} "
+                "(0 with retry = true never continues; set retry = false to say so)"
+            )
         if st.max_queue < 0:
             problems.append(f"stage {st.name!r}: max_queue must be >= 0, got {st.max_queue}")
     incoming: dict[str, list[str]] = {n: [] for n in names}

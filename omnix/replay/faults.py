@@ -20,7 +20,11 @@ events of one cascade, in a live server either).
     at P's timestamp).  The worker defaults to the one event P names: the
     stage/replica of a Routed or stage event, the worker of a worker event.
     From then on its recorded outputs are dropped (a dead process sends
-    nothing) until the recording has it join again.
+    nothing) until the recording has it join again.  Where the stage's
+    ``retry`` allows it (rules v2), the orchestrator migrates the stage to
+    another replica as a continuation; the recorded outputs of the lost
+    replica from there on are then delivered as the new replica's (a
+    continuation produces exactly those), after a simulated StageStarted.
 ``slow-stage@P:STAGE:MS``
     STAGE stalls for MS milliseconds at P: every recorded input from STAGE
     (started, progress, chunk, finished, failed) at position >= P arrives
@@ -57,6 +61,7 @@ from omnix.events.types import (
     Routed,
     StageEvent,
     StageOutputEvent,
+    StageStarted,
     WorkerEvent,
     WorkerJoined,
     WorkerLost,
@@ -235,8 +240,17 @@ class FaultResult:
             out.append(f"  injected       {describe(ev, t0)}")
         for ev in self.run.timer_fired:
             out.append(f"  timer fired    {describe(ev, t0)}")
+        for ev in log_events:
+            if type(ev) is Routed and ev.resume:
+                out.append(
+                    f"  migrated       {describe(ev, t0)}  (the recording's outputs from there "
+                    "stand in for the new replica's)"
+                )
         for ev in self.run.synthesized:
-            out.append(f"  abort acked    {describe(ev, t0)}  (simulated worker acknowledgement)")
+            if type(ev) is StageStarted:
+                out.append(f"  continued      {describe(ev, t0)}  (simulated start of the continuation)")
+            else:
+                out.append(f"  abort acked    {describe(ev, t0)}  (simulated worker acknowledgement)")
         for ev in log_events:
             if type(ev) in TERMINAL_TYPES:
                 out.append(f"  ended          {describe(ev, t0)}")

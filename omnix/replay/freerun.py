@@ -36,6 +36,7 @@ from omnix.events.types import (
     Rejected,
     StageFinished,
     StageOutputEvent,
+    StageStarted,
     WorkerJoined,
     WorkerLost,
 )
@@ -87,7 +88,8 @@ class FreeRun:
     # stream the rules did not expect): each is a finding, not noise.
     refused: list[Dropped]
     injected: list[Event]
-    synthesized: list[Event]  # abort acknowledgements made up in fault runs
+    # made up in fault runs: abort acknowledgements, a continuation's start
+    synthesized: list[Event]
     timer_fired: list[Event]
 
 
@@ -264,12 +266,38 @@ class _FreeRunner:
         if self.timer is not None and type(ev) is DeadlineExpired:
             self.dropped.append(Dropped(ev, "replaced by the virtual-time deadline timer"))
         elif self.dead and _from_dead_worker(ev, self.dead):
-            self.dropped.append(Dropped(ev, "its worker was lost (injected fault)"))
+            moved = self._continued(ev, ts)
+            if moved is None:
+                self.dropped.append(Dropped(ev, "its worker was lost (injected fault)"))
+            else:
+                self._feed(moved, ("in", ev.pos))
         else:
             self._feed(msgspec.structs.replace(ev, ts_ns=ts) if ts != ev.ts_ns else ev, ("in", ev.pos))
             if type(ev) is WorkerJoined:
                 self.dead.discard(ev.worker_id)
         self._inject_after(ev.pos)
+
+    def _continued(self, ev: Event, ts: int) -> Event | None:
+        """A dead worker's recorded output for a stage this run moved to
+        another replica (a continuation): the same output, as the new
+        replica's.  A continuation produces exactly what the lost replica
+        would have from there on (``Resume``), so the recording stands in
+        for it.  Its first output is preceded by a simulated StageStarted.
+        None when the stage was not moved (or is waiting for a replica)."""
+        if not isinstance(ev, StageOutputEvent):
+            return None
+        rs = self.log.state.requests.get(ev.request_id)
+        st = rs.stage(ev.stage) if rs is not None else None
+        if st is None or not st.active or st.replica == ev.replica or st.attempt < 2:
+            return None
+        if f"{st.name}/{st.replica}" in self.dead:
+            return None
+        if st.status == "routed" and type(ev) is not StageStarted:
+            started = StageStarted(request_id=ev.request_id, stage=st.name, replica=st.replica, ts_ns=ts)
+            at = self._feed(started, _ACK)
+            if at >= 0:
+                self.synthesized.append(self.log.get(at))
+        return msgspec.structs.replace(ev, replica=st.replica, ts_ns=ts, pos=-1)
 
     def _inject_after(self, pos: int) -> None:
         """The injections anchored right after recorded input ``pos``."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from html import escape
 
+from omnix.events.types import Routed
 from omnix.replay.show import MS, RequestTiming, _n, describe, request_timing
 from omnix.trace import Trace, is_decision
 
@@ -153,6 +154,13 @@ def render_html(trace: Trace, *, requests: list[str] | None = None, max_events: 
                     f"{' (' + escape(s.finish_reason) + ')' if s.finish_reason else ''}</td></tr>"
                 )
             body.append("</table>")
+            for ev in trace.events:
+                if type(ev) is Routed and ev.resume and ev.request_id == rid:
+                    body.append(
+                        f'<div class="meta">continuation: {escape(ev.stage)} moved to '
+                        f"{escape(ev.stage)}/{ev.replica} at #{ev.pos}, after its "
+                        f"{_n(ev.resume, 'chunk')} (cause #{ev.cause})</div>"
+                    )
         body.append("</div>")
     lines = []
     for ev in trace.events[:max_events]:

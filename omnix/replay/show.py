@@ -77,9 +77,11 @@ def describe(ev: Event, t0: int | None = None) -> str:
             return f"{head} {ev.request_id} {ev.reason}: {ev.message}"
         case Routed():
             last = " last" if ev.last else ""
+            # A continuation: the stage moved here after ``resume`` chunks.
+            cont = f" CONTINUES after chunk {ev.resume - 1}" if ev.resume else ""
             return (
                 f"{head} {ev.request_id} -> {ev.stage}/{ev.replica} seq={ev.seq} "
-                f"sources={_refs(ev.sources)}{last}{_cause(ev.cause)}"
+                f"sources={_refs(ev.sources)}{last}{cont}{_cause(ev.cause)}"
             )
         case StageStarted():
             return f"{head} {ev.request_id} {ev.stage}/{ev.replica}"
@@ -346,6 +348,12 @@ def _request_block(trace: Trace, rs: RequestState, width: int) -> list[str]:
             f"{_opt(s.first_chunk):>9}{_opt(s.last_chunk):>10}{_opt(s.ended):>10}"
             f"{s.chunks:>8}  {s.status}{reason}{retry}"
         )
+    for ev in trace.events:
+        if type(ev) is Routed and ev.resume and ev.request_id == rs.request_id:
+            out.append(
+                f"  continuation: {ev.stage} moved to {ev.stage}/{ev.replica} at #{ev.pos}, "
+                f"after its {_n(ev.resume, 'chunk')} (from chunk {ev.resume} on){_cause(ev.cause)}"
+            )
     end = tm.e2el
     if end is None:
         last = max((s.ended or s.last_chunk or s.started or s.routed or 0) for s in tm.stages)

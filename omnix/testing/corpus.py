@@ -87,7 +87,7 @@ def scripted_omni(**changes: object) -> PipelineConfig:
 
 def _variant(cfg: PipelineConfig, case: str) -> PipelineConfig:
     """The per-case server config: a full thinker for ``rejected``, two
-    talkers for ``busy``."""
+    talkers for ``busy`` and ``worker-lost`` (a migration needs a spare)."""
     def with_stage(name: str, **kw: object) -> PipelineConfig:
         stages = tuple(
             msgspec.structs.replace(st, **kw) if st.name == name else st for st in cfg.stages
@@ -99,7 +99,8 @@ def _variant(cfg: PipelineConfig, case: str) -> PipelineConfig:
         if isinstance(eng, ScriptedArgs):
             return with_stage("thinker", max_queue=0, engine=msgspec.structs.replace(eng, capacity=1))
         return with_stage("thinker", max_queue=0)
-    if case == "busy":
+    if case in ("busy", "worker-lost"):
+        # worker-lost: the lost talker's stage continues on the other one.
         return with_stage("talker", replicas=2)
     return cfg
 

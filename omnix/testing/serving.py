@@ -69,7 +69,8 @@ class _Exec:
         self.replica = work.replica
         self.inputs = _Inputs()
         self.task: asyncio.Task[None] | None = None
-        self.chunks = 0
+        # A continuation's chunks are numbered on from those delivered.
+        self.chunks = work.resume.chunks if work.resume is not None else 0
         self.aborted = False
         self.done = False
 
@@ -126,8 +127,9 @@ class InProcessRuntime:
         key = (work.request_id, work.stage)
         ex = self._execs.get(key)
         if work.seq == 0:
-            if ex is not None:
+            if ex is not None and not ex.done:
                 return
+            # A first execution, or a continuation of one that failed.
             ex = _Exec(work)
             self._execs[key] = ex
             ex.inputs.push(work.pieces, work.last)
@@ -159,7 +161,7 @@ class InProcessRuntime:
         last: EngineOutput | None = None
         try:
             async for out in engine.generate(
-                GenerateRequest(rid, stage, work.params, work.seed), ex.inputs.stream()
+                GenerateRequest(rid, stage, work.params, work.seed, work.resume), ex.inputs.stream()
             ):
                 last = out
                 if out.text or out.token_ids or out.data or out.array is not None:

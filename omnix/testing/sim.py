@@ -54,6 +54,9 @@ class _Exec:
     busy: bool = False
     produced: int = 0
     done: bool = False
+    # A continuation's input pieces whose outputs were all delivered before
+    # the move: dropped as they arrive (the rest start at ``produced``).
+    skip_pieces: int = 0
 
 
 class SimRuntime:
@@ -105,15 +108,28 @@ class SimRuntime:
         self.sent.append(work)
         key = (work.request_id, work.stage)
         ex = self._execs.get(key)
+        if f"{work.stage}/{work.replica}" in self.dead:
+            return  # sent before its WorkerLost was folded: that loss moves it
         if work.seq == 0:
+            if ex is not None:
+                ex.done = True  # a continuation replaces the execution it moves
             args = self.pipeline.stage(work.stage).engine
             assert isinstance(args, ScriptedArgs), "SimRuntime runs scripted stages only"
             ex = _Exec(work.request_id, work.stage, work.replica, args)
+            if work.resume is not None:
+                # A migrated execution: outputs continue at index chunks, as
+                # the scripted engine skips what was already delivered.
+                ex.produced = work.resume.chunks
+                ex.skip_pieces = work.resume.chunks // args.chunks_per_piece
             self._execs[key] = ex
             self._at(0, partial(self._started, ex))
         if ex is None or ex.done:
             return  # late work for an aborted execution is dropped
-        ex.pieces.extend(work.pieces or ([InputPiece()] if work.seq == 0 else []))
+        for piece in work.pieces or ([InputPiece()] if work.seq == 0 else []):
+            if ex.skip_pieces:
+                ex.skip_pieces -= 1
+            else:
+                ex.pieces.append(piece)
         ex.closed = work.last
         if not ex.busy:
             ex.busy = True

@@ -12,7 +12,7 @@ from omnix.engines.scripted import JOURNAL_ENV, ScriptedEngine, ScriptedFailure
 from omnix.events.types import StageParams
 from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.engine import Engine, load_engine
-from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, Resume
 
 
 async def _feed(*pieces: InputPiece):
@@ -110,3 +110,16 @@ async def test_streaming_input_is_consumed_as_it_arrives():
     await q.put(None)
     await task
     assert outs == ["first", "second"]
+
+
+async def test_a_continuation_skips_the_outputs_already_delivered():
+    args = ScriptedArgs(chunks_per_piece=3, output_modality="codec")
+    pieces = (InputPiece(text="a"), InputPiece(text="b"))
+    whole = _payload(await _collect(ScriptedEngine(args), *pieces))
+    req = GenerateRequest("r", "s", StageParams(), resume=Resume(chunks=4, token_ids=(0, 1, 2, 3)))
+    outs = [o async for o in ScriptedEngine(args).generate(req, _feed(*pieces))]
+    assert [o.token_ids for o in _payload(outs)] == [o.token_ids for o in whole[4:]]
+    assert (outs[-1].prompt_tokens, outs[-1].output_tokens) == (2, 6)  # counts the whole stage
+    # A fault past the resume point still fires; one before it was delivered already.
+    crashing = ScriptedEngine(ScriptedArgs(chunks_per_piece=3, fail_at=1))
+    assert len(_payload([o async for o in crashing.generate(req, _feed(*pieces))])) == 2

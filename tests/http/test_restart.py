@@ -22,10 +22,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from omnix.events.types import WorkerLost
+from omnix.events.types import Chunk, Routed, WorkerJoined, WorkerLost
 from omnix.orchestrator.recovery import RESTART_REASON
 from omnix.replay.drive import drive
-from omnix.trace import read_trace
+from omnix.trace import Trace, read_trace
 
 from .conftest import use_processes
 
@@ -126,43 +126,78 @@ async def test_server_killed_idle_serves_again_on_its_log_dir(tmp_path: Path) ->
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"omnix-{dead_pid}-*"))
 
 
-@in_session_loop
-async def test_server_killed_mid_stream_ends_the_request_on_restart(tmp_path: Path) -> None:
-    cfg, log_dir = _pipeline(tmp_path), tmp_path / "log"
+async def _stream_until_killed(http: aiohttp.ClientSession, served: Served) -> str:
+    """Start a streamed chat, kill the server with SIGKILL after 10 SSE
+    events; the request id."""
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with http.post(served.url + "/v1/chat/completions", json=body) as r:
+        assert r.status == 200
+        rid = r.headers["X-Request-Id"]
+        seen = 0
+        async for line in r.content:
+            seen += line.startswith(b"data: ")
+            if seen >= 10:
+                break
+        await kill9(served)
+    return rid
+
+
+async def _events_to_the_end(http: aiohttp.ClientSession, url: str, rid: str) -> tuple[list[str], dict[str, object]]:
+    """The request's event kinds, read until its terminal event (the stream
+    of a live request would not end), and the last event's data."""
+    async with asyncio.timeout(60):
+        async with http.get(f"{url}/v1/requests/{rid}/events?format=object") as r:
+            text = await r.text()
+    kinds = [x[7:] for x in text.splitlines() if x.startswith("event: ")]
+    last = json.loads([x for x in text.splitlines() if x.startswith("data: ")][-1][6:])
+    return kinds, last
+
+
+async def _replayed_trace(http: aiohttp.ClientSession, url: str, rid: str) -> Trace:
+    async with http.get(f"{url}/v1/requests/{rid}/trace") as r:
+        assert r.status == 200, await r.text()
+        trace = read_trace(await r.read())
+    assert any(isinstance(ev, WorkerLost) and ev.reason == RESTART_REASON for ev in trace.events)
+    assert drive(trace).ok  # the restart is recorded; replay re-derives every decision
+    return trace
+
+
+@in_session_loop
+async def test_server_killed_mid_stream_continues_the_request_on_restart(tmp_path: Path) -> None:
+    cfg, log_dir = _pipeline(tmp_path), tmp_path / "log"
     async with aiohttp.ClientSession() as http:
         async with omnix_serve(cfg, log_dir) as first:
-            async with http.post(first.url + "/v1/chat/completions", json=body) as r:
-                assert r.status == 200
-                rid = r.headers["X-Request-Id"]
-                seen = 0
-                async for line in r.content:
-                    seen += line.startswith(b"data: ")
-                    if seen >= 10:
-                        break
-                await kill9(first)
+            rid = await _stream_until_killed(http, first)
+        async with omnix_serve(cfg, log_dir) as second:
+            kinds, _ = await _events_to_the_end(http, second.url, rid)
+            assert kinds[-1] == "finished" and not [k for k in kinds if k in ("failed", "cancelled")]
+            trace = await _replayed_trace(http, second.url, rid)
+            # One continuation, on the restarted worker, after the chunks the
+            # dead server had logged; the text is the undisturbed run's.
+            (lost,) = [e for e in trace.events if isinstance(e, WorkerLost) and e.reason == RESTART_REASON]
+            (cont,) = [e for e in trace.events if isinstance(e, Routed) and e.resume]
+            rejoined = [e for e in trace.events if isinstance(e, WorkerJoined) and lost.pos < e.pos < cont.pos]
+            assert cont.resume > 0 and [e.worker_id for e in rejoined] == ["thinker/0"]
+            chunks = [e for e in trace.events if isinstance(e, Chunk) and e.request_id == rid]
+            assert [c.index for c in chunks] == list(range(200))
+            assert "".join(c.text for c in chunks) == "".join(f"t{n} " for n in range(200))
+            await chat(http, second.url)  # and new requests are served
+
+
+@in_session_loop
+async def test_server_killed_mid_stream_fails_a_request_whose_stage_does_not_retry(tmp_path: Path) -> None:
+    cfg, log_dir = _pipeline(tmp_path, PIPELINE.replace("[outputs]", "retry = false\n[outputs]")), tmp_path / "log"
+    async with aiohttp.ClientSession() as http:
+        async with omnix_serve(cfg, log_dir) as first:
+            rid = await _stream_until_killed(http, first)
         async with omnix_serve(cfg, log_dir) as second:
             async with http.get(f"{second.url}/v1/requests/{rid}") as r:
                 state = await r.json()
             assert state["status"] == "failed", state
-            # Its events end (the stream of a live request would not).
-            async with asyncio.timeout(10):
-                url = f"{second.url}/v1/requests/{rid}/events?format=object"
-                async with http.get(url) as r:
-                    text = await r.text()
-            kinds = [x[7:] for x in text.splitlines() if x.startswith("event: ")]
-            last = json.loads([x for x in text.splitlines() if x.startswith("data: ")][-1][6:])
+            kinds, last = await _events_to_the_end(http, second.url, rid)
             assert kinds[-1] == "failed" and kinds.count("failed") == 1
-            assert RESTART_REASON in last["message"]
-            # The restart is recorded, and replay re-derives every decision.
-            async with http.get(f"{second.url}/v1/requests/{rid}/trace") as r:
-                assert r.status == 200, await r.text()
-                trace = read_trace(await r.read())
-            assert any(
-                isinstance(ev, WorkerLost) and ev.reason == RESTART_REASON for ev in trace.events
-            )
-            assert drive(trace).ok
-            # And new requests are served.
+            assert RESTART_REASON in str(last["message"])
+            await _replayed_trace(http, second.url, rid)
             await chat(http, second.url)
 
 

@@ -129,8 +129,8 @@ async def test_stage_failure_fails_the_request_and_aborts_the_others():
     assert_released(omni, sim, "r1")
 
 
-async def test_lost_worker_fails_its_requests_with_the_loss_as_cause(omni_cfg):
-    omni, sim = await start_sim(omni_cfg)
+async def test_lost_worker_fails_its_requests_with_the_loss_as_cause():
+    omni, sim = await start_sim(omni_like(thinker="retry = false"))
     omni.submit(SPEC, request_id="r1")
     for _ in range(10):
         sim.step()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnix.events.types import Failed, RequestSpec, WorkerLost
+from omnix.events.types import Failed, Finished, RequestSpec, Routed, WorkerJoined, WorkerLost
 from omnix.orchestrator.decide import Orchestrator
 from omnix.orchestrator.recovery import RESTART_REASON, RecoveryError, recover, restart_inputs
 from omnix.testing.sim import start_sim
@@ -50,19 +50,49 @@ async def test_recovery_refuses_a_log_its_rules_do_not_reproduce() -> None:
         recover(other, omni.log.read())
 
 
-async def test_restart_losses_end_the_requests_that_were_running() -> None:
+async def test_restart_losses_migrate_the_running_requests_to_the_restarted_workers() -> None:
     cfg = omni_like()
     omni, sim = await start_sim(cfg)
     rid = omni.submit(SPEC).request_id
     for _ in range(6):
         sim.step()
     assert not omni.state(rid).terminal  # type: ignore[union-attr]
+    delivered = {st.name: st.chunks for st in omni.state(rid).stages}  # type: ignore[union-attr]
+    assert delivered["thinker"] > 0
+    # The previous process died with its workers: nothing of theirs runs on.
+    for ex in sim._execs.values():
+        ex.done = True
     lost = restart_inputs(omni.log.state)
     assert [ev.worker_id for ev in lost] == sorted(w for w in omni.log.state.workers)
     assert {ev.reason for ev in lost} == {RESTART_REASON}
     for ev in lost:
         omni.sequencer.emit(ev)
+    assert all(isinstance(ev, WorkerLost) for ev in lost)
+    assert not omni.state(rid).terminal  # type: ignore[union-attr]  # waits for a replica
+    for ev in lost:  # the restarted server's workers join
+        omni.sequencer.emit(
+            WorkerJoined(worker_id=ev.worker_id, stage=ev.stage, replica=ev.replica, engine="scripted", capacity=8)
+        )
+    sim.run_until_idle()
+    evs = omni.log.events_for(rid)
+    assert not [ev for ev in evs if isinstance(ev, Failed)]
+    assert isinstance(evs[-1], Finished)
+    # Each stage's last execution continues after the chunks it had delivered.
+    resumed = {ev.stage: ev.resume for ev in evs if isinstance(ev, Routed) and ev.seq == 0}
+    assert resumed["thinker"] == delivered["thinker"]
+    for stage, k in resumed.items():
+        assert k == delivered.get(stage, 0)
+    assert omni.state(rid).stage("thinker").attempt == 2  # type: ignore[union-attr]
+
+
+async def test_restart_losses_fail_a_request_whose_stage_does_not_retry() -> None:
+    cfg = omni_like(thinker="retry = false")
+    omni, sim = await start_sim(cfg)
+    rid = omni.submit(SPEC).request_id
+    for _ in range(6):
+        sim.step()
+    for ev in restart_inputs(omni.log.state):
+        omni.sequencer.emit(ev)
     sim.run_until_idle()
     ends = [ev for ev in omni.log.events_for(rid) if isinstance(ev, Failed)]
     assert len(ends) == 1 and RESTART_REASON in ends[0].message
-    assert all(isinstance(ev, WorkerLost) for ev in lost)

@@ -83,7 +83,29 @@ BAD = {
     "no outputs": (GOOD.split("[outputs]")[0], "no [outputs]"),
     "zero replicas": (GOOD.replace('name = "a"\n', 'name = "a"\nreplicas = 0\n'), "replicas must be >= 1"),
     "not toml": ("name = [", "not valid TOML"),
+    "negative max_retries": (
+        GOOD.replace('name = "a"\n', 'name = "a"\nmax_retries = -1\n'),
+        "max_retries must be >= 0",
+    ),
 }
+
+
+def test_retry_defaults_to_the_engines_ability_to_continue():
+    def stage(engine: str, extra: str = "") -> bool:
+        cfg = parse_pipeline(
+            f'name = "p"\n[[stages]]\nname = "a"\nengine = {engine}\n{extra}[outputs]\nimage = "a"\n'
+            if "diffusers" in engine
+            else f'name = "p"\n[[stages]]\nname = "a"\nengine = {engine}\n{extra}[outputs]\ntext = "a"\n'
+        )
+        st = cfg.stage("a")
+        assert st.max_retries == 2
+        return st.retries
+
+    assert stage('{ kind = "scripted" }')
+    assert stage('{ kind = "vllm", model = "m" }')
+    assert not stage('{ kind = "diffusers", model = "m" }')
+    assert stage('{ kind = "diffusers", model = "m" }', "retry = true\n")
+    assert not stage('{ kind = "scripted" }', "retry = false\n")
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -84,6 +84,21 @@ async def test_inject_prints_what_happened_and_the_invariants(trace_file, capsys
     assert code == 2 and "cannot read fault" in err
 
 
+def test_show_and_inject_mark_a_continuation(capsys):
+    from pathlib import Path
+
+    corpus = Path(__file__).resolve().parents[2] / "replay" / "sim-omni-worker-lost.trace"
+    code, out, _ = run(capsys, "replay", str(corpus), "--events")
+    assert code == 0
+    assert "continuation: talker moved to talker/1 at #17, after its 3 chunks" in out
+    assert "attempt 2" in out
+    assert re.search(r" > #17 .* -> talker/1 seq=0 .* CONTINUES after chunk 2 cause=#16", out)
+    code, out, _ = run(capsys, "replay", str(corpus), "--inject", "worker-lost@14")
+    assert code == 0 and "all invariants hold" in out
+    assert "worker-lost-1: finished (as recorded)" in out
+    assert re.search(r"migrated +#16 .* -> talker/1 seq=0 .* CONTINUES after chunk 1", out)
+
+
 async def test_bad_trace_exits_2(tmp_path, capsys):
     bad = tmp_path / "x.trace"
     bad.write_bytes(b"not a trace")

@@ -54,3 +54,34 @@ def test_corpus_trace_replays(path: Path):
             f"{path.name}: rendering the recorded events no longer gives the bytes the client "
             f"received ({len(again)} vs {body.stat().st_size} bytes); the HTTP renderer changed"
         )
+
+
+def _response(body: Path) -> tuple[str, str, object]:
+    """A streamed chat body's text, audio and usage (ids and times differ
+    between captures)."""
+    import json
+
+    text: list[str] = []
+    audio: list[str] = []
+    usage: object = None
+    for line in body.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("data: {"):
+            continue
+        data = json.loads(line[6:])
+        for choice in data.get("choices", []):
+            delta = choice.get("delta", {})
+            text.append(delta.get("content") or "")
+            audio.append((delta.get("audio") or {}).get("data") or "")
+        usage = data.get("usage") or usage
+    return "".join(text), "".join(audio), usage
+
+
+def test_a_migrated_request_answers_the_client_as_an_undisturbed_one():
+    # Captured through real worker processes: the talker was killed with
+    # SIGKILL mid-stream and its stage continued on the other talker.
+    lost = read_trace(CORPUS / "scripted-omni-worker-lost.trace")
+    assert lost.rules_version >= 2
+    assert any(getattr(ev, "resume", 0) for ev in lost.events)
+    normal = _response(CORPUS / "scripted-omni-normal.body")
+    assert normal[0] and normal[1] and normal[2]
+    assert _response(CORPUS / "scripted-omni-worker-lost.body") == normal

@@ -8,6 +8,7 @@ import pytest
 
 from omnix.events.codec import decode_events, encode_events
 from omnix.events.types import Chunk, RequestEvent, Routed, WorkerJoined, WorkerLost
+from omnix.orchestrator.decide import RULES_VERSION
 from omnix.replay.drive import Divergence, drive
 from omnix.trace import (
     TRACE_FORMAT_VERSION,
@@ -40,7 +41,7 @@ async def test_export_is_deterministic_and_ignores_id_order(busy):
     assert a[:8] == TRACE_MAGIC
     t = read_trace(a)
     assert t.targets == ("r0", "r2")
-    assert t.format_version == TRACE_FORMAT_VERSION and t.rules_version == 1
+    assert t.format_version == TRACE_FORMAT_VERSION and t.rules_version == RULES_VERSION
     assert t.pipeline == busy.pipeline
 
 
