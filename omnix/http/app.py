@@ -53,19 +53,23 @@ def build_app(
     api_key: str | None = None,
     telemetry: Telemetry | bool | None = True,
     client_max_size: int = DEFAULT_MAX_BODY,
+    resume_grace_s: float = 0.0,
 ) -> web.Application:
     """The application serving ``omni``.
 
     ``telemetry``: a ``Telemetry`` to expose at /metrics, ``True`` to build
     one from the environment (it follows ``omni.log`` while the app runs),
     or ``False``/``None`` for none (/metrics answers 501).
+    ``resume_grace_s``: how long a streamed request whose client dropped
+    keeps running for a reconnect to ``/v1/requests/{id}/stream`` (0:
+    cancelled at once).
     """
     middlewares: list[Middleware] = [error_middleware]
     if api_key:
         middlewares.append(auth_middleware(api_key))
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     tel = _make_telemetry(omni) if telemetry is True else (telemetry or None)
-    routes = Routes(omni, telemetry=tel)
+    routes = Routes(omni, telemetry=tel, resume_grace_s=resume_grace_s)
     routes.add_to(app)
     app[OMNI_KEY] = omni
     app[ROUTES_KEY] = routes
@@ -93,12 +97,17 @@ class HttpServer:
         telemetry: Telemetry | bool | None = True,
         client_max_size: int = DEFAULT_MAX_BODY,
         access_log: bool = False,
+        resume_grace_s: float = 0.0,
     ) -> None:
         self.omni = omni
         self.host = host
         self.port = port
         self.app = build_app(
-            omni, api_key=api_key, telemetry=telemetry, client_max_size=client_max_size
+            omni,
+            api_key=api_key,
+            telemetry=telemetry,
+            client_max_size=client_max_size,
+            resume_grace_s=resume_grace_s,
         )
         self.routes = self.app[ROUTES_KEY]
         self._access_log = access_log
@@ -142,6 +151,7 @@ class HttpServer:
         """Stop serving (open connections are closed).  Shut ``omni`` down
         first to let in-flight responses end cleanly."""
         self.mark_stopping()
+        self.routes.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()

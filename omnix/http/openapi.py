@@ -185,6 +185,24 @@ def openapi_document() -> dict[str, Any]:
             ],
             errors={"404": not_found},
         ),
+        "/v1/requests/{id}/stream": _get(
+            "The request's streamed response again: whole, or the rest after Last-Event-ID",
+            {
+                "description": "The same bytes as the original response (chat or speech SSE, "
+                "raw audio from the start), live to the request's end; after Last-Event-ID, "
+                "what followed that SSE event",
+                "content": {"text/event-stream": {}, "audio/wav": {}, "audio/pcm": {}},
+            },
+            params=[
+                _ID_PARAM,
+                {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
+                {"name": "last_event_id", "in": "query", "schema": {"type": "string"}},
+            ],
+            errors={
+                "400": _json(ErrorBody, "Not a streamed request, or not an event id of it"),
+                "404": not_found,
+            },
+        ),
         "/v1/requests/{id}/cancel": {
             "post": {
                 "summary": "Cancel a request (every active stage is aborted)",

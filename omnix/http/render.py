@@ -25,6 +25,10 @@ conversations, images with ``n`` > 1) the events of all its members.
 ``b"".join(render_stream(...)) == render_response(...).body`` always, and
 both equal what a client that stayed connected received.
 
+SSE events carry ``id:``, the log position of the event that rendered them
+(``event_ids``), so that rendering the events up to an id again leaves a
+renderer that goes on with the rest of the same bytes (``resume.py``).
+
 Determinism: ids derive from the request id, ``created`` from the Admitted
 event's ``ts_ns``, the model from ``spec.model``, usage from StageFinished
 counts, audio from chunk blobs through bitexact encoders.
@@ -83,8 +87,10 @@ from omnix.http.schemas import (
 )
 
 #: Bumped whenever the bytes rendered for the same events change; recorded
-#: in each request's options so a trace says which renderer produced it.
-RENDER_VERSION = "1"
+#: in each request's options so a trace says which renderer produced it,
+#: and requests recorded by an older version render as they did then.
+#: "2": SSE events carry ``id:`` (``event_ids``).
+RENDER_VERSION = "2"
 
 #: ``RequestSpec.api`` values of the HTTP routes.
 API_CHAT = "chat.completions"
@@ -535,21 +541,67 @@ class _SpeechStream:
         return []
 
 
+def event_ids(pos: int, n: int) -> list[str]:
+    """The ``id:`` of the ``n`` SSE events rendered from the log event at
+    ``pos``: the position itself for the first, ``pos.1``, ``pos.2``... for
+    the others (only a terminal event renders several), so that every SSE
+    event a client may have last received names one point to resume after.
+    ``data: [DONE]`` carries none: resuming after the event before it sends
+    it again."""
+    return [str(pos) if k == 0 else f"{pos}.{k}" for k in range(n)]
+
+
+def parse_event_id(value: str) -> tuple[int, int] | None:
+    """``"57"`` -> (57, 0), ``"57.2"`` -> (57, 2); None when not an id."""
+    head, dot, sub = value.strip().partition(".")
+    if not head.isdigit() or (dot and not sub.isdigit()):
+        return None
+    return int(head), int(sub) if dot else 0
+
+
+def _with_id(event_id: str, piece: bytes) -> bytes:
+    return b"id: " + event_id.encode("ascii") + b"\n" + piece
+
+
 class StreamRenderer:
     """Incremental rendering of one request: ``feed`` each of its events in
     log order; it returns the body bytes to send now.  ``head`` is set once
     known: at admission for a streamed response, at the terminal event for
     a whole one (whose body is then the one piece returned).  ``done`` after
-    the terminal event; ``aborted`` when the connection must be cut."""
+    the terminal event; ``aborted`` when the connection must be cut.
+
+    SSE responses (chat, speech ``sse``) rendered by version 2 or later
+    carry ``id:`` on each event (``event_ids``); ``feed_ids`` returns each
+    piece with its id (None for ``[DONE]``, raw audio and whole bodies)."""
 
     def __init__(self, blobs: BlobStore) -> None:
         self.summary = Summary(blobs)
         self.head: Head | None = None
         self.done = False
         self.aborted = False
+        #: The response is SSE with ``id:`` fields (known at admission).
+        self.ids = False
         self._stream: _ChatStream | _SpeechStream | None = None
 
     def feed(self, ev: Event) -> list[bytes]:
+        return [piece for _, piece in self.feed_ids(ev)]
+
+    def feed_ids(self, ev: Event) -> list[tuple[str | None, bytes]]:
+        pieces = self._feed(ev)
+        if not self.ids or not pieces:
+            return [(None, p) for p in pieces]
+        framed = [p for p in pieces if p != SSE_DONE]
+        ids = iter(event_ids(ev.pos, len(framed)))
+        out: list[tuple[str | None, bytes]] = []
+        for p in pieces:
+            if p == SSE_DONE:
+                out.append((None, p))
+            else:
+                i = next(ids)
+                out.append((i, _with_id(i, p)))
+        return out
+
+    def _feed(self, ev: Event) -> list[bytes]:
         if self.done or not isinstance(ev, RequestEvent):
             return []
         s = self.summary
@@ -573,6 +625,9 @@ class StreamRenderer:
     def _open_stream(self, ev: Admitted) -> None:
         s = self.summary
         rid = ev.request_id
+        self.ids = ev.spec.options.get(Opt.RENDER, "1") != "1" and (
+            ev.spec.api == API_CHAT or ev.spec.options.get(Opt.STREAM_FORMAT) == "sse"
+        )
         if ev.spec.api == API_CHAT:
             self._stream = _ChatStream(s)
             self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)

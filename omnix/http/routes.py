@@ -6,7 +6,10 @@ a bad request appends nothing), and the live loop of a response: tail the
 request's events and write what ``render.StreamRenderer`` makes of each.
 A client that goes away mid-response cancels its request
 (``Omni.cancel(rid, "disconnect")``): aiohttp cancels the handler when the
-connection drops (``handler_cancellation=True``) or a write fails.
+connection drops (``handler_cancellation=True``) or a write fails.  A
+streamed response's request gets ``resume_grace_s`` first: if no reader
+of its stream (``GET /v1/requests/{id}/stream``, ``resume.py``) is
+attached when that time is up, it is cancelled.
 
 Does not own routing between stages (the orchestrator), the mapping of
 bodies to specs (``adapt.py``), any byte of a response body
@@ -25,6 +28,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from omnix.api import Omni, ShuttingDown, new_request_id, new_seed
+from omnix.events.disklog import DiskLog
+from omnix.events.log import LogClosed
 from omnix.events.types import Rejected
 from omnix.http import adapt
 from omnix.http.errors import ApiError, from_decode_error, from_request_error
@@ -40,6 +45,7 @@ from omnix.http.render import (
     render_response,
     state_json,
 )
+from omnix.http.resume import ResumePoint, resume_point
 from omnix.http.schemas import (
     UNSUPPORTED_CHAT_FIELDS,
     CancelResult,
@@ -88,8 +94,16 @@ def _headers(head: Head) -> CIMultiDict[str]:
 class Routes:
     """The handlers, bound to one ``Omni``."""
 
-    def __init__(self, omni: Omni, *, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self, omni: Omni, *, telemetry: Telemetry | None = None, resume_grace_s: float = 0.0
+    ) -> None:
         self.omni = omni
+        #: Seconds a streamed request outlives its dropped client, for a
+        #: reconnect to ``/stream`` (0: cancel at once).
+        self.resume_grace_s = resume_grace_s
+        #: Streaming handlers attached to each running request.
+        self._readers: dict[str, int] = {}
+        self._grace: dict[str, asyncio.TimerHandle] = {}
         self.telemetry = telemetry
         self._metrics_handler = None if telemetry is None else metrics_handler(telemetry)
         self.served = adapt.Served(omni.pipeline, new_request_id=new_request_id, new_seed=new_seed)
@@ -108,6 +122,7 @@ class Routes:
         r.add_get("/metrics", self.metrics)
         r.add_get("/v1/requests/{id}", self.request_state)
         r.add_get("/v1/requests/{id}/events", self.request_events)
+        r.add_get("/v1/requests/{id}/stream", self.request_stream)
         r.add_post("/v1/requests/{id}/cancel", self.request_cancel)
         r.add_get("/v1/requests/{id}/trace", self.request_trace)
         r.add_get("/openapi.json", openapi_handler)
@@ -201,14 +216,55 @@ class Routes:
             if self.omni.cancel(rid, "disconnect"):
                 log.info("request %s: client disconnected; cancelling", rid)
 
+    def _attach(self, rid: str) -> None:
+        self._readers[rid] = self._readers.get(rid, 0) + 1
+        handle = self._grace.pop(rid, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _detach(self, rid: str, dropped: bool) -> None:
+        """A streaming handler of ``rid`` ended; ``dropped``: its client
+        went away before the end of the response."""
+        n = self._readers.get(rid, 0) - 1
+        if n > 0:
+            self._readers[rid] = n
+            return
+        self._readers.pop(rid, None)
+        if not dropped:
+            return
+        rs = self.omni.state(rid)
+        if rs is None or rs.terminal:
+            return
+        if self.resume_grace_s <= 0:
+            self._disconnected((rid,))
+            return
+        log.info(
+            "request %s: client disconnected; it keeps running %.0f s for a resume",
+            rid,
+            self.resume_grace_s,
+        )
+        loop = asyncio.get_running_loop()
+        self._grace[rid] = loop.call_later(self.resume_grace_s, self._grace_over, rid)
+
+    def _grace_over(self, rid: str) -> None:
+        self._grace.pop(rid, None)
+        if self._readers.get(rid, 0) == 0 and self.omni.accepting:
+            self._disconnected((rid,))
+
+    def close(self) -> None:
+        """Forget pending grace timers (the server is closing)."""
+        for handle in self._grace.values():
+            handle.cancel()
+        self._grace.clear()
+
     async def _run(self, request: web.Request, plan: adapt.Plan) -> web.StreamResponse:
         rejected = self._submit(plan)
         if rejected is not None:
             return self._whole_response(render_response([rejected], self.omni.blobs))
         rids = plan.request_ids
+        if plan.stream:
+            return await self._stream(request, rids[0], None)
         try:
-            if plan.stream:
-                return await self._stream(request, rids[0])
             return await self._collect(rids, plan)
         except (asyncio.CancelledError, ConnectionResetError):
             self._disconnected(rids)
@@ -236,28 +292,73 @@ class Routes:
             rendered = render_response(events, self.omni.blobs)
         return self._whole_response(rendered)
 
+    async def _durable(self, pos: int) -> None:
+        """Wait until the log position ``pos`` is on disk (a ``--log-dir``
+        log): a client is never sent bytes of an event that a crash could
+        take back, so the ids it holds stay valid across a restart."""
+        disk = self.omni.log
+        if isinstance(disk, DiskLog) and disk.durable_pos <= pos:
+            try:
+                await disk.flush()
+            except LogClosed:
+                pass  # closing wrote out and fsynced everything
+
     def _caught_up(self, rid: str, pos: int) -> bool:
         """No event of ``rid`` after ``pos`` is in the log yet: the tail is
         about to wait, so what is buffered should leave now."""
         rs = self.omni.state(rid)
         return rs is None or rs.last_pos <= pos
 
-    async def _stream(self, request: web.Request, rid: str) -> web.StreamResponse:
-        renderer = StreamRenderer(self.omni.blobs)
+    async def _stream(
+        self, request: web.Request, rid: str, point: ResumePoint | None
+    ) -> web.StreamResponse:
+        """The streamed response of ``rid``, live to its end; from
+        ``point`` on when resuming (whose renderer has seen the events the
+        client already has).  A dropped client detaches this reader."""
+        self._attach(rid)
+        dropped = True
+        try:
+            resp = await self._stream_body(request, rid, point)
+            dropped = False
+            return resp
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except BaseException:
+            dropped = False
+            raise
+        finally:
+            self._detach(rid, dropped)
+
+    async def _stream_body(
+        self, request: web.Request, rid: str, point: ResumePoint | None
+    ) -> web.StreamResponse:
+        renderer = point.renderer if point is not None else StreamRenderer(self.omni.blobs)
         resp: web.StreamResponse | None = None
         # Pieces of a burst of events (the tail yields whatever is already
         # in the log without waiting) leave in one write: a send per SSE
         # event costs more than the rest of the stream under load.
-        buf = bytearray()
-        async for ev in self.omni.events(rid):
+        buf = bytearray(point.rest if point is not None else b"")
+        start = point.next_pos if point is not None else 0
+        if point is not None and point.renderer.head is not None:
+            resp = await self._open(request, point.renderer.head, buf)
+            if not isinstance(resp, _Stream):
+                return resp
+            if buf and not renderer.done and self._caught_up(rid, start - 1):
+                await self._durable(start - 1)
+                await resp.write(bytes(buf))
+                buf.clear()
+        if renderer.done:
+            await self._durable(start - 1)
+            return await self._finish(request, resp, renderer, buf)
+        last = start - 1
+        async for ev in self.omni.events(rid, start):
+            last = ev.pos
             for piece in renderer.feed(ev):
                 buf += piece
             if resp is None and renderer.head is not None:
-                head = renderer.head
-                if not head.streamed:
-                    return web.Response(status=head.status, headers=_headers(head), body=bytes(buf))
-                resp = _Stream(status=head.status, headers=_headers(head))
-                await resp.prepare(request)
+                resp = await self._open(request, renderer.head, buf)
+                if not isinstance(resp, _Stream):
+                    return resp
             if renderer.done:
                 break
             if (
@@ -265,8 +366,29 @@ class Routes:
                 and buf
                 and (len(buf) >= FLUSH_BYTES or self._caught_up(rid, ev.pos))
             ):
+                await self._durable(ev.pos)
                 await resp.write(bytes(buf))
                 buf.clear()
+        await self._durable(last)
+        return await self._finish(request, resp, renderer, buf)
+
+    @staticmethod
+    async def _open(request: web.Request, head: Head, buf: bytearray) -> web.StreamResponse:
+        """The response for ``head``: a prepared stream, or (a head that
+        is not streamed) the whole response, ``buf`` being its body."""
+        if not head.streamed:
+            return web.Response(status=head.status, headers=_headers(head), body=bytes(buf))
+        resp = _Stream(status=head.status, headers=_headers(head))
+        await resp.prepare(request)
+        return resp
+
+    async def _finish(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse | None,
+        renderer: StreamRenderer,
+        buf: bytearray,
+    ) -> web.StreamResponse:
         if resp is None:
             raise self._not_accepting()
         if renderer.aborted or not renderer.done:
@@ -372,10 +494,20 @@ class Routes:
             async for ev in self.omni.events(rid, start):
                 buf += frame(ev)
                 if len(buf) >= FLUSH_BYTES or self._caught_up(rid, ev.pos):
+                    await self._durable(ev.pos)
                     await resp.write(bytes(buf))
                     buf.clear()
         await resp.write_eof(bytes(buf))
         return resp
+
+    async def request_stream(self, request: web.Request) -> web.StreamResponse:
+        """The streamed response of a request, again: from its start, or
+        after the ``Last-Event-ID`` (header or ``?last_event_id=``) of the
+        last SSE event the client received; live to the request's end."""
+        rid = self._known(request)
+        last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+        point = await resume_point(self.omni, rid, last or None)
+        return await self._stream(request, rid, point)
 
     async def request_cancel(self, request: web.Request) -> web.Response:
         rid = self._known(request)

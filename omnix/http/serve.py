@@ -6,13 +6,15 @@ a busy port fails in a second, not after model loading; start the runtime;
 serve; on Ctrl-C / SIGTERM stop admitting, let in-flight requests finish
 for ``--grace`` seconds, cancel the rest, stop the workers) and the log
 lines an operator needs (where it listens, which pipeline, how long loading
-took).
+took; the runtime logs where workers connect).
 
 Does not own the runtime (``Omni``/``StageRuntime``), the handlers
 (``omnix.http.routes``) or model building (``omnix.models``).
 
     omnix serve [--pipeline NAME|PATH] [--host 127.0.0.1] [--port 8091]
                 [--api-key KEY] [--log-dir DIR] [--model-dir DIR]
+                [--workers-endpoint tcp://0.0.0.0:PORT] [--spawn all|none|STAGE,...]
+                [--worker-token TOKEN]
 
 The event log lives in memory unless ``--log-dir`` is given (then
 ``DIR/events`` and ``DIR/blobs`` are durable and traces survive restarts).
@@ -94,6 +96,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8.0,
         help="largest request body accepted, MiB (default 8)",
     )
+    parser.add_argument(
+        "--workers-endpoint",
+        default=None,
+        metavar="ENDPOINT",
+        help="where stage workers connect: tcp://0.0.0.0:PORT to take workers from other hosts "
+        "(default: a private ipc:// socket, this host only)",
+    )
+    parser.add_argument(
+        "--spawn",
+        default="all",
+        metavar="all|none|STAGE,...",
+        help="the stages whose workers this server starts itself; the others wait for "
+        "`omnix worker --connect ENDPOINT --stage NAME` (default: all)",
+    )
+    parser.add_argument(
+        "--worker-token",
+        default=os.environ.get("OMNIX_WORKER_TOKEN") or None,
+        metavar="TOKEN",
+        help="a shared secret every worker must present (required when the workers endpoint "
+        "is tcp and not loopback-only; default: $OMNIX_WORKER_TOKEN)",
+    )
+    parser.add_argument(
+        "--resume-grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a streamed request keeps running after its client drops, for the client "
+        "to resume with GET /v1/requests/ID/stream and Last-Event-ID (default 30; 0: cancel at once)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
@@ -104,18 +135,26 @@ async def serve(args: argparse.Namespace) -> int:
     from omnix.http.app import HttpServer
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.validate import PipelineError, load_pipeline
+    from omnix.stages.runtime import RuntimeConfigError
 
     try:
         pipeline = load_pipeline(args.pipeline)
+        spawn = _spawn_choice(args.spawn)
         prepare_models(pipeline, args.model_dir, build=not args.no_build)
         omni = Omni(
             pipeline,
             log_dir=args.log_dir,
             # pin_server: this process joins the frontend CPUs of the runtime's
             # placement (docs/runtime.md), away from the vLLM engine cores.
-            runtime_options={"start_timeout_s": args.start_timeout, "pin_server": True},
+            runtime_options={
+                "start_timeout_s": args.start_timeout,
+                "pin_server": True,
+                "endpoint": args.workers_endpoint,
+                "spawn": spawn,
+                "worker_token": args.worker_token,
+            },
         )
-    except (PipelineError, LogError) as bad:
+    except (PipelineError, LogError, RuntimeConfigError) as bad:
         # What the operator must fix, in one line: no traceback.
         log.error("%s", bad)
         return 2
@@ -126,6 +165,7 @@ async def serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         client_max_size=int(args.max_body_mb * 1024 * 1024),
         access_log=args.access_log,
+        resume_grace_s=args.resume_grace,
     )
     try:
         await server.start()
@@ -190,6 +230,17 @@ async def serve(args: argparse.Namespace) -> int:
     await server.close()
     log.info("stopped in %.1f s", time.perf_counter() - t1)
     return code
+
+
+def _spawn_choice(text: str) -> bool | list[str]:
+    """``--spawn``: all, none, or a comma-separated list of stages (the
+    runtime checks the names against the pipeline)."""
+    word = text.strip().lower()
+    if word == "all":
+        return True
+    if word == "none":
+        return False
+    return [name for name in (part.strip() for part in text.split(",")) if name]
 
 
 def run(args: argparse.Namespace) -> int:

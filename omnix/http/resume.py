@@ -1,0 +1,104 @@
+"""Where a resumed stream starts: ``GET /v1/requests/{id}/stream``.
+
+Owns: checking that a request's response can be streamed again (it was
+streamed; the ``Last-Event-ID`` a client sends names an SSE event of that
+response) and finding the point after that event, by rendering the
+request's events up to it again.  Rendering is a pure function of the log
+(``render.py``), so the renderer left there holds exactly the state the
+original one had when it wrote that event: what it renders next is the
+rest of the same bytes.
+
+Does not own the live loop that sends the rest (``routes.py``), nor any
+byte of the response (``render.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omnix.api import Omni
+from omnix.events.types import Admitted, Rejected
+from omnix.http.errors import ApiError
+from omnix.http.render import Opt, StreamRenderer, parse_event_id
+
+
+@dataclass
+class ResumePoint:
+    """A renderer fed up to the resume point, the bytes it rendered after
+    that point (from the same log event), and the log position to tail
+    from for the rest."""
+
+    renderer: StreamRenderer
+    rest: bytes
+    next_pos: int
+
+
+def _bad_id(rid: str, last: str, why: str) -> ApiError:
+    return ApiError(
+        400,
+        f"Last-Event-ID {last!r} {why} of request {rid}'s response: send the id: of the last "
+        "SSE event received from it, or no Last-Event-ID to get the response from its start.",
+        param="Last-Event-ID",
+        code="invalid_value",
+    )
+
+
+async def resume_point(omni: Omni, rid: str, last: str | None) -> ResumePoint:
+    """The point after SSE event ``last`` of ``rid``'s streamed response
+    (from its start when ``last`` is None).  Raises ``ApiError`` 400 when
+    the response was not streamed, or when ``last`` is not one of its
+    event ids."""
+    rs = omni.state(rid)
+    assert rs is not None, "the route checks the request is known"
+    target = None
+    if last is not None:
+        target = parse_event_id(last)
+        if target is None:
+            raise _bad_id(rid, last, "is not an event id (a log position, or POS.N)")
+        if target[0] > rs.last_pos:
+            raise _bad_id(rid, last, "is past the last event")
+    renderer = StreamRenderer(omni.blobs)
+    first = True
+    async for ev in omni.events(rid, max(rs.admitted_pos, 0)):
+        if first:
+            first = False
+            if isinstance(ev, (Admitted, Rejected)):
+                _check_streamed(rid, ev, last)
+        if target is not None and ev.pos > target[0]:
+            break
+        pieces = renderer.feed_ids(ev)
+        if target is None:
+            return ResumePoint(renderer, b"".join(p for _, p in pieces), ev.pos + 1)
+        if ev.pos == target[0]:
+            ids = [i for i, _ in pieces]
+            want = str(target[0]) if target[1] == 0 else f"{target[0]}.{target[1]}"
+            if want not in ids:
+                break
+            at = ids.index(want)
+            return ResumePoint(renderer, b"".join(p for _, p in pieces[at + 1 :]), ev.pos + 1)
+    if last is None:  # pragma: no cover - a known request has an admission
+        raise ApiError(500, f"request {rid} has no events in the log", code="internal_error")
+    raise _bad_id(rid, last, "is not an event")
+
+
+def _check_streamed(rid: str, ev: Admitted | Rejected, last: str | None) -> None:
+    opts = ev.spec.options
+    if opts.get(Opt.STREAM, "") != "1":
+        batch = ""
+        if int(opts.get(Opt.GROUP_SIZE, "1") or 1) > 1:
+            batch = " (it is one conversation of a batch, and batches are never streamed)"
+        raise ApiError(
+            400,
+            f"request {rid} was not streamed{batch}: there is no stream to resume. Its response "
+            f"was sent whole; GET /v1/requests/{rid} gives its state and /trace its events.",
+            param="id",
+            code="not_streamed",
+        )
+    if last is not None and opts.get(Opt.STREAM_FORMAT) == "audio":
+        raise ApiError(
+            400,
+            f"request {rid} streams raw audio, which carries no event ids: send no "
+            "Last-Event-ID to get the whole stream again, or ask for stream_format 'sse'.",
+            param="Last-Event-ID",
+            code="invalid_value",
+        )
