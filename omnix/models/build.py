@@ -23,7 +23,6 @@ every loader, vLLM's included.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -43,6 +42,8 @@ from omnix.models.paths import (
     is_built,
     read_info,
 )
+from omnix.models.qwen3_omni import build_omni_thinker
+from omnix.models.seeds import derived_seed, pad64
 
 if TYPE_CHECKING:  # imported where used: most commands never build a model
     import torch
@@ -69,16 +70,6 @@ NUM_CODEBOOKS = 2
 CODEC_EOS = CODEC_SIZE
 CODEC_BOS = CODEC_SIZE + 1
 TEXT_OFFSET = 1088  # next multiple of 64 after the codec ids
-
-
-def derived_seed(seed: int, *names: str) -> int:
-    """A 63-bit seed for one model / tensor, independent of build order."""
-    digest = hashlib.sha256(":".join([str(seed), *names]).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def _pad64(n: int) -> int:
-    return (n + 63) // 64 * 64
 
 
 # -- language models (thinker, talker) ----------------------------------------
@@ -156,7 +147,7 @@ def build_thinker(out: Path, seed: int) -> ModelInfo:
     tok = AutoTokenizer.from_pretrained(str(out))
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)
     assert isinstance(eos, int) and isinstance(pad, int)  # one token in, one id out
-    config = _qwen2_config(_pad64(n_text), eos=eos, bos=None, pad=pad)
+    config = _qwen2_config(pad64(n_text), eos=eos, bos=None, pad=pad)
     _write_lm(
         out,
         config,
@@ -178,7 +169,7 @@ def build_talker(out: Path, seed: int) -> ModelInfo:
     from omnix.models.tokenizer import build_tokenizer
 
     n_text = build_tokenizer(out / "text_tokenizer")
-    vocab = TEXT_OFFSET + _pad64(n_text)
+    vocab = TEXT_OFFSET + pad64(n_text)
     config = _qwen2_config(vocab, eos=CODEC_EOS, bos=CODEC_BOS, pad=CODEC_EOS)
     _write_lm(
         out,
@@ -256,7 +247,7 @@ def build_image(out: Path, seed: int) -> ModelInfo:
             eos_token=IM_END,
             model_max_length=77,
         )
-    vocab = _pad64(n_text)
+    vocab = pad64(n_text)
 
     def seeded(component: str) -> None:
         torch.manual_seed(derived_seed(seed, "image", component))
@@ -339,6 +330,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "talker": build_talker,
     "code2wav": build_code2wav,
     "image": build_image,
+    "omni_thinker": build_omni_thinker,
 }
 
 

