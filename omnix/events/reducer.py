@@ -290,15 +290,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
                 )
             if rs.status == "cancelling":
                 raise IllegalTransition(rid, ev, "request is cancelling")
-            new_st = StageState(
-                name=_intern(ev.stage),
-                replica=ev.replica,
-                pieces=1,
-                input_closed=ev.last,
-                routed_ts=ev.ts_ns,
-                last_activity_ts=ev.ts_ns,
-            )
-            stages = (*rs.stages, new_st)
+            stages = (*rs.stages, _routed_stage(ev, 1))
         elif ev.seq == 0 and st.status in _RETRYABLE:
             if rs.status == "cancelling":
                 raise IllegalTransition(rid, ev, "request is cancelling")
@@ -311,15 +303,7 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
                 )
             if st.chunks == 0:
                 # A retry before any output: the stage starts over.
-                new_st = StageState(
-                    name=_intern(ev.stage),
-                    replica=ev.replica,
-                    pieces=1,
-                    input_closed=ev.last,
-                    routed_ts=ev.ts_ns,
-                    last_activity_ts=ev.ts_ns,
-                    attempt=st.attempt + 1,
-                )
+                new_st = _routed_stage(ev, st.attempt + 1)
             else:
                 # A continuation: the stage keeps the chunks it delivered
                 # (and when its first came); the new replica's continue at
@@ -454,6 +438,19 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
     if type(ev) is Admitted or type(ev) is Rejected:
         raise IllegalTransition(rid, ev, "request id already admitted", f"admitted at pos {rs.admitted_pos}")
     raise IllegalTransition(rid, ev, "unknown request event type")
+
+
+def _routed_stage(ev: Routed, attempt: int) -> StageState:
+    """A stage's state as its first piece (``seq == 0``) routes it."""
+    return StageState(
+        name=_intern(ev.stage),
+        replica=ev.replica,
+        pieces=1,
+        input_closed=ev.last,
+        routed_ts=ev.ts_ns,
+        last_activity_ts=ev.ts_ns,
+        attempt=attempt,
+    )
 
 
 def mark_stage_lost(rs: RequestState, stage: str, ts_ns: int) -> RequestState:

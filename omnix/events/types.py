@@ -322,28 +322,10 @@ class WorkerLost(WorkerEvent, frozen=True, kw_only=True, tag="worker_lost"):
     reason: str
 
 
-Event = Union[  # noqa: UP007 (one tagged union, listed one per line)
-    Admitted,
-    Rejected,
-    Routed,
-    StageStarted,
-    Progress,
-    Chunk,
-    StageFinished,
-    StageFailed,
-    CancelRequested,
-    DeadlineExpired,
-    Cancelled,
-    Failed,
-    Finished,
-    WorkerJoined,
-    WorkerLost,
-]
-
 #: Every event about a request.  An ``Event`` narrows to it with
 #: ``isinstance(ev, RequestEvent)``, or on a hot path with
 #: ``type(ev) is not WorkerJoined and type(ev) is not WorkerLost``.
-RequestEventType = Union[  # noqa: UP007 (one line per type, as Event above)
+RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
     Admitted,
     Rejected,
     Routed,
@@ -358,6 +340,10 @@ RequestEventType = Union[  # noqa: UP007 (one line per type, as Event above)
     Failed,
     Finished,
 ]
+#: The one tagged union every event decodes as (``Event.__args__`` is flat:
+#: a Union of a Union flattens).
+Event = Union[RequestEventType, WorkerJoined, WorkerLost]  # noqa: UP007 (as RequestEventType)
+
 #: Events about one stage of one request on one replica: each has ``stage``
 #: and ``replica`` (narrow with ``isinstance(ev, STAGE_EVENT_TYPES)``).
 StageEvent = Routed | StageStarted | Progress | Chunk | StageFinished | StageFailed
