@@ -9,14 +9,10 @@ import asyncio
 import glob
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import aiohttp
@@ -25,6 +21,8 @@ import pytest
 from omnix.events.types import Chunk, Routed, WorkerJoined, WorkerLost
 from omnix.orchestrator.recovery import RESTART_REASON
 from omnix.replay.drive import drive
+from omnix.testing.served import ServeProcess
+from omnix.testing.served import omnix_serve as serve_process
 from omnix.trace import Trace, read_trace
 
 from .conftest import use_processes
@@ -44,55 +42,8 @@ text = "thinker"
 """
 
 
-@dataclass
-class Served:
-    proc: asyncio.subprocess.Process
-    url: str
-    lines: list[str] = field(default_factory=list)
-
-
-@asynccontextmanager
-async def omnix_serve(cfg: Path, log_dir: Path) -> AsyncIterator[Served]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "omnix.cli", "serve", "--pipeline", str(cfg), "--port", "0",
-        "--log-dir", str(log_dir),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    lines: list[str] = []
-    stdout = proc.stdout
-    assert stdout is not None
-
-    async def until(pattern: str) -> re.Match[str]:
-        async with asyncio.timeout(60):
-            while True:
-                line = (await stdout.readline()).decode()
-                assert line, "omnix serve exited:\n" + "".join(lines)
-                lines.append(line)
-                if m := re.search(pattern, line):
-                    return m
-
-    async def drain() -> None:
-        while await stdout.readline():
-            pass
-
-    try:
-        url = (await until(r"listening on (http://\S+)")).group(1)
-        await until(r"ready in [0-9.]+ s")
-        reader = asyncio.ensure_future(drain())
-        try:
-            yield Served(proc, url, lines)
-        finally:
-            reader.cancel()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def kill9(served: Served) -> None:
-    served.proc.send_signal(signal.SIGKILL)
-    await served.proc.wait()
+def omnix_serve(cfg: Path, log_dir: Path) -> AbstractAsyncContextManager[ServeProcess]:
+    return serve_process("--pipeline", str(cfg), "--log-dir", str(log_dir))
 
 
 async def chat(http: aiohttp.ClientSession, url: str) -> dict[str, object]:
@@ -116,7 +67,7 @@ async def test_server_killed_idle_serves_again_on_its_log_dir(tmp_path: Path) ->
         async with omnix_serve(cfg, log_dir) as first:
             await chat(http, first.url)
             dead_pid = first.proc.pid
-            await kill9(first)
+            await first.kill9()
         async with omnix_serve(cfg, log_dir) as second:
             async with http.get(second.url + "/ready") as r:
                 assert r.status == 200, await r.text()
@@ -126,7 +77,7 @@ async def test_server_killed_idle_serves_again_on_its_log_dir(tmp_path: Path) ->
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"omnix-{dead_pid}-*"))
 
 
-async def _stream_until_killed(http: aiohttp.ClientSession, served: Served) -> str:
+async def _stream_until_killed(http: aiohttp.ClientSession, served: ServeProcess) -> str:
     """Start a streamed chat, kill the server with SIGKILL after 10 SSE
     events; the request id."""
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -138,7 +89,7 @@ async def _stream_until_killed(http: aiohttp.ClientSession, served: Served) -> s
             seen += line.startswith(b"data: ")
             if seen >= 10:
                 break
-        await kill9(served)
+        await served.kill9()
     return rid
 
 

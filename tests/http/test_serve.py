@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import socket
 import sys
 
 import aiohttp
 import pytest
+
+from omnix.testing.served import ServeProcess
 
 from .conftest import use_processes
 
@@ -31,30 +32,13 @@ text = "thinker"
 async def test_serve_logs_serves_and_stops_on_sigterm(tmp_path):
     cfg = tmp_path / "p.toml"
     cfg.write_text(PIPELINE)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "omnix.cli", "serve", "--pipeline", str(cfg), "--port", "0",
-        "--api-key", "k", "--log-dir", str(tmp_path / "log"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    lines: list[str] = []
-    stdout = proc.stdout
-    assert stdout is not None
-
-    async def until(pattern: str) -> re.Match[str]:
-        async with asyncio.timeout(60):
-            while True:
-                line = (await stdout.readline()).decode()
-                assert line, "omnix serve exited:\n" + "".join(lines)
-                lines.append(line)
-                m = re.search(pattern, line)
-                if m:
-                    return m
-
+    served = await ServeProcess.start(
+        "--pipeline", str(cfg), "--api-key", "k", "--log-dir", str(tmp_path / "log")
+    )
     try:
-        url = (await until(r"listening on (http://\S+)")).group(1)
-        assert "pipeline 'serve-test'" in lines[-1]
-        await until(r"ready in [0-9.]+ s")
+        url = (await served.until(r"listening on (http://\S+)")).group(1)
+        assert "pipeline 'serve-test'" in served.lines[-1]
+        await served.until(r"ready in [0-9.]+ s")
         auth = {"Authorization": "Bearer k"}
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/health") as r:
@@ -65,49 +49,14 @@ async def test_serve_logs_serves_and_stops_on_sigterm(tmp_path):
             async with http.post(url + "/v1/chat/completions", json=body, headers=auth) as r:
                 assert r.status == 200
                 assert (await r.json())["choices"][0]["message"]["content"] == "t0 t1 t2 "
-        proc.send_signal(signal.SIGTERM)
-        await until(r"stopped in")
+        served.proc.send_signal(signal.SIGTERM)
+        await served.until(r"stopped in")
         async with asyncio.timeout(20):
-            assert await proc.wait() == 0
+            assert await served.proc.wait() == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await served.close()
     # --log-dir made the log durable.
     assert (tmp_path / "log" / "pipeline.json").is_file()
-
-
-class _Serve:
-    """One ``omnix serve`` subprocess and its merged output, line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-
-    @classmethod
-    async def start(cls, *args: str) -> _Serve:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "omnix.cli", "serve", "--port", "0", *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        return cls(proc)
-
-    async def until(self, pattern: str, timeout: float = 60) -> re.Match[str]:  # noqa: ASYNC109
-        stdout = self.proc.stdout
-        assert stdout is not None
-        async with asyncio.timeout(timeout):
-            while True:
-                line = (await stdout.readline()).decode()
-                assert line, "omnix serve exited:\n" + "".join(self.lines)
-                self.lines.append(line)
-                if m := re.search(pattern, line):
-                    return m
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
 
 
 async def _chat(url: str) -> str:
@@ -136,7 +85,7 @@ async def test_a_hand_started_worker_joins_a_restarted_server(tmp_path):
         port = s.getsockname()[1]
     endpoint = f"tcp://127.0.0.1:{port}"
     args = ("--pipeline", str(cfg), "--workers-endpoint", endpoint, "--spawn", "none")
-    first = await _Serve.start(*args)
+    first = await ServeProcess.start(*args)
     worker = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "omnix.cli", "worker", "--connect", endpoint, "--stage", "thinker",
         stderr=asyncio.subprocess.PIPE,
@@ -146,16 +95,15 @@ async def test_a_hand_started_worker_joins_a_restarted_server(tmp_path):
         assert (await first.until(r"workers endpoint (\S+); spawned here: none; waiting for thinker")).group(1) == endpoint
         url = (await first.until(r"ready in [0-9.]+ s: .* at (http://\S+)")).group(1)
         assert await _chat(url) == "t0 t1 t2 "
-        first.proc.kill()  # no goodbye, no shutdown: the worker must notice by itself
-        await first.proc.wait()
-        second = await _Serve.start(*args)
+        await first.kill9()  # no goodbye, no shutdown: the worker must notice by itself
+        second = await ServeProcess.start(*args)
         url = (await second.until(r"ready in [0-9.]+ s: .* at (http://\S+)")).group(1)
         assert await _chat(url) == "t0 t1 t2 "
         assert worker.returncode is None
     finally:
-        await first.stop()
+        await first.close()
         if second is not None:
-            await second.stop()
+            await second.close()
         if worker.returncode is None:
             worker.kill()
         _, err = await worker.communicate()

@@ -31,7 +31,7 @@ from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.serving import InProcessRuntime, serve_omni
 
 from .conftest import use_processes
-from .test_restart import kill9, omnix_serve
+from .test_restart import omnix_serve
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -353,7 +353,7 @@ async def test_streams_resume_across_a_server_restart(tmp_path: Path) -> None:
                 got = b""
                 while got.count(b"\n\n") < 6:
                     got += await r.content.read(1)
-                await kill9(first)
+                await first.kill9()
         kept = client_state(got)[0]
         async with omnix_serve(cfg, log_dir) as second:
             await every_cut_resumes_exactly(http, second.url, done_rid, done_body)
