@@ -40,6 +40,7 @@ from omnix.events.types import (
     CancelReason,
     CancelRequested,
     Chunk,
+    DeadlineExpired,
     Event,
     Modality,
     Rejected,
@@ -154,6 +155,7 @@ class Omni:
         runtime_options: dict[str, Any] | None = None,
         clock: Clock | None = None,
         virtual_time: bool = False,
+        resume_within_s: float = 300.0,
     ) -> None:
         if runtime_factory is not None and runtime_options:
             raise ValueError(
@@ -186,6 +188,9 @@ class Omni:
         )
         self.timer = DeadlineTimer(self.sequencer, self.clock)
         self.virtual_time = virtual_time
+        #: a log taken over: its requests admitted longer ago than this fail
+        #: (``not_resumed``) instead of continuing
+        self.resume_within_s = resume_within_s
         self._accepting = False
         self._started = False
         self._stopped = False
@@ -231,6 +236,13 @@ class Omni:
         self.log.add_listener(self.dispatcher)
         self.timer.attach(None if self.virtual_time else asyncio.get_running_loop())
         if resumed:
+            # Requests admitted longer ago than the resume bound end now;
+            # before the losses below, so they are not continued first.
+            oldest = self.clock.now_ns() - int(self.resume_within_s * 1e9)
+            requests = self.log.state.requests
+            for rid in self.orchestrator.live_requests:
+                if requests[rid].admitted_ts < oldest:
+                    self.sequencer.emit(DeadlineExpired(request_id=rid, scope="resume"))
             for lost in restart_inputs(self.log.state):
                 self.sequencer.emit(lost)
             for rid in self.orchestrator.live_requests:

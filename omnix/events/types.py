@@ -42,6 +42,7 @@ FailReason = Literal[
     "stage_timeout",
     "no_replica",
     "shutdown",
+    "not_resumed",
 ]
 RejectReason = Literal["overloaded", "not_ready", "shutting_down"]
 
@@ -271,8 +272,10 @@ class CancelRequested(RequestEvent, frozen=True, kw_only=True, tag="cancel_reque
 
 @final
 class DeadlineExpired(RequestEvent, frozen=True, kw_only=True, tag="deadline_expired"):
-    """A timer fired.  ``scope`` is ``"request"`` for the request deadline or
-    a stage name for that stage's timeout (no chunk within ``timeout_s``)."""
+    """A timer fired.  ``scope`` is ``"request"`` for the request deadline,
+    ``"abort"`` for the wait for abort acknowledgements, ``"resume"`` when a
+    restarted server found the request older than it resumes, or a stage
+    name for that stage's timeout (no chunk within ``timeout_s``)."""
 
     scope: str
 

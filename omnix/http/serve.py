@@ -118,6 +118,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is tcp and not loopback-only; default: $OMNIX_WORKER_TOKEN)",
     )
     parser.add_argument(
+        "--resume-within",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="restarted on a --log-dir, continue the requests in flight that were admitted at "
+        "most S seconds ago; older ones fail (reason not_resumed) (default 300)",
+    )
+    parser.add_argument(
         "--resume-grace",
         type=float,
         default=30.0,
@@ -153,6 +161,7 @@ async def serve(args: argparse.Namespace) -> int:
                 "spawn": spawn,
                 "worker_token": args.worker_token,
             },
+            resume_within_s=args.resume_within,
         )
     except (PipelineError, LogError, RuntimeConfigError) as bad:
         # What the operator must fix, in one line: no traceback.

@@ -360,6 +360,20 @@ class Orchestrator:
                     request_id=ev.request_id, ts_ns=ev.ts_ns, reason="deadline", cause=ev.pos
                 )
             ]
+        if ev.scope == "resume":
+            # A restarted server found this request older than it resumes.
+            if cancelling:
+                return []
+            return [
+                Failed(
+                    request_id=ev.request_id,
+                    ts_ns=ev.ts_ns,
+                    reason="not_resumed",
+                    message="the server restarted too long after this request was admitted "
+                    "to resume it (omnix serve --resume-within)",
+                    cause=ev.pos,
+                )
+            ]
         if ev.scope == "abort":
             if not cancelling:
                 return []

@@ -4,11 +4,24 @@ records end the requests that were running."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from omnix.events.types import Failed, Finished, RequestSpec, Routed, WorkerJoined, WorkerLost
+from omnix.events.blobs import BlobStore
+from omnix.events.types import (
+    TERMINAL_TYPES,
+    Event,
+    Failed,
+    Finished,
+    RequestSpec,
+    Routed,
+    WorkerJoined,
+    WorkerLost,
+)
 from omnix.orchestrator.decide import Orchestrator
 from omnix.orchestrator.recovery import RESTART_REASON, RecoveryError, recover, restart_inputs
+from omnix.pipelines.config import PipelineConfig
 from omnix.testing.sim import start_sim
 
 from .conftest import omni_like
@@ -96,3 +109,36 @@ async def test_restart_losses_fail_a_request_whose_stage_does_not_retry() -> Non
     sim.run_until_idle()
     ends = [ev for ev in omni.log.events_for(rid) if isinstance(ev, Failed)]
     assert len(ends) == 1 and RESTART_REASON in ends[0].message
+
+
+async def test_a_restart_fails_requests_older_than_it_resumes() -> None:
+    from omnix.api import Omni
+    from omnix.events.clock import ManualClock
+    from omnix.testing.sim import SimRuntime
+
+    cfg = omni_like()
+    omni, sim = await start_sim(cfg)
+    old = omni.submit(SPEC).request_id
+    for _ in range(4):
+        sim.step()
+    clock = omni.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(200 * 10**9)
+    recent = omni.submit(SPEC).request_id
+    sim.step()
+    clock.advance(200 * 10**9)  # old: 400 s, recent: 200 s
+
+    def simulate(pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore) -> SimRuntime:
+        return SimRuntime(pipeline, emit, blobs, clock)
+
+    again = Omni(cfg, log=omni.log, clock=clock, runtime_factory=simulate, virtual_time=True, resume_within_s=300)
+    sim2 = again.runtime
+    assert isinstance(sim2, SimRuntime)
+    sim2.timer = again.timer
+    await again.start()
+    sim2.run_until_idle()
+    ends = {rid: [e for e in again.log.events_for(rid) if isinstance(e, TERMINAL_TYPES)] for rid in (old, recent)}
+    (failed,) = ends[old]
+    assert isinstance(failed, Failed) and failed.reason == "not_resumed"
+    (done,) = ends[recent]
+    assert isinstance(done, Finished)
