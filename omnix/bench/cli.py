@@ -17,6 +17,7 @@ BENCHES = {
     "http": "SSE streams/s and events/s through the HTTP layer",
     "replay": "fold and drive replay speed on a 1M-event trace",
     "telemetry": "throughput with telemetry on vs off",
+    "failover": "client-seen gap of a mid-stream migration; resume after a server restart",
 }
 
 

