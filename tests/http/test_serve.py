@@ -36,8 +36,9 @@ async def test_serve_logs_serves_and_stops_on_sigterm(tmp_path):
         "--pipeline", str(cfg), "--api-key", "k", "--log-dir", str(tmp_path / "log")
     )
     try:
-        url = (await served.until(r"listening on (http://\S+)")).group(1)
-        assert "pipeline 'serve-test'" in served.lines[-1]
+        listening = await served.until(r"listening on (http://\S+)")
+        url = listening.group(1)
+        assert "pipeline 'serve-test'" in listening.string
         await served.until(r"ready in [0-9.]+ s")
         auth = {"Authorization": "Bearer k"}
         async with aiohttp.ClientSession() as http:
