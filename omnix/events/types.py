@@ -30,7 +30,7 @@ from typing import Final, Literal, TypeGuard, Union, final, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 2  # 2: Routed.resume
+SCHEMA_VERSION = 2  # 2: Routed.resume, Chunk.piece
 
 Modality = Literal["text", "audio", "image", "codec"]
 """What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
@@ -226,7 +226,10 @@ class Progress(RequestEvent, frozen=True, kw_only=True, tag="progress"):
 class Chunk(RequestEvent, frozen=True, kw_only=True, tag="chunk"):
     """A piece of stage output.  ``index`` counts from 0 per (request, stage)
     and must be contiguous.  Small payloads are inline (``text``,
-    ``token_ids``); arrays and images are ``blob`` references."""
+    ``token_ids``); arrays and images are ``blob`` references.  ``piece``
+    is the stage's input piece (counted from 0 in the order the engine was
+    fed them) whose generation produced the chunk: how a continuation
+    splits the delivered outputs over the pieces (``Resume.pieces``)."""
 
     stage: str
     replica: int
@@ -235,6 +238,7 @@ class Chunk(RequestEvent, frozen=True, kw_only=True, tag="chunk"):
     text: str = ""
     token_ids: tuple[int, ...] = ()
     blob: BlobRef | None = None
+    piece: int = 0  # schema v2
 
 
 @final

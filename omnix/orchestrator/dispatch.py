@@ -37,7 +37,7 @@ from omnix.events.types import (
 from omnix.orchestrator.runtime import Runtime
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import merge_params
-from omnix.transport.work import InputPiece, Resume, WorkItem
+from omnix.transport.work import InputPiece, PieceOutput, Resume, WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +154,13 @@ class Dispatcher:
     def resume(self, ev: Routed) -> Resume:
         """Where a continuation picks up, read from the log: the stage's
         chunks before ``ev.resume``, in index order (the log holds them in
-        that order: the reducer refuses any other)."""
+        that order: the reducer refuses any other), and how they split
+        over the input pieces that produced them (``Chunk.piece``; a stage
+        runs its pieces in order, so the pieces never decrease)."""
         token_ids: list[int] = []
         text: list[str] = []
         samples = 0
+        pieces: list[PieceOutput] = []
         for e in self.log.events_for(ev.request_id):
             if type(e) is Chunk and e.stage == ev.stage and e.index < ev.resume:
                 token_ids += e.token_ids
@@ -165,7 +168,24 @@ class Dispatcher:
                 blob = e.blob
                 if blob is not None and blob.shape and e.modality == "audio":
                     samples += blob.shape[0]
-        return Resume(chunks=ev.resume, token_ids=tuple(token_ids), samples=samples, text="".join(text))
+                if e.piece < len(pieces) - 1:
+                    raise ValueError(
+                        f"chunk {e.index} of stage {e.stage!r} of request {ev.request_id!r} "
+                        f"came from input piece {e.piece} after a chunk of piece {len(pieces) - 1}: "
+                        "the log is corrupt (a stage runs its input pieces in order)"
+                    )
+                pieces += [PieceOutput()] * (e.piece + 1 - len(pieces))
+                p = pieces[e.piece]
+                pieces[e.piece] = PieceOutput(
+                    p.chunks + 1, p.token_ids + len(e.token_ids), p.text + len(e.text)
+                )
+        return Resume(
+            chunks=ev.resume,
+            token_ids=tuple(token_ids),
+            samples=samples,
+            text="".join(text),
+            pieces=tuple(pieces),
+        )
 
     def pieces(self, sources: tuple[int, ...]) -> tuple[InputPiece, ...]:
         """One input piece per source stage, its chunks joined in order."""

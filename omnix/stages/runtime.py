@@ -748,7 +748,8 @@ class StageRuntime:
                 elif rec.data:
                     blob = self.blobs.put(rec.data, rec.media_type)
                 emit(Chunk(request_id=rid, stage=stage, replica=replica, index=rec.index,
-                           modality=rec.modality, text=rec.text, token_ids=rec.token_ids, blob=blob))
+                           modality=rec.modality, text=rec.text, token_ids=rec.token_ids, blob=blob,
+                           piece=rec.piece))
             else:
                 if type(rec) is m.Done or type(rec) is m.Error:
                     active.pop(rid, None)

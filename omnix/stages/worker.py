@@ -659,7 +659,7 @@ class Worker:
                 if out.text or out.token_ids or out.data or out.array is not None:
                     record(m.Output(
                         rid, req.chunks, out.modality, out.text, out.token_ids,
-                        out.array, out.data, out.media_type,
+                        out.array, out.data, out.media_type, out.piece,
                     ))
                     req.chunks += 1
                 elif out.total > 0:

@@ -180,6 +180,7 @@ class InProcessRuntime:
                             text=out.text,
                             token_ids=tuple(out.token_ids),
                             blob=blob,
+                            piece=out.piece,
                         )
                     )
                     ex.chunks += 1

@@ -150,6 +150,7 @@ class Output(msgspec.Struct, tag="o", **_REC):
     array: np.ndarray | None = None
     data: bytes = b""
     media_type: str = ""
+    piece: int = 0  # the input piece that produced it (Chunk.piece)
 
 
 class ProgressRec(msgspec.Struct, tag="p", **_REC):

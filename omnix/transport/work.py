@@ -57,6 +57,10 @@ class EngineOutput(msgspec.Struct):
     prompt_tokens: int = 0
     output_tokens: int = 0
     finish_reason: str = ""
+    #: the input piece whose generation produced this output (0 for the
+    #: first piece the engine was fed); recorded on its chunk, so that a
+    #: continuation knows how the delivered outputs split over the pieces
+    piece: int = 0
 
     @property
     def is_progress(self) -> bool:
@@ -68,6 +72,16 @@ class EngineInfo(msgspec.Struct, frozen=True):
     capacity: int
     device: str = "cpu"
     model: str = ""
+
+
+class PieceOutput(msgspec.Struct, frozen=True, array_like=True):
+    """What one input piece's generation had delivered before a stage
+    execution moved: its ``chunks``, the ``token_ids`` count and the
+    ``text`` length (characters) of those chunks."""
+
+    chunks: int = 0
+    token_ids: int = 0
+    text: int = 0
 
 
 class Resume(msgspec.Struct, frozen=True, array_like=True):
@@ -82,12 +96,22 @@ class Resume(msgspec.Struct, frozen=True, array_like=True):
     with the rest of its token budget; a deterministic decoder re-decodes
     and drops the first ``samples`` samples it emitted; the scripted engine
     skips its first ``chunks`` outputs.  The worker numbers the
-    continuation's chunks from ``chunks`` on."""
+    continuation's chunks from ``chunks`` on.
+
+    ``pieces`` splits the delivered outputs over the input pieces that
+    produced them (``EngineOutput.piece``, recorded as ``Chunk.piece``):
+    entry ``i`` is piece ``i``'s share of ``token_ids`` and ``text``, in
+    order, up to the last piece that delivered anything.  Every piece
+    before that one had finished; that one may have been cut.  An engine
+    that runs each piece as a request of its own (vLLM's talker) skips the
+    finished pieces and continues the last from its share.  ``()``: the
+    producer did not split them (all from the first piece)."""
 
     chunks: int
     token_ids: tuple[int, ...] = ()
     samples: int = 0
     text: str = ""
+    pieces: tuple[PieceOutput, ...] = ()
 
 
 class GenerateRequest(msgspec.Struct, frozen=True):

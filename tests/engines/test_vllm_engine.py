@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from omnix.events.types import ChatMessage, StageParams
-from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, Resume
+from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, PieceOutput, Resume
 
 pytestmark = [
     pytest.mark.engines,
@@ -336,15 +336,15 @@ async def test_continuation_text_keeps_a_character_split_across_the_cut(tiny_mod
     assert inside, "the tokenizer spells no character over several tokens"
     for k in range(len(ids) + 1):
         delivered = tok.decode(ids[:k]).rstrip("\ufffd")
-        cont = _ContinuedText(tok, Resume(chunks=k, token_ids=tuple(ids[:k]), text=delivered))
-        rest = [cont.delta((t,), i == len(ids) - 1, None) for i, t in enumerate(ids) if i >= k]
+        cont = _ContinuedText(tok, tuple(ids[:k]), delivered)
+        rest = [cont.delta((t,), None) for i, t in enumerate(ids) if i >= k]
         assert all("\ufffd" not in d for d in rest), f"cut after {k} tokens"
         assert delivered + "".join(rest) == text, f"cut after {k} tokens"
     # A stop string inside the continuation ends the text before it.
     k = len(ids) // 2
     delivered = tok.decode(ids[:k]).rstrip("\ufffd")
-    cont = _ContinuedText(tok, Resume(chunks=1, token_ids=tuple(ids[:k]), text=delivered))
-    assert cont.delta(tuple(ids[k:]), True, "мир") == text[len(delivered) : text.index("мир")]
+    cont = _ContinuedText(tok, tuple(ids[:k]), delivered)
+    assert cont.delta(tuple(ids[k:]), "мир") == text[len(delivered) : text.index("мир")]
 
 
 async def test_seeded_continuation_reports_exact_counts(thinker) -> None:
@@ -383,3 +383,84 @@ async def test_continuation_of_several_pieces_is_refused(talker) -> None:
             resume=resume, max_tokens=8, temperature=0.0,
         )
     assert "k-res-pieces" not in talker._requests
+
+
+def _pieces(outs: list[EngineOutput]) -> list[int]:
+    """The input piece of every output token id, in order."""
+    return [o.piece for o in outs for _ in o.token_ids]
+
+
+def _resume_of(delivered: list[EngineOutput]) -> Resume:
+    """The ``Resume`` the orchestrator builds from these delivered outputs'
+    chunks (``Dispatcher.resume``: split by ``Chunk.piece``)."""
+    pieces: list[PieceOutput] = []
+    for o in delivered:
+        pieces += [PieceOutput()] * (o.piece + 1 - len(pieces))
+        p = pieces[o.piece]
+        pieces[o.piece] = PieceOutput(p.chunks + 1, p.token_ids + len(o.token_ids), p.text + len(o.text))
+    return Resume(
+        chunks=len(delivered),
+        token_ids=tuple(_ids(delivered)),
+        text="".join(o.text for o in delivered),
+        pieces=tuple(pieces),
+    )
+
+
+async def test_talker_continuation_of_several_pieces_at_every_cut(talker) -> None:
+    """The talker fed sentence by sentence (one sub-request per piece, an
+    empty piece among them) and cut after every chunk: the delivered
+    chunks plus the continuation's equal the undisturbed run, code for
+    code and piece for piece; finished pieces do not run again, and the
+    final counts are the undisturbed run's."""
+    pieces = (
+        InputPiece(token_ids=(40, 41, 42)),
+        InputPiece(),  # nothing to say: no sub-request, but it is piece 1
+        InputPiece(token_ids=(7, 8, 9, 10)),
+        InputPiece(token_ids=(99,)),
+    )
+    whole = await _run(talker, "k-mp-whole", *pieces, max_tokens=8, temperature=0.0)
+    payload = [o for o in whole if o.token_ids]
+    assert {o.piece for o in payload} == {0, 2, 3}  # each non-empty piece spoke
+    assert [o.piece for o in payload] == sorted(o.piece for o in payload)
+    for k in range(1, len(payload) + 1):
+        resume = _resume_of(payload[:k])
+        await talker._llm.reset_prefix_cache()
+        after = await _run(talker, f"k-mp-{k}", *pieces, resume=resume, max_tokens=8, temperature=0.0)
+        rest = [o for o in after if o.token_ids]
+        assert _ids(payload[:k]) + _ids(rest) == _ids(payload), f"cut after chunk {k}"
+        # Per code, not per chunk: vLLM may group a continuation's first
+        # frames in one delta.
+        assert _pieces(payload[:k] + rest) == _pieces(payload), f"cut after chunk {k}"
+        last = after[-1]
+        assert [o for o in after if o.finish_reason] == [last]
+        assert (last.prompt_tokens, last.output_tokens, last.finish_reason) == (
+            whole[-1].prompt_tokens, whole[-1].output_tokens, whole[-1].finish_reason
+        ), f"cut after chunk {k}"
+
+
+async def test_thinker_continuation_of_several_pieces_keeps_each_pieces_text(thinker) -> None:
+    """Text splits by piece too: the cut piece's text continues from its
+    own delivered text (not the whole resume's), the later piece starts
+    fresh."""
+    pieces = (InputPiece(text="Hello! How are you today?"), InputPiece(text="Tell me a story."))
+    whole = await _run(thinker, "t-mp-whole", *pieces, max_tokens=6, temperature=0.0)
+    payload = [o for o in whole if o.token_ids]
+    text = "".join(o.text for o in whole)
+    assert {o.piece for o in payload} == {0, 1}
+    for k in range(1, len(payload) + 1):
+        await thinker._llm.reset_prefix_cache()
+        after = await _run(
+            thinker, f"t-mp-{k}", *pieces, resume=_resume_of(payload[:k]), max_tokens=6, temperature=0.0
+        )
+        assert _ids(payload[:k]) + _ids(after) == _ids(payload), f"cut after chunk {k}"
+        got = "".join(o.text for o in payload[:k]) + "".join(o.text for o in after)
+        assert got == text, f"cut after chunk {k}"
+    # A text piece delivers the EOS it stopped on: one whose delivered ids
+    # end with it had finished, and only the next piece runs.
+    eos = thinker._tokenizer.eos_token_id
+    assert eos in thinker._eos_ids
+    first = [*[t for o in payload if o.piece == 0 for t in o.token_ids][:3], eos]
+    ended = Resume(chunks=2, token_ids=tuple(first), pieces=(PieceOutput(2, len(first), 0),))
+    after = await _run(thinker, "t-mp-eos", *pieces, resume=ended, max_tokens=6, temperature=0.0)
+    assert _ids(after) == [t for o in payload if o.piece == 1 for t in o.token_ids]
+    assert {o.piece for o in after if o.token_ids} == {1}

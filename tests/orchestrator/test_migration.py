@@ -4,9 +4,11 @@ request's output is the undisturbed run's."""
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
+from omnix.events.log import MemoryLog
 from omnix.events.reducer import Fold
 from omnix.events.types import (
     TERMINAL_TYPES,
@@ -21,10 +23,11 @@ from omnix.events.types import (
     WorkerLost,
 )
 from omnix.orchestrator.decide import Orchestrator
-from omnix.orchestrator.dispatch import continuation_seed
+from omnix.orchestrator.dispatch import Dispatcher, continuation_seed
 from omnix.replay.drive import drive
 from omnix.testing.sim import start_sim
 from omnix.trace import export_trace, read_trace
+from omnix.transport.work import PieceOutput
 
 from .conftest import omni_like
 
@@ -235,3 +238,45 @@ async def test_rules_v1_keep_failing_a_stage_lost_mid_stream():
             break
     else:  # pragma: no cover
         raise AssertionError("no WorkerLost in the log")
+
+
+async def test_a_continuation_says_how_the_delivered_chunks_split_over_the_input_pieces():
+    """``Resume.pieces``: per input piece, the chunks, token ids and text
+    characters it delivered (``Chunk.piece``), up to the last piece that
+    delivered anything; what an engine running one sub-request per piece
+    (vLLM's talker) needs to continue exactly."""
+    cfg = omni_like(**TWO_REPLICAS)
+    per_piece = cfg.stage("talker").engine.chunks_per_piece
+    omni, sim = await start_sim(cfg)
+    omni.submit(SPEC, request_id="r1")
+    cut = 2 * per_piece + 1  # inside the third piece
+    while omni.state("r1").stage("talker") is None or omni.state("r1").stage("talker").chunks < cut:
+        assert sim.step()
+    # The sim records no pieces: give its chunks the pieces a worker would
+    # record (the scripted talker speaks per_piece chunks per input piece),
+    # skipping piece 1 as an empty piece would be.
+    def piece_of(index: int) -> int:
+        p = index // per_piece
+        return p if p == 0 else p + 1
+
+    events = [
+        msgspec.structs.replace(e, piece=piece_of(e.index)) if isinstance(e, Chunk) and e.stage == "talker" else e
+        for e in omni.log.read()
+    ]
+    log = MemoryLog(events=events)
+    talker = [e for e in log.events_for("r1") if isinstance(e, Chunk) and e.stage == "talker"][:cut]
+    routed = Routed(request_id="r1", stage="talker", replica=1, seq=0, sources=(), last=False, resume=cut)
+    resume = Dispatcher(log, None, omni.blobs, cfg).resume(routed)  # resume() uses no runtime
+    assert resume.chunks == cut
+    assert resume.token_ids == tuple(i for e in talker for i in e.token_ids)
+
+    def share(p: int) -> PieceOutput:
+        mine = [e for e in talker if e.piece == p]
+        return PieceOutput(len(mine), sum(len(e.token_ids) for e in mine), sum(len(e.text) for e in mine))
+
+    assert resume.pieces == (share(0), PieceOutput(), share(2), share(3))
+    assert resume.pieces[3].chunks == 1 and resume.pieces[0].chunks == per_piece
+    # Chunks recorded without pieces (every one piece 0): one share.
+    plain = Dispatcher(omni.log, None, omni.blobs, cfg).resume(routed)  # resume() uses no runtime
+    assert plain.token_ids == resume.token_ids
+    assert plain.pieces == (PieceOutput(cut, len(resume.token_ids), len(resume.text)),)
