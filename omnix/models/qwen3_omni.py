@@ -182,9 +182,9 @@ def build_omni_tokenizer(out_dir: Path, model_max_length: int = TEXT_MAX_POSITIO
     The multimodal tokens are added to the BPE vocabulary itself (fixed ids
     right after the trained tokens) and declared as named model-specific
     special tokens, so ``tokenizer.audio_token`` etc. survive a reload."""
-    from transformers import AutoTokenizer, Qwen2Tokenizer
+    from transformers import AutoTokenizer
 
-    from omnix.models.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START, train_tokenizer
+    from omnix.models.tokenizer import ENDOFTEXT, IM_END, IM_START, save_tokenizer, train_tokenizer
 
     vocab, merges = train_tokenizer()
     vocab = dict(vocab)
@@ -192,21 +192,7 @@ def build_omni_tokenizer(out_dir: Path, model_max_length: int = TEXT_MAX_POSITIO
         if token in vocab:
             raise AssertionError(f"{token} already in the trained vocabulary")
         vocab[token] = len(vocab)
-    tokenizer = Qwen2Tokenizer(
-        vocab=vocab,
-        # (a, b) pairs, as omnix's own tokenizer passes them: tokenizers
-        # accepts them; the annotation only says "a b" strings.
-        merges=merges,  # type: ignore[arg-type]
-        unk_token=ENDOFTEXT,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
-        additional_special_tokens=[IM_START, IM_END],
-        model_specific_special_tokens=dict(NAMED_MM_TOKENS),
-        model_max_length=model_max_length,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(out_dir))
+    save_tokenizer(out_dir, vocab, merges, model_max_length=model_max_length, named=NAMED_MM_TOKENS)
 
     # Read the ids back through the loader vLLM uses, and check the names.
     loaded = AutoTokenizer.from_pretrained(str(out_dir))

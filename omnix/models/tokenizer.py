@@ -17,6 +17,7 @@ it for a folder.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,9 +89,25 @@ def _merges_of(tok: Tokenizer) -> list[tuple[str, str]]:
 def build_tokenizer(out_dir: Path, model_max_length: int = 2048) -> int:
     """Train and save the tokenizer into ``out_dir``; return its vocabulary
     size (special tokens included)."""
+    vocab, merges = train_tokenizer()
+    return save_tokenizer(out_dir, vocab, merges, model_max_length=model_max_length)
+
+
+def save_tokenizer(
+    out_dir: Path,
+    vocab: dict[str, int],
+    merges: list[tuple[str, str]],
+    *,
+    model_max_length: int,
+    named: Mapping[str, str] | None = None,
+) -> int:
+    """Save ``vocab``/``merges`` as a native ``Qwen2Tokenizer`` with the
+    ChatML template into ``out_dir``; ``named`` declares model-specific
+    special tokens by attribute (``{"audio_token": "<|audio_pad|>"}``), as
+    multimodal processors read them.  Returns the vocabulary size."""
     from transformers import Qwen2Tokenizer
 
-    vocab, merges = train_tokenizer()
+    extra: dict[str, object] = {"model_specific_special_tokens": dict(named)} if named else {}
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
         # Pairs, as in tokenizer.json: transformers takes them, though its
@@ -101,6 +118,7 @@ def build_tokenizer(out_dir: Path, model_max_length: int = 2048) -> int:
         pad_token=ENDOFTEXT,
         additional_special_tokens=[IM_START, IM_END],
         model_max_length=model_max_length,
+        **extra,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     out_dir.mkdir(parents=True, exist_ok=True)
