@@ -234,6 +234,7 @@ async def serve_scripted(
     api_key: str | None = None,
     telemetry: Any = False,
     client_max_size: int | None = None,
+    resume_grace_s: float = 0.0,
     runtime_options: dict[str, Any] | None = None,
     omni_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[HttpServer]:
@@ -250,7 +251,11 @@ async def serve_scripted(
     else:
         omni = Omni(pipeline, runtime_factory=InProcessRuntime, **(omni_options or {}))
     async with serve_omni(
-        omni, api_key=api_key, telemetry=telemetry, client_max_size=client_max_size or DEFAULT_MAX_BODY
+        omni,
+        api_key=api_key,
+        telemetry=telemetry,
+        client_max_size=client_max_size or DEFAULT_MAX_BODY,
+        resume_grace_s=resume_grace_s,
     ) as server:
         yield server
 

@@ -22,15 +22,12 @@ import openai
 import pytest
 import pytest_asyncio
 
-from omnix.api import Omni
 from omnix.events.types import TERMINAL_TYPES, Event, StageStarted
 from omnix.http.app import HttpServer
 from omnix.http.render import render_response
-from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
-from omnix.testing.serving import InProcessRuntime, serve_omni
 
-from .conftest import use_processes
+from .conftest import _serve, use_processes
 from .test_restart import omnix_serve
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -57,22 +54,15 @@ OMNI = scripted_omni_toml(
 GRACE_S = 60.0
 
 
-async def _serve(text: str) -> AsyncIterator[HttpServer]:
-    pipeline = parse_pipeline(text)
-    omni = Omni(pipeline) if use_processes() else Omni(pipeline, runtime_factory=InProcessRuntime)
-    async with serve_omni(omni, telemetry=False, resume_grace_s=GRACE_S) as server:
-        yield server
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def text_server() -> AsyncIterator[HttpServer]:
-    async for s in _serve(TEXT):
+    async for s in _serve(TEXT, resume_grace_s=GRACE_S):
         yield s
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def omni_server() -> AsyncIterator[HttpServer]:
-    async for s in _serve(OMNI):
+    async for s in _serve(OMNI, resume_grace_s=GRACE_S):
         yield s
 
 
