@@ -14,7 +14,7 @@ from omnix.events.types import StageParams
 from omnix.pipelines.config import ScriptedArgs, StageConfig
 from omnix.transport import messages as m
 from omnix.transport.codec import ARRAY_FRAME_THRESHOLD, FrameDecoder, FrameEncoder
-from omnix.transport.sockets import make_dealer, make_router, recv_parts
+from omnix.transport.sockets import recv_parts
 from omnix.transport.work import InputPiece, WorkItem
 
 
@@ -31,17 +31,6 @@ def no_pickle(monkeypatch):
 
     for name in ("dumps", "loads", "dump", "load"):
         monkeypatch.setattr(pickle, name, refuse)
-
-
-@pytest.fixture
-def pair(tmp_path):
-    ctx = zmq.Context()
-    router, ep = make_router(ctx, f"ipc://{tmp_path}/t.sock")
-    dealer = make_dealer(ctx, ep, b"w1")
-    yield router, dealer
-    dealer.close(0)
-    router.close(0)
-    ctx.term()
 
 
 def _roundtrip(router: zmq.Socket, dealer: zmq.Socket, obj: object, type_: type) -> tuple[object, list]:

@@ -7,27 +7,15 @@ import logging
 
 import msgspec
 import pytest
-import zmq
 
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.inbox import Inbox, Route, ignore
-from omnix.transport.sockets import MAX_DRAIN, make_dealer, make_router, send_frames
+from omnix.transport.sockets import MAX_DRAIN, send_frames
 
 log = logging.getLogger("test.inbox")
 
 PROTOCOL = {m.ABORT: m.Abort, m.SHUTDOWN: m.Shutdown}
-
-
-@pytest.fixture
-def pair(tmp_path):
-    ctx = zmq.Context()
-    router, ep = make_router(ctx, f"ipc://{tmp_path}/t.sock")
-    dealer = make_dealer(ctx, ep, b"w1")
-    yield router, dealer
-    dealer.close(0)
-    router.close(0)
-    ctx.term()
 
 
 async def _until(cond) -> None:
