@@ -78,6 +78,7 @@ import msgspec
 
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
+from omnix.stages.engine import EngineDead
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece, Resume
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,10 @@ GIB = 1 << 30
 DEFAULT_MAX_TOKENS = 128
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
+
+
+class _NeverRaised(Exception):
+    """Stands for vLLM's EngineDeadError until vLLM is imported."""
 
 class VocabLayout(msgspec.Struct, frozen=True, kw_only=True):
     """What the model's ``omnix.json`` says about its vocabulary (all
@@ -125,6 +130,8 @@ class VllmEngine:
         self.folder: Path | None = None
         self.layout = VocabLayout()
         self._llm: Any = None
+        # vLLM's EngineDeadError, once vLLM is imported (start()).
+        self._dead: type[BaseException] = _NeverRaised
         self._tokenizer: Any = None
         self._requests: dict[str, _Live] = {}
         self._device = "cpu"
@@ -164,8 +171,11 @@ class VllmEngine:
         # __del__ fails noisily.
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         from omnix.stages.placement import ENGINE_CPUS_ENV, engine_affinity
+
+        self._dead = EngineDeadError
 
         assert self.folder is not None
         self._device = str(current_platform.device_type or "cpu")
@@ -327,6 +337,8 @@ class VllmEngine:
                                 continue
                         if text or ids:
                             yield self._output(text, ids, index)
+                except self._dead as exc:
+                    raise EngineDead(f"vLLM's engine core is gone ({exc})") from exc
                 finally:
                     live.sub_id = None
                     await stream.aclose()  # vLLM aborts a request whose stream is closed early

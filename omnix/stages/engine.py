@@ -25,6 +25,13 @@ from omnix.pipelines.engines import ENGINE_CLASSES
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 
+class EngineDead(RuntimeError):
+    """Raised by ``generate`` when the engine itself is gone (vLLM's engine
+    core process died), not only this request: every later request would
+    fail the same way, so the worker exits and its runtime starts a new one
+    (the requests it ran continue elsewhere, as for any lost replica)."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What a worker drives.  One instance per worker process."""

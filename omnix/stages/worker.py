@@ -55,7 +55,7 @@ import msgspec
 import zmq
 
 from omnix.pipelines.config import StageConfig, engine_kind
-from omnix.stages.engine import Engine, load_engine
+from omnix.stages.engine import Engine, EngineDead, load_engine
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameDecoder, FrameEncoder
 from omnix.transport.inbox import Inbox, Route, ignore
@@ -667,6 +667,14 @@ class Worker:
                 # else: payload-free finish metadata, not a chunk
         except asyncio.CancelledError:
             raise  # an abort (acknowledged in _on_task_done) or shutdown
+        except EngineDead as exc:
+            # Not this request's failure: the worker is useless now.  Its
+            # exit makes the runtime record the replica lost (its requests
+            # continue elsewhere) and start a new one.
+            self._finished(req)
+            log.error("stage %s's engine died: %s", self.stage, exc)
+            self.stop(EXIT_ENGINE_FAILED, f"its engine died: {exc}")
+            return
         except Exception as exc:
             self._finished(req)
             if req.aborted:  # some engines raise when aborted: that is the ack

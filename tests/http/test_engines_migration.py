@@ -25,6 +25,7 @@ import signal
 from collections.abc import AsyncIterator
 
 import msgspec
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -126,9 +127,13 @@ def _rid(chunk) -> str:
     return str(chunk.id).removeprefix("chatcmpl-")
 
 
-def _kill_serving(server: HttpServer, rid: str, stage: str) -> tuple[int, int]:
-    """SIGKILL the worker of ``stage`` the request was routed to: the pid
-    its replica's latest ``WorkerJoined`` recorded.  (replica, pid)."""
+def _kill_serving(
+    server: HttpServer, rid: str, stage: str, engine_core: bool = False
+) -> tuple[int, int]:
+    """SIGKILL the worker of ``stage`` the request was routed to (the pid
+    its replica's latest ``WorkerJoined`` recorded), or with
+    ``engine_core`` the vLLM engine-core process that worker started.
+    (replica, pid killed)."""
     log = server.omni.log
     first = [
         e for e in log.events_for(rid) if type(e) is Routed and e.stage == stage and e.seq == 0
@@ -140,6 +145,11 @@ def _kill_serving(server: HttpServer, rid: str, stage: str) -> tuple[int, int]:
     ]
     pid = joined[-1].pid
     assert pid > 0, f"{stage}/{first.replica} joined without a pid"
+    if engine_core:
+        (core,) = [
+            p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in p.name()
+        ]
+        pid = core.pid
     os.kill(pid, signal.SIGKILL)
     return first.replica, pid
 
@@ -252,10 +262,11 @@ class _Text(msgspec.Struct):
 
 
 async def _chat_text(
-    client, kill: tuple[HttpServer, int] | None = None
+    client, kill: tuple[HttpServer, int] | None = None, engine_core: bool = False
 ) -> tuple[_Text, tuple[int, int] | None]:
     """A greedy streamed chat; with ``kill`` = (server, N), the thinker
-    worker serving it is killed once N content chunks have arrived."""
+    worker serving it (or its vLLM engine core) is killed once N content
+    chunks have arrived."""
     stream = await client.chat.completions.create(
         model=PIPELINE.name, messages=USER, temperature=0.0, seed=3, max_tokens=64, stream=True,
         stream_options={"include_usage": True},
@@ -266,7 +277,7 @@ async def _chat_text(
         if chunk.choices and chunk.choices[0].delta.content:
             pieces.append(chunk.choices[0].delta.content)
             if kill is not None and killed is None and len(pieces) >= kill[1]:
-                killed = _kill_serving(kill[0], rid, "thinker")
+                killed = _kill_serving(kill[0], rid, "thinker", engine_core)
         usage = chunk.usage or usage
     assert usage is not None
     out = _Text(
@@ -308,3 +319,20 @@ async def test_a_vllm_worker_killed_mid_stream_is_continued_exactly(server, clie
     ref_ids = [t for c in _stage_chunks(server, ref.rid, "thinker") for t in c.token_ids]
     assert [t for c in chunks for t in c.token_ids] == ref_ids
     assert _lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
+
+
+async def test_a_vllm_engine_core_killed_mid_stream_takes_its_worker_down_and_is_continued(server, client):
+    # The engine core dying is the worker's death too: a worker whose vLLM
+    # is gone would fail every request it is sent.  It exits, the replica
+    # is recorded lost, and the request continues on the other one.
+    ref, _ = await _chat_text(client)
+    got, killed = await _chat_text(client, kill=(server, 3), engine_core=True)
+    assert killed is not None
+    replica, _ = killed
+    assert got.text == ref.text
+    assert got.usage == ref.usage
+    terminal, resumed = _migration_facts(server, got.rid)
+    assert [type(e) for e in terminal] == [Finished]
+    (cont,) = resumed
+    assert cont.stage == "thinker" and cont.replica != replica
+    assert _lost(server, "thinker", replica), f"thinker/{replica} was not recorded lost"
