@@ -30,7 +30,7 @@ from typing import Final, Literal, TypeGuard, Union, final, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 2  # 2: Routed.resume, Chunk.piece
+SCHEMA_VERSION = 3  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media
 
 Modality = Literal["text", "audio", "image", "codec"]
 """What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
@@ -45,6 +45,8 @@ FailReason = Literal[
     "not_resumed",
 ]
 RejectReason = Literal["overloaded", "not_ready", "shutting_down"]
+MediaKind = Literal["audio", "image"]
+"""What a chat message's media part holds (decoded at admission)."""
 
 
 # --------------------------------------------------------------------------
@@ -67,9 +69,26 @@ class BlobRef(msgspec.Struct, frozen=True, array_like=True, gc=False):
     media_type: str = ""
 
 
+class MediaPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A decoded audio clip or image in a chat message.
+
+    ``blob`` holds the decoded array, as the admission decoded it once:
+    audio as float32 mono samples at ``rate`` Hz (shape ``(n,)``), an image
+    as uint8 RGB (shape ``(height, width, 3)``).  ``at`` is the character
+    offset in the message's ``content`` where the part stood among the
+    text parts, so the engine's prompt keeps the client's order.
+    """
+
+    kind: MediaKind
+    blob: BlobRef
+    at: int = 0
+    rate: int = 0
+
+
 class ChatMessage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     role: str
     content: str
+    media: tuple[MediaPart, ...] = ()  # schema v3
 
 
 class StageParams(

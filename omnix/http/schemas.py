@@ -69,7 +69,24 @@ class InputAudioPart(msgspec.Struct, tag="input_audio", tag_field="type", **_REQ
     input_audio: InputAudio
 
 
-ContentPart = TextPart | ImageUrlPart | InputAudioPart
+class AudioUrl(msgspec.Struct, **_REQ):
+    url: str
+
+
+class AudioUrlPart(msgspec.Struct, tag="audio_url", tag_field="type", **_REQ):
+    audio_url: AudioUrl
+
+
+class VideoUrl(msgspec.Struct, **_REQ):
+    url: str
+
+
+class VideoUrlPart(msgspec.Struct, tag="video_url", tag_field="type", **_REQ):
+    video_url: VideoUrl
+
+
+MediaContentPart = ImageUrlPart | InputAudioPart | AudioUrlPart | VideoUrlPart
+ContentPart = TextPart | ImageUrlPart | InputAudioPart | AudioUrlPart | VideoUrlPart
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 

@@ -152,6 +152,27 @@ class StageConfig(msgspec.Struct, **_STRICT):
         return retry_by_default(self.engine) if self.retry is None else self.retry
 
 
+class MediaLimits(msgspec.Struct, **_STRICT):
+    """What a pipeline's source stage accepts besides text, and how much.
+
+    Checked at admission, before anything is admitted; a part beyond a
+    limit is answered 400 naming it.  A pipeline without ``media`` takes
+    text only.
+    """
+
+    audio: bool = False
+    image: bool = False
+    #: decoded bytes of one part (after base64)
+    max_part_bytes: int = 10 * 2**20
+    max_audio_seconds: float = 300.0
+    max_pixels: int = 4096 * 4096
+    #: parts of each kind per request (vLLM's ``limit_mm_per_prompt``)
+    max_audio_parts: int = 1
+    max_image_parts: int = 1
+    #: the rate audio is resampled to for the model's processor
+    sample_rate: int = 16_000
+
+
 Forward = Literal["chunk", "sentence", "finish"]
 
 
@@ -180,6 +201,8 @@ class PipelineConfig(msgspec.Struct, **_STRICT):
     # Bound on how long a cancelled request waits for its stages to
     # acknowledge aborts before it is declared cancelled anyway.
     abort_timeout_s: float = 2.0
+    #: audio/image input the source stage takes (None: text only)
+    media: MediaLimits | None = None
 
     def stage(self, name: str) -> StageConfig:
         for st in self.stages:
