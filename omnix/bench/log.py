@@ -16,8 +16,16 @@ Figures (``--json`` adds one JSON object as the last line):
 * ``fold_1m_seconds``: ``fold(log.read())`` over that log of ``--events``
   (default 1M) events: read the segments, decode, reduce into a fresh
   state; the log keeps no event objects.  ``reopen_1m_seconds`` beside it
-  is what a restart costs: recovery also verifies every checksum and
-  rebuilds the position and request indexes.
+  is what a restart costs without snapshots: recovery also verifies every
+  checksum and rebuilds the position and request indexes.
+* ``reopen_after_1m_events_s``: the same 1M events appended to a
+  ``DiskLog`` with its default snapshots (every 100,000 appends) and a
+  ``Retention`` with its default policy (2,000 ended requests), then
+  reopened: the newest snapshot plus the records from the oldest retained
+  request on (``reopen_after_1m_folded_events`` were folded,
+  ``reopen_after_1m_indexed_events`` read).
+* ``memory_append_fold_retention_events_per_s``: the memory append run
+  with a ``Retention`` (default policy) listening: its accounting's cost.
 * ``state_bytes_per_request``: measured memory the fold retains per request
   (tracemalloc over 5,000 requests' decoded events: the state structs,
   their strings, the dict slot).  The deep ``sys.getsizeof`` of one
@@ -60,6 +68,7 @@ from omnix.events.codec import decode_event, encode_event
 from omnix.events.disklog import DiskLog, LogConfig
 from omnix.events.log import MemoryLog
 from omnix.events.reducer import Fold, RequestState, fold
+from omnix.events.retention import Retention, RetentionPolicy
 from omnix.events.types import (
     Admitted,
     BlobRef,
@@ -77,6 +86,7 @@ TARGETS = {
     "disk_batched_fsync_events_per_s": (">=", 100_000),
     "fold_1m_seconds": ("<=", 5.0),
     "state_bytes_per_request": ("<=", 2048),
+    "reopen_after_1m_events_s": ("<=", 0.5),
 }
 
 
@@ -99,20 +109,34 @@ class LogBenchResult(msgspec.Struct, frozen=True):
     disk_bytes_per_event: float
     disk_index_bytes_per_event: float
     load_average: float
+    reopen_after_1m_events_s: float = 0.0
+    reopen_after_1m_cpu_s: float = 0.0
+    reopen_after_1m_folded_events: int = 0
+    reopen_after_1m_indexed_events: int = 0
+    memory_append_fold_retention_events_per_s: float = 0.0
+    disk_retention_snapshots_events_per_s: float = 0.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--events", type=int, default=1_000_000, help="events for the disk and fold runs (default 1M)"
+        "--events",
+        type=int,
+        default=1_000_000,
+        help="events for the disk and fold runs (default 1M)",
     )
     parser.add_argument(
         "--memory-events", type=int, default=300_000, help="events for the memory append run"
     )
     parser.add_argument("--concurrency", type=int, default=256, help="requests in flight")
     parser.add_argument(
-        "--repeat", type=int, default=3, help="runs of each timed part; the best is reported (default 3)"
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs of each timed part; the best is reported (default 3)",
     )
-    parser.add_argument("--dir", default=None, help="where to write the disk log (default: a temp dir)")
+    parser.add_argument(
+        "--dir", default=None, help="where to write the disk log (default: a temp dir)"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -136,11 +160,18 @@ def request_lifecycle(rid: str) -> Iterator[Event]:
     yield StageStarted(request_id=rid, stage="thinker", replica=0)
     for i in range(8):
         yield Chunk(
-            request_id=rid, stage="thinker", replica=0, index=i, modality="text",
-            text=" word", token_ids=(1000 + i,),
+            request_id=rid,
+            stage="thinker",
+            replica=0,
+            index=i,
+            modality="text",
+            text=" word",
+            token_ids=(1000 + i,),
         )
         if i == 2:  # async chunk: talker starts on the first sentence
-            yield Routed(request_id=rid, stage="talker", replica=1, seq=0, sources=(3, 4, 5), last=False)
+            yield Routed(
+                request_id=rid, stage="talker", replica=1, seq=0, sources=(3, 4, 5), last=False
+            )
             yield StageStarted(request_id=rid, stage="talker", replica=1)
     yield StageFinished(
         request_id=rid, stage="thinker", replica=0, chunks=8, prompt_tokens=14, output_tokens=8
@@ -148,14 +179,20 @@ def request_lifecycle(rid: str) -> Iterator[Event]:
     yield Routed(request_id=rid, stage="talker", replica=1, seq=1, sources=(6, 7, 8), last=True)
     for i in range(6):
         yield Chunk(
-            request_id=rid, stage="talker", replica=1, index=i, modality="codec",
+            request_id=rid,
+            stage="talker",
+            replica=1,
+            index=i,
+            modality="codec",
             token_ids=(11, 12, 13, 14, 15, 16, 17, 18),
         )
     yield StageFinished(request_id=rid, stage="talker", replica=1, chunks=6, output_tokens=48)
     yield Routed(request_id=rid, stage="code2wav", replica=0, seq=0, sources=(20,), last=True)
     yield StageStarted(request_id=rid, stage="code2wav", replica=0)
     for i in range(4):
-        yield Chunk(request_id=rid, stage="code2wav", replica=0, index=i, modality="audio", blob=_BLOB)
+        yield Chunk(
+            request_id=rid, stage="code2wav", replica=0, index=i, modality="audio", blob=_BLOB
+        )
     yield StageFinished(request_id=rid, stage="code2wav", replica=0, chunks=4)
     yield Finished(request_id=rid)
 
@@ -251,8 +288,37 @@ def bench_memory(n: int, concurrency: int) -> tuple[int, _Timer]:
     return len(log), timer
 
 
-def bench_disk(root: Path, n: int, concurrency: int) -> tuple[int, _Timer, int]:
+def bench_memory_retention(n: int, concurrency: int) -> tuple[int, _Timer]:
+    log = MemoryLog()
+    Retention(log, RetentionPolicy())
+    timer = _Timer()
+    for batch in batches(n, concurrency):
+        append = log.append
+        with timer:
+            for ev in batch:
+                append(ev)
+    return len(log), timer
+
+
+def bench_disk_retained(root: Path, n: int, concurrency: int) -> tuple[int, _Timer]:
+    """Append ``n`` events with default snapshots and retention; return the
+    log's length and the append timer (until close)."""
     log = DiskLog(root, LogConfig(fsync="batch"))
+    Retention(log, RetentionPolicy())
+    timer = _Timer()
+    for batch in batches(n, concurrency):
+        append = log.append
+        with timer:
+            for ev in batch:
+                append(ev)
+    with timer:
+        log.close()
+    return len(log), timer
+
+
+def bench_disk(root: Path, n: int, concurrency: int) -> tuple[int, _Timer, int]:
+    # No snapshots: the append path and the full refold as before them.
+    log = DiskLog(root, LogConfig(fsync="batch", snapshot_every=0))
     timer = _Timer()
     for batch in batches(n, concurrency):
         append = log.append
@@ -301,8 +367,10 @@ def run(args: argparse.Namespace) -> int:
     if root.exists():
         shutil.rmtree(root)
     try:
-        print(f"omnix bench log: {n:,} events (disk, fold), {args.memory_events:,} (memory), "
-              f"{conc} requests in flight, 31 events per request")
+        print(
+            f"omnix bench log: {n:,} events (disk, fold), {args.memory_events:,} (memory), "
+            f"{conc} requests in flight, 31 events per request"
+        )
 
         reps = max(1, args.repeat)
 
@@ -312,11 +380,14 @@ def run(args: argparse.Namespace) -> int:
             best = min(runs, key=lambda t: t.wall)
             med = statistics.median(t.wall for t in runs)
             if unit == "rate":
-                print(f"  {label:<30}{count / best.wall:12,.0f} events/s   "
-                      f"(median {count / med:,.0f}; {count / best.cpu:,.0f} per CPU-second)")
+                print(
+                    f"  {label:<30}{count / best.wall:12,.0f} events/s   "
+                    f"(median {count / med:,.0f}; {count / best.cpu:,.0f} per CPU-second)"
+                )
             else:
-                print(f"  {label:<30}{best.wall:12.2f} s   "
-                      f"(median {med:.2f} s; {best.cpu:.2f} CPU-s)")
+                print(
+                    f"  {label:<30}{best.wall:12.2f} s   (median {med:.2f} s; {best.cpu:.2f} CPU-s)"
+                )
             return best
 
         mem_runs = []
@@ -325,6 +396,12 @@ def run(args: argparse.Namespace) -> int:
             mem_runs.append(t)
             gc.collect()
         t_mem = report("memory append+validate+fold", mem_runs, n_mem, "rate")
+        ret_runs = []
+        for _ in range(reps):
+            n_ret, t = bench_memory_retention(args.memory_events, conc)
+            ret_runs.append(t)
+            gc.collect()
+        t_ret = report("  ... with retention listening", ret_runs, n_ret, "rate")
 
         disk_runs = []
         for _ in range(reps):
@@ -340,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(reps):
             gc.collect()
             with _Timer() as t:
-                log = DiskLog(root)
+                log = DiskLog(root, LogConfig(snapshot_every=0))
             reopen_runs.append(t)
             gc.collect()
             with _Timer() as t:
@@ -354,23 +431,53 @@ def run(args: argparse.Namespace) -> int:
             del log, replay
         t_fold = report("fold(log.read()): decode+reduce", fold_runs, n, "time")
         t_reopen = report("reopen: verify+fold+index", reopen_runs, n, "time")
-        print(f"  disk log index                {index_bytes:12.1f} bytes/event in memory "
-              f"(+ one dict entry per request); no event objects kept")
+
+        # The same history with snapshots and retention: reopen folds the
+        # newest snapshot's suffix only.
+        kept = tmp / "retained"
+        if kept.exists():
+            shutil.rmtree(kept)
+        n_kept, t_kept_append = bench_disk_retained(kept, n, conc)
+        kept_runs = []
+        for _ in range(reps):
+            gc.collect()
+            with _Timer() as t:
+                klog = DiskLog(kept)
+            kept_runs.append(t)
+            folded, indexed = klog.recovery.folded, klog.recovery.indexed
+            assert len(klog) == n_kept
+            klog.close()
+            del klog
+        t_kept = report("reopen after 1M, snapshots", kept_runs, n, "time")
+        print(
+            f"  {'':<30}{folded:12,d} events folded, {indexed:,} read (snapshot + suffix); "
+            f"appends with retention+snapshots: {n_kept / t_kept_append.wall:,.0f} events/s"
+        )
+        print(
+            f"  disk log index                {index_bytes:12.1f} bytes/event in memory "
+            f"(+ one dict entry per request); no event objects kept"
+        )
         gc.collect()
         mem_rate, mem_cpu_rate = n_mem / t_mem.wall, n_mem / t_mem.cpu
         disk_rate, disk_cpu_rate = n_disk / t_disk.wall, n_disk / t_disk.cpu
 
         per_req, deep, encoded = state_sizes(conc)
-        print(f"  state per request             {per_req:12,d} bytes retained by the fold per "
-              "request (tracemalloc, decoded events)")
-        print(f"                                {deep:12,d} bytes deep sizeof of one finished "
-              f"3-stage RequestState (shared strings counted); {encoded} bytes msgpack")
+        print(
+            f"  state per request             {per_req:12,d} bytes retained by the fold per "
+            "request (tracemalloc, decoded events)"
+        )
+        print(
+            f"                                {deep:12,d} bytes deep sizeof of one finished "
+            f"3-stage RequestState (shared strings counted); {encoded} bytes msgpack"
+        )
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         print(f"  peak RSS                      {rss:12.0f} MB")
         load = os.getloadavg()[0]
-        print(f"  load average (1 min)          {load:12.2f}  on {os.cpu_count()} CPUs "
-              "(other processes' load lowers every rate above)")
+        print(
+            f"  load average (1 min)          {load:12.2f}  on {os.cpu_count()} CPUs "
+            "(other processes' load lowers every rate above)"
+        )
 
         result = LogBenchResult(
             memory_append_fold_events_per_s=round(mem_rate),
@@ -390,6 +497,12 @@ def run(args: argparse.Namespace) -> int:
             disk_bytes_per_event=round(disk_bytes / n, 1),
             disk_index_bytes_per_event=round(index_bytes, 1),
             load_average=round(load, 2),
+            reopen_after_1m_events_s=round(t_kept.wall, 3),
+            reopen_after_1m_cpu_s=round(t_kept.cpu, 3),
+            reopen_after_1m_folded_events=folded,
+            reopen_after_1m_indexed_events=indexed,
+            memory_append_fold_retention_events_per_s=round(n_ret / t_ret.wall),
+            disk_retention_snapshots_events_per_s=round(n_kept / t_kept_append.wall),
         )
         failed = []
         for key, (op, target) in TARGETS.items():

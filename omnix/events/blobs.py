@@ -8,6 +8,12 @@ On disk a blob is ``ROOT/ab/cdef....bin``: written to a temporary file and
 renamed into place, so a crash leaves either the whole blob or none.  The
 digest is blake2b-128 of the bytes; the dtype/shape live in the reference,
 so identical bytes with different shapes share one file.
+
+Blobs are deleted only by retention (``retention.py``), which counts the
+references retained events hold.  A blob is put *before* the event that
+references it is appended, so a digest put again since the last time
+retention asked (``take_fresh``) is not deleted yet: a worker may be about
+to reference it.
 """
 
 from __future__ import annotations
@@ -38,10 +44,18 @@ def _array_view(arr: np.ndarray) -> tuple[memoryview, str, tuple[int, ...]]:
 
 
 class BlobStore:
-    """Abstract store; subclasses implement ``_write``, ``_read``, ``_has``."""
+    """Abstract store; subclasses implement ``_write``, ``_read``, ``_has``
+    and ``_delete``."""
+
+    #: digests put since the last ``take_fresh`` (bounded by the puts between
+    #: two of retention's releases); None while no retention watches this
+    #: store, which then remembers nothing of its puts
+    _fresh: set[str] | None = None
 
     def put(self, data: bytes | memoryview, media_type: str = "") -> BlobRef:
         digest = blob_digest(data)
+        if self._fresh is not None:
+            self._fresh.add(digest)
         if not self._has(digest):
             self._write(digest, data)
         return BlobRef(digest=digest, nbytes=len(data), media_type=media_type)
@@ -49,6 +63,8 @@ class BlobStore:
     def put_array(self, arr: np.ndarray, media_type: str = "") -> BlobRef:
         view, dtype, shape = _array_view(arr)
         digest = blob_digest(view)
+        if self._fresh is not None:
+            self._fresh.add(digest)
         if not self._has(digest):
             self._write(digest, view)
         return BlobRef(
@@ -68,7 +84,21 @@ class BlobStore:
     def __contains__(self, ref: BlobRef | str) -> bool:
         return self._has(ref if isinstance(ref, str) else ref.digest)
 
+    def delete(self, digest: str) -> bool:
+        """Remove one blob (retention calls it once no retained event refers
+        to it); returns whether it was there."""
+        return self._delete(digest)
+
+    def take_fresh(self) -> set[str]:
+        """The digests put since the last call (and forget them); the first
+        call starts the watch (retention makes it when it starts)."""
+        fresh, self._fresh = self._fresh or set(), set()
+        return fresh
+
     def _write(self, digest: str, data: bytes | memoryview) -> None:
+        raise NotImplementedError
+
+    def _delete(self, digest: str) -> bool:
         raise NotImplementedError
 
     def _read(self, digest: str) -> bytes:
@@ -81,6 +111,13 @@ class BlobStore:
 class MemoryBlobStore(BlobStore):
     def __init__(self) -> None:
         self._blobs: dict[str, bytes] = {}
+
+    def _delete(self, digest: str) -> bool:
+        return self._blobs.pop(digest, None) is not None
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(len(b) for b in self._blobs.values())
 
     def _write(self, digest: str, data: bytes | memoryview) -> None:
         self._blobs[digest] = bytes(data)
@@ -105,6 +142,13 @@ class DiskBlobStore(BlobStore):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+
+    def _delete(self, digest: str) -> bool:
+        try:
+            self.path(digest).unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def path(self, digest: str) -> Path:
         return self.root / digest[:2] / f"{digest[2:]}.bin"
@@ -135,3 +179,13 @@ class DiskBlobStore(BlobStore):
 
     def digests(self) -> list[str]:
         return sorted(p.parent.name + p.stem for p in self.root.glob("??/*.bin"))
+
+
+def array_ref(arr: np.ndarray, media_type: str = "") -> BlobRef:
+    """The reference ``BlobStore.put_array`` gives ``arr``, without storing
+    it: content addressing lets a caller name a blob before deciding to
+    keep it (media decoded for a request that may still be refused)."""
+    view, dtype, shape = _array_view(arr)
+    return BlobRef(
+        digest=blob_digest(view), nbytes=view.nbytes, dtype=dtype, shape=shape, media_type=media_type
+    )

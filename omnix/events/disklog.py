@@ -77,9 +77,15 @@ import msgspec
 
 from omnix.events.clock import Clock
 from omnix.events.codec import SchemaError
-from omnix.events.log import EventLog, LogClosed
-from omnix.events.reducer import IllegalTransition
-from omnix.events.types import SCHEMA_VERSION, Event, WorkerJoined, WorkerLost
+from omnix.events.log import EventLog, EventReleased, LogClosed
+from omnix.events.reducer import Fold, IllegalTransition
+from omnix.events.snapshot import (
+    SnapshotFile,
+    decode_snapshot,
+    snapshot_paths,
+    write_snapshot,
+)
+from omnix.events.types import SCHEMA_VERSION, Event, Released, WorkerJoined, WorkerLost
 
 __all__ = [
     "FORMAT_VERSION",
@@ -109,6 +115,8 @@ MAX_RECORD = 1 << 30
 _READ_WINDOW = 1 << 20  # bytes read per pread when iterating a range
 _SCAN_CHUNK = 4 << 20  # bytes read at a time by recovery
 _MAX_READ_FDS = 8
+SNAPSHOT_DIR = "snapshots"
+ARCHIVE_DIR = "archive"
 _VERSION_CRC = zlib.crc32(bytes((SCHEMA_VERSION,)))
 #: A record header plus the payload's version byte, written in one pack:
 #: the payload is codec.encode_event's form without building it as one bytes.
@@ -174,6 +182,16 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: Buffered bytes that make ``append`` hand the buffer to the OS at once
     #: instead of waiting for the flusher's next tick.
     write_buffer_bytes: int = 256 << 10
+    #: Appends between two snapshots of the fold (``DIR/snapshots``): a
+    #: reopen folds only the events after the newest one.  0: none.
+    snapshot_every: int = 100_000
+    #: Snapshots kept (the newest ones).  Segments are let go only below
+    #: what the oldest kept one needs, so a damaged newest one falls back.
+    keep_snapshots: int = 2
+    #: Segments that hold only released requests' events (and server events
+    #: older than every retained request) are deleted, or with ``archive``
+    #: moved to ``DIR/archive/`` (``iter_log`` reads them there).
+    archive: bool = False
 
     def __post_init__(self) -> None:
         if self.fsync not in ("always", "batch", "none"):
@@ -184,6 +202,10 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"segment_bytes must be at least 4096, got {self.segment_bytes}")
         if self.write_buffer_bytes < 1:
             raise ValueError(f"write_buffer_bytes must be >= 1, got {self.write_buffer_bytes}")
+        if self.snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0 (0: no snapshots), got {self.snapshot_every}")
+        if self.keep_snapshots < 1:
+            raise ValueError(f"keep_snapshots must be >= 1, got {self.keep_snapshots}")
 
 
 class RecoveryReport(msgspec.Struct, frozen=True):
@@ -196,6 +218,12 @@ class RecoveryReport(msgspec.Struct, frozen=True):
     truncated_reason: str = ""
     removed_segments: tuple[str, ...] = ()  # empty segments left by a torn rotation
     seconds: float = 0.0
+    #: events folded on open: those after the snapshot used (all without one)
+    folded: int = 0
+    #: records read on open (from the oldest retained request's first event on)
+    indexed: int = 0
+    snapshot: str = ""  # the snapshot file the fold started from, "" when none
+    snapshots_ignored: tuple[str, ...] = ()  # damaged or unusable ones, and why
 
 
 class _Segment(msgspec.Struct):
@@ -207,6 +235,10 @@ class _Segment(msgspec.Struct):
 # --------------------------------------------------------------------------
 # Scanning (shared by recovery and iter_log)
 # --------------------------------------------------------------------------
+
+
+class _Unusable(Exception):
+    """A snapshot that verifies but does not fit the segments on disk."""
 
 
 class _BadRecord(Exception):
@@ -348,6 +380,17 @@ def _list_segments(root: Path) -> list[Path]:
     return [p for _, p in segs]
 
 
+def _all_segments(root: Path) -> list[Path]:
+    """Archived and live segments in position order."""
+    archive = root / ARCHIVE_DIR
+    paths = _list_segments(archive) if archive.is_dir() else []
+    live = _list_segments(root)
+    if paths and live:
+        first_live = int(live[0].name[: -len(".seg")])
+        paths = [p for p in paths if int(p.name[: -len(".seg")]) < first_live]
+    return paths + live
+
+
 def _decode_at(version: int, body: bytes, path: Path, offset: int, pos: int) -> Event:
     if version != SCHEMA_VERSION and not 0 < version < SCHEMA_VERSION:
         if version > SCHEMA_VERSION:
@@ -371,10 +414,15 @@ def iter_log(path: str | os.PathLike[str]) -> Iterator[Event]:
     Safe beside a live writer: it stops quietly at a torn or still-being-
     written tail and never modifies a file.  Damage before the tail raises
     ``CorruptLog`` as opening would.
+
+    Archived segments (``DIR/archive/``) are read first.  Where retention
+    deleted the oldest segments, the events start at the first segment
+    left (its first position): fold them from the snapshot taken there
+    (``DiskLog`` does), not from an empty fold.
     """
     root = Path(path)
-    paths = _list_segments(root)
-    pos = 0
+    paths = _all_segments(root)
+    pos = int(paths[0].name[: -len(".seg")]) if paths else 0
     for k, p in enumerate(paths):
         is_last = k == len(paths) - 1
         with open(p, "rb") as f:
@@ -451,6 +499,16 @@ class DiskLog(EventLog):
         self._segs: list[_Segment] = []
         self._seg_firsts: list[int] = []
         self._read_fds: dict[int, int] = {}
+        # Retention: ``_offs[i]``/``_prev[i]`` are about position
+        # ``_ibase + i`` (positions below it are gone from the index: their
+        # segments were let go, or precede what a snapshot needs); the
+        # workers' latest events below it are kept in ``_pinned``.
+        self._ibase = 0
+        self._pinned: dict[int, Event] = {}
+        self._released_any = False  # reads must skip released requests' events
+        self._snaps: list[tuple[int, int]] = []  # kept snapshots: (next_pos, index_from)
+        self._since_snap = 0
+        self._snap_every = self.config.snapshot_every
 
         # Write state.  ``_lock`` serialises taking bytes off the buffer's
         # front and writing them (flusher, full buffer, rotation) with
@@ -515,14 +573,110 @@ class DiskLog(EventLog):
     def _recover_files(self) -> RecoveryReport:
         t0 = time.perf_counter()
         paths = _list_segments(self.path)
+        snap_dir = self.path / SNAPSHOT_DIR
+        if snap_dir.is_dir():
+            for tmp in snap_dir.glob(".tmp-*"):  # a snapshot write a crash cut short
+                tmp.unlink(missing_ok=True)
+        ignored: list[str] = []
+        for cand in reversed(snapshot_paths(snap_dir)):
+            try:
+                snap = decode_snapshot(cand.read_bytes(), cand)
+                if snap.next_pos != int(cand.name.split(".")[0]):
+                    raise ValueError(f"{cand}: holds position {snap.next_pos}, not the one in its name")
+                report = self._recover_from(paths, snap, str(cand))
+            except (OSError, ValueError, _Unusable) as exc:
+                if isinstance(exc, SchemaError):
+                    raise  # a record from a newer omnix: no older snapshot reads it either
+                log.warning("ignoring snapshot %s: %s; trying an older one, or the segments", cand, exc)
+                ignored.append(f"{cand.name}: {exc}")
+                self._reset_indexes()
+                continue
+            self._snaps = self._kept_snapshots(snap_dir, cand, snap)
+            return msgspec.structs.replace(
+                report, seconds=time.perf_counter() - t0, snapshots_ignored=tuple(ignored)
+            )
+        if paths and int(paths[0].name[: -len(".seg")]) != 0:
+            raise CorruptLog(
+                paths[0], 0, 0,
+                f"the log starts at position {int(paths[0].name[: -len('.seg')])}: retention "
+                "deleted the segments before it, and no valid snapshot covers them"
+                + (f" ({'; '.join(ignored)})" if ignored else "")
+                + ". Restore a snapshot into DIR/snapshots, or the archived segments into DIR",
+            )
+        report = self._recover_from(paths, None, "")
+        return msgspec.structs.replace(
+            report, seconds=time.perf_counter() - t0, snapshots_ignored=tuple(ignored)
+        )
+
+    def _kept_snapshots(self, snap_dir: Path, used: Path, snap: SnapshotFile) -> list[tuple[int, int]]:
+        """(position, index_from) of every snapshot file, oldest first: what
+        each needs bounds which segments may go.  A file that does not
+        verify needs nothing (it will never be used) and is rotated out
+        like the others."""
+        out = []
+        for p in snapshot_paths(snap_dir):
+            at = int(p.name.split(".")[0])
+            if p == used:
+                out.append((at, snap.index_from))
+                continue
+            try:
+                out.append((at, decode_snapshot(p.read_bytes(), p).index_from))
+            except (OSError, ValueError):
+                out.append((at, snap.index_from))
+        return out
+
+    def _reset_indexes(self) -> None:
+        self.state = Fold()
+        self._offs = array("Q")
+        self._prev = array("q")
+        self._last = {}
+        self._segs = []
+        self._seg_firsts = []
+        self._ibase = 0
+        self._pinned = {}
+        self._released_any = False
+        self.loaded_retention = None
+        self.snapshot_pos = 0
+
+    def _recover_from(self, paths: list[Path], snap: SnapshotFile | None, snap_name: str) -> RecoveryReport:
+        """Fold the segments from ``snap`` (or from position 0) on."""
+        k0 = 0
+        fold_from = 0
         pos = 0
+        offset = HEADER_SIZE
+        if snap is not None:
+            firsts = [int(p.name[: -len(".seg")]) for p in paths]
+            fold_from = snap.next_pos
+            if snap.index_segment in firsts:
+                k0 = firsts.index(snap.index_segment)
+                offset = snap.index_offset
+            elif not paths and snap.next_pos == 0:
+                k0 = 0
+            else:
+                raise _Unusable(
+                    f"the segment it reads from ({_seg_name(snap.index_segment)}) is missing"
+                )
+            pos = snap.index_from
+            self.state = Fold(snap.fold)
+            self._pinned = {ev.pos: ev for ev in snap.pinned}
+            self.loaded_retention = snap.retention
+            self.snapshot_pos = snap.next_pos
+            self._released_any = snap.fold.ended_dropped > 0
+            # Segments wholly before the oldest retained request: kept on disk
+            # for an older snapshot, never read; the next compaction lets them go.
+            for p, first in zip(paths[:k0], firsts[:k0], strict=True):
+                self._segs.append(_Segment(first_pos=first, path=str(p), end=p.stat().st_size))
+                self._seg_firsts.append(first)
+        self._ibase = pos
         removed: list[str] = []
         truncated = 0
         truncated_at = ""
         truncated_reason = ""
         state = self.state
         apply_all = state.apply_all
-        for k, p in enumerate(paths):
+        indexed = 0
+        for k in range(k0, len(paths)):
+            p = paths[k]
             is_last = k == len(paths) - 1
             with open(p, "r+b" if is_last else "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -541,26 +695,30 @@ class DiskLog(EventLog):
                         self._fsync_dir()
                         break
                 first = _read_header(p, head, pos)
-                if first != pos or int(p.name[:-4]) != first:
+                expected = snap.index_segment if (snap is not None and k == k0) else pos
+                if first != expected or int(p.name[:-4]) != first:
                     raise CorruptLog(
                         p, 0, pos,
-                        f"segment starts at position {first}, expected {pos}: a segment "
+                        f"segment starts at position {first}, expected {expected}: a segment "
                         "is missing or misnamed",
                     )
+                start = offset if k == k0 else HEADER_SIZE
                 end = size
-                at = [0, pos]  # byte offset and position of the event being folded
+                at = [start, pos]  # byte offset and position of the event being read
                 try:
                     try:
                         # The fold's bulk path: the same fold, about twice as
                         # fast on a log of streamed chunks (Fold.apply_all).
-                        apply_all(self._segment_events(f, p, size, at))
+                        apply_all(self._segment_events(f, p, size, at, start, fold_from))
                     except IllegalTransition as exc:
                         raise CorruptLog(
                             p, at[0], exc.event.pos,
                             f"the stored event is illegal for this omnix's reducer ({exc})",
                         ) from exc
+                    indexed += at[1] - pos
                     pos = at[1]
                 except _BadRecord as bad:
+                    indexed += at[1] - pos
                     pos = at[1]
                     if not is_last:
                         raise CorruptLog(p, bad.offset, pos, bad.reason) from None
@@ -585,8 +743,10 @@ class DiskLog(EventLog):
                     os.fsync(f.fileno())
                 self._segs.append(_Segment(first_pos=first, path=str(p), end=end))
                 self._seg_firsts.append(first)
+        if pos < fold_from:
+            raise _Unusable(f"the log ends at position {pos}, before the snapshot's {fold_from}")
         if state.next_pos != pos:  # pragma: no cover - Fold counts what it applies
-            raise LogError(f"recovery folded {state.next_pos} events but read {pos}")
+            raise LogError(f"recovery folded up to {state.next_pos} but read up to {pos}")
         self._buffered_pos = self._written_pos = self._durable_pos = pos
         return RecoveryReport(
             segments=len(self._segs),
@@ -595,22 +755,29 @@ class DiskLog(EventLog):
             truncated_at=truncated_at,
             truncated_reason=truncated_reason,
             removed_segments=tuple(removed),
-            seconds=time.perf_counter() - t0,
+            folded=pos - fold_from,
+            indexed=indexed,
+            snapshot=snap_name,
         )
 
-    def _segment_events(self, f: BinaryIO, p: Path, size: int, at: list[int]) -> Iterator[Event]:
-        """Recovery: segment ``p``'s events in order, each indexed as it is
-        read.  ``at`` holds [byte offset, position] of the latest one (what
-        an error names) and, at the end, the next position.  Raises
-        ``_BadRecord`` at a damaged record and ``CorruptLog`` at a record
-        that decodes to the wrong position."""
+    def _segment_events(
+        self, f: BinaryIO, p: Path, size: int, at: list[int], start: int, fold_from: int
+    ) -> Iterator[Event]:
+        """Recovery: segment ``p``'s events from byte ``start`` in order, each
+        indexed as it is read, those from ``fold_from`` on yielded to be
+        folded (the ones before it are in the snapshot's fold: only indexed,
+        and only for the requests it retained).  ``at`` holds [byte offset,
+        position] of the latest one (what an error names) and, at the end,
+        the next position.  Raises ``_BadRecord`` at a damaged record and
+        ``CorruptLog`` at a record that decodes to the wrong position."""
         pos = at[1]
         decode = _event_decoder.decode
         offs_append = self._offs.append
         prev_append = self._prev.append
         last = self._last
         last_get = last.get
-        for off, v, body in _iter_records(f, size, HEADER_SIZE):
+        known = self.state.requests
+        for off, v, body in _iter_records(f, size, start):
             if v == SCHEMA_VERSION:
                 try:
                     ev = decode(body)
@@ -624,13 +791,21 @@ class DiskLog(EventLog):
             offs_append(off)
             if type(ev) is WorkerJoined or type(ev) is WorkerLost:  # exact types: see types.py
                 prev_append(-1)
+            elif type(ev) is Released:
+                prev_append(-1)
+                self._released_any = True
+                for rid in ev.request_ids:
+                    last.pop(rid, None)
+            elif pos < fold_from and ev.request_id not in known:
+                prev_append(-1)  # released before the snapshot
             else:
                 rid = ev.request_id
                 prev_append(last_get(rid, -1))
                 last[rid] = pos
             pos += 1
             at[1] = pos
-            yield ev
+            if pos > fold_from:
+                yield ev
 
     def _open_active(self) -> None:
         if not self._segs:
@@ -698,12 +873,20 @@ class DiskLog(EventLog):
         self._offs.append(end)
         if type(ev) is WorkerJoined or type(ev) is WorkerLost:  # exact types: see types.py
             self._prev.append(-1)
+        elif type(ev) is Released:
+            self._prev.append(-1)
+            self._released_any = True
+            for rid in ev.request_ids:
+                self._last.pop(rid, None)
         else:
             rid = ev.request_id
             last = self._last
             self._prev.append(last.get(rid, -1))
             last[rid] = pos
         self._end = end + rec_len
+        self._since_snap += 1
+        if self._since_snap >= self._snap_every > 0:
+            self._maint_due = True
         buf = self._buf
         buf += _REC_V.pack(rec_len - REC_HEADER_SIZE, zlib.crc32(body, _VERSION_CRC), SCHEMA_VERSION)
         buf += body
@@ -730,12 +913,50 @@ class DiskLog(EventLog):
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Event]:
         n = self.state.next_pos
         stop = n if stop is None else min(stop, n)
-        return self._iter(max(start, 0), stop)
+        start = max(start, 0)
+        if start < self._ibase:
+            return self._read_below(start, stop)
+        if self._released_any:
+            return self._held(self._iter(start, stop))
+        return self._iter(start, stop)
+
+    def _read_below(self, start: int, stop: int) -> Iterator[Event]:
+        base = self._ibase
+        for p in sorted(self._pinned):
+            if start <= p < stop:
+                yield self._pinned[p]
+        if stop > base:
+            yield from self._held(self._iter(base, stop))
+
+    def _held(self, events: Iterator[Event]) -> Iterator[Event]:
+        """Skip released requests' events (a stored request event whose
+        request is not in the fold can only have been released)."""
+        requests = self.state.requests
+        for ev in events:
+            if (
+                type(ev) is WorkerJoined
+                or type(ev) is WorkerLost
+                or type(ev) is Released
+                or ev.request_id in requests
+            ):
+                yield ev
 
     def get(self, pos: int) -> Event:
         if not 0 <= pos < self.state.next_pos:
             raise IndexError(f"no event at position {pos} (log has {self.state.next_pos})")
+        if pos < self._ibase:
+            found = self._pinned.get(pos)
+            if found is None:
+                raise EventReleased(pos, f" ({self.path})")
+            return found
         for ev in self._iter(pos, pos + 1):
+            if self._released_any and not (
+                type(ev) is WorkerJoined
+                or type(ev) is WorkerLost
+                or type(ev) is Released
+                or ev.request_id in self.state.requests
+            ):
+                raise EventReleased(pos, f" ({self.path})")
             return ev
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -743,9 +964,10 @@ class DiskLog(EventLog):
         p = self._last.get(request_id, -1)
         out = []
         prev = self._prev
-        while p >= 0:
+        base = self._ibase
+        while p >= base:
             out.append(p)
-            p = prev[p]
+            p = prev[p - base]
         out.reverse()
         return out
 
@@ -755,9 +977,11 @@ class DiskLog(EventLog):
         p = self._last.get(request_id, -1)
         out = []
         prev = self._prev
+        base = self._ibase
+        start = max(start, base)
         while p >= start:
             out.append(p)
-            p = prev[p]
+            p = prev[p - base]
         out.reverse()
         return out
 
@@ -767,14 +991,15 @@ class DiskLog(EventLog):
         firsts = self._seg_firsts
         unpack = _REC.unpack_from
         decode = _event_decoder.decode
+        base = self._ibase
         pos = start
         while pos < stop:
             si = bisect.bisect_right(firsts, pos) - 1
             seg_stop = firsts[si + 1] if si + 1 < len(firsts) else stop
             seg_stop = min(seg_stop, stop)
             # One pread per window of about _READ_WINDOW bytes.
-            a = offs[pos]
-            q = bisect.bisect_right(offs, a + _READ_WINDOW, pos + 1, seg_stop)
+            a = offs[pos - base]
+            q = bisect.bisect_right(offs, a + _READ_WINDOW, pos + 1 - base, seg_stop - base) + base
             q = max(q, pos + 1)
             b = self._seg_end_at(si, q)
             data = self._fetch(si, a, b)
@@ -791,8 +1016,8 @@ class DiskLog(EventLog):
         """Byte offset where position ``q``'s record starts, or the segment's end."""
         firsts = self._seg_firsts
         nxt = firsts[si + 1] if si + 1 < len(firsts) else None
-        if q < len(self._offs) and (nxt is None or q < nxt):
-            return self._offs[q]
+        if q - self._ibase < len(self._offs) and (nxt is None or q < nxt):
+            return self._offs[q - self._ibase]
         return self._end if nxt is None else self._segs[si].end
 
     def _fetch(self, si: int, a: int, b: int) -> bytes:
@@ -1017,3 +1242,130 @@ class DiskLog(EventLog):
     def segment_paths(self) -> list[Path]:
         """The segment files, oldest first."""
         return [Path(s.path) for s in self._segs]
+
+    # -- snapshots and retention ------------------------------------------
+    def _housekeeping(self) -> None:
+        super()._housekeeping()  # retention first: the snapshot then holds its releases
+        if not (self._since_snap >= self._snap_every > 0):
+            return
+        self._since_snap = 0
+        if self._failure is not None or self._fd < 0:
+            return
+        try:
+            self.snapshot()
+        except OSError as exc:
+            # The log itself is intact; only the reopen will fold more.
+            log.error("could not write a snapshot of %s: %s; the log goes on", self.path, exc)
+
+    def _low_water(self) -> int:
+        """The first position of the oldest retained request (the fold keeps
+        requests in the order they were admitted); ``next_pos`` when none."""
+        for rs in self.state.requests.values():
+            return rs.admitted_pos if rs.admitted_pos >= 0 else rs.terminal_pos
+        return self.state.next_pos
+
+    def _worker_positions(self) -> set[int]:
+        out: set[int] = set()
+        for ws in self.state.workers.values():
+            out.add(ws.joined_pos)
+            if ws.lost_pos >= 0:
+                out.add(ws.lost_pos)
+        return out
+
+    def snapshot(self) -> Path:
+        """Write a snapshot of the fold now (``DIR/snapshots``), then let go of
+        the snapshots and segments no longer needed; returns its path.
+
+        Runs every ``snapshot_every`` appends by itself.  The log is synced
+        first, so the snapshot never names a position that a crash could
+        take back (under ``fsync="none"`` it is only written to the OS)."""
+        self._check_usable()
+        durable = self._policy != "none"
+        self._sync(fsync=durable)
+        state = self.state
+        next_pos = state.next_pos
+        # A log that never released anything keeps every position readable
+        # (a restarted server's orchestrator reads it from 0).
+        low = self._low_water() if self._released_any else self._ibase
+        if low < next_pos:
+            si = bisect.bisect_right(self._seg_firsts, low) - 1
+            seg_first = self._seg_firsts[si]
+            offset = self._offs[low - self._ibase]
+        else:
+            seg_first = self._active.first_pos
+            offset = self._end
+        pinned = []
+        for p in sorted(self._worker_positions()):
+            if p >= 0:
+                pinned.append(self._pinned[p] if p < self._ibase else next(self._iter(p, p + 1)))
+        retention = self.retention_state() if self.retention_state is not None else None
+        snap = SnapshotFile(
+            next_pos=next_pos,
+            fold=state.snapshot(),
+            index_from=low,
+            index_segment=seg_first,
+            index_offset=offset,
+            pinned=tuple(pinned),
+            retention=retention,
+        )
+        snap_dir = self.path / SNAPSHOT_DIR
+        path = write_snapshot(snap_dir, snap, fsync=durable)
+        self._snaps = [s for s in self._snaps if s[0] != next_pos]
+        self._snaps.append((next_pos, low))
+        while len(self._snaps) > self.config.keep_snapshots:
+            old, _ = self._snaps.pop(0)
+            (snap_dir / f"{old:020d}.snap").unlink(missing_ok=True)
+        self._compact()
+        return path
+
+    def _compact(self) -> None:
+        """Let go of the sealed segments every kept snapshot is past: delete
+        them (or move them to ``DIR/archive``), oldest first, so a crash
+        leaves a suffix of them, which a reopen reads as before."""
+        cut = min(low for _, low in self._snaps) if self._snaps else 0
+        firsts = self._seg_firsts
+        k = 0
+        while k < len(self._segs) - 1 and firsts[k + 1] <= cut:
+            k += 1
+        if not k:
+            return
+        gone_below = firsts[k]
+        keep = self._worker_positions()
+        pinned = {p: ev for p, ev in self._pinned.items() if p in keep}
+        for p in sorted(keep):
+            if self._ibase <= p < gone_below and p not in pinned:
+                pinned[p] = next(self._iter(p, p + 1))
+        self._pinned = pinned
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+        archive = self.path / ARCHIVE_DIR if self.config.archive else None
+        if archive is not None:
+            archive.mkdir(exist_ok=True)
+        for seg in self._segs[:k]:
+            src = Path(seg.path)
+            if archive is not None:
+                os.replace(src, archive / src.name)
+            else:
+                src.unlink(missing_ok=True)
+        if archive is not None and self._policy != "none":
+            dfd = os.open(archive, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        if self._policy != "none":
+            self._fsync_dir()
+        del self._segs[:k]
+        del firsts[:k]
+        n = gone_below - self._ibase
+        if n > 0:
+            del self._offs[:n]
+            del self._prev[:n]
+            self._ibase = gone_below
+
+    @property
+    def index_base(self) -> int:
+        """The first position the in-memory index covers (0 until retention
+        let segments go)."""
+        return self._ibase

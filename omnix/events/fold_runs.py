@@ -30,6 +30,7 @@ from omnix.events.types import (
     Chunk,
     Event,
     Progress,
+    Released,
     Routed,
     StageFailed,
     StageFinished,
@@ -156,7 +157,7 @@ def fold_runs(fold: FoldTarget, events: Iterable[Event]) -> None:
                         _close_runs(fold, rr)
                         rr = None
             elif runs:
-                if type(ev) is WorkerJoined or type(ev) is WorkerLost:
+                if type(ev) is WorkerJoined or type(ev) is WorkerLost or type(ev) is Released:
                     # A worker event can touch any request: fold everything first.
                     for open_runs in runs.values():
                         _close_runs(fold, open_runs)

@@ -11,12 +11,21 @@ Does not own decisions: it accepts any legal event and refuses illegal ones.
 Subscribers never get a private buffer: ``tail`` reads from the log's own
 storage from the subscriber's position, so a slow subscriber costs nothing
 but its position and can never make memory grow.
+
+Retention (``retention.py`` decides, a ``Released`` event records it): once
+a ``Released`` is stored, its requests' events are gone from the log.
+Positions never move: ``get`` of a released position raises
+``EventReleased``, ``read`` and ``tail`` skip released positions, and
+``events_for`` of a released request is empty.  What else a backend drops
+(server-level events older than every retained request, disk segments) is
+in its class docstring.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
@@ -24,13 +33,46 @@ import msgspec
 
 from omnix.events.clock import Clock, SystemClock
 from omnix.events.reducer import Fold, IllegalTransition, Snapshot
-from omnix.events.types import Event, WorkerJoined, WorkerLost
+from omnix.events.snapshot import RetentionState
+from omnix.events.types import (
+    Admitted,
+    Cancelled,
+    Chunk,
+    Event,
+    Failed,
+    Finished,
+    Rejected,
+    Released,
+    WorkerJoined,
+    WorkerLost,
+)
 
 Listener = Callable[[Event], None]
+
+#: The events the log shows its observer (``set_observer``), besides chunks
+#: that carry a blob: a request's first and last events and server events.
+OBSERVED_TYPES: frozenset[type] = frozenset(
+    (Admitted, Rejected, Finished, Failed, Cancelled, Released, WorkerJoined, WorkerLost)
+)
 
 
 class LogClosed(RuntimeError):
     pass
+
+
+class EventReleased(IndexError):
+    """The event at this position was released by retention (its request
+    ended before the retention window): it is no longer in the log.  An
+    ``IndexError``, as a position past the end is, so readers that treat a
+    missing position as "not there" keep working."""
+
+    def __init__(self, pos: int, where: str = "") -> None:
+        self.pos = pos
+        super().__init__(
+            f"the event at position {pos} was released by retention{where} (its request "
+            "ended before the retention window); keep requests longer (a longer --retain, "
+            "more --retain-requests) or read an archived log directory"
+        )
 
 
 class EventLog:
@@ -53,6 +95,21 @@ class EventLog:
         self._closed = False
         self._dispatching = False
         self._pending: list[Event] = []
+        # Housekeeping between appends: due after this append (a backend's
+        # snapshot, retention's decisions), run by whoever set the flag's hooks.
+        self._maint_due = False
+        self._maintaining = False
+        self._housekeepers: list[Callable[[], None]] = []
+        # One observer (retention's accounting) sees each event right after
+        # it is stored, before the listeners, through a plain call: cheaper
+        # than a listener on the hot path, and it never appends.
+        self._observer: Listener | None = None
+        # Retention's hand-over (``retention.py``): the position a reopened
+        # log's snapshot was taken at, the accounting it carried, and where
+        # the log's next snapshots get it from.
+        self.snapshot_pos = 0
+        self.loaded_retention: RetentionState | None = None
+        self.retention_state: Callable[[], RetentionState] | None = None
 
     # -- storage hooks ---------------------------------------------------
     def _store(self, ev: Event) -> None:
@@ -100,12 +157,26 @@ class EventLog:
         except IllegalTransition as exc:
             raise exc.refused() from None
         self._store(ev)
+        observer = self._observer
+        if observer is not None:
+            # Only what retention counts: admissions, ends, chunks with a
+            # blob, server events.  The rest (most events) skip the call.
+            if type(ev) is Chunk:
+                if ev.blob is not None:
+                    observer(ev)
+            elif type(ev) in OBSERVED_TYPES:
+                observer(ev)
         if self._waiters:
             waiters, self._waiters = self._waiters, []
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
-        if self._req_waiters and type(ev) is not WorkerJoined and type(ev) is not WorkerLost:
+        if (
+            self._req_waiters
+            and type(ev) is not WorkerJoined
+            and type(ev) is not WorkerLost
+            and type(ev) is not Released
+        ):
             # A request's tail wakes only for its own events: an open stream
             # costs nothing when other requests' events are appended.
             req_waiters = self._req_waiters.pop(ev.request_id, None)
@@ -115,7 +186,44 @@ class EventLog:
                         fut.set_result(None)
         if self._listeners:
             self._notify(ev)
+        if self._maint_due and not self._dispatching:
+            # Between appends, with every listener caught up: a release
+            # decided now, or a snapshot taken now, sees one whole prefix.
+            self._maintain()
         return ev
+
+    def _maintain(self) -> None:
+        if self._maintaining:
+            return  # an append made by the housekeeping itself: the loop below re-checks
+        self._maintaining = True
+        try:
+            while self._maint_due:
+                self._maint_due = False
+                self._housekeeping()
+        finally:
+            self._maintaining = False
+
+    def _housekeeping(self) -> None:
+        """What is due between appends: the housekeepers' (retention's
+        decisions), then a backend's own (the disk log's snapshots)."""
+        for fn in self._housekeepers:
+            fn()
+
+    def set_observer(self, fn: Listener | None) -> None:
+        """Install (or, with ``None``, remove) the one observer: called with
+        each stored chunk that carries a blob and each event of
+        ``OBSERVED_TYPES``, before the listeners; it must not append (it may
+        set ``_maint_due`` and do its appending from a housekeeper)."""
+        if fn is not None and self._observer is not None:
+            raise RuntimeError("this log already has an observer (one Retention per log)")
+        self._observer = fn
+
+    def add_housekeeper(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` between appends whenever ``_maint_due`` was set."""
+        self._housekeepers.append(fn)
+
+    def remove_housekeeper(self, fn: Callable[[], None]) -> None:
+        self._housekeepers.remove(fn)
 
     def _notify(self, ev: Event) -> None:
         # Listeners may append; their events are delivered after this one to
@@ -232,31 +340,155 @@ class EventLog:
         self.close()
 
 
-class MemoryLog(EventLog):
-    """The log held in a Python list; the index is a dict of position lists."""
+#: What a released slot of ``MemoryLog._events`` holds: a sentinel of the
+#: event type (so the list stays ``list[Event]``), compared by identity.
+_GONE: Event = Released(request_ids=(), reason="count", pos=-2)
 
-    def __init__(self, clock: Clock | None = None, events: Iterable[Event] = ()) -> None:
+
+class MemoryLog(EventLog):
+    """The log held in a Python list; the index is a dict of position lists.
+
+    Retention: when a ``Released`` is stored, the released requests' slots
+    become a sentinel (8 bytes each) and their index entries go; server
+    events (``WorkerJoined``, ``WorkerLost``, ``Released``) older than every
+    retained request go too, except each worker's latest join and loss
+    (the fold's ``joined_pos``/``lost_pos``: a trace exports them), which
+    move to a small side table.  Once released slots are over half the
+    list, the leading run of them is cut off (``_base`` counts the
+    positions cut).  Memory is thus bounded by the positions from the
+    oldest retained request's first event on: a request in flight for
+    hours keeps 8 bytes per position appended since it started.
+    """
+
+    def __init__(
+        self, clock: Clock | None = None, events: Iterable[Event] = (), *, keep_released: bool = False
+    ) -> None:
         super().__init__(clock)
+        # ``keep_released``: an offline reader of a whole history (an
+        # archived log) keeps released requests: their Released events are
+        # stored and validated but drop nothing.
+        self.state.keep_released = keep_released
+        self._keep_released = keep_released
         self._events: list[Event] = []
         self._index: dict[str, list[int]] = {}
+        self._base = 0  # the position of _events[0]
+        self._holes = 0  # released slots (_GONE) in _events
+        self._trim_at = 1024  # try to cut the leading holes once there are this many
+        self._server: deque[int] = deque()  # server events' positions, still in _events
+        self._pinned: dict[int, Event] = {}  # workers' latest events, cut from _events
         for ev in events:
             self.append(ev)
 
     def _store(self, ev: Event) -> None:
         self._events.append(ev)
         # Exact types, not isinstance(ev, RequestEvent): see types.py.
-        if type(ev) is not WorkerJoined and type(ev) is not WorkerLost:
+        if type(ev) is not WorkerJoined and type(ev) is not WorkerLost and type(ev) is not Released:
             idx = self._index.get(ev.request_id)
             if idx is None:
                 self._index[ev.request_id] = [ev.pos]
             else:
                 idx.append(ev.pos)
+        else:
+            self._server.append(ev.pos)
+            if type(ev) is Released and not self._keep_released:
+                self._forget(ev)
+
+    def _forget(self, ev: Released) -> None:
+        events = self._events
+        base = self._base
+        holes = 0
+        index = self._index
+        for rid in ev.request_ids:
+            for p in index.pop(rid, ()):
+                events[p - base] = _GONE
+                holes += 1
+        # Server events older than every retained request's first event.
+        low = next(iter(index.values()))[0] if index else self.next_pos
+        server = self._server
+        if server and server[0] < low:
+            keep = self._worker_positions()
+            pinned = self._pinned
+            for p in [p for p in pinned if p not in keep]:
+                del pinned[p]
+            while server and server[0] < low:
+                p = server.popleft()
+                if p in keep:
+                    pinned[p] = events[p - base]
+                events[p - base] = _GONE
+                holes += 1
+        self._holes += holes
+        if self._holes >= self._trim_at:
+            self._trim()
+
+    def _worker_positions(self) -> set[int]:
+        out: set[int] = set()
+        for ws in self.state.workers.values():
+            out.add(ws.joined_pos)
+            if ws.lost_pos >= 0:
+                out.add(ws.lost_pos)
+        return out
+
+    def _trim(self) -> None:
+        events = self._events
+        k = 0
+        n = len(events)
+        while k < n and events[k] is _GONE:
+            k += 1
+        if k:
+            del events[:k]
+            self._base += k
+            self._holes -= k
+        # Holes behind a retained event wait for it; try again once as many
+        # more have come (amortised: each try costs O(k) plus the cut).
+        self._trim_at = self._holes + max(1024, len(events) // 2)
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Event]:
-        return iter(self._events[start:stop])
+        if not self._holes and not self._base:
+            return iter(self._events[start:stop])
+        return self._read_held(start, stop)
+
+    def _read_held(self, start: int, stop: int | None) -> Iterator[Event]:
+        n = self.next_pos
+        stop = n if stop is None else min(stop, n)
+        start = max(start, 0)
+        base = self._base
+        pinned = sorted(p for p in self._pinned if start <= p < stop)
+        k = 0
+        pos = max(start, base)
+        for ev in self._events[pos - base : max(stop - base, 0)]:
+            while k < len(pinned) and pinned[k] < pos:
+                yield self._pinned[pinned[k]]
+                k += 1
+            if ev is not _GONE:
+                yield ev
+            pos += 1
+        for p in pinned[k:]:
+            yield self._pinned[p]
 
     def get(self, pos: int) -> Event:
-        return self._events[pos]
+        if not self._holes and not self._base:
+            return self._events[pos]
+        i = pos - self._base
+        if 0 <= i < len(self._events):
+            ev = self._events[i]
+            if ev is not _GONE:
+                return ev
+        found = self._pinned.get(pos)
+        if found is not None:
+            return found
+        if 0 <= pos < self.next_pos:
+            raise EventReleased(pos)
+        raise IndexError(f"no event at position {pos} (log has {self.next_pos})")
+
+    @property
+    def held_events(self) -> int:
+        """Events this log holds in memory (released ones excluded)."""
+        return len(self._events) - self._holes + len(self._pinned)
+
+    @property
+    def held_slots(self) -> int:
+        """List slots this log holds (held events plus released slots not yet cut)."""
+        return len(self._events) + len(self._pinned)
 
     def _positions(self, request_id: str) -> list[int]:
         return self._index.get(request_id, [])

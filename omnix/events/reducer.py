@@ -46,6 +46,7 @@ from omnix.events.types import (
     Finished,
     Progress,
     Rejected,
+    Released,
     RequestEvent,
     RequestEventType,
     Routed,
@@ -498,6 +499,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     #: starts them empty)
     ended: tuple[str, ...] = ()
     audio_samples: dict[str, int] = {}
+    #: ``Fold.ended_dropped``: ids a ``Released`` took off ``ended``'s front
+    ended_dropped: int = 0
 
 
 _state_encoder = msgspec.msgpack.Encoder()
@@ -522,9 +525,24 @@ class Fold:
       (``requests[rid].terminal_pos`` says where);
     * ``audio_samples``: per request, the samples of its audio chunks that
       carry an array blob (``blob.shape[0]``).
+
+    A ``Released`` event (retention) drops ended requests' states, their
+    ``audio_samples`` and their entries in ``ended``; ``ended_dropped``
+    counts the entries taken off ``ended`` (retention releases in ended
+    order, so they come off its front), so a reader holding an index into
+    ``ended`` finds its place again as ``index - ended_dropped``.
     """
 
-    __slots__ = ("_by_worker", "audio_samples", "ended", "next_pos", "requests", "workers")
+    __slots__ = (
+        "_by_worker",
+        "audio_samples",
+        "ended",
+        "ended_dropped",
+        "keep_released",
+        "next_pos",
+        "requests",
+        "workers",
+    )
 
     def __init__(self, snapshot: Snapshot | None = None) -> None:
         self.requests: dict[str, RequestState] = {}
@@ -534,12 +552,17 @@ class Fold:
         # ordered: a dict used as an ordered set).
         self._by_worker: dict[str, dict[str, None]] = {}
         self.ended: list[str] = []
+        self.ended_dropped = 0
+        #: an offline reader of a whole history (an archive) sets it: a
+        #: ``Released`` is validated but drops nothing
+        self.keep_released = False
         self.audio_samples: dict[str, int] = {}
         if snapshot is not None:
             self.requests.update(snapshot.requests)
             self.workers.update(snapshot.workers)
             self.next_pos = snapshot.next_pos
             self.ended.extend(snapshot.ended)
+            self.ended_dropped = snapshot.ended_dropped
             self.audio_samples.update(snapshot.audio_samples)
             if snapshot.by_worker:
                 for wid, rids in snapshot.by_worker.items():
@@ -562,8 +585,46 @@ class Fold:
         """Validate without applying (raises ``IllegalTransition``)."""
         if isinstance(ev, RequestEvent):
             reduce_request(self.requests.get(ev.request_id), ev)
+        elif type(ev) is Released:
+            self._check_released(ev)
         else:
             reduce_worker(self.workers.get(ev.worker_id), ev)
+
+    def _check_released(self, ev: Released) -> None:
+        for rid in ev.request_ids:
+            rs = self.requests.get(rid)
+            if rs is not None and rs.status not in TERMINAL_STATUSES:
+                raise IllegalTransition(
+                    rid, ev, f"request is still in flight ({rs.status}): only ended requests "
+                    "are released"
+                )
+
+    def _release(self, ev: Released) -> None:
+        # Validated first: an illegal Released leaves the fold untouched.
+        self._check_released(ev)
+        if self.keep_released:
+            return
+        requests = self.requests
+        audio = self.audio_samples
+        gone: set[str] = set()
+        for rid in ev.request_ids:
+            if requests.pop(rid, None) is not None:
+                gone.add(rid)
+            audio.pop(rid, None)
+        if not gone:
+            return
+        ended = self.ended
+        # Retention releases the oldest ended requests: a prefix of ``ended``.
+        k = 0
+        n = len(ended)
+        while k < n and ended[k] in gone:
+            k += 1
+        if k == len(gone):
+            del ended[:k]
+        else:  # not a prefix (a hand-made Released): keep the order of the rest
+            k = sum(1 for rid in ended if rid in gone)
+            ended[:] = [rid for rid in ended if rid not in gone]
+        self.ended_dropped += k
 
     def apply(self, ev: Event) -> None:
         if type(ev) is Chunk:
@@ -580,6 +641,8 @@ class Fold:
             if blob is not None and blob.shape and ev.modality == "audio":
                 audio = self.audio_samples
                 audio[rid] = audio.get(rid, 0) + blob.shape[0]
+        elif type(ev) is Released:
+            self._release(ev)
         elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
             # Exact types rather than isinstance(ev, RequestEvent): see types.py.
             wid = ev.worker_id
@@ -627,6 +690,7 @@ class Fold:
             {wid: tuple(rids) for wid, rids in self._by_worker.items() if rids},
             tuple(self.ended),
             dict(self.audio_samples),
+            self.ended_dropped,
         )
 
     def digest(self) -> str:

@@ -30,7 +30,7 @@ from typing import Final, Literal, TypeGuard, Union, final, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 3  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media
+SCHEMA_VERSION = 4  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released
 
 Modality = Literal["text", "audio", "image", "codec"]
 """What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
@@ -45,6 +45,8 @@ FailReason = Literal[
     "not_resumed",
 ]
 RejectReason = Literal["overloaded", "not_ready", "shutting_down"]
+ReleaseReason = Literal["time", "count", "bytes"]
+"""Which retention bound released ended requests (``omnix.events.retention``)."""
 MediaKind = Literal["audio", "image"]
 """What a chat message's media part holds (decoded at admission)."""
 
@@ -348,9 +350,30 @@ class WorkerLost(WorkerEvent, frozen=True, kw_only=True, tag="worker_lost"):
     reason: str
 
 
+# -- the server -----------------------------------------------------------------
+
+
+@final
+class Released(_Base, frozen=True, kw_only=True, tag="released"):
+    """Retention released these ended requests (schema v4): their events,
+    blobs and folded state are dropped from memory (and, once their segments
+    go, from disk); the ids are answered as "released" while they stay in
+    the tombstones.  A decision of ``omnix.events.retention.Retention``, a
+    function of the log prefix and the retention policy: ``reason`` names
+    the bound that passed.  ``ts_ns`` is the log clock's reading the time
+    bound was compared with (an idle server's sweep appends one with the
+    clock's current reading; otherwise it copies its cause's).  Only ended
+    (terminal) requests may be released: the reducer refuses an in-flight
+    one; ids no longer in the fold are ignored."""
+
+    request_ids: tuple[str, ...]
+    reason: ReleaseReason
+
+
 #: Every event about a request.  An ``Event`` narrows to it with
 #: ``isinstance(ev, RequestEvent)``, or on a hot path with
-#: ``type(ev) is not WorkerJoined and type(ev) is not WorkerLost``.
+#: ``type(ev) is not WorkerJoined and type(ev) is not WorkerLost and
+#: type(ev) is not Released``.
 RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
     Admitted,
     Rejected,
@@ -368,7 +391,7 @@ RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
 ]
 #: The one tagged union every event decodes as (``Event.__args__`` is flat:
 #: a Union of a Union flattens).
-Event = Union[RequestEventType, WorkerJoined, WorkerLost]  # noqa: UP007 (as RequestEventType)
+Event = Union[RequestEventType, WorkerJoined, WorkerLost, Released]  # noqa: UP007 (as RequestEventType)
 
 #: Events about one stage of one request on one replica: each has ``stage``
 #: and ``replica`` (narrow with ``isinstance(ev, STAGE_EVENT_TYPES)``).
@@ -379,6 +402,8 @@ StageOutputEvent = StageStarted | Progress | Chunk | StageFinished | StageFailed
 TerminalEvent = Rejected | Cancelled | Failed | Finished
 #: Events about a worker replica rather than a request.
 WorkerEventType = WorkerJoined | WorkerLost
+#: Events about no one request: the workers' and retention's.
+ServerEventType = WorkerJoined | WorkerLost | Released
 
 # The tuples below are left to inference (Final, no ``tuple[type, ...]``):
 # the checker then knows each member, so ``isinstance(ev, TERMINAL_TYPES)``
@@ -389,6 +414,7 @@ EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
 TERMINAL_TYPES: Final = (Rejected, Cancelled, Failed, Finished)
 REQUEST_EVENT_TYPES: tuple[type[RequestEventType], ...] = get_args(RequestEventType)
 WORKER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost)
+SERVER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost, Released)
 
 #: Appended by the orchestrator; everything else is an input.  CancelRequested
 #: is both: a client's is an input, a deadline's is a decision (it has a cause).

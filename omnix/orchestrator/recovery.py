@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 import msgspec
 
 from omnix.events.reducer import Fold, IllegalTransition
-from omnix.events.types import Event, RequestEvent, WorkerLost, is_decision
+from omnix.events.types import Event, RequestEvent, WorkerJoined, WorkerLost, is_decision
 from omnix.orchestrator.decide import Orchestrator
 
 #: ``WorkerLost.reason`` for the replicas of a process that did not stop cleanly
@@ -118,7 +118,12 @@ def _refused(fold: Fold, decision: Event) -> bool:
 
 def _diverged(pos: int, decided: str, recorded: str, about: Event) -> RecoveryError:
     where = "the end of the log" if pos < 0 else f"pos {pos}"
-    subject = about.request_id if isinstance(about, RequestEvent) else about.worker_id
+    if isinstance(about, RequestEvent):
+        subject = about.request_id
+    elif isinstance(about, (WorkerJoined, WorkerLost)):
+        subject = about.worker_id
+    else:
+        subject = "retention"
     return RecoveryError(
         f"the log cannot be resumed: at {where} (request {subject}) the orchestrator decides "
         f"{decided} where the log records {recorded}; it was written under other decision "

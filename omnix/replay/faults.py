@@ -57,6 +57,7 @@ from omnix.events.types import (
     CancelRequested,
     DeadlineExpired,
     Event,
+    Released,
     RequestEvent,
     Routed,
     StageEvent,
@@ -170,6 +171,8 @@ def check_invariants(events: list[Event], *, require_terminal: bool = True) -> l
             elif type(ev) is WorkerJoined:
                 lost.pop(ev.worker_id, None)
             continue
+        if type(ev) is Released:
+            continue  # retention's: about no request's own history
         rid = ev.request_id
         seen.setdefault(rid, None)
         if rid in terminal:

@@ -29,6 +29,7 @@ from omnix.events.types import (
     Finished,
     Progress,
     Rejected,
+    Released,
     RequestEvent,
     Routed,
     StageFailed,
@@ -117,6 +118,8 @@ def describe(ev: Event, t0: int | None = None) -> str:
             return f"{head} {ev.worker_id} engine={ev.engine} capacity={ev.capacity}"
         case WorkerLost():
             return f"{head} {ev.worker_id} {ev.reason}"
+        case Released():
+            return f"{head} {len(ev.request_ids)} ended request(s) released ({ev.reason})"
         case _:
             assert_never(ev)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from omnix.events.codec import SchemaError, decode_event, decode_events, encode_event
+from omnix.events.codec import SchemaError, decode_event, decode_events, encode_event, encode_events
 from omnix.events.disklog import (
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -40,6 +40,7 @@ from omnix.events.types import (
     Finished,
     Progress,
     Rejected,
+    Released,
     RequestSpec,
     Routed,
     StageFailed,
@@ -146,7 +147,16 @@ EXPECTED_V1 = [
 
 
 def test_fixture_covers_every_event_type() -> None:
-    assert {type(e) for e in EXPECTED_V1} == set(EVENT_TYPES)
+    # Released came with schema v4: it has no v1 form (test_released_round_trips).
+    assert {type(e) for e in EXPECTED_V1} == set(EVENT_TYPES) - {Released}
+
+
+def test_released_round_trips() -> None:
+    ev = Released(pos=7, ts_ns=123, request_ids=("req-a", "req-b"), reason="count")
+    data = encode_event(ev)
+    assert data[0] == SCHEMA_VERSION == 4
+    assert decode_event(data) == ev
+    assert decode_events(encode_events([ev])) == [ev]
 
 
 def test_v1_event_list_fixture_decodes() -> None:
