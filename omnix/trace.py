@@ -35,6 +35,7 @@ admission on, and transitively so for the requests those overlapped; see
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import tempfile
@@ -51,6 +52,7 @@ from omnix.events.log import EventLog
 from omnix.events.reducer import Fold, IllegalTransition, RequestState
 from omnix.events.types import (
     SCHEMA_VERSION,
+    Admitted,
     Cancelled,
     CancelRequested,
     Chunk,
@@ -58,6 +60,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    Released,
     RequestEvent,
     Routed,
     WorkerJoined,
@@ -215,8 +218,17 @@ def export_trace(
     events: list[Event] = [log.get(p) for p in prefix]
     if last >= first:
         events.extend(log.read(first, last + 1))
-    renumbered = _renumber(events, prefix, first)
-    origin = _runs([*prefix, *range(first, last + 1)])
+    if any(type(ev) is Released for ev in events) or len(events) != len(prefix) + last + 1 - first:
+        # Retention's bookkeeping is about no request of the trace, and a
+        # released request's events are gone from the log: number what is
+        # left densely, every reference through the map.
+        events = [ev for ev in events if type(ev) is not Released]
+        kept = [ev.pos for ev in events]
+        renumbered = _renumber(events, kept, last + 1)
+        origin = _runs(kept)
+    else:
+        renumbered = _renumber(events, prefix, first)
+        origin = _runs([*prefix, *range(first, last + 1)])
     return _encode(renumbered, blobs, pipeline, targets, origin, rules_version)
 
 
@@ -357,6 +369,8 @@ def _encode(
     for ev in events:
         if type(ev) is Chunk and ev.blob is not None:
             digests.add(ev.blob.digest)
+        elif type(ev) is Admitted:
+            digests.update(p.blob.digest for m in ev.spec.messages for p in m.media)
     payloads: dict[str, bytes] = {}
     for d in sorted(digests):
         try:
@@ -412,7 +426,16 @@ def export_from_dir(
             if server.is_file()
             else RULES_VERSION
         )
-    log = MemoryLog(events=iter_log(root / "events"))
+    events = iter_log(root / "events")
+    first = next(events, None)
+    if first is not None and first.pos != 0:
+        raise TraceError(
+            f"{root}/events starts at position {first.pos}: retention deleted the segments "
+            "before it; export from the running server within the retention window, or keep "
+            "the history with an archive (DIR/events/archive)"
+        )
+    # An archive holds the whole history: released requests are exported too.
+    log = MemoryLog(events=itertools.chain(() if first is None else (first,), events), keep_released=True)
     return export_trace(
         log, DiskBlobStore(root / "blobs"), pipeline, request_ids, rules_version=rules_version
     )

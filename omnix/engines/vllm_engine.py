@@ -76,6 +76,7 @@ from typing import Any
 
 import msgspec
 
+from omnix.events.types import ChatMessage
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
 from omnix.stages.engine import EngineDead
@@ -138,6 +139,8 @@ class VllmEngine:
         # Ids vLLM ends a text sub-request on (and emits): a continued
         # piece whose delivered ids end with one had finished.
         self._eos_ids: frozenset[int] = frozenset()
+        # vLLM's model class when the model takes media (``_placeholder``).
+        self._model_cls: Any = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -160,6 +163,7 @@ class VllmEngine:
         # AsyncLLM binds its queues and sockets to a loop lazily, on first use.
         await asyncio.to_thread(self._make_llm)
         self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
+        self._model_cls = await asyncio.to_thread(self._multimodal_cls)
         self._eos_ids = await asyncio.to_thread(self._end_ids)
         return EngineInfo(
             engine="vllm", capacity=args.max_num_seqs, device=self._device, model=str(self.folder)
@@ -183,6 +187,14 @@ class VllmEngine:
         # runtime's placement gives it CPUs of its own (placement.py).
         with engine_affinity(os.environ.get(ENGINE_CPUS_ENV)):
             self._llm = AsyncLLM.from_engine_args(engine_args(self.args, self.folder))
+
+    def _multimodal_cls(self) -> Any:
+        """The model's vLLM class when it takes media (it names the prompt
+        placeholder of each kind), else None."""
+        from vllm.model_executor.model_loader import get_model_cls
+
+        cls = get_model_cls(self._llm.model_config)
+        return cls if getattr(cls, "supports_multimodal", False) else None
 
     def _end_ids(self) -> frozenset[int]:
         """The tokenizer's EOS and the generation config's: what vLLM stops
@@ -276,8 +288,16 @@ class VllmEngine:
                 prompt = self._prompt_ids(piece)
                 if not prompt:
                     continue  # an empty piece (e.g. whitespace the upstream flushed)
-                budget = self._budget(request, len(prompt))
-                prompt_tokens += len(prompt)
+                media = self._media(piece) if piece.media else None
+                engine_input = None
+                n_prompt = len(prompt)
+                if media is not None:
+                    # The processor expands each placeholder into the item's
+                    # tokens: the prompt's length is known once rendered.
+                    engine_input = await self._render_media(prompt, media)
+                    n_prompt = len(engine_input["prompt_token_ids"])
+                budget = self._budget(request, n_prompt)
+                prompt_tokens += n_prompt
                 resume = plan.take(index, request)
                 if resume is not None:
                     output_tokens += len(resume.token_ids)
@@ -289,6 +309,7 @@ class VllmEngine:
                         finish = "stop"
                         continue
                     prompt = prompt + self._resumed_ids(resume.token_ids)
+                    engine_input = None
                     budget -= len(resume.token_ids)
                     if budget <= 0:  # the lost replica had used the whole budget
                         seq += 1
@@ -305,7 +326,10 @@ class VllmEngine:
                     else None
                 )
                 # Rendered through vLLM's renderer (raw prompt dicts are deprecated).
-                (engine_input,) = self._llm.renderer.render_cmpl([{"prompt_token_ids": prompt}])
+                if media is not None and engine_input is None:
+                    engine_input = await self._render_media(prompt, media)
+                elif engine_input is None:
+                    (engine_input,) = self._llm.renderer.render_cmpl([{"prompt_token_ids": prompt}])
                 stream = self._llm.generate(engine_input, params, sub_id)
                 try:
                     async for out in stream:
@@ -415,9 +439,16 @@ class VllmEngine:
             if piece.token_ids:
                 return list(piece.token_ids)
             return self._encode(piece.text or joined, special=False)
+        if piece.media and mode != "chat":
+            raise ValueError(
+                f"a request with audio or image parts reached a stage whose input_mode is "
+                f"{mode!r}: media input needs input_mode 'chat' on a multimodal model"
+            )
         if mode == "chat":
             if piece.messages:
-                messages = [{"role": m.role, "content": m.content} for m in piece.messages]
+                messages = [
+                    {"role": m.role, "content": self._with_placeholders(m)} for m in piece.messages
+                ]
             elif piece.text:
                 messages = [{"role": "user", "content": piece.text}]
             else:
@@ -434,6 +465,59 @@ class VllmEngine:
         if piece.text or joined:
             return self._encode(piece.text or joined, special=True)
         return list(piece.token_ids)
+
+    def _with_placeholders(self, m: ChatMessage) -> str:
+        """The message's text with each media part's placeholder (the model's
+        own, e.g. Qwen3-Omni's ``<|audio_start|><|audio_pad|><|audio_end|>``)
+        where the part stood among the text parts."""
+        if not m.media:
+            return m.content
+        text, out, prev, counts = m.content, [], 0, collections.Counter[str]()
+        for part in m.media:
+            counts[part.kind] += 1
+            out.append(text[prev : part.at])
+            ph = self._placeholder(part.kind, counts[part.kind])
+            before = part.at > 0 and text[part.at - 1] != "\n"
+            after = part.at < len(text) and text[part.at] != "\n"
+            out.append(("\n" if before else "") + ph + ("\n" if after else ""))
+            prev = part.at
+        out.append(text[prev:])
+        return "".join(out)
+
+    def _placeholder(self, kind: str, i: int) -> str:
+        if self._model_cls is None:
+            raise ValueError(f"{self.folder} is not a multimodal model: it cannot take {kind} input")
+        ph = self._model_cls.get_placeholder_str(kind, i)
+        if not ph:
+            raise ValueError(f"{self.folder} has no placeholder for {kind} input")
+        return str(ph)
+
+    def _media(self, piece: InputPiece) -> dict[str, list[Any]]:
+        """vLLM's ``multi_modal_data`` for the piece: audio as (samples,
+        rate), images as PIL images (what the HF processors take)."""
+        from PIL import Image
+
+        kinds = [p for m in piece.messages for p in m.media]
+        if len(kinds) != len(piece.media):
+            raise ValueError(
+                f"{len(piece.media)} media arrays for {len(kinds)} media parts: the input piece is malformed"
+            )
+        data: dict[str, list[Any]] = {}
+        for part, arr in zip(kinds, piece.media, strict=True):
+            if part.kind == "audio":
+                data.setdefault("audio", []).append((arr, part.rate))
+            else:
+                data.setdefault("image", []).append(Image.fromarray(arr, mode="RGB"))
+        return data
+
+    async def _render_media(self, prompt: list[int], media: dict[str, list[Any]]) -> Any:
+        """vLLM's engine input for a prompt with media; the multimodal
+        processor (mel features, image patches) runs off this loop in the
+        async renderer."""
+        (rendered,) = await self._llm.renderer.render_cmpl_async(
+            [{"prompt_token_ids": prompt, "multi_modal_data": media}]
+        )
+        return rendered
 
     def _need_tokenizer(self, why: str) -> Any:
         if self._tokenizer is None:
@@ -691,6 +775,8 @@ def engine_args(args: VllmArgs, folder: Path) -> Any:
         else:
             # Same knob as VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only.
             kv_bytes = max(1, int(args.kv_cache_gib * GIB))
+    # vLLM's own default (no limits of its own) when the stage names none.
+    limit_mm: dict[str, int | dict[str, int]] = dict(args.limit_mm_per_prompt)
     return AsyncEngineArgs(
         model=str(folder),
         # A plain str in the stage config: vLLM checks the name itself.
@@ -704,6 +790,7 @@ def engine_args(args: VllmArgs, folder: Path) -> Any:
         skip_tokenizer_init=not _has_tokenizer(folder),
         disable_log_stats=True,
         distributed_executor_backend="uni" if _uni_on_cpu(args) else None,
+        limit_mm_per_prompt=limit_mm,
     )
 
 

@@ -42,7 +42,7 @@ from omnix.models.paths import (
     is_built,
     read_info,
 )
-from omnix.models.qwen3_omni import build_omni_thinker
+from omnix.models.qwen3_omni import build_omni_thinker, build_omni_tokenizer
 from omnix.models.seeds import derived_seed, pad64
 
 if TYPE_CHECKING:  # imported where used: most commands never build a model
@@ -165,11 +165,14 @@ def build_talker(out: Path, seed: int) -> ModelInfo:
     and ``CODEC_EOS``).  vLLM runs it without a tokenizer; the thinker's
     tokenizer is kept in ``text_tokenizer/`` for input pieces that carry text
     but no ids.
-    """
-    from omnix.models.tokenizer import build_tokenizer
 
-    n_text = build_tokenizer(out / "text_tokenizer")
-    vocab = TEXT_OFFSET + pad64(n_text)
+    Its text range covers every id the Qwen3-Omni thinker's head can emit
+    (``omni_thinker``: the trained vocabulary, the multimodal special tokens
+    and the padding rows), so either thinker feeds it: the plain thinker's
+    ids are the same trained vocabulary.
+    """
+    n_text = build_omni_tokenizer(out / "text_tokenizer", model_max_length=LM_MAX_POSITIONS).vocab_size
+    vocab = TEXT_OFFSET + n_text
     config = _qwen2_config(vocab, eos=CODEC_EOS, bos=CODEC_BOS, pad=CODEC_EOS)
     _write_lm(
         out,

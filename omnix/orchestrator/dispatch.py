@@ -194,7 +194,10 @@ class Dispatcher:
         for pos in sources:
             ev = self.log.get(pos)
             if isinstance(ev, Admitted):
-                out.append(InputPiece(text=ev.spec.prompt, messages=ev.spec.messages))
+                media = tuple(
+                    self.blobs.get_array(part.blob) for m in ev.spec.messages for part in m.media
+                )
+                out.append(InputPiece(text=ev.spec.prompt, messages=ev.spec.messages, media=media))
             elif isinstance(ev, Chunk):
                 if group and group[0].stage != ev.stage:
                     out.append(self._join(group))

@@ -50,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
             out = stage_output_modality(cfg, st.name) or "?"
             print(f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={st.replicas} "
                   f"timeout={st.timeout_s:g}s retry={'yes, up to ' + str(st.max_retries) if st.retries else 'no'}")
+        media = cfg.input_media
+        if media is not None:
+            kinds = [k for k, on in (("audio", media.audio), ("image", media.image)) if on]
+            print(f"  input text+{'+'.join(kinds)}: up to {media.max_part_bytes / 2**20:g} MB a part, "
+                  f"{media.max_audio_seconds:g} s of audio, {media.max_pixels:,} pixels")
         for e in cfg.edges:
             how = f"every {e.every} chunks" if e.forward == "chunk" else (
                 "at sentence ends" if e.forward == "sentence" else "when the source finishes")

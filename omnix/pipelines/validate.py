@@ -141,8 +141,44 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
             )
     if cfg.abort_timeout_s <= 0:
         problems.append(f"abort_timeout_s must be > 0, got {cfg.abort_timeout_s}")
+    problems.extend(_media_problems(cfg))
     if problems:
         raise PipelineError(source, problems)
+
+
+def _media_problems(cfg: PipelineConfig) -> list[str]:
+    problems = []
+    targets = {e.target for e in cfg.edges}
+    declared = []
+    for st in cfg.stages:
+        m = st.media
+        if m is None:
+            continue
+        where = f"stage {st.name!r}: media"
+        if st.name in targets:
+            problems.append(f"{where}: only a source stage (no incoming edge) takes media from the request")
+            continue
+        declared.append((st.name, m))
+        for field in ("max_part_bytes", "max_pixels", "max_audio_parts", "max_image_parts", "sample_rate"):
+            if getattr(m, field) < (0 if field.endswith("_parts") else 1):
+                problems.append(f"{where}.{field} must be positive, got {getattr(m, field)}")
+        if m.max_audio_seconds <= 0:
+            problems.append(f"{where}.max_audio_seconds must be > 0, got {m.max_audio_seconds}")
+        eng = st.engine
+        if isinstance(eng, VllmArgs):
+            if eng.input_mode != "chat":
+                problems.append(f"{where}: media input needs input_mode = \"chat\", got {eng.input_mode!r}")
+            for kind, on, most in (("audio", m.audio, m.max_audio_parts), ("image", m.image, m.max_image_parts)):
+                limit = eng.limit_mm_per_prompt.get(kind)
+                if on and limit is not None and limit < most:
+                    problems.append(
+                        f"{where}.max_{kind}_parts = {most} but the engine's limit_mm_per_prompt.{kind} "
+                        f"is {limit}: vLLM would refuse such prompts; lower one or raise the other"
+                    )
+    if len({m for _, m in declared}) > 1:
+        names = ", ".join(n for n, _ in declared)
+        problems.append(f"source stages {names} declare different media: the request's media go to all of them")
+    return problems
 
 
 def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:

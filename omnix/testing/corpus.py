@@ -52,9 +52,19 @@ if TYPE_CHECKING:
     from omnix.api import Omni
     from omnix.http.app import HttpServer
 
-CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected", "busy")
+CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected", "busy", "media")
+#: Cases that need the HTTP layer's media decoding (not on the simulator).
+HTTP_ONLY = ("media",)
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def media_messages() -> list[dict[str, object]]:
+    """One user message with a 2 s clip, a small image and a question."""
+    from omnix.testing.media import audio_part, image_part
+
+    parts = [audio_part(2.0), image_part(64, 48), {"type": "text", "text": "What do you hear and see?"}]
+    return [{"role": "user", "content": parts}]
 
 
 def scripted_omni(**changes: object) -> PipelineConfig:
@@ -189,10 +199,14 @@ async def _until_terminal(omni: Omni, rid: str) -> None:
 
 
 async def _http_chat(
-    server: HttpServer, session: aiohttp.ClientSession, *, stream: bool = True
+    server: HttpServer,
+    session: aiohttp.ClientSession,
+    *,
+    stream: bool = True,
+    messages: list[dict[str, object]] | None = None,
 ) -> tuple[int, str, bytes]:
     body: dict[str, object] = {
-        "messages": MESSAGES,
+        "messages": messages or MESSAGES,
         "modalities": ["text", "audio"],
         "audio": {"format": "pcm16", "voice": "default"},
         "stream": stream,
@@ -249,6 +263,11 @@ async def _run_case(omni: Omni, server: HttpServer, case: str) -> tuple[list[str
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         if case in ("normal", "cancel", "worker-lost"):
             _, rid, raw = await _http_chat(server, session)
+            return [rid], raw
+        if case == "media":
+            status, rid, raw = await _http_chat(server, session, messages=media_messages())
+            if status != 200:  # pragma: no cover
+                raise RuntimeError(f"the media chat was answered {status}: {raw[:300]!r}")
             return [rid], raw
         if case == "rejected":
             # Fill every thinker slot (a real engine reports its own
@@ -354,7 +373,8 @@ async def capture_corpus(
     cfg = scripted_omni()
     if runtime in ("all", "sim"):
         for case in cases:
-            await step(_capture_sim_case(cfg, case, outdir))
+            if case not in HTTP_ONLY:
+                await step(_capture_sim_case(cfg, case, outdir))
     if runtime in ("all", "workers"):
         for case in cases:
             await step(_capture_workers_case(cfg, case, "scripted-omni", outdir))

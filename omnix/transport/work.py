@@ -29,7 +29,9 @@ class InputPiece(msgspec.Struct, frozen=True):
 
     Source stages get the request's ``prompt``/``messages``; downstream
     stages get upstream output: ``text`` and/or ``token_ids`` (text or codec
-    codes), or an ``array`` (audio, images, hidden states).
+    codes), or an ``array`` (audio, images, hidden states).  ``media`` are
+    the decoded arrays of the messages' media parts (``MediaPart``), in
+    message and part order; they travel as zero-copy frames.
     """
 
     text: str = ""
@@ -37,6 +39,7 @@ class InputPiece(msgspec.Struct, frozen=True):
     messages: tuple[ChatMessage, ...] = ()
     array: np.ndarray | None = None
     modality: Modality = "text"
+    media: tuple[np.ndarray, ...] = ()
 
 
 class EngineOutput(msgspec.Struct):

@@ -32,7 +32,7 @@ def test_a_good_config_loads():
     assert [s.name for s in cfg.stages] == ["a", "b"]
 
 
-@pytest.mark.parametrize("name", ["tiny-text", "tiny-omni", "tiny-tts", "tiny-image"])
+@pytest.mark.parametrize("name", ["tiny-text", "tiny-omni", "tiny-tts", "tiny-image", "tiny-asr"])
 def test_every_builtin_pipeline_validates(name):
     assert name in builtin_names()
     assert load_pipeline(name).name == name
@@ -117,7 +117,7 @@ def test_each_invalid_config_gets_its_own_clear_error(case):
 
 
 def test_unknown_pipeline_name_lists_the_builtins():
-    with pytest.raises(PipelineError, match="built-in: tiny-image, tiny-omni"):
+    with pytest.raises(PipelineError, match="built-in: tiny-asr, tiny-image, tiny-omni"):
         load_pipeline("tiny-nothing")
 
 
@@ -152,3 +152,45 @@ def test_needed_stages_follow_the_requested_outputs():
     g = graph()
     assert g.needed_stages(("text",)) == ("a",)
     assert g.needed_stages(("audio",)) == ("a", "b")
+
+
+MEDIA_ON_A = GOOD.replace(
+    'engine = { kind = "scripted" }', 'engine = { kind = "scripted" }\nmedia = { audio = true, image = true }', 1
+)
+
+
+def test_a_source_stage_declares_the_media_the_pipeline_takes():
+    assert parse_pipeline(GOOD).input_media is None
+    media = parse_pipeline(MEDIA_ON_A).input_media
+    assert media is not None and media.audio and media.image and media.sample_rate == 16_000
+    assert load_pipeline("tiny-omni").input_media is not None
+    assert load_pipeline("tiny-text").input_media is None
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            GOOD.replace('output_modality = "audio" }', 'output_modality = "audio" }\nmedia = { audio = true }'),
+            "only a source stage",
+        ),
+        (MEDIA_ON_A.replace("image = true }", "image = true, max_pixels = 0 }"), "max_pixels must be positive"),
+        (
+            MEDIA_ON_A.replace(
+                'engine = { kind = "scripted" }',
+                'engine = { kind = "vllm", model = "m", input_mode = "token_ids" }',
+            ),
+            'needs input_mode = "chat"',
+        ),
+        (
+            MEDIA_ON_A.replace(
+                'engine = { kind = "scripted" }',
+                'engine = { kind = "vllm", model = "m", limit_mm_per_prompt = { audio = 1, image = 0 } }',
+            ),
+            "max_image_parts = 1 but the engine's limit_mm_per_prompt.image is 0",
+        ),
+    ],
+)
+def test_bad_media_declarations_are_refused_by_name(text, says):
+    with pytest.raises(PipelineError, match=says):
+        parse_pipeline(text)
