@@ -44,6 +44,7 @@ from omnix.events.types import (
     Event,
     Modality,
     Rejected,
+    RejectReason,
     RequestSpec,
 )
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
@@ -310,6 +311,53 @@ class Omni:
         if rid in self.log.state.requests:
             raise RequestError(f"request id {rid!r} is already in use", "request_id", "duplicate_id")
         return self.sequencer.submit(rid, spec)
+
+    def room(self, outputs: tuple[Modality, ...]) -> int:
+        """How many requests for ``outputs`` admission would take now, one
+        after the other: per source stage, the free credits of its ready
+        replicas plus its free queue places (the fewest over the sources);
+        0 when a needed stage has no ready replica or is full.  Lets a
+        group (a batch) be admitted whole or refused whole."""
+        orch = self.orchestrator
+        needed = self.graph.needed_stages(tuple(outputs))
+        sources = set(self.graph.sources(needed))
+        workers = self.log.state.workers.values()
+        room: int | None = None
+        for stage in needed:
+            if orch.ready_replicas(stage) == 0:
+                return 0
+            free = sum(
+                max(0, w.capacity - orch.load(stage, w.replica))
+                for w in workers
+                if w.stage == stage and w.alive
+            )
+            places = max(0, self.pipeline.stage(stage).max_queue - orch.queue_length(stage))
+            if stage in sources:
+                room = free + places if room is None else min(room, free + places)
+            elif free == 0 and places == 0:
+                return 0  # admission refuses while a later stage is full too
+        return room or 0
+
+    def refuse(
+        self, spec: RequestSpec, request_id: str, reason: RejectReason, message: str
+    ) -> Rejected:
+        """Record that ``spec`` was not admitted, without asking admission
+        (a member of a group refused whole, see ``room``)."""
+        if request_id in self.log.state.requests:
+            raise RequestError(
+                f"request id {request_id!r} is already in use", "request_id", "duplicate_id"
+            )
+        ev = self.sequencer.append(
+            Rejected(
+                request_id=request_id,
+                pipeline=self.pipeline.name,
+                spec=spec,
+                reason=reason,
+                message=message,
+            )
+        )
+        assert isinstance(ev, Rejected)  # the log returns what it stored
+        return ev
 
     def cancel(self, request_id: str, reason: CancelReason = "client") -> bool:
         """Ask to cancel; False when the request is unknown or already over."""

@@ -9,8 +9,13 @@ log records them), batching (a list of conversations, images with
 options ``render.py`` needs, written into ``RequestSpec.options`` so a
 response can be re-rendered from the log alone.
 
+Request ids: ``Served.new_request_id`` gives the id the client named in
+``X-Request-Id`` (``CLIENT_REQUEST_ID``, set by ``routes.py`` for the
+HTTP request being handled) or a fresh one; a batch's members are
+``ID-0``, ``ID-1``...
+
 Raises ``ApiError`` for what the HTTP layer can judge (unknown model,
-unsupported parameters, inconsistent fields); the pipeline's own
+unsupported parameters, inconsistent fields: all 400); the pipeline's own
 ``validate_request`` (through ``Omni.validate``) judges the rest before
 anything is appended.  Does not submit or render.
 """
@@ -19,17 +24,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 
 import msgspec
+import numpy as np
 
-from omnix.events.types import ChatMessage, Modality, RequestSpec, StageParams
+from omnix.events.types import BlobRef, ChatMessage, MediaPart, Modality, RequestSpec, StageParams
 from omnix.http.errors import ApiError
 from omnix.http.render import API_CHAT, API_IMAGES, API_SPEECH, RENDER_VERSION, Opt
 from omnix.http.schemas import (
     ChatCompletionRequest,
     ImageRequest,
-    ImageUrlPart,
-    InputAudioPart,
+    MediaContentPart,
     Message,
     SamplingParamsList,
     SpeechRequest,
@@ -41,12 +47,28 @@ from omnix.pipelines.plan import PipelineGraph, merge_params
 DEFAULT_SAMPLE_RATE = 24000
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
+#: The request id the client named (``X-Request-Id``) for the HTTP request
+#: being handled, "" when none.  A context variable, not a parameter, so
+#: that every route's plan honours it: aiohttp runs each HTTP request in
+#: its own task, which has its own context.
+CLIENT_REQUEST_ID: ContextVar[str] = ContextVar("omnix_client_request_id", default="")
+
+
+class DecodedBlob(msgspec.Struct, frozen=True):
+    """A decoded media array and the reference its ``MediaPart`` holds."""
+
+    ref: BlobRef
+    array: np.ndarray
+
 
 class Plan(msgspec.Struct, frozen=True):
-    """The requests one HTTP call submits, in choice order."""
+    """The requests one HTTP call submits, in choice order, and the decoded
+    media their specs reference (stored once the plan is validated, so a
+    refused request leaves nothing in the blob store)."""
 
     specs: tuple[tuple[str, RequestSpec], ...]
     stream: bool = False
+    blobs: tuple[DecodedBlob, ...] = ()
 
     @property
     def request_ids(self) -> tuple[str, ...]:
@@ -66,8 +88,12 @@ class Served:
         self.pipeline = pipeline
         self.graph = PipelineGraph(pipeline)
         self.model = pipeline.name
-        self.new_request_id = new_request_id
+        self._fresh_id = new_request_id
         self.new_seed = new_seed
+
+    def new_request_id(self) -> str:
+        """The client's ``X-Request-Id`` (``CLIENT_REQUEST_ID``), else a fresh id."""
+        return CLIENT_REQUEST_ID.get() or self._fresh_id()
 
     def check_model(self, model: str) -> None:
         if model and model != self.model:
@@ -134,7 +160,7 @@ def traceparent_of(header: str | None) -> str:
 
 def _unsupported(param: str, why: str) -> ApiError:
     return ApiError(
-        422, f"{param} is not supported: {why}", param=param, code="unsupported_parameter"
+        400, f"{param} is not supported: {why}", param=param, code="unsupported_parameter"
     )
 
 
@@ -166,39 +192,84 @@ def _group_options(opts: dict[str, str], gid: str, i: int, n: int) -> dict[str, 
 # --------------------------------------------------------------------------
 
 
-def _messages(conv: list[Message], where: str) -> tuple[ChatMessage, ...]:
+#: Decoded media parts of a chat body, by the JSON path of their part
+#: (``messages[0].content[1]``); ``MediaPart.at`` is filled in by ``_messages``.
+Media = dict[str, MediaPart]
+
+
+def _conversations(body: ChatCompletionRequest) -> list[tuple[str, list[Message]]]:
+    """The body's conversations with the JSON path of each: one
+    (``messages``) or a batch (``messages[i]``)."""
+    if any(isinstance(m, list) for m in body.messages):
+        return [(f"messages[{i}]", c) for i, c in enumerate(body.messages) if isinstance(c, list)]
+    return [("messages", [m for m in body.messages if not isinstance(m, list)])]
+
+
+def media_parts(body: ChatCompletionRequest) -> list[tuple[str, MediaContentPart]]:
+    """Every audio, image and video part of a chat body, in order, with its
+    JSON path: what the HTTP layer decodes before planning."""
+    out: list[tuple[str, MediaContentPart]] = []
+    for where, conv in _conversations(body):
+        for i, m in enumerate(conv):
+            if isinstance(m.content, list):
+                for j, part in enumerate(m.content):
+                    if not isinstance(part, TextPart):
+                        out.append((f"{where}[{i}].content[{j}]", part))
+    return out
+
+
+def _messages(conv: list[Message], where: str, media: Media) -> tuple[ChatMessage, ...]:
     if not conv:
         raise _bad(where, f"{where} is empty: give at least one message.")
     out = []
     for i, m in enumerate(conv):
         c = m.content
+        parts: list[MediaPart] = []
         if c is None:
             text = ""
         elif isinstance(c, str):
             text = c
         else:
-            texts = []
+            texts: list[str] = []
+            at = 0  # length of "\n".join(texts) so far
             for j, part in enumerate(c):
                 if isinstance(part, TextPart):
+                    at += len(part.text) + (1 if texts else 0)
                     texts.append(part.text)
-                elif isinstance(part, (ImageUrlPart, InputAudioPart)):
-                    kind = "image_url" if isinstance(part, ImageUrlPart) else "input_audio"
-                    raise ApiError(
-                        422,
-                        f"{where}[{i}].content[{j}] is of type {kind}: omnix pipelines take text "
-                        "input only. Send text parts.",
-                        param=f"{where}[{i}].content[{j}].type",
-                        code="unsupported_input",
-                    )
+                    continue
+                param = f"{where}[{i}].content[{j}]"
+                decoded = media.get(param)
+                if decoded is None:  # the HTTP layer decodes every part first
+                    raise ApiError(500, f"{param} was not decoded", param=param)
+                if m.role != "user":
+                    raise _bad(param, f"{param}: only user messages may carry audio or images.")
+                parts.append(msgspec.structs.replace(decoded, at=at))
             text = "\n".join(texts)
-        out.append(ChatMessage(role=m.role, content=text))
+        out.append(ChatMessage(role=m.role, content=text, media=tuple(parts)))
     return tuple(out)
+
+
+#: Roles whose message must have content (OpenAI refuses ``content: null``
+#: on them; an assistant message may be null, having made tool calls).
+_CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
+
+
+def _check_contents(convs: list[list[Message]], batched: bool) -> None:
+    for k, conv in enumerate(convs):
+        where = f"messages[{k}]" if batched else "messages"
+        for i, m in enumerate(conv):
+            if m.content is None and m.role in _CONTENT_REQUIRED:
+                raise _bad(
+                    f"{where}[{i}].content",
+                    f"{where}[{i}].content is null: a {m.role} message needs content, "
+                    "a string or a list of content parts.",
+                )
 
 
 def _check_chat_unsupported(body: ChatCompletionRequest) -> None:
     if body.n != 1:
         raise ApiError(
-            422,
+            400,
             f"n={body.n} is not supported: omnix returns one choice per conversation. "
             "Send n=1, or batch several conversations in messages (a list of lists).",
             param="n",
@@ -213,7 +284,17 @@ def _check_chat_unsupported(body: ChatCompletionRequest) -> None:
         raise _unsupported("logit_bias", "omit it.")
 
 
-def chat_plan(body: ChatCompletionRequest, served: Served, *, traceparent: str = "") -> Plan:
+def chat_plan(
+    body: ChatCompletionRequest,
+    served: Served,
+    *,
+    traceparent: str = "",
+    media: Media | None = None,
+    blobs: tuple[DecodedBlob, ...] = (),
+) -> Plan:
+    """``media``: the body's decoded media parts (``media_parts``), keyed
+    by their JSON path; ``blobs``: their arrays, to store on admission."""
+    media = media or {}
     served.check_model(body.model)
     _check_chat_unsupported(body)
     if body.stream_options is not None and not body.stream:
@@ -231,21 +312,22 @@ def chat_plan(body: ChatCompletionRequest, served: Served, *, traceparent: str =
             "(a list of messages) or a batch (a list of conversations).",
         )
     batched = bool(batch)
+    _check_contents(batch if batched else [single], batched)
     convs = (
-        [_messages(c, f"messages[{i}]") for i, c in enumerate(batch)]
+        [_messages(c, f"messages[{i}]", media) for i, c in enumerate(batch)]
         if batched
-        else [_messages(single, "messages")]
+        else [_messages(single, "messages", media)]
     )
     if batched and body.stream:
         raise ApiError(
-            422,
+            400,
             "a batch of conversations cannot be streamed: send stream=false, or one "
             "conversation per request to stream.",
             param="stream",
             code="unsupported_value",
         )
 
-    modalities = tuple(body.modalities or ("text",))
+    modalities = tuple(body.modalities) if body.modalities is not None else ("text",)
     if not modalities:
         raise _bad("modalities", 'modalities is empty: give ["text"] or ["text", "audio"].')
     if len(set(modalities)) != len(modalities):
@@ -314,7 +396,7 @@ def chat_plan(body: ChatCompletionRequest, served: Served, *, traceparent: str =
         )
         for i, (rid, conv) in enumerate(zip(rids, convs, strict=True))
     )
-    return Plan(specs=specs, stream=body.stream)
+    return Plan(specs=specs, stream=body.stream, blobs=blobs)
 
 
 # --------------------------------------------------------------------------
@@ -378,7 +460,7 @@ def image_plan(body: ImageRequest, served: Served, *, traceparent: str = "") -> 
     served.check_model(body.model)
     if body.response_format == "url":
         raise ApiError(
-            422,
+            400,
             'response_format "url" is not supported: omnix does not host generated files. '
             'Use "b64_json".',
             param="response_format",

@@ -1,7 +1,8 @@
 """The aiohttp application and server around one ``Omni``.
 
-Owns: ``build_app`` (routes, middlewares: OpenAI-style errors, API key;
-body size limit; the telemetry projection that backs /metrics, started
+Owns: ``build_app`` (routes, middlewares: OpenAI-style errors, CORS
+(``cors.py``, closed unless origins are allowed), API key; the body size
+limit, all as ``HttpOptions`` say; the telemetry projection that backs /metrics, started
 and stopped with the app) and ``HttpServer`` (bind, serve, close), the
 programmatic way to serve an ``Omni`` — tests and embedders use it:
 
@@ -28,14 +29,13 @@ from aiohttp.typedefs import Middleware
 
 from omnix.api import Omni
 from omnix.http.auth import auth_middleware
+from omnix.http.cors import Cors
 from omnix.http.errors import error_middleware
+from omnix.http.options import HttpOptions
 from omnix.http.routes import Routes
 from omnix.telemetry import Telemetry
 
 log = logging.getLogger("omnix.http")
-
-#: Largest request body accepted (bytes); larger ones get 413.
-DEFAULT_MAX_BODY = 8 * 1024 * 1024
 
 OMNI_KEY: web.AppKey[Omni] = web.AppKey("omni", Omni)
 ROUTES_KEY: web.AppKey[Routes] = web.AppKey("routes", Routes)
@@ -49,27 +49,26 @@ def _make_telemetry(omni: Omni) -> Telemetry:
 
 def build_app(
     omni: Omni,
+    options: HttpOptions | None = None,
     *,
-    api_key: str | None = None,
     telemetry: Telemetry | bool | None = True,
-    client_max_size: int = DEFAULT_MAX_BODY,
-    resume_grace_s: float = 0.0,
 ) -> web.Application:
-    """The application serving ``omni``.
+    """The application serving ``omni``, answering as ``options`` say.
 
     ``telemetry``: a ``Telemetry`` to expose at /metrics, ``True`` to build
     one from the environment (it follows ``omni.log`` while the app runs),
     or ``False``/``None`` for none (/metrics answers 501).
-    ``resume_grace_s``: how long a streamed request whose client dropped
-    keeps running for a reconnect to ``/v1/requests/{id}/stream`` (0:
-    cancelled at once).
     """
-    middlewares: list[Middleware] = [error_middleware]
-    if api_key:
-        middlewares.append(auth_middleware(api_key))
-    app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
+    options = options or HttpOptions()
+    cors = Cors(options.allowed_origins)
+    # CORS before the API key: a browser's preflight carries no credentials.
+    middlewares: list[Middleware] = [error_middleware, cors.middleware]
+    if options.api_key:
+        middlewares.append(auth_middleware(options.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=options.max_body)
+    app.on_response_prepare.append(cors.on_prepare)
     tel = _make_telemetry(omni) if telemetry is True else (telemetry or None)
-    routes = Routes(omni, telemetry=tel, resume_grace_s=resume_grace_s)
+    routes = Routes(omni, options, telemetry=tel)
     routes.add_to(app)
     app[OMNI_KEY] = omni
     app[ROUTES_KEY] = routes
@@ -90,25 +89,17 @@ class HttpServer:
     def __init__(
         self,
         omni: Omni,
+        options: HttpOptions | None = None,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        api_key: str | None = None,
         telemetry: Telemetry | bool | None = True,
-        client_max_size: int = DEFAULT_MAX_BODY,
         access_log: bool = False,
-        resume_grace_s: float = 0.0,
     ) -> None:
         self.omni = omni
         self.host = host
         self.port = port
-        self.app = build_app(
-            omni,
-            api_key=api_key,
-            telemetry=telemetry,
-            client_max_size=client_max_size,
-            resume_grace_s=resume_grace_s,
-        )
+        self.app = build_app(omni, options, telemetry=telemetry)
         self.routes = self.app[ROUTES_KEY]
         self._access_log = access_log
         self._runner: web.AppRunner | None = None

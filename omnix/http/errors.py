@@ -13,15 +13,17 @@ and then failed: those are part of the request's log and are rendered by
 ``render.py`` so replay reproduces them.
 
 Status conventions (documented in docs/http.md):
-  * 400 ``invalid_request_error``: the body is not valid for the API (bad
-    JSON, wrong types, unknown fields, out-of-range values);
-  * 401 ``authentication_error``; 404 ``not_found_error`` (route, request
-    id, model); 405; 413 (body over the size limit);
-  * 422 ``invalid_request_error`` with code ``unsupported_*``: a well-formed
-    request this server's pipeline cannot serve (an output modality it does
-    not produce, ``n`` > 1 where unsupported);
+  * 400 ``invalid_request_error``: the request is not one this server
+    takes: bad JSON, wrong types, unknown fields, out-of-range values, and
+    (code ``unsupported_*``) well-formed requests its pipeline cannot serve
+    (an output modality it does not produce, a parameter it does not
+    honour).  One status for both, as OpenAI and vLLM answer;
+  * 401 ``authentication_error``; 403 (a browser origin not allowed); 404
+    ``not_found_error`` (route, request id, model); 405; 409 (a request id
+    already in use); 413 (body over the size limit); 415 (a JSON route sent
+    another Content-Type);
   * 429 / 503 with ``Retry-After``: admission refused (rendered from the
-    recorded ``Rejected`` event) or shutting down.
+    recorded ``Rejected`` events) or shutting down.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def from_decode_error(
 ) -> ApiError:
     """A body msgspec could not decode into the route's request Struct.
     ``unsupported`` maps top-level fields the API knows but omnix does not
-    take to the reason (answered 422 instead of "unknown field")."""
+    take to the reason (answered ``unsupported_parameter`` with that reason
+    instead of a generic "unknown field")."""
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
         m = _AT.search(text)
@@ -136,7 +139,7 @@ def from_decode_error(
                 param = f"{param}.{name.group(1)}" if param else name.group(1)
         if unknown and unsupported and param in unsupported:
             return ApiError(
-                422,
+                400,
                 f"{param} is not supported: {unsupported[param]}",
                 param=param,
                 code="unsupported_parameter",
@@ -162,10 +165,10 @@ def from_decode_error(
 
 
 def from_request_error(exc: RequestError) -> ApiError:
-    """``RequestError`` from the pipeline's validation: 422 when the
-    pipeline cannot serve a well-formed request, 400 otherwise."""
-    status = 422 if exc.code.startswith("unsupported") else 400
-    return ApiError(status, exc.message, param=exc.param, code=exc.code)
+    """``RequestError`` from the pipeline's validation: 400, its code
+    saying whether the body is wrong (``invalid_value``) or the pipeline
+    cannot serve it (``unsupported_*``)."""
+    return ApiError(400, exc.message, param=exc.param, code=exc.code)
 
 
 # -- middleware ----------------------------------------------------------------

@@ -1,10 +1,20 @@
-"""GET /openapi.json: an OpenAPI 3.1 description of the HTTP API.
+"""GET /openapi.json: an OpenAPI 3.1 description of the HTTP API as served.
 
-Owns: the list of routes with their summaries, parameters and responses.
+Owns: the list of routes with their summaries, parameters and responses,
+for the pipeline being served (``OpenApi``): only the generation routes it
+can answer are published (chat for a pipeline that produces text, speech
+for audio, images for images), and the request schemas say what this
+server accepts, no more and no less (its model name, its stages in
+``sampling_params_list``, its output modalities, the media parts its
+source stage takes, the batch limit, the cross-field rules the handlers
+enforce).  A test runs schemathesis against the document: whatever it
+accepts the server accepts, and the reverse.
+
 Body schemas are generated from the msgspec Structs in ``schemas.py``
-(``msgspec.json.schema_components``), so they cannot drift from what the
-server decodes and encodes.  Streamed bodies (SSE, raw audio) are described
-in prose: OpenAPI has no way to type an event stream.
+(``msgspec.json.schema_components``), then narrowed to the pipeline, so
+they cannot drift from what the server decodes and encodes.  Streamed
+bodies (SSE, raw audio) are described in prose: OpenAPI has no way to type
+an event stream.
 
 Does not own the routes themselves (``routes.py`` registers them; a test
 checks that both lists agree).
@@ -12,7 +22,7 @@ checks that both lists agree).
 
 from __future__ import annotations
 
-from functools import cache
+import copy
 from typing import Any
 
 import msgspec
@@ -33,7 +43,9 @@ from omnix.http.schemas import (
     SpeechAudioDelta,
     SpeechAudioDone,
     SpeechRequest,
+    Version,
 )
+from omnix.pipelines.config import PipelineConfig
 
 _TYPES = (
     ChatCompletionRequest,
@@ -46,14 +58,45 @@ _TYPES = (
     ImagesResponse,
     ModelList,
     Health,
+    Version,
     Readiness,
     CancelResult,
     ErrorBody,
 )
 
+#: Generation routes and the output modality each needs.
+GENERATION_ROUTES = {
+    "/v1/chat/completions": "text",
+    "/v1/audio/speech": "audio",
+    "/v1/images/generations": "image",
+}
+#: Routes served but not (yet) described here: a multipart form.
+UNDESCRIBED = frozenset({"/v1/audio/transcriptions"})
+
 
 def _ref(t: type) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{t.__name__}"}
+
+
+def _sse(data: dict[str, Any] | None = None, *, done: bool = False) -> dict[str, Any]:
+    """``text/event-stream`` whose events' ``data`` is JSON of schema
+    ``data`` (OpenAPI before 3.2: ``schema`` describes one event);
+    ``done``: the last event's data is ``[DONE]``."""
+    field: dict[str, Any] = {"type": "string"}
+    if data is not None:
+        field |= {"contentMediaType": "application/json", "contentSchema": data}
+    if done:
+        field = {"anyOf": [{"const": "[DONE]"}, field]}
+    return {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "event": {"type": "string"},
+                "data": field,
+            },
+        }
+    }
 
 
 def _json(t: type, description: str) -> dict[str, Any]:
@@ -62,23 +105,39 @@ def _json(t: type, description: str) -> dict[str, Any]:
 
 _ERRORS = {
     "400": _json(
-        ErrorBody, "Invalid request body (bad JSON, wrong type, unknown field, out of range)"
+        ErrorBody,
+        "Invalid request (bad JSON, wrong type, unknown field, out of range, a parameter or "
+        "input this pipeline does not take, a batch over the limit, a bad X-Request-Id)",
     ),
-    "401": _json(ErrorBody, "Missing or wrong API key (when the server has one)"),
+    "403": _json(ErrorBody, "A browser origin the server does not allow (--allowed-origins)"),
     "404": _json(ErrorBody, "Unknown model"),
+    "409": _json(ErrorBody, "The X-Request-Id is already in use"),
     "413": _json(ErrorBody, "Body larger than the server's limit"),
-    "422": _json(ErrorBody, "Well-formed, but the pipeline cannot serve it (modality, n)"),
+    "415": _json(ErrorBody, "The body was not sent as Content-Type: application/json"),
     "429": _json(ErrorBody, "Overloaded: retry after Retry-After seconds"),
     "500": _json(ErrorBody, "The request failed in a stage"),
     "503": _json(ErrorBody, "Not ready, or shutting down: retry after Retry-After seconds"),
+    "504": _json(ErrorBody, "A stage timed out"),
 }
+_UNAUTHORIZED = _json(ErrorBody, "Missing or wrong API key")
 _RID = {
     "X-Request-Id": {
         "description": "The omnix request id(s), comma-separated for a batch",
         "schema": {"type": "string"},
     }
 }
+_CLIENT_RID = {
+    "name": "X-Request-Id",
+    "in": "header",
+    "required": False,
+    "description": "Names the request (a batch's members get -0, -1...); must not be in use",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$"},
+}
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+#: A log position (``/events``), and an SSE event id of a response (``POS``
+#: or ``POS.N``, ``/stream``).
+_POSITION = {"type": "string", "pattern": "^[0-9]{1,18}$"}
+_EVENT_ID = {"type": "string", "pattern": "^[0-9]{1,18}([.][0-9]{1,4})?$"}
 
 
 def _post(summary: str, body: type, ok: dict[str, Any], description: str = "") -> dict[str, Any]:
@@ -86,6 +145,7 @@ def _post(summary: str, body: type, ok: dict[str, Any], description: str = "") -
         "post": {
             "summary": summary,
             "description": description,
+            "parameters": [_CLIENT_RID],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": _ref(body)}},
@@ -109,13 +169,215 @@ def _get(
     return {"get": op}
 
 
-@cache
-def openapi_document() -> dict[str, Any]:
-    _, components = msgspec.json.schema_components(
-        _TYPES, ref_template="#/components/schemas/{name}"
+# -- request schemas narrowed to the pipeline -----------------------------------
+
+_NULL = {"type": "null"}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, _NULL], "default": None}
+
+
+#: The ranges ``validate_request`` enforces on a stage's parameters.
+_STAGE_PARAM_RANGES: dict[str, dict[str, Any]] = {
+    "temperature": {"type": "number", "minimum": 0.0, "maximum": 2.0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
+    "top_k": {"type": "integer", "minimum": -1},
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+    "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+    "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "width": {"type": "integer", "minimum": 8, "maximum": 4096, "multipleOf": 8},
+    "height": {"type": "integer", "minimum": 8, "maximum": 4096, "multipleOf": 8},
+    "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
+}
+
+#: Roles whose ``content`` may not be null (``adapt._CONTENT_REQUIRED``).
+_CONTENT_ROLES = ["developer", "system", "tool", "user"]
+
+
+def _sampling_params_list(stages: list[str]) -> dict[str, Any]:
+    """A list aligned with the stages, or a map from stage name."""
+    params = {"$ref": "#/components/schemas/StageParams"}
+    return _nullable(
+        {
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {"anyOf": [params, _NULL]},
+                    "minItems": len(stages),
+                    "maxItems": len(stages),
+                },
+                {
+                    "type": "object",
+                    "propertyNames": {"enum": stages},
+                    "additionalProperties": params,
+                },
+            ]
+        }
     )
+
+
+def _media_parts(pipeline: PipelineConfig) -> list[str]:
+    """The content part types (schema names) the pipeline's input takes."""
+    media = pipeline.input_media
+    parts = ["TextPart"]
+    if media is not None and media.image:
+        parts.append("ImageUrlPart")
+    if media is not None and media.audio:
+        parts += ["InputAudioPart", "AudioUrlPart"]
+    return parts
+
+
+def _shape_chat(
+    schemas: dict[str, Any], pipeline: PipelineConfig, stages: list[str], max_batch: int
+) -> None:
+    req = schemas["ChatCompletionRequest"]
+    props = req["properties"]
+    parts = _media_parts(pipeline)
+    content = {
+        "anyOf": [
+            {"type": "string"},
+            {
+                "type": "array",
+                "items": {
+                    "anyOf": [{"$ref": f"#/components/schemas/{p}"} for p in parts],
+                },
+            },
+        ]
+    }
+    msg = schemas["Message"]
+    msg["properties"]["content"] = _nullable(content)
+    # content: null only on an assistant message (as OpenAI answers).
+    msg["anyOf"] = [
+        {"properties": {"role": {"const": "assistant"}}},
+        {
+            "properties": {"role": {"enum": _CONTENT_ROLES}, "content": content},
+            "required": ["content"],
+        },
+    ]
+    message = {"$ref": "#/components/schemas/Message"}
+    conversation = {"type": "array", "items": message, "minItems": 1}
+    batch = {"type": "array", "items": conversation, "minItems": 1, "maxItems": max_batch}
+    props["messages"] = {"anyOf": [conversation, batch]}
+    modalities = [m for m in ("text", "audio") if m in pipeline.outputs]
+    props["modalities"] = _nullable(
+        {"type": "array", "items": {"enum": modalities}, "minItems": 1, "uniqueItems": True}
+    )
+    props["model"] = {"enum": ["", pipeline.name], "default": ""}
+    props["n"] = {"const": 1, "default": 1}
+    props["sampling_params_list"] = _sampling_params_list(stages)
+    # Declared so that sending them gets a precise 400; only their "off"
+    # values are accepted.
+    for name in ("frequency_penalty", "presence_penalty"):
+        props[name] = _nullable({"const": 0})
+    props["logprobs"] = _nullable({"const": False})
+    props["top_logprobs"] = _nullable({"const": 0})
+    props["logit_bias"] = _nullable({"type": "object", "maxProperties": 0})
+    rules: list[dict[str, Any]] = [
+        # A batch is not streamed.
+        {
+            "if": {"properties": {"messages": batch}, "required": ["messages"]},
+            "then": {"properties": {"stream": {"const": False}}},
+        },
+        # max_tokens is max_completion_tokens' old name: one of them.
+        {"not": {"required": ["max_tokens", "max_completion_tokens"]}},
+    ]
+    dependent: dict[str, Any] = {
+        "stream_options": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+    }
+    if "audio" in modalities:
+        dependent["audio"] = {
+            "properties": {"modalities": {"type": "array", "contains": {"const": "audio"}}},
+            "required": ["modalities"],
+        }
+    else:
+        del props["audio"]
+    req["allOf"] = rules
+    req["dependentSchemas"] = dependent
+
+
+def _shape_requests(schemas: dict[str, Any], pipeline: PipelineConfig, max_batch: int) -> None:
+    stages = [st.name for st in pipeline.stages]
+    params = schemas["StageParams"]["properties"]
+    for name, rng in _STAGE_PARAM_RANGES.items():
+        params[name] = _nullable(rng)
+    _shape_chat(schemas, pipeline, stages, max_batch)
+    for name in ("SpeechRequest", "ImageRequest"):
+        props = schemas[name]["properties"]
+        props["model"] = {"enum": ["", pipeline.name], "default": ""}
+        props["sampling_params_list"] = _sampling_params_list(stages)
+    image = schemas["ImageRequest"]
+    image["properties"]["response_format"] = {"const": "b64_json", "default": "b64_json"}
+    # steps is an alias of num_inference_steps: one of them.
+    image["not"] = {"required": ["steps", "num_inference_steps"]}
+    # WxH, each a multiple of 8 in 8..4096 (adapt._size).
+    side = "(" + "|".join(str(v) for v in range(4096, 7, -8)) + ")"
+    image["properties"]["size"] = _nullable({"type": "string", "pattern": f"^{side}x{side}$"})
+
+
+# -- the document ----------------------------------------------------------------
+
+
+class OpenApi:
+    """The document for one served pipeline, built once."""
+
+    def __init__(
+        self, pipeline: PipelineConfig, *, max_batch: int, auth: bool = False, metrics: bool = True
+    ) -> None:
+        self.pipeline = pipeline
+        self.max_batch = max_batch
+        self.auth = auth
+        self.metrics = metrics
+        self._body: bytes | None = None
+
+    def published(self, path: str) -> bool:
+        """Whether ``path`` is in the document: a generation route only
+        when the pipeline produces what it returns, /metrics only when the
+        server has telemetry."""
+        if path in UNDESCRIBED or (path == "/metrics" and not self.metrics):
+            return False
+        need = GENERATION_ROUTES.get(path)
+        return need is None or need in self.pipeline.outputs
+
+    def document(self) -> dict[str, Any]:
+        _, components = msgspec.json.schema_components(
+            _TYPES, ref_template="#/components/schemas/{name}"
+        )
+        schemas = copy.deepcopy(components)
+        _shape_requests(schemas, self.pipeline, self.max_batch)
+        paths = {p: op for p, op in _paths().items() if self.published(p)}
+        if self.auth:
+            for p, item in paths.items():
+                for op in item.values():
+                    if p == "/health":
+                        op["security"] = []
+                    else:
+                        op["responses"]["401"] = _UNAUTHORIZED
+        doc: dict[str, Any] = {
+            "openapi": "3.1.0",
+            "info": {
+                "title": "omnix",
+                "version": __version__,
+                "description": f"OpenAI-compatible API of the omnix pipeline {self.pipeline.name!r}, "
+                "plus omnix's request introspection routes. See docs/http.md.",
+            },
+            "paths": paths,
+            "components": {"schemas": schemas},
+        }
+        if self.auth:
+            doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            doc["security"] = [{"bearer": []}]
+        return doc
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if self._body is None:
+            self._body = msgspec.json.encode(self.document())
+        return web.Response(body=self._body, content_type="application/json")
+
+
+def _paths() -> dict[str, Any]:
     not_found = _json(ErrorBody, "No such request")
-    paths: dict[str, Any] = {
+    return {
         "/v1/chat/completions": _post(
             "Chat completion (OpenAI-compatible)",
             ChatCompletionRequest,
@@ -124,11 +386,12 @@ def openapi_document() -> dict[str, Any]:
                 "chat.completion.chunk objects ending with `data: [DONE]`",
                 "content": {
                     "application/json": {"schema": _ref(ChatCompletion)},
-                    "text/event-stream": {"schema": _ref(ChatCompletionChunk)},
+                    "text/event-stream": _sse(_ref(ChatCompletionChunk), done=True),
                 },
             },
-            "messages may be a list of conversations (batch, one choice each). "
-            "sampling_params_list: a list aligned with the pipeline's stages or a map by stage name.",
+            "messages may be a list of conversations (batch, one choice each, admitted together "
+            "or not at all). sampling_params_list: a list aligned with the pipeline's stages or "
+            "a map by stage name.",
         ),
         "/v1/audio/speech": _post(
             "Text to speech (OpenAI-compatible)",
@@ -143,9 +406,9 @@ def openapi_document() -> dict[str, Any]:
                     "audio/ogg": {},
                     "audio/aac": {},
                     "audio/pcm": {},
-                    "text/event-stream": {
-                        "schema": {"oneOf": [_ref(SpeechAudioDelta), _ref(SpeechAudioDone)]}
-                    },
+                    "text/event-stream": _sse(
+                        {"oneOf": [_ref(SpeechAudioDelta), _ref(SpeechAudioDone)]}
+                    ),
                 },
             },
         ),
@@ -153,8 +416,10 @@ def openapi_document() -> dict[str, Any]:
             "Image generation (OpenAI-compatible)",
             ImageRequest,
             _json(ImagesResponse, "Generated images as base64 PNG"),
+            "n > 1 submits n requests, admitted together or not at all.",
         ),
         "/v1/models": _get("The served pipeline as a model", _json(ModelList, "Model list")),
+        "/version": _get("The server's version (as vLLM answers it)", _json(Version, "Version")),
         "/health": _get("Liveness: the process answers", _json(Health, "Alive")),
         "/ready": _get(
             "Readiness: every stage has a ready replica",
@@ -176,14 +441,18 @@ def openapi_document() -> dict[str, Any]:
             {
                 "description": "`id:` is the log position, `event:` the type tag, `data:` the event "
                 "as msgspec JSON; ends after the terminal event",
-                "content": {"text/event-stream": {}},
+                "content": {"text/event-stream": _sse()},
             },
             params=[
                 _ID_PARAM,
-                {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
+                {"name": "Last-Event-ID", "in": "header", "schema": _POSITION},
+                {"name": "last_event_id", "in": "query", "schema": _POSITION},
                 {"name": "format", "in": "query", "schema": {"enum": ["array", "object"]}},
             ],
-            errors={"404": not_found},
+            errors={
+                "400": _json(ErrorBody, "Last-Event-ID is not an event id"),
+                "404": not_found,
+            },
         ),
         "/v1/requests/{id}/stream": _get(
             "The request's streamed response again: whole, or the rest after Last-Event-ID",
@@ -191,16 +460,20 @@ def openapi_document() -> dict[str, Any]:
                 "description": "The same bytes as the original response (chat or speech SSE, "
                 "raw audio from the start), live to the request's end; after Last-Event-ID, "
                 "what followed that SSE event",
-                "content": {"text/event-stream": {}, "audio/wav": {}, "audio/pcm": {}},
+                "content": {"text/event-stream": _sse(), "audio/wav": {}, "audio/pcm": {}},
             },
             params=[
                 _ID_PARAM,
-                {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
-                {"name": "last_event_id", "in": "query", "schema": {"type": "string"}},
+                {"name": "Last-Event-ID", "in": "header", "schema": _EVENT_ID},
+                {"name": "last_event_id", "in": "query", "schema": _EVENT_ID},
             ],
             errors={
-                "400": _json(ErrorBody, "Not a streamed request, or not an event id of it"),
+                "400": _json(ErrorBody, "Last-Event-ID is not an event id"),
                 "404": not_found,
+                "409": _json(
+                    ErrorBody,
+                    "The request was not streamed, or its response has no such event",
+                ),
             },
         ),
         "/v1/requests/{id}/cancel": {
@@ -209,6 +482,7 @@ def openapi_document() -> dict[str, Any]:
                 "parameters": [_ID_PARAM],
                 "responses": {
                     "200": _json(CancelResult, "Cancel requested (or already ended)"),
+                    "403": _ERRORS["403"],
                     "404": not_found,
                 },
             }
@@ -227,28 +501,3 @@ def openapi_document() -> dict[str, Any]:
             "This document", {"description": "OpenAPI 3.1", "content": {"application/json": {}}}
         ),
     }
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "omnix",
-            "version": __version__,
-            "description": "OpenAI-compatible API of an omnix pipeline server, plus omnix's "
-            "request introspection routes. See docs/http.md.",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}, {}],
-    }
-
-
-_BODY: bytes | None = None
-
-
-async def openapi_handler(request: web.Request) -> web.Response:
-    global _BODY
-    if _BODY is None:
-        _BODY = msgspec.json.encode(openapi_document())
-    return web.Response(body=_BODY, content_type="application/json")

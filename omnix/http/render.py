@@ -4,7 +4,8 @@ Owns: turning a request's events (and the blobs they reference) into the
 exact bytes the HTTP API sends for it: status and headers (``Head``),
 OpenAI chat completions and ``chat.completion.chunk`` SSE streams, speech
 files, raw audio streams and ``speech.audio.*`` SSE streams, image
-responses, and the error bodies of refused, failed and cancelled requests.
+responses, transcriptions (json, text, verbose_json and ``transcript.text.*``
+SSE streams), and the error bodies of refused, failed and cancelled requests.
 Also the SSE framing of ``/v1/requests/{id}/events`` and the JSON object
 form of events and states.
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -96,6 +97,7 @@ RENDER_VERSION = "2"
 API_CHAT = "chat.completions"
 API_SPEECH = "audio.speech"
 API_IMAGES = "images.generations"
+API_TRANSCRIPTION = "audio.transcriptions"
 
 #: Seconds a client should wait before retrying a refused request.
 RETRY_AFTER = {"overloaded": "1", "not_ready": "5", "shutting_down": "30"}
@@ -122,7 +124,9 @@ class Opt:
     SAMPLE_RATE = "sample_rate"
     VOICE = "voice"
     STREAM_FORMAT = "stream_format"  # speech: "" | audio | sse
-    RESPONSE_FORMAT = "response_format"  # images: b64_json
+    RESPONSE_FORMAT = "response_format"  # images: b64_json; transcriptions: json...
+    LANGUAGE = "language"  # transcriptions: the language's English name, lowercase ("" unknown)
+    TEMPERATURE = "temperature"  # transcriptions: the text stage's, for verbose_json
     GROUP = "group"  # batched requests: the group id ...
     GROUP_INDEX = "group_index"  # ... this member's choice index ...
     GROUP_SIZE = "group_size"  # ... and the number of members
@@ -230,6 +234,7 @@ class Summary:
         self.spec: RequestSpec | None = None
         self.created = 0
         self.text: list[str] = []
+        self.token_ids: list[int] = []  # of the text chunks
         self.audio: list[np.ndarray] = []
         self.audio_rate = 0  # from a blob's media type, when it says
         self.images: list[bytes] = []
@@ -247,6 +252,7 @@ class Summary:
             opts = self.options
             if ev.modality == "text" and ev.stage == opts.get(Opt.TEXT_STAGE):
                 self.text.append(ev.text)
+                self.token_ids.extend(ev.token_ids)
             elif not self.collect_media:
                 pass
             elif ev.modality == "audio" and ev.stage == opts.get(Opt.AUDIO_STAGE):
@@ -398,6 +404,8 @@ def _whole(members: list[Summary]) -> Rendered:
         return Rendered(_json_head(200, rids), _chat_body(members))
     if spec.api == API_IMAGES:
         return Rendered(_json_head(200, rids), _images_body(members))
+    if spec.api == API_TRANSCRIPTION:
+        return _transcription_whole(members[0])
     if spec.api == API_SPEECH:
         s = members[0]
         fmt = s.audio_format
@@ -541,6 +549,144 @@ class _SpeechStream:
         return []
 
 
+# --------------------------------------------------------------------------
+# Transcriptions
+# --------------------------------------------------------------------------
+
+
+class TranscriptionUsage(msgspec.Struct, kw_only=True):
+    type: Literal["tokens"] = "tokens"
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class DurationUsage(msgspec.Struct, kw_only=True):
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
+class Transcription(msgspec.Struct, kw_only=True):
+    """``response_format="json"``: OpenAI's ``Transcription``."""
+
+    text: str
+    usage: TranscriptionUsage
+    request_ids: list[str]
+
+
+class TranscriptionSegment(msgspec.Struct, kw_only=True):
+    """One segment of verbose_json.  omnix computes no log probabilities,
+    compression ratio or speech probability: those fields are 0."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+
+
+class TranscriptionVerbose(msgspec.Struct, kw_only=True):
+    """``response_format="verbose_json"``: OpenAI's ``TranscriptionVerbose``
+    with Whisper's ``task``; one segment covers the clip."""
+
+    task: Literal["transcribe"] = "transcribe"
+    language: str
+    duration: float
+    text: str
+    segments: list[TranscriptionSegment]
+    usage: DurationUsage
+    request_ids: list[str]
+
+
+class TranscriptTextDelta(msgspec.Struct, tag="transcript.text.delta", tag_field="type"):
+    delta: str
+
+
+class TranscriptTextDone(msgspec.Struct, tag="transcript.text.done", tag_field="type"):
+    text: str
+    usage: TranscriptionUsage
+
+
+def _transcription_usage(s: Summary) -> TranscriptionUsage:
+    p, c = s.usage()
+    return TranscriptionUsage(input_tokens=p, output_tokens=c, total_tokens=p + c)
+
+
+def _clip_seconds(spec: RequestSpec) -> float:
+    """The transcribed clip's length, from the decoded samples the spec
+    references (their count over their rate)."""
+    for m in spec.messages:
+        for part in m.media:
+            if part.kind == "audio" and part.rate and part.blob.shape:
+                return part.blob.shape[0] / part.rate
+    return 0.0
+
+
+def _transcription_whole(s: Summary) -> Rendered:
+    spec = s.spec
+    assert spec is not None
+    text = "".join(s.text)
+    rid = s.request_id
+    fmt = spec.options.get(Opt.RESPONSE_FORMAT, "json")
+    if fmt == "text":
+        head = Head(200, (("Content-Type", "text/plain; charset=utf-8"), ("X-Request-Id", rid)))
+        return Rendered(head, text.encode())
+    if fmt == "verbose_json":
+        seconds = _clip_seconds(spec)
+        segment = TranscriptionSegment(
+            id=0,
+            seek=0,
+            start=0.0,
+            end=seconds,
+            text=text,
+            tokens=s.token_ids,
+            temperature=float(spec.options.get(Opt.TEMPERATURE, "0") or 0),
+        )
+        body: Any = TranscriptionVerbose(
+            language=spec.options.get(Opt.LANGUAGE, "") or "unknown",
+            duration=seconds,
+            text=text,
+            segments=[segment],
+            usage=DurationUsage(seconds=seconds),
+            request_ids=[rid],
+        )
+    else:
+        body = Transcription(text=text, usage=_transcription_usage(s), request_ids=[rid])
+    return Rendered(_json_head(200, [rid]), _enc.encode(body))
+
+
+class _TranscriptionStream:
+    """``stream=true`` transcriptions: a ``transcript.text.delta`` event per
+    text chunk, then ``transcript.text.done`` with the whole text and usage
+    (OpenAI's streamed transcription; no ``[DONE]``).  A request that fails
+    or is cancelled mid-stream ends with ``{"type": "error", "error": ...}``."""
+
+    def __init__(self, s: Summary) -> None:
+        self.s = s
+        spec = s.spec
+        assert spec is not None
+        self.text_stage = spec.options.get(Opt.TEXT_STAGE, "")
+
+    def feed(self, ev: Event) -> list[bytes]:
+        if type(ev) is Chunk:
+            if ev.stage == self.text_stage and ev.modality == "text" and ev.text:
+                return [_sse(TranscriptTextDelta(delta=ev.text))]
+            return []
+        if type(ev) is Finished:
+            done = TranscriptTextDone(text="".join(self.s.text), usage=_transcription_usage(self.s))
+            return [_sse(done)]
+        if type(ev) is Failed or type(ev) is Cancelled:
+            err = terminal_error(ev)
+            assert err is not None
+            return [b'data: {"type":"error",' + err[1][1:] + b"\n\n"]
+        return []
+
+
 def event_ids(pos: int, n: int) -> list[str]:
     """The ``id:`` of the ``n`` SSE events rendered from the log event at
     ``pos``: the position itself for the first, ``pos.1``, ``pos.2``... for
@@ -581,7 +727,7 @@ class StreamRenderer:
         self.aborted = False
         #: The response is SSE with ``id:`` fields (known at admission).
         self.ids = False
-        self._stream: _ChatStream | _SpeechStream | None = None
+        self._stream: _ChatStream | _SpeechStream | _TranscriptionStream | None = None
 
     def feed(self, ev: Event) -> list[bytes]:
         return [piece for _, piece in self.feed_ids(ev)]
@@ -626,7 +772,8 @@ class StreamRenderer:
         s = self.summary
         rid = ev.request_id
         self.ids = ev.spec.options.get(Opt.RENDER, "1") != "1" and (
-            ev.spec.api == API_CHAT or ev.spec.options.get(Opt.STREAM_FORMAT) == "sse"
+            ev.spec.api in (API_CHAT, API_TRANSCRIPTION)
+            or ev.spec.options.get(Opt.STREAM_FORMAT) == "sse"
         )
         if ev.spec.api == API_CHAT:
             self._stream = _ChatStream(s)
@@ -638,6 +785,9 @@ class StreamRenderer:
             self.head = Head(
                 200, (("Content-Type", ctype), *extra, ("X-Request-Id", rid)), streamed=True
             )
+        elif ev.spec.api == API_TRANSCRIPTION:
+            self._stream = _TranscriptionStream(s)
+            self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)
         else:
             raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed form")
 

@@ -14,6 +14,7 @@ byte of the response (``render.py``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from omnix.api import Omni
@@ -33,28 +34,34 @@ class ResumePoint:
     next_pos: int
 
 
-def _bad_id(rid: str, last: str, why: str) -> ApiError:
+#: An SSE event id as the server writes them (``render.event_ids``).
+_EVENT_ID = re.compile(r"^[0-9]{1,18}(\.[0-9]{1,4})?$")
+
+
+def _bad_id(rid: str, last: str, why: str, status: int = 409) -> ApiError:
+    """400 for what is not an event id at all; 409 for an id that is not
+    one of this response's (it depends on the request, not on the form)."""
     return ApiError(
-        400,
+        status,
         f"Last-Event-ID {last!r} {why} of request {rid}'s response: send the id: of the last "
         "SSE event received from it, or no Last-Event-ID to get the response from its start.",
         param="Last-Event-ID",
-        code="invalid_value",
+        code="invalid_value" if status == 400 else "unknown_event_id",
     )
 
 
 async def resume_point(omni: Omni, rid: str, last: str | None) -> ResumePoint:
     """The point after SSE event ``last`` of ``rid``'s streamed response
-    (from its start when ``last`` is None).  Raises ``ApiError`` 400 when
-    the response was not streamed, or when ``last`` is not one of its
-    event ids."""
+    (from its start when ``last`` is None).  Raises ``ApiError``: 400 when
+    ``last`` is not an event id; 409 when the response was not streamed,
+    or ``last`` is not one of its event ids."""
     rs = omni.state(rid)
     assert rs is not None, "the route checks the request is known"
     target = None
     if last is not None:
-        target = parse_event_id(last)
+        target = parse_event_id(last) if _EVENT_ID.match(last) else None
         if target is None:
-            raise _bad_id(rid, last, "is not an event id (a log position, or POS.N)")
+            raise _bad_id(rid, last, "is not an event id (a log position, or POS.N)", 400)
         if target[0] > rs.last_pos:
             raise _bad_id(rid, last, "is past the last event")
     renderer = StreamRenderer(omni.blobs)
@@ -88,7 +95,7 @@ def _check_streamed(rid: str, ev: Admitted | Rejected, last: str | None) -> None
         if int(opts.get(Opt.GROUP_SIZE, "1") or 1) > 1:
             batch = " (it is one conversation of a batch, and batches are never streamed)"
         raise ApiError(
-            400,
+            409,
             f"request {rid} was not streamed{batch}: there is no stream to resume. Its response "
             f"was sent whole; GET /v1/requests/{rid} gives its state and /trace its events.",
             param="id",
@@ -96,7 +103,7 @@ def _check_streamed(rid: str, ev: Admitted | Rejected, last: str | None) -> None
         )
     if last is not None and opts.get(Opt.STREAM_FORMAT) == "audio":
         raise ApiError(
-            400,
+            409,
             f"request {rid} streams raw audio, which carries no event ids: send no "
             "Last-Event-ID to get the whole stream again, or ask for stream_format 'sse'.",
             param="Last-Event-ID",

@@ -1,8 +1,13 @@
 """The HTTP API's handlers: read a body, submit, stream the log back.
 
-Owns: one aiohttp handler per route (``Routes``), the submission of a
-planned request through ``Omni.submit`` (after validating every member, so
-a bad request appends nothing), and the live loop of a response: tail the
+Owns: one aiohttp handler per route (``Routes``); the rules every
+generation route applies before reading its body (``_generation``: a JSON
+route takes ``Content-Type: application/json`` only, 415 otherwise; a
+valid ``X-Request-Id`` names the request); the submission of a planned
+request through ``Omni.submit`` (after validating every member, checking
+the batch size and that no id is in use, so a bad request appends
+nothing; a group is admitted whole or refused whole); and the live loop of
+a response: tail the
 request's events and write what ``render.StreamRenderer`` makes of each.
 A client that goes away mid-response cancels its request
 (``Omni.cancel(rid, "disconnect")``): aiohttp cancels the handler when the
@@ -19,7 +24,9 @@ bodies to specs (``adapt.py``), any byte of a response body
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 import time
 from typing import Any, TypeVar
 
@@ -27,14 +34,19 @@ import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
+from omnix import __version__
 from omnix.api import Omni, ShuttingDown, new_request_id, new_seed
+from omnix.events.blobs import array_ref
 from omnix.events.disklog import DiskLog
 from omnix.events.log import LogClosed
-from omnix.events.types import Rejected
-from omnix.http import adapt
-from omnix.http.errors import ApiError, from_decode_error, from_request_error
-from omnix.http.openapi import openapi_handler
+from omnix.events.types import MediaKind, MediaPart, Rejected, RejectReason
+from omnix.http import adapt, transcribe
+from omnix.http.errors import ApiError, Handler, from_decode_error, from_request_error
+from omnix.http.media import MediaDecoder
+from omnix.http.openapi import OpenApi
+from omnix.http.options import HttpOptions
 from omnix.http.render import (
+    API_IMAGES,
     RETRY_AFTER,
     Head,
     Opt,
@@ -52,10 +64,12 @@ from omnix.http.schemas import (
     ChatCompletionRequest,
     Health,
     ImageRequest,
+    MediaContentPart,
     ModelCard,
     ModelList,
     Readiness,
     SpeechRequest,
+    Version,
 )
 from omnix.pipelines.plan import RequestError
 from omnix.telemetry import Telemetry, metrics_handler
@@ -68,9 +82,133 @@ T = TypeVar("T")
 #: A streamed response writes at least this often (bytes) within a burst.
 FLUSH_BYTES = 64 * 1024
 _enc = msgspec.json.Encoder()
-_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
-    t: msgspec.json.Decoder(t) for t in (ChatCompletionRequest, SpeechRequest, ImageRequest)
+
+
+def _whole_floats_to_int(obj: Any) -> Any:
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, dict):
+        return {k: _whole_floats_to_int(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_whole_floats_to_int(v) for v in obj]
+    return obj
+
+
+class _BodyDecoder:
+    """A request body's decoder that reads a whole float (``2.0``) where an
+    integer is expected as that integer: JSON Schema (so the published
+    document) counts it as one, as pydantic-based servers (vLLM) do, while
+    msgspec refuses it.  Only a body msgspec refused pays the second pass."""
+
+    def __init__(self, typ: type) -> None:
+        self.typ = typ
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(typ)
+
+    def decode(self, raw: bytes) -> Any:
+        try:
+            return self._decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            if "got `float`" not in str(exc):
+                raise
+        return msgspec.convert(_whole_floats_to_int(msgspec.json.decode(raw)), self.typ)
+
+
+# Any: ``_body`` reads each as the decoder of its own body type.
+_DECODERS: dict[type, Any] = {
+    t: _BodyDecoder(t) for t in (ChatCompletionRequest, SpeechRequest, ImageRequest)
 }
+
+
+#: A client's X-Request-Id: it becomes a request id (and a URL path
+#: segment of /v1/requests/{id}), batch members getting a "-i" suffix.
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+#: A log position, as ``/v1/requests/{id}/events`` writes its ``id:``,
+#: and an SSE event id of a response (``render.event_ids``).
+_POSITION = re.compile(r"^[0-9]{1,18}$")
+_EVENT_ID = re.compile(r"^[0-9]{1,18}([.][0-9]{1,4})?$")
+
+
+def _last_event_id(request: web.Request, form: re.Pattern[str], what: str) -> str | None:
+    """The ``Last-Event-ID`` header, else the ``last_event_id`` query
+    parameter; None when neither is given; 400 when one given is not of
+    ``form`` (an empty one included)."""
+    for name, value in (
+        ("Last-Event-ID", request.headers.get("Last-Event-ID")),
+        ("last_event_id", request.query.get("last_event_id")),
+    ):
+        if value is not None and not form.match(value):
+            raise ApiError(
+                400,
+                f"{name} {value!r} is not an event id ({what}): send the id: of the last "
+                "event received, or none to start from the beginning.",
+                param=name,
+                code="invalid_value",
+            )
+    return request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+
+
+def _json_content(request: web.Request) -> None:
+    """A JSON route's body must say it is JSON: a browser sends a
+    ``text/plain`` POST from any web page without a CORS preflight, and it
+    must not start a generation."""
+    ctype = request.content_type  # lowercased; application/octet-stream when absent
+    charset = (request.charset or "utf-8").lower()
+    if ctype != "application/json" or charset not in ("utf-8", "utf8"):
+        got = request.headers.get("Content-Type")
+        raise ApiError(
+            415,
+            f"{request.method} {request.path} takes a JSON body: send it with the header "
+            f"Content-Type: application/json (got {got!r})."
+            if got
+            else f"{request.method} {request.path} takes a JSON body: send it with the header "
+            "Content-Type: application/json (the request had no Content-Type).",
+            param="Content-Type",
+            code="unsupported_media_type",
+        )
+
+
+def _client_id(request: web.Request) -> str:
+    """The request's valid ``X-Request-Id``, "" when none; 400 when invalid."""
+    value = request.headers.get("X-Request-Id")
+    if value is None:
+        return ""
+    if not _CLIENT_ID.match(value):
+        raise ApiError(
+            400,
+            f"X-Request-Id {value[:200]!r} is not a usable request id: give 1 to 128 characters "
+            "from A-Z a-z 0-9 . _ : - starting with a letter or digit, or omit the header.",
+            param="X-Request-Id",
+            code="invalid_request_id",
+        )
+    return value
+
+
+def _generation(handler: Handler, *, json_body: bool = True) -> Handler:
+    """``handler`` of a route that submits requests: its body must be JSON
+    (``json_body``; multipart routes pass False), and the client's
+    ``X-Request-Id`` names what it submits (``adapt.CLIENT_REQUEST_ID``)."""
+
+    @functools.wraps(handler)
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if json_body:
+            _json_content(request)
+        rid = _client_id(request)
+        # Reset after: requests of one keep-alive connection may share a task.
+        token = adapt.CLIENT_REQUEST_ID.set(rid)
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            if rid:  # the id is echoed on refusals too
+                exc.headers.setdefault("X-Request-Id", rid)
+            raise
+        finally:
+            adapt.CLIENT_REQUEST_ID.reset(token)
+
+    return handle
+
+
+#: How a decoded media array is tagged in the blob store.
+_MEDIA_TYPES: dict[MediaKind, str] = {"audio": "audio/pcm-f32", "image": "image/rgb8"}
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -95,28 +233,45 @@ class Routes:
     """The handlers, bound to one ``Omni``."""
 
     def __init__(
-        self, omni: Omni, *, telemetry: Telemetry | None = None, resume_grace_s: float = 0.0
+        self, omni: Omni, options: HttpOptions | None = None, *, telemetry: Telemetry | None = None
     ) -> None:
         self.omni = omni
+        options = options or HttpOptions()
+        #: The most requests one call may submit (a batch); more is 400.
+        self.max_batch = options.max_batch
+        self.openapi = OpenApi(
+            omni.pipeline,
+            max_batch=options.max_batch,
+            auth=bool(options.api_key),
+            metrics=telemetry is not None,
+        )
         #: Seconds a streamed request outlives its dropped client, for a
         #: reconnect to ``/stream`` (0: cancel at once).
-        self.resume_grace_s = resume_grace_s
+        self.resume_grace_s = options.resume_grace_s
         #: Streaming handlers attached to each running request.
         self._readers: dict[str, int] = {}
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.telemetry = telemetry
         self._metrics_handler = None if telemetry is None else metrics_handler(telemetry)
         self.served = adapt.Served(omni.pipeline, new_request_id=new_request_id, new_seed=new_seed)
+        self.media = MediaDecoder(
+            omni.pipeline.input_media, allowed_domains=options.allowed_media_domains, pipeline=omni.pipeline.name
+        )
         self.started_at = int(time.time())
         #: "starting" until the runtime is ready, "serving", then "stopping".
         self.phase = "starting"
 
     def add_to(self, app: web.Application) -> None:
         r = app.router
-        r.add_post("/v1/chat/completions", self.chat)
-        r.add_post("/v1/audio/speech", self.speech)
-        r.add_post("/v1/images/generations", self.images)
+        r.add_post("/v1/chat/completions", _generation(self.chat))
+        r.add_post("/v1/audio/speech", _generation(self.speech))
+        r.add_post("/v1/images/generations", _generation(self.images))
+        r.add_post(
+            "/v1/audio/transcriptions",
+            _generation(self.transcriptions, json_body=False),  # multipart/form-data
+        )
         r.add_get("/v1/models", self.models)
+        r.add_get("/version", self.version)
         r.add_get("/health", self.health)
         r.add_get("/ready", self.ready)
         r.add_get("/metrics", self.metrics)
@@ -125,7 +280,7 @@ class Routes:
         r.add_get("/v1/requests/{id}/stream", self.request_stream)
         r.add_post("/v1/requests/{id}/cancel", self.request_cancel)
         r.add_get("/v1/requests/{id}/trace", self.request_trace)
-        r.add_get("/openapi.json", openapi_handler)
+        r.add_get("/openapi.json", self.openapi.handle)
 
     # -- bodies ---------------------------------------------------------------
     async def _body(
@@ -146,10 +301,50 @@ class Routes:
     # -- OpenAI routes ----------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, ChatCompletionRequest, UNSUPPORTED_CHAT_FIELDS)
+        parts = adapt.media_parts(body)
+        media: adapt.Media = {}
+        blobs: tuple[adapt.DecodedBlob, ...] = ()
+        if parts:
+            media, blobs = await self._decode_media(parts)
         plan = adapt.chat_plan(
-            body, self.served, traceparent=adapt.traceparent_of(request.headers.get("traceparent"))
+            body,
+            self.served,
+            traceparent=adapt.traceparent_of(request.headers.get("traceparent")),
+            media=media,
+            blobs=blobs,
         )
         return await self._run(request, plan)
+
+    async def transcriptions(self, request: web.Request) -> web.StreamResponse:
+        form, upload = await transcribe.read_form(request)
+        transcribe.check_pipeline(self.served)
+        self.served.check_model(form.model)
+        part = await asyncio.to_thread(transcribe.audio_part, upload)
+        media, blobs = await self._decode_media([(transcribe.FILE, part)])
+        plan = transcribe.transcription_plan(
+            form,
+            self.served,
+            media[transcribe.FILE],
+            blobs,
+            traceparent=adapt.traceparent_of(request.headers.get("traceparent")),
+        )
+        return await self._run(request, plan)
+
+    async def _decode_media(
+        self, parts: list[tuple[str, MediaContentPart]]
+    ) -> tuple[adapt.Media, tuple[adapt.DecodedBlob, ...]]:
+        """Decode and check every media part (off the event loop), and
+        reference each array by its content digest; stored on admission."""
+        decoded = await self.media.decode(parts)
+        refs = await asyncio.to_thread(lambda: [array_ref(d.array, _MEDIA_TYPES[d.kind]) for d in decoded])
+        media = {
+            d.param: MediaPart(kind=d.kind, blob=ref, rate=d.rate)
+            for d, ref in zip(decoded, refs, strict=True)
+        }
+        blobs = tuple(
+            adapt.DecodedBlob(ref=ref, array=d.array) for d, ref in zip(decoded, refs, strict=True)
+        )
+        return media, blobs
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, SpeechRequest)
@@ -181,12 +376,14 @@ class Routes:
             headers={"Retry-After": RETRY_AFTER["shutting_down"]},
         )
 
-    def _submit(self, plan: adapt.Plan) -> Rejected | None:
-        """Admit every member of ``plan``; on a refusal, cancel the members
-        already admitted and return the refusal."""
+    def _submit(self, plan: adapt.Plan) -> list[Rejected] | None:
+        """Admit every member of ``plan``, or none: on a refusal return the
+        recorded ``Rejected`` event(s) (one per member of a group refused
+        whole)."""
         omni = self.omni
         if not omni.accepting:
             raise self._not_accepting()
+        self._check_group(plan)
         # Validate everything first: a bad member must not leave its
         # siblings admitted (nothing at all is appended for a bad request).
         for _, spec in plan.specs:
@@ -194,6 +391,11 @@ class Routes:
                 omni.validate(spec)
             except RequestError as exc:
                 raise from_request_error(exc) from None
+        refused = self._refuse_whole(plan)
+        if refused:
+            return refused
+        for blob in plan.blobs:
+            omni.blobs.put_array(blob.array, blob.ref.media_type)
         admitted: list[str] = []
         for rid, spec in plan.specs:
             try:
@@ -205,11 +407,60 @@ class Routes:
             except RequestError as exc:  # pragma: no cover - validated above
                 raise from_request_error(exc) from None
             if isinstance(ev, Rejected):
+                # Only if ``room`` misjudged: the group must not half run.
                 for a in admitted:
                     omni.cancel(a, "client")
-                return ev
+                return [ev]
             admitted.append(rid)
         return None
+
+    def _check_group(self, plan: adapt.Plan) -> None:
+        """A call submits at most ``max_batch`` requests, under ids not in use."""
+        n = len(plan.specs)
+        if n > self.max_batch:
+            images = plan.specs[0][1].api == API_IMAGES
+            raise ApiError(
+                400,
+                f"This call would submit {n} requests; this server takes at most "
+                f"{self.max_batch} in one call (omnix serve --max-batch). Split the batch.",
+                param="n" if images else "messages",
+                code="batch_too_large",
+            )
+        for rid, _ in plan.specs:
+            if self.omni.state(rid) is not None:
+                raise ApiError(
+                    409,
+                    f"Request id {rid!r} is already in use on this server (see "
+                    f"GET /v1/requests/{rid}); nothing was submitted. Send a new X-Request-Id, "
+                    "or omit it to get a fresh id.",
+                    param="X-Request-Id",
+                    code="duplicate_request_id",
+                )
+
+    def _refuse_whole(self, plan: adapt.Plan) -> list[Rejected]:
+        """A group admission cannot take whole right now, refused whole: one
+        ``Rejected`` per member (so metrics and traces count each), nothing
+        admitted.  Empty when it fits (a single request: admission decides)."""
+        n = len(plan.specs)
+        if n == 1:
+            return []
+        omni = self.omni
+        outputs = tuple(plan.specs[0][1].outputs)
+        room = omni.room(outputs)
+        if room >= n:
+            return []
+        ready = omni.ready()
+        idle = [s for s in omni.graph.needed_stages(outputs) if ready.get(s, 0) == 0]
+        if idle:
+            reason: RejectReason = "not_ready"
+            message = f"stage {idle[0]!r} has no ready replica; none of the {n} requests of this call was admitted"
+        else:
+            reason = "overloaded"
+            message = (
+                f"the {n} requests of this call are admitted together or not at all, and the "
+                f"pipeline has room for {room} now; none was admitted (retry later, or split the batch)"
+            )
+        return [omni.refuse(spec, rid, reason, message) for rid, spec in plan.specs]
 
     def _disconnected(self, rids: tuple[str, ...]) -> None:
         for rid in rids:
@@ -252,15 +503,17 @@ class Routes:
             self._disconnected((rid,))
 
     def close(self) -> None:
-        """Forget pending grace timers (the server is closing)."""
+        """Forget pending grace timers and stop the media decoders (the
+        server is closing)."""
         for handle in self._grace.values():
             handle.cancel()
         self._grace.clear()
+        self.media.close()
 
     async def _run(self, request: web.Request, plan: adapt.Plan) -> web.StreamResponse:
         rejected = self._submit(plan)
         if rejected is not None:
-            return self._whole_response(render_response([rejected], self.omni.blobs))
+            return self._whole_response(render_response(rejected, self.omni.blobs))
         rids = plan.request_ids
         if plan.stream:
             return await self._stream(request, rids[0], None)
@@ -416,6 +669,10 @@ class Routes:
     async def health(self, request: web.Request) -> web.Response:
         return _json(Health())
 
+    async def version(self, request: web.Request) -> web.Response:
+        """vLLM's ``GET /version``: ``{"version": ...}``, omnix's."""
+        return _json(Version(version=__version__))
+
     def is_ready(self) -> bool:
         ready = self.omni.ready()
         return self.omni.accepting and all(n > 0 for n in ready.values())
@@ -462,18 +719,8 @@ class Routes:
         ``Last-Event-ID`` (a log position) a reconnecting client sends; ends
         after the terminal event.  ``?format=object`` for named fields."""
         rid = self._known(request)
-        last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
-        start = 0
-        if last:
-            try:
-                start = int(last) + 1
-            except ValueError:
-                raise ApiError(
-                    400,
-                    f"Last-Event-ID {last!r} is not an event id: send the id: of the last event received.",
-                    param="Last-Event-ID",
-                    code="invalid_value",
-                ) from None
+        last = _last_event_id(request, _POSITION, "a log position: digits")
+        start = 0 if last is None else int(last) + 1
         fmt = request.query.get("format", "array")
         if fmt not in ("array", "object"):
             raise ApiError(
@@ -505,8 +752,8 @@ class Routes:
         after the ``Last-Event-ID`` (header or ``?last_event_id=``) of the
         last SSE event the client received; live to the request's end."""
         rid = self._known(request)
-        last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
-        point = await resume_point(self.omni, rid, last or None)
+        last = _last_event_id(request, _EVENT_ID, "POS or POS.N")
+        point = await resume_point(self.omni, rid, last)
         return await self._stream(request, rid, point)
 
     async def request_cancel(self, request: web.Request) -> web.Response:

@@ -11,8 +11,9 @@ response Structs from the log).  ``openapi.py`` derives its schemas from
 these types.
 
 OpenAI parameters omnix cannot honour are still declared, with narrow
-types, so that a client sending them gets a precise "not supported" (422)
-instead of a generic "unknown field" (``adapt.py`` checks them); those
+types, so that a client sending them gets a precise "not supported" (400
+``unsupported_parameter``) instead of a generic "unknown field"
+(``adapt.py`` checks them); those
 whose values are free-form JSON (``tools``, ``response_format``) are
 listed in ``UNSUPPORTED_CHAT_FIELDS`` instead.
 """
@@ -118,7 +119,9 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
     ``sampling_params_list`` and ``top_k`` are vLLM(-Omni) extensions.
     """
 
-    messages: list[Message | list[Message]]
+    messages: Annotated[
+        list[Message | Annotated[list[Message], Meta(min_length=1)]], Meta(min_length=1)
+    ]
     model: str = ""
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -136,7 +139,7 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
-    # Declared so that using them gets a precise 422, not "unknown field".
+    # Declared so that using them gets a precise 400, not "unknown field".
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     logprobs: bool | None = None
@@ -146,7 +149,7 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
 
 
 #: OpenAI chat parameters omnix does not take, with the reason: sending one
-#: is answered 422 ``unsupported_parameter`` with this text (not a generic
+#: is answered 400 ``unsupported_parameter`` with this text (not a generic
 #: "unknown field").  Their values would be free-form JSON, so they are not
 #: declared on the Struct.
 UNSUPPORTED_CHAT_FIELDS: dict[str, str] = {
@@ -323,6 +326,12 @@ class Health(msgspec.Struct, kw_only=True):
     status: Literal["ok"] = "ok"
 
 
+class Version(msgspec.Struct, kw_only=True):
+    """``GET /version``, as vLLM's server answers it."""
+
+    version: str
+
+
 class Readiness(msgspec.Struct, kw_only=True):
     ready: bool
     accepting: bool
@@ -362,4 +371,5 @@ __all__ = [
     "SpeechUsage",
     "StreamOptions",
     "Usage",
+    "Version",
 ]

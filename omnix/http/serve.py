@@ -14,7 +14,8 @@ Does not own the runtime (``Omni``/``StageRuntime``), the handlers
     omnix serve [--pipeline NAME|PATH] [--host 127.0.0.1] [--port 8091]
                 [--api-key KEY] [--log-dir DIR] [--model-dir DIR]
                 [--workers-endpoint tcp://0.0.0.0:PORT] [--spawn all|none|STAGE,...]
-                [--worker-token TOKEN]
+                [--worker-token TOKEN] [--allowed-origins ORIGIN,...] [--max-batch N]
+                [--allowed-media-domains HOST,...] [--max-body-mb MB]
 
 The event log lives in memory unless ``--log-dir`` is given (then
 ``DIR/events`` and ``DIR/blobs`` are durable and traces survive restarts).
@@ -32,6 +33,8 @@ import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
+
+from omnix.http.options import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, HttpOptions
 
 log = logging.getLogger("omnix.serve")
 
@@ -93,8 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-body-mb",
         type=float,
-        default=8.0,
-        help="largest request body accepted, MiB (default 8)",
+        default=DEFAULT_MAX_BODY / (1024 * 1024),
+        help="largest request body accepted, MiB; room for media parts sent inline "
+        f"(default {DEFAULT_MAX_BODY // (1024 * 1024)})",
     )
     parser.add_argument(
         "--workers-endpoint",
@@ -133,6 +137,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a streamed request keeps running after its client drops, for the client "
         "to resume with GET /v1/requests/ID/stream and Last-Event-ID (default 30; 0: cancel at once)",
     )
+    parser.add_argument(
+        "--allowed-origins",
+        default="",
+        metavar="ORIGIN,...",
+        help="browser origins allowed to call the API (CORS), comma-separated, e.g. "
+        "http://localhost:3000; * for any (default: none, browsers are refused)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=DEFAULT_MAX_BATCH,
+        metavar="N",
+        help="the most requests one call may submit (a chat batch of conversations, images n); "
+        f"a larger batch is 400 (default {DEFAULT_MAX_BATCH})",
+    )
+    parser.add_argument(
+        "--allowed-media-domains",
+        default="",
+        metavar="HOST,...",
+        help="hosts whose http(s) image/audio URLs the server may fetch, comma-separated, "
+        "exact names (default: none, media come inline as data: URLs or base64)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
@@ -141,10 +167,30 @@ async def serve(args: argparse.Namespace) -> int:
     from omnix.api import Omni
     from omnix.events.disklog import LogError
     from omnix.http.app import HttpServer
+    from omnix.http.cors import parse_origins
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.validate import PipelineError, load_pipeline
     from omnix.stages.runtime import RuntimeConfigError
 
+    try:
+        origins = parse_origins(args.allowed_origins)
+    except ValueError as bad:
+        log.error("--allowed-origins: %s", bad)
+        return 2
+    if args.max_batch < 1:
+        log.error("--max-batch must be at least 1 (got %d)", args.max_batch)
+        return 2
+    if args.max_body_mb <= 0:
+        log.error("--max-body-mb must be positive (got %s)", args.max_body_mb)
+        return 2
+    options = HttpOptions(
+        api_key=args.api_key,
+        max_body=int(args.max_body_mb * 1024 * 1024),
+        max_batch=args.max_batch,
+        resume_grace_s=args.resume_grace,
+        allowed_origins=origins,
+        allowed_media_domains=_domains(args.allowed_media_domains),
+    )
     try:
         pipeline = load_pipeline(args.pipeline)
         spawn = _spawn_choice(args.spawn)
@@ -167,27 +213,20 @@ async def serve(args: argparse.Namespace) -> int:
         # What the operator must fix, in one line: no traceback.
         log.error("%s", bad)
         return 2
-    server = HttpServer(
-        omni,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        client_max_size=int(args.max_body_mb * 1024 * 1024),
-        access_log=args.access_log,
-        resume_grace_s=args.resume_grace,
-    )
+    server = HttpServer(omni, options, host=args.host, port=args.port, access_log=args.access_log)
     try:
         await server.start()
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s", args.host, args.port, exc.strerror or exc)
         return 1
     log.info(
-        "listening on %s (pipeline %r: %s; log: %s; auth: %s); loading...",
+        "listening on %s (pipeline %r: %s; log: %s; auth: %s; browser origins: %s); loading...",
         server.url,
         pipeline.name,
         " -> ".join(st.name for st in pipeline.stages),
         args.log_dir or "memory",
         "api key" if args.api_key else "none",
+        ",".join(sorted(origins)) or "none",
     )
 
     stop = asyncio.Event()
@@ -268,3 +307,8 @@ def run(args: argparse.Namespace) -> int:
         return runner(serve(args))
     except KeyboardInterrupt:
         return 130
+
+
+def _domains(value: str) -> frozenset[str]:
+    """``--allowed-media-domains``: exact host names, case-folded."""
+    return frozenset(d.strip().lower().rstrip(".") for d in value.split(",") if d.strip())

@@ -38,6 +38,7 @@ from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, Work
 if TYPE_CHECKING:
     from omnix.api import Omni
     from omnix.http.app import HttpServer
+    from omnix.http.options import HttpOptions
     from omnix.orchestrator.runtime import Runtime
 
 
@@ -229,46 +230,40 @@ class InProcessRuntime:
 @contextlib.asynccontextmanager
 async def serve_scripted(
     pipeline: PipelineConfig,
+    options: HttpOptions | None = None,
     *,
     processes: bool = False,
-    api_key: str | None = None,
     telemetry: Any = False,
-    client_max_size: int | None = None,
-    resume_grace_s: float = 0.0,
     runtime_options: dict[str, Any] | None = None,
     omni_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[HttpServer]:
-    """An ``Omni`` serving ``pipeline`` over HTTP on a free loopback port.
+    """An ``Omni`` serving ``pipeline`` over HTTP on a free loopback port,
+    answering as ``options`` say.
 
     ``processes=True`` runs real worker processes (``StageRuntime`` with
     ``runtime_options``); otherwise ``InProcessRuntime``.  Yields the
     ``HttpServer`` (``.url``, ``.omni``)."""
     from omnix.api import Omni
-    from omnix.http.app import DEFAULT_MAX_BODY
 
     if processes:
         omni = Omni(pipeline, runtime_options=runtime_options, **(omni_options or {}))
     else:
         omni = Omni(pipeline, runtime_factory=InProcessRuntime, **(omni_options or {}))
-    async with serve_omni(
-        omni,
-        api_key=api_key,
-        telemetry=telemetry,
-        client_max_size=client_max_size or DEFAULT_MAX_BODY,
-        resume_grace_s=resume_grace_s,
-    ) as server:
+    async with serve_omni(omni, options, telemetry=telemetry) as server:
         yield server
 
 
 @contextlib.asynccontextmanager
-async def serve_omni(omni: Omni, *, grace_s: float = 1.0, **http_options: Any) -> AsyncIterator[HttpServer]:
+async def serve_omni(
+    omni: Omni, options: HttpOptions | None = None, *, grace_s: float = 1.0, telemetry: Any = True
+) -> AsyncIterator[HttpServer]:
     """Start ``omni`` (not started yet) and an ``HttpServer`` on it (on a
-    free loopback port, ``http_options`` passed on); on exit shut ``omni``
-    down (``grace_s``) and close the server."""
+    free loopback port); on exit shut ``omni`` down (``grace_s``) and close
+    the server."""
     from omnix.http.app import HttpServer
 
     await omni.start()
-    server = HttpServer(omni, **http_options)
+    server = HttpServer(omni, options, telemetry=telemetry)
     try:
         await server.start()
         yield server

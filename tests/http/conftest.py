@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
 from omnix.http.app import HttpServer
+from omnix.http.options import HttpOptions
 from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.serving import serve_omni, serve_scripted
@@ -71,9 +73,16 @@ def use_processes() -> bool:
     return os.environ.get("OMNIX_HTTP_TEST_INPROC", "") != "1"
 
 
-async def _serve(text: str, **kwargs) -> AsyncIterator[HttpServer]:
+async def _serve(
+    text: str, telemetry: bool = False, **options: Any
+) -> AsyncIterator[HttpServer]:
+    """A scripted server for ``text`` answering with ``HttpOptions(**options)``
+    (bodies over ``MAX_BODY`` get 413)."""
     async with serve_scripted(
-        parse_pipeline(text), processes=use_processes(), client_max_size=MAX_BODY, **kwargs
+        parse_pipeline(text),
+        HttpOptions(max_body=MAX_BODY, **options),
+        processes=use_processes(),
+        telemetry=telemetry,
     ) as server:
         yield server
 

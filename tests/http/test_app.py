@@ -18,3 +18,58 @@ def test_metrics_count_audio_at_the_pipeline_codec_rate() -> None:
         assert tel.pipeline == "p16k" and tel.projection.sample_rate == 16000
     finally:
         tel.shutdown()
+
+
+TEXT = """
+name = "text-only"
+[[stages]]
+name = "thinker"
+engine = { kind = "scripted", chunks_per_piece = 3 }
+[outputs]
+text = "thinker"
+"""
+
+
+def test_openapi_publishes_only_what_the_pipeline_answers() -> None:
+    from omnix.http.openapi import OpenApi
+    from omnix.pipelines.validate import parse_pipeline
+
+    api = OpenApi(parse_pipeline(TEXT), max_batch=7, metrics=False)
+    doc = api.document()
+    assert "/v1/chat/completions" in doc["paths"] and "/version" in doc["paths"]
+    for path in ("/v1/audio/speech", "/v1/images/generations", "/metrics"):
+        assert path not in doc["paths"]
+    req = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert "audio" not in req  # no audio output: the field is refused
+    assert req["modalities"]["anyOf"][0]["items"] == {"enum": ["text"]}
+    assert req["model"]["enum"] == ["", "text-only"]
+    batch = req["messages"]["anyOf"][1]
+    assert batch["minItems"] == 1 and batch["maxItems"] == 7
+    assert "security" not in doc  # no API key on this server
+
+
+def test_x_request_id_names_every_route_s_requests() -> None:
+    from omnix.http import adapt
+    from omnix.http.schemas import ImageRequest, SpeechRequest
+    from omnix.pipelines.validate import parse_pipeline
+
+    image = parse_pipeline(
+        """
+        name = "img"
+        [[stages]]
+        name = "image"
+        engine = { kind = "scripted", output_modality = "image" }
+        [outputs]
+        image = "image"
+        """
+    )
+    served = adapt.Served(image, new_request_id=lambda: "fresh", new_seed=lambda: 1)
+    token = adapt.CLIENT_REQUEST_ID.set("mine")
+    try:
+        plan = adapt.image_plan(ImageRequest(prompt="x", n=3), served)
+        assert plan.request_ids == ("mine-0", "mine-1", "mine-2")
+        plan = adapt.speech_plan(SpeechRequest(input="x"), served)
+        assert plan.request_ids == ("mine",)
+    finally:
+        adapt.CLIENT_REQUEST_ID.reset(token)
+    assert adapt.image_plan(ImageRequest(prompt="x"), served).request_ids == ("fresh",)

@@ -11,6 +11,7 @@ import numpy as np
 import soundfile as sf
 
 from omnix.http.render import render_response
+from omnix.testing.media import audio_part, image_part
 
 from .conftest import real_engine_marks
 
@@ -101,3 +102,76 @@ async def test_vllm_stages_run_their_model_in_the_engine_core_placed_on_its_own_
         # spawned the engine core (its ZMQ I/O thread), stays on the frontend.
         for t in workers[stage].threads():
             assert set(psutil.Process(t.id).cpu_affinity()) == parse_cpus(plan.frontend)
+
+
+# -- audio and image in ----------------------------------------------------------
+
+
+ASK = {"type": "text", "text": "Describe it."}
+AUDIO = audio_part(2.0)
+IMAGE = image_part(320, 224)
+
+
+async def _prompt_tokens(client, content) -> int:
+    resp = await client.chat.completions.create(
+        model="tiny-omni", messages=[{"role": "user", "content": content}], temperature=0.0, max_tokens=4
+    )
+    assert resp.usage is not None
+    return resp.usage.prompt_tokens
+
+
+async def test_the_thinker_receives_audio_and_image_parts(server, client):
+    """Each part grows the prompt by the model's placeholder tokens (vLLM
+    expands one placeholder into the item's tokens): the media reached the
+    thinker, not only a 200."""
+    text = await _prompt_tokens(client, [ASK])
+    audio = await _prompt_tokens(client, [AUDIO, ASK])
+    image = await _prompt_tokens(client, [IMAGE, ASK])
+    both = await _prompt_tokens(client, [AUDIO, IMAGE, ASK])
+    # A 2 s clip: ~13 audio tokens a second; a 320x224 image: 54 patches.
+    assert audio - text > 20
+    assert image - text > 50
+    assert both - text == (audio - text) + (image - text)
+
+
+async def test_chat_with_audio_and_image_streams_text_and_audio_back(server, client):
+    stream = await client.chat.completions.create(
+        model="tiny-omni",
+        messages=[{"role": "user", "content": [AUDIO, IMAGE, ASK]}],
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        stream=True,
+        stream_options={"include_usage": True},
+        seed=3,
+    )
+    text, audio, usage, rid = [], [], None, None
+    async for chunk in stream:
+        rid = rid or chunk.id.removeprefix("chatcmpl-")
+        usage = chunk.usage or usage
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is None:
+            continue
+        if delta.content:
+            text.append(delta.content)
+        extra = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
+        if extra:
+            audio.append(extra["data"] if isinstance(extra, dict) else extra.data)
+    pcm = np.frombuffer(b"".join(base64.b64decode(a) for a in audio), dtype="<i2")
+    assert "".join(text) and len(pcm) > 2400
+    assert usage is not None and usage.prompt_tokens > 80
+    (admitted, *_) = server.omni.log.events_for(rid)
+    (message,) = admitted.spec.messages
+    assert [p.kind for p in message.media] == ["audio", "image"]
+    audio_ref, image_ref = (p.blob for p in message.media)
+    assert audio_ref.dtype == "<f4" and message.media[0].rate == 16_000
+    assert audio_ref.shape == (32_000,)  # 2 s resampled to 16 kHz
+    assert image_ref.shape == (224, 320, 3)
+    assert audio_ref in server.omni.blobs and image_ref in server.omni.blobs
+
+
+async def test_the_same_image_sent_twice_is_stored_once(server, client):
+    image = image_part(96, 64)
+    before = set(server.omni.blobs.digests())
+    for _ in range(2):
+        await _prompt_tokens(client, [image, {"type": "text", "text": "Again."}])
+    assert len(set(server.omni.blobs.digests()) - before) == 1

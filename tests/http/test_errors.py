@@ -32,6 +32,9 @@ BAD = [
     ("messages wrong type", "POST", "/v1/chat/completions", b'{"messages": "hi"}', 400, "messages", "invalid_value"),
     ("messages missing", "POST", "/v1/chat/completions", b'{"model": "http-omni"}', 400, None, "invalid_value"),
     ("messages empty", "POST", "/v1/chat/completions", b'{"messages": []}', 400, "messages", "invalid_value"),
+    ("user content null", "POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": null}]}', 400, "messages[0].content", "invalid_value"),
+    ("system content missing", "POST", "/v1/chat/completions", b'{"messages": [{"role": "system"}, {"role": "user", "content": "x"}]}', 400, "messages[0].content", "invalid_value"),
+    ("batch member content null", "POST", "/v1/chat/completions", json.dumps({"messages": [USER, [{"role": "user", "content": None}]]}).encode(), 400, "messages[1][0].content", "invalid_value"),
     ("conversation empty", "POST", "/v1/chat/completions", b'{"messages": [[]]}', 400, "messages[0]", "invalid_value"),
     ("mixed batch", "POST", "/v1/chat/completions", json.dumps({"messages": [USER, USER[0]]}).encode(), 400, "messages", "invalid_value"),
     ("bad role", "POST", "/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400, "messages[0].role", "invalid_value"),
@@ -42,23 +45,23 @@ BAD = [
     ("max_tokens zero", "POST", "/v1/chat/completions", chat(max_tokens=0), 400, "max_tokens", "invalid_value"),
     ("max tokens disagree", "POST", "/v1/chat/completions", chat(max_tokens=3, max_completion_tokens=4), 400, "max_completion_tokens", "invalid_value"),
     ("negative seed", "POST", "/v1/chat/completions", chat(seed=-1), 400, "seed", "invalid_value"),
-    ("n unsupported", "POST", "/v1/chat/completions", chat(n=2), 422, "n", "unsupported_value"),
+    ("n unsupported", "POST", "/v1/chat/completions", chat(n=2), 400, "n", "unsupported_value"),
     ("n zero", "POST", "/v1/chat/completions", chat(n=0), 400, "n", "invalid_value"),
     ("stream_options without stream", "POST", "/v1/chat/completions", chat(stream_options={"include_usage": True}), 400, "stream_options", "invalid_value"),
     ("unknown modality", "POST", "/v1/chat/completions", chat(modalities=["video"]), 400, "modalities[0]", "invalid_value"),
     ("audio without modality", "POST", "/v1/chat/completions", chat(audio={"format": "wav", "voice": "x"}), 400, "audio", "invalid_value"),
     ("bad audio format", "POST", "/v1/chat/completions", chat(modalities=["text", "audio"], audio={"format": "ogg"}), 400, "audio.format", "invalid_value"),
-    ("streamed batch", "POST", "/v1/chat/completions", json.dumps({"messages": [USER, USER], "stream": True}).encode(), 422, "stream", "unsupported_value"),
-    ("tools", "POST", "/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 422, "tools", "unsupported_parameter"),
-    ("penalty", "POST", "/v1/chat/completions", chat(presence_penalty=1.0), 422, "presence_penalty", "unsupported_parameter"),
-    ("json response format", "POST", "/v1/chat/completions", chat(response_format={"type": "json_object"}), 422, "response_format", "unsupported_parameter"),
-    ("image input", "POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]}).encode(), 422, "messages[0].content[0].type", "unsupported_input"),
+    ("streamed batch", "POST", "/v1/chat/completions", json.dumps({"messages": [USER, USER], "stream": True}).encode(), 400, "stream", "unsupported_value"),
+    ("tools", "POST", "/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "unsupported_parameter"),
+    ("penalty", "POST", "/v1/chat/completions", chat(presence_penalty=1.0), 400, "presence_penalty", "unsupported_parameter"),
+    ("json response format", "POST", "/v1/chat/completions", chat(response_format={"type": "json_object"}), 400, "response_format", "unsupported_parameter"),
+    ("image input", "POST", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]}).encode(), 400, "messages[0].content[0]", "unsupported_input"),
     ("unknown model", "POST", "/v1/chat/completions", chat(model="gpt-9"), 404, "model", "model_not_found"),
     ("params list too short", "POST", "/v1/chat/completions", chat(sampling_params_list=[{"temperature": 0.1}]), 400, "sampling_params_list", "invalid_value"),
     ("params for unknown stage", "POST", "/v1/chat/completions", chat(sampling_params_list={"vocoder": {"temperature": 0.1}}), 400, "sampling_params_list", "invalid_value"),
     ("unknown stage param", "POST", "/v1/chat/completions", chat(sampling_params_list={"thinker": {"temp": 0.1}}), 400, "sampling_params_list[...].temp", "unknown_field"),
     ("stage param out of range", "POST", "/v1/chat/completions", chat(sampling_params_list={"talker": {"top_p": 3}}), 400, "top_p", "invalid_value"),
-    ("modality the pipeline lacks", "POST", "/v1/images/generations", b'{"prompt": "a cat"}', 422, "modalities", "unsupported_modality"),
+    ("modality the pipeline lacks", "POST", "/v1/images/generations", b'{"prompt": "a cat"}', 400, "modalities", "unsupported_modality"),
     ("speech without input", "POST", "/v1/audio/speech", b'{"voice": "x"}', 400, None, "invalid_value"),
     ("speech empty input", "POST", "/v1/audio/speech", b'{"input": ""}', 400, "input", "invalid_value"),
     ("speech speed", "POST", "/v1/audio/speech", b'{"input": "hi", "speed": 10}', 400, "speed", "invalid_value"),
@@ -74,12 +77,12 @@ BAD = [
 ]
 
 IMAGE_BAD = [
-    ("url format", {"prompt": "x", "response_format": "url"}, 422, "response_format", "unsupported_value"),
+    ("url format", {"prompt": "x", "response_format": "url"}, 400, "response_format", "unsupported_value"),
     ("size not WxH", {"prompt": "x", "size": "big"}, 400, "size", "invalid_value"),
     ("size not multiple of 8", {"prompt": "x", "size": "65x64"}, 400, "size", "invalid_value"),
     ("n too large", {"prompt": "x", "n": 100}, 400, "n", "invalid_value"),
     ("steps disagree", {"prompt": "x", "steps": 3, "num_inference_steps": 4}, 400, "steps", "invalid_value"),
-    ("chat on an image pipeline", None, 422, "modalities", "unsupported_modality"),
+    ("chat on an image pipeline", None, 400, "modalities", "unsupported_modality"),
 ]
 # fmt: on
 
@@ -95,7 +98,7 @@ def assert_error(body: dict, status: int, param: str | None, code: str | None) -
             404: "not_found_error",
             405: "invalid_request_error",
             413: "invalid_request_error",
-            422: "invalid_request_error",
+            415: "invalid_request_error",
         }[status]
     )
     assert err["param"] == param
@@ -109,7 +112,8 @@ async def test_bad_request_is_answered_and_appends_nothing(
     omni_server, http, name, method, path, body, status, param, code
 ):
     before = len(omni_server.omni.log)
-    async with http.request(method, omni_server.url + path, data=body) as r:
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    async with http.request(method, omni_server.url + path, data=body, headers=headers) as r:
         assert r.status == status, await r.text()
         assert r.content_type == "application/json"
         assert_error(await r.json(), status, param, code)
@@ -173,7 +177,7 @@ async def test_openai_client_sees_typed_errors(key_server):
         await good.images.generate(prompt="x", size="65x64")  # type: ignore[arg-type]
     body = err.value.body
     assert isinstance(body, dict) and body["param"] == "size"
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         # USER is a plain list of dicts, not the client's message TypedDicts.
         await good.chat.completions.create(model="http-image", messages=USER)  # type: ignore[arg-type]
     await bad.close()

@@ -70,7 +70,9 @@ async def test_disconnect_mid_stream_cancels_the_request(slow_server, http):
 
 
 async def test_disconnect_while_waiting_for_a_whole_response_cancels_too(slow_server, http):
-    task = asyncio.create_task(http.post(slow_server.url + "/v1/chat/completions", json={"messages": USER}))
+    task = asyncio.create_task(
+        http.post(slow_server.url + "/v1/chat/completions", json={"messages": USER})
+    )
     for _ in range(200):
         live = slow_server.omni.orchestrator.live_requests
         if live:
@@ -103,11 +105,17 @@ async def test_overload_is_429_with_retry_after_and_cancel_ends_the_stream(slow_
         # else appended meanwhile is the running request's.
         (rej,) = omni.log.events_for(refused)
         assert isinstance(rej, Rejected) and rej.reason == "overloaded"
-        others = [e for e in omni.log.read(before) if getattr(e, "request_id", rid) not in (rid, refused)]
+        others = [
+            e for e in omni.log.read(before) if getattr(e, "request_id", rid) not in (rid, refused)
+        ]
         assert others == []
         async with http.post(f"{slow_server.url}/v1/requests/{rid}/cancel") as c:
             assert c.status == 200
-            assert await c.json() == {"request_id": rid, "cancel_requested": True, "status": "cancelling"}
+            assert await c.json() == {
+                "request_id": rid,
+                "cancel_requested": True,
+                "status": "cancelling",
+            }
         rest = await first.read()
     body = b"".join(head) + extra + rest
     frames = parse_sse(body)
@@ -163,7 +171,9 @@ async def test_resuming_an_event_stream_has_no_gap_and_no_duplicate(slow_server,
     assert ids == sorted(set(ids))
     assert whole[-1]["event"] == "finished"
     # After the terminal event there is nothing more to send.
-    async with http.get(f"{url}/v1/requests/{rid}/events", headers={"Last-Event-ID": str(ids[-1])}) as r:
+    async with http.get(
+        f"{url}/v1/requests/{rid}/events", headers={"Last-Event-ID": str(ids[-1])}
+    ) as r:
         assert await r.read() == b""
     async with http.get(f"{url}/v1/requests/{rid}/events", headers={"Last-Event-ID": "soon"}) as r:
         assert r.status == 400
@@ -186,7 +196,9 @@ async def test_trace_download(omni_server, http):
 
 
 async def test_trace_of_a_running_request_is_refused(slow_server, http):
-    async with http.post(slow_server.url + "/v1/chat/completions", json={"messages": USER, "stream": True}) as r:
+    async with http.post(
+        slow_server.url + "/v1/chat/completions", json={"messages": USER, "stream": True}
+    ) as r:
         rid = r.headers["X-Request-Id"]
         await read_frames(r, 1)
         async with http.get(f"{slow_server.url}/v1/requests/{rid}/trace") as t:
@@ -204,11 +216,19 @@ async def test_health_ready_models_metrics(omni_server, http):
         assert await r.json() == {"status": "ok"}
     async with http.get(url + "/ready") as r:
         assert r.status == 200
-        assert await r.json() == {"ready": True, "accepting": True, "stages": {"thinker": 1, "talker": 1, "code2wav": 1}}
+        assert await r.json() == {
+            "ready": True,
+            "accepting": True,
+            "stages": {"thinker": 1, "talker": 1, "code2wav": 1},
+        }
     async with http.get(url + "/v1/models") as r:
         card = (await r.json())["data"][0]
     assert card["id"] == "http-omni" and card["object"] == "model"
-    assert card["modalities"] == ["text", "audio"] and card["stages"] == ["thinker", "talker", "code2wav"]
+    assert card["modalities"] == ["text", "audio"] and card["stages"] == [
+        "thinker",
+        "talker",
+        "code2wav",
+    ]
     async with http.post(url + "/v1/chat/completions", json={"messages": USER}) as r:
         assert r.status == 200
     await asyncio.sleep(0.2)  # the projection follows the log on an interval
@@ -229,10 +249,18 @@ async def test_openapi_lists_every_route(omni_server, http):
     async with http.get(omni_server.url + "/openapi.json") as r:
         doc = await r.json()
     assert doc["openapi"].startswith("3.")
-    routes = {
-        res.canonical for res in omni_server.app.router.resources() if res.canonical != "/openapi.json"
-    }
-    assert routes | {"/openapi.json"} == set(doc["paths"])
+    routes = {res.canonical for res in omni_server.app.router.resources()}
+    # Every route the pipeline can answer is published; no other.
+    published = {p for p in routes if omni_server.routes.openapi.published(p)}
+    assert published == set(doc["paths"])
+    assert {"/v1/chat/completions", "/v1/audio/speech", "/version"} <= published
+    assert "/v1/images/generations" not in published  # http-omni makes no images
     schemas = doc["components"]["schemas"]
-    assert {"ChatCompletionRequest", "ChatCompletionChunk", "SpeechRequest", "ImageRequest", "ErrorBody"} <= set(schemas)
+    assert {
+        "ChatCompletionRequest",
+        "ChatCompletionChunk",
+        "SpeechRequest",
+        "ImageRequest",
+        "ErrorBody",
+    } <= set(schemas)
     assert "sampling_params_list" in schemas["ChatCompletionRequest"]["properties"]

@@ -93,7 +93,9 @@ async def test_a_hand_started_worker_joins_a_restarted_server(tmp_path):
     )  # fmt: skip
     second = None
     try:
-        assert (await first.until(r"workers endpoint (\S+); spawned here: none; waiting for thinker")).group(1) == endpoint
+        assert (
+            await first.until(r"workers endpoint (\S+); spawned here: none; waiting for thinker")
+        ).group(1) == endpoint
         url = (await first.until(r"ready in [0-9.]+ s: .* at (http://\S+)")).group(1)
         assert await _chat(url) == "t0 t1 t2 "
         await first.kill9()  # no goodbye, no shutdown: the worker must notice by itself
@@ -123,4 +125,55 @@ async def test_a_public_workers_endpoint_without_a_token_is_refused_in_one_line(
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     [line] = out.decode().strip().splitlines()
-    assert "tcp://0.0.0.0:0 accepts connections from other hosts" in line and "--worker-token" in line
+    assert (
+        "tcp://0.0.0.0:0 accepts connections from other hosts" in line and "--worker-token" in line
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (
+            ("--allowed-origins", "localhost:3000"),
+            "--allowed-origins: allowed origin 'localhost:3000' is not an origin",
+        ),
+        (("--max-batch", "0"), "--max-batch must be at least 1"),
+    ],
+)
+async def test_bad_http_flags_are_refused_in_one_line(tmp_path, flags, says):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PIPELINE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "omnix.cli", "serve", "--pipeline", str(cfg), "--port", "0", *flags,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    [line] = out.decode().strip().splitlines()
+    assert says in line
+
+
+@pytest.mark.skipif(not use_processes(), reason="needs the process runtime")
+async def test_serve_takes_allowed_origins_and_max_batch(tmp_path):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PIPELINE)
+    served = await ServeProcess.start(
+        "--pipeline", str(cfg), "--allowed-origins", "http://localhost:3000", "--max-batch", "2"
+    )
+    try:
+        listening = await served.until(r"listening on (http://\S+)")
+        assert "browser origins: http://localhost:3000" in listening.string
+        url = (await served.until(r"ready in [0-9.]+ s: .* at (http://\S+)")).group(1)
+        user = [{"role": "user", "content": "hi"}]
+        async with aiohttp.ClientSession() as http:
+            origin = {"Origin": "http://localhost:3000"}
+            async with http.post(
+                url + "/v1/chat/completions", json={"messages": user}, headers=origin
+            ) as r:
+                assert r.status == 200
+                assert r.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
+            async with http.post(url + "/v1/chat/completions", json={"messages": [user] * 3}) as r:
+                assert r.status == 400
+                assert (await r.json())["error"]["code"] == "batch_too_large"
+    finally:
+        await served.close()

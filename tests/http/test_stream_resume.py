@@ -282,7 +282,7 @@ async def test_requests_that_cannot_be_resumed_are_refused_clearly(text_server, 
     ) as r:
         rid = r.headers["X-Request-Id"]
     async with resume(http, text_server.url, rid, None) as r:
-        assert r.status == 400
+        assert r.status == 409
         err = (await r.json())["error"]
         assert err["code"] == "not_streamed" and rid in err["message"]
     # A batch: each conversation is its own request, never streamed.
@@ -292,7 +292,7 @@ async def test_requests_that_cannot_be_resumed_are_refused_clearly(text_server, 
         group = (await r.json())["id"].removeprefix("chatcmpl-")
     for member in members:
         async with resume(http, text_server.url, member, "1") as r:
-            assert r.status == 400
+            assert r.status == 409
             err = (await r.json())["error"]
             assert err["code"] == "not_streamed" and "batch" in err["message"]
     async with resume(http, text_server.url, group, None) as r:
@@ -305,9 +305,16 @@ async def test_requests_that_cannot_be_resumed_are_refused_clearly(text_server, 
         {"messages": USER, "stream": True, "max_tokens": 4},
     )
     started = next(ev for ev in await until_ended(text_server, rid) if isinstance(ev, StageStarted))
-    for bad in ("soon", "-1", str(started.pos), f"{event_id(frames(body)[0])}.5", "99999999"):
+    # Not an id at all: 400; not an id of this response: 409.
+    for bad, status in (
+        ("soon", 400),
+        ("-1", 400),
+        (str(started.pos), 409),
+        (f"{event_id(frames(body)[0])}.5", 409),
+        ("99999999", 409),
+    ):
         async with resume(http, text_server.url, rid, bad) as r:
-            assert r.status == 400, bad
+            assert r.status == status, bad
             err = (await r.json())["error"]
             assert err["param"] == "Last-Event-ID" and repr(bad) in err["message"]
     # Raw audio has no event ids: it is sent again whole, never resumed.
@@ -315,7 +322,7 @@ async def test_requests_that_cannot_be_resumed_are_refused_clearly(text_server, 
     rid, body = await post_stream(http, omni_server, "/v1/audio/speech", req)
     assert await rest_after(http, omni_server.url, rid, None) == body
     async with resume(http, omni_server.url, rid, "3") as r:
-        assert r.status == 400
+        assert r.status == 409
         assert "raw audio" in (await r.json())["error"]["message"]
 
 

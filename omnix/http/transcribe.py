@@ -1,0 +1,406 @@
+"""``POST /v1/audio/transcriptions``: OpenAI's multipart transcription form.
+
+Owns: reading the form (``TranscriptionForm`` plus the uploaded ``file``),
+every check of it that needs no decoding (which fields exist, their
+values, that the served pipeline takes audio and gives text), the upload's
+conversion into the part a chat message with one audio clip holds, and the
+plan: one user message, the clip then an instruction ("Transcribe the
+audio into text.", with the language and prompt when given), planned by
+``adapt.chat_plan`` as a chat would be, then recorded with
+``api = "audio.transcriptions"`` and the options ``render.py`` needs
+(``response_format``, ``language``, ``temperature``; ``stream``).
+
+Every refusal is an ``ApiError`` raised before anything is admitted: 400
+for a bad form (not multipart, no or an empty ``file``, an unknown or
+repeated field, a bad value, a format or option omnix does not produce:
+``srt``, ``vtt``, ``diarized_json``, ``timestamp_granularities[]``...),
+or 400 with an ``unsupported_*`` code when the served pipeline cannot
+transcribe.
+
+Does not own the handler, decoding the clip or its limits (``routes.py``
+decodes through ``media.py``, naming the part ``file`` in its errors),
+submission and the live response (``routes.py``), nor any byte of the
+response (``render.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import posixpath
+from typing import Annotated, Final, Literal
+
+import msgspec
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_request import FileField
+from msgspec import Meta
+
+from omnix.events.types import MediaPart
+from omnix.http import adapt
+from omnix.http.errors import ApiError, from_decode_error
+from omnix.http.render import API_TRANSCRIPTION, Opt
+from omnix.http.schemas import (
+    AudioUrl,
+    AudioUrlPart,
+    ChatCompletionRequest,
+    InputAudio,
+    InputAudioPart,
+    MediaContentPart,
+    Message,
+    TextPart,
+)
+
+#: The form field that carries the clip (the decoder names it in errors).
+FILE: Final = "file"
+
+ResponseFormat = Literal["json", "text", "verbose_json"]
+
+
+class TranscriptionForm(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The text fields of the form (``file`` is read apart: it is bytes).
+
+    ``temperature`` is OpenAI's 0-1 range; omitted, the pipeline's own
+    (0 on ``tiny-asr``: greedy).  ``language`` is an ISO-639-1 code.
+    """
+
+    model: str = ""
+    language: str | None = None
+    # Short, as Whisper's 224 tokens: the prompt shares max_model_len with
+    # the clip (13 tokens a second) and the transcript.
+    prompt: Annotated[str, Meta(max_length=1000)] | None = None
+    response_format: ResponseFormat = "json"
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    stream: bool = False
+
+
+class Upload(msgspec.Struct, frozen=True):
+    """The uploaded file: its bytes and what the client called it."""
+
+    data: bytes
+    filename: str
+    content_type: str
+
+
+#: OpenAI fields this route knows and does not take, with what to do.
+UNSUPPORTED_FIELDS: Final[dict[str, str]] = {
+    "timestamp_granularities": "omnix gives no word or segment timestamps (verbose_json "
+    "has one segment covering the clip); omit it.",
+    "include": "omnix returns no log probabilities; omit it.",
+    "chunking_strategy": "omnix transcribes the clip as one block; omit it.",
+    "known_speaker_names": "omnix does not diarize; omit it.",
+    "known_speaker_references": "omnix does not diarize; omit it.",
+    "keywords": "omit it; give words the audio contains in prompt instead.",
+    "languages": "give one ISO-639-1 code in language instead.",
+}
+#: response_format values of OpenAI's that omnix does not produce.
+UNSUPPORTED_FORMATS: Final[dict[str, str]] = {
+    "srt": "omnix has no segment timestamps to write subtitles with",
+    "vtt": "omnix has no segment timestamps to write subtitles with",
+    "diarized_json": "omnix does not diarize",
+}
+_TEXT_FIELDS: Final = frozenset(TranscriptionForm.__struct_fields__)
+
+# File name extension, then Content-Type -> ``input_audio.format``.  The
+# decoder trusts the bytes' own magic number over either.
+_EXTENSIONS: Final[dict[str, str]] = {
+    "wav": "wav",
+    "wave": "wav",
+    "mp3": "mp3",
+    "mpeg": "mp3",
+    "mpga": "mp3",
+    "flac": "flac",
+    "ogg": "ogg",
+    "oga": "ogg",
+    "opus": "opus",
+    "aac": "aac",
+    "m4a": "m4a",
+    "mp4": "mp4",
+    "webm": "webm",
+}
+_CONTENT_TYPES: Final[dict[str, str]] = {
+    "audio/wav": "wav",
+    "audio/wave": "wav",
+    "audio/x-wav": "wav",
+    "audio/vnd.wave": "wav",
+    "audio/mpeg": "mp3",
+    "audio/mp3": "mp3",
+    "audio/flac": "flac",
+    "audio/x-flac": "flac",
+    "audio/ogg": "ogg",
+    "audio/opus": "opus",
+    "audio/aac": "aac",
+    "audio/x-aac": "aac",
+    "audio/mp4": "mp4",
+    "audio/m4a": "m4a",
+    "audio/x-m4a": "m4a",
+    "audio/webm": "webm",
+    "video/webm": "webm",
+    "video/mp4": "mp4",
+}
+
+# ISO-639-1 codes and English names: ``language`` must be one of them, and
+# its name goes into the instruction and verbose_json's ``language``.
+_LANGUAGE_TABLE = """
+aa Afar|ab Abkhazian|ae Avestan|af Afrikaans|ak Akan|am Amharic|an Aragonese|ar Arabic|
+as Assamese|av Avaric|ay Aymara|az Azerbaijani|ba Bashkir|be Belarusian|bg Bulgarian|
+bi Bislama|bm Bambara|bn Bengali|bo Tibetan|br Breton|bs Bosnian|ca Catalan|ce Chechen|
+ch Chamorro|co Corsican|cr Cree|cs Czech|cu Church Slavic|cv Chuvash|cy Welsh|da Danish|
+de German|dv Divehi|dz Dzongkha|ee Ewe|el Greek|en English|eo Esperanto|es Spanish|
+et Estonian|eu Basque|fa Persian|ff Fulah|fi Finnish|fj Fijian|fo Faroese|fr French|
+fy Western Frisian|ga Irish|gd Scottish Gaelic|gl Galician|gn Guarani|gu Gujarati|gv Manx|
+ha Hausa|he Hebrew|hi Hindi|ho Hiri Motu|hr Croatian|ht Haitian|hu Hungarian|hy Armenian|
+hz Herero|ia Interlingua|id Indonesian|ie Interlingue|ig Igbo|ii Sichuan Yi|ik Inupiaq|
+io Ido|is Icelandic|it Italian|iu Inuktitut|ja Japanese|jv Javanese|ka Georgian|
+kg Kongo|ki Kikuyu|kj Kuanyama|kk Kazakh|kl Kalaallisut|km Khmer|kn Kannada|ko Korean|
+kr Kanuri|ks Kashmiri|ku Kurdish|kv Komi|kw Cornish|ky Kyrgyz|la Latin|lb Luxembourgish|
+lg Ganda|li Limburgish|ln Lingala|lo Lao|lt Lithuanian|lu Luba-Katanga|lv Latvian|
+mg Malagasy|mh Marshallese|mi Maori|mk Macedonian|ml Malayalam|mn Mongolian|mr Marathi|
+ms Malay|mt Maltese|my Burmese|na Nauru|nb Norwegian Bokmal|nd North Ndebele|ne Nepali|
+ng Ndonga|nl Dutch|nn Norwegian Nynorsk|no Norwegian|nr South Ndebele|nv Navajo|ny Chichewa|
+oc Occitan|oj Ojibwa|om Oromo|or Oriya|os Ossetian|pa Punjabi|pi Pali|pl Polish|ps Pashto|
+pt Portuguese|qu Quechua|rm Romansh|rn Rundi|ro Romanian|ru Russian|rw Kinyarwanda|
+sa Sanskrit|sc Sardinian|sd Sindhi|se Northern Sami|sg Sango|si Sinhala|sk Slovak|
+sl Slovenian|sm Samoan|sn Shona|so Somali|sq Albanian|sr Serbian|ss Swati|st Southern Sotho|
+su Sundanese|sv Swedish|sw Swahili|ta Tamil|te Telugu|tg Tajik|th Thai|ti Tigrinya|
+tk Turkmen|tl Tagalog|tn Tswana|to Tonga|tr Turkish|ts Tsonga|tt Tatar|tw Twi|ty Tahitian|
+ug Uyghur|uk Ukrainian|ur Urdu|uz Uzbek|ve Venda|vi Vietnamese|vo Volapuk|wa Walloon|
+wo Wolof|xh Xhosa|yi Yiddish|yo Yoruba|za Zhuang|zh Chinese|zu Zulu
+"""
+LANGUAGES: Final[dict[str, str]] = dict(
+    entry.strip().split(" ", 1) for entry in _LANGUAGE_TABLE.split("|") if entry.strip()
+)
+
+# Where the clip stands in the chat body ``chat_plan`` is given.
+_AUDIO_AT: Final = "messages[0].content[0]"
+# ``chat_plan`` takes the decoded clip from ``media`` by its path; the
+# body's part only marks where the clip stands among the text parts.
+_MARK: Final = InputAudioPart(input_audio=InputAudio(data="", format="wav"))
+
+
+def _bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+_FORM_HINT = (
+    "send multipart/form-data with the clip in a file field "
+    "(curl -F file=@clip.wav -F model=... ; the openai client's "
+    "audio.transcriptions.create(file=...) does this)"
+)
+
+
+# --------------------------------------------------------------------------
+# The form
+# --------------------------------------------------------------------------
+
+
+async def read_form(request: web.Request) -> tuple[TranscriptionForm, Upload]:
+    """The form's fields and its ``file``.  Raises ``ApiError`` 400 naming
+    the field at fault; 413 (aiohttp's, past ``client_max_size``) while
+    reading."""
+    if request.content_type != "multipart/form-data":
+        got = request.content_type or "no Content-Type"
+        raise _bad(
+            None,
+            f"POST /v1/audio/transcriptions takes a multipart/form-data body, got {got}: "
+            f"{_FORM_HINT}.",
+            "invalid_form",
+        )
+    try:
+        fields = await request.post()  # bounded by client_max_size (413)
+    except web.HTTPException:
+        raise
+    except (ValueError, AssertionError, HttpProcessingError) as exc:
+        why = (exc.message if isinstance(exc, HttpProcessingError) else str(exc)).strip()
+        raise _bad(
+            None,
+            f"The multipart/form-data body could not be read ({why or type(exc).__name__}): "
+            f"{_FORM_HINT}.",
+            "invalid_form",
+        ) from None
+    texts: dict[str, str] = {}
+    seen: set[str] = set()
+    upload: FileField | None = None
+    for key, value in fields.items():
+        name = key.removesuffix("[]")
+        if name in UNSUPPORTED_FIELDS:
+            raise _bad(
+                key, f"{key} is not supported: {UNSUPPORTED_FIELDS[name]}", "unsupported_parameter"
+            )
+        if key != name or (name != FILE and name not in _TEXT_FIELDS):
+            known = ", ".join(["file", *sorted(_TEXT_FIELDS)])
+            raise _bad(
+                key,
+                f"Unknown form field {key!r}: this route takes {known}. Remove it.",
+                "unknown_field",
+            )
+        if key in seen:
+            raise _bad(key, f"The form has {key!r} more than once: send it once.")
+        seen.add(key)
+        if name == FILE:
+            if not isinstance(value, FileField):
+                raise _bad(
+                    FILE,
+                    "file must be an uploaded file (a part with a filename, as "
+                    "curl -F file=@clip.wav sends it), not a text field.",
+                )
+            upload = value
+        elif isinstance(value, FileField):
+            raise _bad(key, f"{key} must be a text field, not a file.")
+        else:
+            # A part with a non-text Content-Type comes as bytes.
+            text = value if isinstance(value, str) else _utf8(key, bytes(value))
+            if text != "":  # an empty field is an absent one
+                texts[name] = text
+    if upload is None:
+        raise _bad(FILE, f"The form has no file field: {_FORM_HINT}.")
+    form = _form(texts)
+    # A spooled file may sit on disk: read it off the loop.
+    data = await asyncio.to_thread(_read_and_close, upload)
+    if not data:
+        raise _bad(FILE, f"The uploaded file {upload.filename!r} is empty: send an audio clip.")
+    return form, Upload(data=data, filename=upload.filename, content_type=upload.content_type)
+
+
+def _read_and_close(upload: FileField) -> bytes:
+    with upload.file:
+        return upload.file.read()
+
+
+def _utf8(key: str, value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad(key, f"{key} is not UTF-8 text: send it as a text field.") from None
+
+
+def _form(texts: dict[str, str]) -> TranscriptionForm:
+    fmt = texts.get("response_format")
+    if fmt in UNSUPPORTED_FORMATS:
+        raise _bad(
+            "response_format",
+            f"response_format {fmt!r} is not supported: {UNSUPPORTED_FORMATS[fmt]}. Use json, "
+            "text or verbose_json.",
+            "unsupported_value",
+        )
+    lang = texts.get("language")
+    if lang is not None and lang.strip().lower() not in LANGUAGES:
+        raise _bad(
+            "language",
+            f"language {lang!r} is not an ISO-639-1 code: give the audio's language as two "
+            "letters (en, fr, zh...), or omit it.",
+        )
+    try:
+        form = msgspec.convert(texts, TranscriptionForm, strict=False)
+    except msgspec.ValidationError as exc:
+        err = from_decode_error(exc)
+        # Its words are about JSON bodies; the same facts, about a form.
+        message = err.message.replace("Invalid request body at", "Invalid form field", 1)
+        raise ApiError(err.status, message, param=err.param, code=err.code) from None
+    if form.language is not None:
+        form = msgspec.structs.replace(form, language=form.language.strip().lower())
+    if form.stream and form.response_format != "json":
+        raise _bad(
+            "stream",
+            f"stream=true sends transcript.text.delta and transcript.text.done events; "
+            f"response_format {form.response_format!r} has no streamed form. Omit "
+            "response_format (or send json) to stream, or send stream=false.",
+            "unsupported_value",
+        )
+    return form
+
+
+def audio_part(upload: Upload) -> MediaContentPart:
+    """The upload as the chat content part the media decoder reads: an
+    ``input_audio`` part when its name or type says the format, else a data
+    URL of unknown type (the decoder tells the format from the bytes)."""
+    ext = posixpath.splitext(upload.filename.lower())[1].lstrip(".")
+    ctype = upload.content_type.partition(";")[0].strip().lower()
+    fmt = _EXTENSIONS.get(ext) or _CONTENT_TYPES.get(ctype, "")
+    data = base64.b64encode(upload.data).decode("ascii")
+    if fmt:
+        return InputAudioPart(input_audio=InputAudio(data=data, format=fmt))
+    return AudioUrlPart(audio_url=AudioUrl(url="data:application/octet-stream;base64," + data))
+
+
+# --------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------
+
+
+def check_pipeline(served: adapt.Served) -> None:
+    """400 unless the served pipeline takes audio and produces text."""
+    p = served.pipeline
+    media = p.input_media
+    if media is None or not media.audio:
+        raise ApiError(
+            400,
+            f"pipeline {p.name!r} does not take audio input, so it cannot transcribe. Serve "
+            "one that does (omnix serve --pipeline tiny-asr, or tiny-omni).",
+            param=FILE,
+            code="unsupported_input",
+        )
+    if "text" not in p.outputs:
+        raise ApiError(
+            400,
+            f"pipeline {p.name!r} produces no text ({', '.join(p.outputs) or 'nothing'}), so it "
+            "cannot transcribe. Serve one that does (omnix serve --pipeline tiny-asr).",
+            param="model",
+            code="unsupported_modality",
+        )
+
+
+def instruction(form: TranscriptionForm) -> str:
+    """What the model is asked, after the clip."""
+    lang = f"{LANGUAGES[form.language]} " if form.language else ""
+    text = f"Transcribe the {lang}audio into text."
+    if form.prompt:
+        text += f" The text before it, or words it may contain: {form.prompt}"
+    return text
+
+
+def transcription_plan(
+    form: TranscriptionForm,
+    served: adapt.Served,
+    audio: MediaPart,
+    blobs: tuple[adapt.DecodedBlob, ...],
+    *,
+    traceparent: str = "",
+) -> adapt.Plan:
+    """One request: a user message of the decoded clip (``audio``, whose
+    array is ``blobs``) and the instruction, planned as a chat is."""
+    body = ChatCompletionRequest(
+        messages=[Message(role="user", content=[_MARK, TextPart(text=instruction(form))])],
+        model=form.model,
+        temperature=form.temperature,
+        stream=form.stream,
+    )
+    plan = adapt.chat_plan(
+        body, served, traceparent=traceparent, media={_AUDIO_AT: audio}, blobs=blobs
+    )
+    ((rid, spec),) = plan.specs
+    opts = dict(spec.options)
+    opts.pop(Opt.INCLUDE_USAGE, None)  # the done event always has usage
+    text_stage = opts.get(Opt.TEXT_STAGE, "")
+    given = spec.stage_params.get(text_stage)
+    temperature = given.temperature if given is not None else None
+    if temperature is None:
+        temperature = served.pipeline.stage(text_stage).sampling.temperature
+    opts[Opt.RESPONSE_FORMAT] = form.response_format
+    opts[Opt.LANGUAGE] = LANGUAGES[form.language].lower() if form.language else ""
+    # vLLM's default when neither the client nor the pipeline says.
+    opts[Opt.TEMPERATURE] = repr(1.0 if temperature is None else float(temperature))
+    spec = msgspec.structs.replace(spec, api=API_TRANSCRIPTION, options=opts)
+    return msgspec.structs.replace(plan, specs=((rid, spec),))
+
+
+__all__ = [
+    "LANGUAGES",
+    "TranscriptionForm",
+    "Upload",
+    "audio_part",
+    "check_pipeline",
+    "instruction",
+    "read_form",
+    "transcription_plan",
+]
