@@ -18,6 +18,7 @@ BENCHES = {
     "replay": "fold and drive replay speed on a 1M-event trace",
     "telemetry": "throughput with telemetry on vs off",
     "failover": "client-seen gap of a mid-stream migration; resume after a server restart",
+    "serve": "load a live OpenAI-compatible server: chat, audio, speech, images (TTFT, TTFP, RTF, E2EL)",
 }
 
 
