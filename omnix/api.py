@@ -2,7 +2,8 @@
 
 Owns: ``Omni`` (async; what the HTTP layer adapts) and ``OmniSync`` (a small
 blocking wrapper for scripts, like vLLM-Omni's ``Omni.generate``), and the
-wiring of one server process: log, blob store, orchestrator, sequencer,
+wiring of one server process: log, blob store, retention (its policy and
+the once-a-second sweep of an idle server), orchestrator, sequencer,
 dispatcher, timer and the stage runtime its ``RuntimeFactory`` builds.
 Also ``Output``/``RequestResult``, the user-facing view of a request's
 chunks.
@@ -20,6 +21,7 @@ stages, read back by tailing the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import threading
@@ -32,7 +34,9 @@ import numpy as np
 
 from omnix.events.blobs import BlobStore, DiskBlobStore, MemoryBlobStore
 from omnix.events.clock import Clock, SystemClock
-from omnix.events.log import EventLog, MemoryLog
+from omnix.events.disklog import LogConfig
+from omnix.events.log import EventLog, LogClosed, MemoryLog
+from omnix.events.retention import RequestStatusKind, Retention, RetentionPolicy
 from omnix.events.reducer import RequestState
 from omnix.events.types import (
     TERMINAL_TYPES,
@@ -78,6 +82,13 @@ class _ServerInfo(msgspec.Struct, frozen=True):
 
 class ShuttingDown(RuntimeError):
     pass
+
+
+class _Default:
+    """The type of ``_DEFAULT``: "not given" where ``None`` means "off"."""
+
+
+_DEFAULT = _Default()
 
 
 class Output(msgspec.Struct):
@@ -139,6 +150,16 @@ class Omni:
     runtime and ``shutdown`` shuts it down.  ``log_dir`` makes the log and
     blobs durable (``DIR/events``, ``DIR/blobs``, ``DIR/pipeline.json``).
 
+    ``retention``: how long ended requests' events, blobs and state are
+    kept (``RetentionPolicy``; default: 10 minutes, 2,000 requests, 512 MB,
+    whichever passes first; ``None``: keep everything, for offline runs
+    and tests that read the whole log).  Its ``Released`` events go through
+    the sequencer, so they land between decision cascades; while started, a
+    task calls ``retention.sweep()`` every ``sweep_interval_s`` so an idle
+    server still lets requests go when the time bound passes.
+    ``log_config``: how a ``log_dir`` log writes (``LogConfig``: snapshots,
+    ``archive=True`` to move released segments to ``DIR/events/archive``).
+
     ``virtual_time``: the clock moves only when the runtime moves it
     (``SimRuntime`` on a ``ManualClock``), so the deadline timer is not armed
     on the event loop; that runtime fires it (``timer.next_due``,
@@ -157,6 +178,9 @@ class Omni:
         clock: Clock | None = None,
         virtual_time: bool = False,
         resume_within_s: float = 300.0,
+        retention: RetentionPolicy | None | _Default = _DEFAULT,
+        log_config: LogConfig | None = None,
+        sweep_interval_s: float = 1.0,
     ) -> None:
         if runtime_factory is not None and runtime_options:
             raise ValueError(
@@ -175,13 +199,22 @@ class Omni:
         #: rules version, so replay re-derives every decision)
         self.rules = RULES_VERSION
         if log is None:
-            log = self._open_log()
+            log = self._open_log(log_config)
         self.log = log
         if blobs is None:
             blobs = DiskBlobStore(self.log_dir / "blobs") if self.log_dir else MemoryBlobStore()
         self.blobs = blobs
         self.orchestrator = Orchestrator(self.pipeline, rules=self.rules)
         self.sequencer = Sequencer(self.log, self.orchestrator)
+        policy = RetentionPolicy() if isinstance(retention, _Default) else retention
+        #: what keeps a long-running server bounded (``None``: retention off)
+        self.retention: Retention | None = None
+        if policy is not None:
+            # Through the sequencer: a release decided while a cascade runs
+            # is queued after it, and is an input like any other.
+            self.retention = Retention(self.log, policy, self.blobs, append=self.sequencer.append)
+        self.sweep_interval_s = sweep_interval_s
+        self._sweeper: asyncio.Task[None] | None = None
         factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
         self.runtime: Runtime = factory(self.pipeline, self.sequencer.emit, self.blobs)
         self.dispatcher = Dispatcher(
@@ -198,13 +231,13 @@ class Omni:
         #: events of an earlier process's log shown to the orchestrator at start
         self.recovered_events = 0
 
-    def _open_log(self) -> EventLog:
+    def _open_log(self, config: LogConfig | None) -> EventLog:
         if self.log_dir is None:
             return MemoryLog(self.clock)
         from omnix.events.disklog import DiskLog
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = DiskLog(self.log_dir / "events", clock=self.clock)
+        log = DiskLog(self.log_dir / "events", config, clock=self.clock)
         server = self.log_dir / "server.json"
         if len(log) and server.is_file():
             # Taking over a log: keep deciding under the rules it was
@@ -249,8 +282,24 @@ class Omni:
             for rid in self.orchestrator.live_requests:
                 self.timer.track(rid)
         await self.runtime.start()
+        if self.retention is not None and not self.virtual_time and self.sweep_interval_s > 0:
+            self._sweeper = asyncio.create_task(self._sweep_loop(), name="omnix-retention")
         self._accepting = True
         return self
+
+    async def _sweep_loop(self) -> None:
+        """An idle server appends nothing, so retention's time bound would
+        never be compared: read the log clock once a second (``sweep``)."""
+        retention = self.retention
+        assert retention is not None
+        while not self.log.closed:
+            await asyncio.sleep(self.sweep_interval_s)
+            if self.sequencer.busy or self.log.closed:
+                continue  # inside a cascade (cannot be, between awaits; cheap to check)
+            try:
+                retention.sweep()
+            except LogClosed:
+                return
 
     async def __aenter__(self) -> Omni:
         return await self.start()
@@ -276,6 +325,13 @@ class Omni:
             await self._wait_terminal(live, self.pipeline.abort_timeout_s + 1.0)
         self.timer.close()
         await self.runtime.shutdown()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        if self.retention is not None:
+            self.retention.close()
         self.log.close()
 
     async def _wait_terminal(self, rids: tuple[str, ...], limit_s: float) -> None:
@@ -369,6 +425,14 @@ class Omni:
 
     def state(self, request_id: str) -> RequestState | None:
         return self.log.state.requests.get(request_id)
+
+    def request_status(self, request_id: str) -> RequestStatusKind:
+        """``retained`` (its state and events are here), ``released`` (it
+        ended before the retention window: its events are gone) or
+        ``unknown``."""
+        if self.retention is not None:
+            return self.retention.status(request_id)
+        return "retained" if request_id in self.log.state.requests else "unknown"
 
     async def events(self, request_id: str, start: int = 0) -> AsyncIterator[Event]:
         """The request's events from log position ``start``, ending with its

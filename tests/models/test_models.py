@@ -124,22 +124,27 @@ def test_model_configs(tiny_models: ModelPaths) -> None:
     assert thinker["vocab_size"] >= text_vocab
     talker = json.loads((tiny_models.path("talker") / "config.json").read_text())
     layout = read_info(tiny_models.path("talker")).layout
+    # The talker reads every id either thinker can emit: the omni thinker's
+    # whole head (trained vocabulary, multimodal specials, padding rows).
+    omni = json.loads((tiny_models.path("omni_thinker") / "config.json").read_text())
+    omni_vocab = omni["thinker_config"]["text_config"]["vocab_size"]
+    assert omni_vocab >= text_vocab
     assert layout == {
         "text_offset": TEXT_OFFSET,
-        "text_vocab": text_vocab,
+        "text_vocab": omni_vocab,
         "codec_offset": 0,
         "codec_size": CODEC_SIZE,
         "codec_eos": CODEC_EOS,
         "codec_bos": CODEC_BOS,
         "num_codebooks": NUM_CODEBOOKS,
     }
-    assert talker["vocab_size"] >= TEXT_OFFSET + text_vocab
+    assert talker["vocab_size"] >= TEXT_OFFSET + omni_vocab
     assert CODEC_BOS < TEXT_OFFSET
     # The talker has no tokenizer of its own (vLLM runs it on ids) but keeps
-    # the thinker's for text-only input pieces.
+    # the omni thinker's for text-only input pieces.
     assert not (tiny_models.path("talker") / "tokenizer.json").exists()
     assert (tiny_models.path("talker") / "text_tokenizer" / "tokenizer.json").read_bytes() == (
-        tiny_models.path("thinker") / "tokenizer.json"
+        tiny_models.path("omni_thinker") / "tokenizer.json"
     ).read_bytes()
     codec = json.loads((tiny_models.path("code2wav") / "config.json").read_text())
     assert (codec["num_codebooks"], codec["codebook_size"]) == (NUM_CODEBOOKS, CODEC_SIZE)
