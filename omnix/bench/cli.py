@@ -15,6 +15,7 @@ BENCHES = {
     "hop": "one orchestration hop's latency and chunk events/s through a worker",
     "engines": "omnix vs direct vLLM (TTFT, tokens/s) and TTFP with/without async chunk",
     "http": "SSE streams/s and events/s through the HTTP layer",
+    "media": "TTFT of chat with image/audio input, admission cost per MB, text beside 5 MB images",
     "replay": "fold and drive replay speed on a 1M-event trace",
     "telemetry": "throughput with telemetry on vs off",
     "failover": "client-seen gap of a mid-stream migration; resume after a server restart",

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 
-def tone(seconds: float, rate: int = 22_050, hz: float = 440.0) -> np.ndarray:
-    """A float32 sine tone at 0.3 of full scale."""
+def tone(seconds: float, rate: int = 22_050, hz: float = 440.0, amp: float = 0.3) -> np.ndarray:
+    """A float32 sine tone at ``amp`` of full scale."""
     t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    return (amp * np.sin(2 * np.pi * hz * t)).astype(np.float32)
 
 
 def wav_bytes(seconds: float, rate: int = 22_050) -> bytes:

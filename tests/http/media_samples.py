@@ -24,11 +24,6 @@ from omnix.http.schemas import (
 )
 
 
-def tone(seconds: float, rate: int, freq: float = 440.0, amp: float = 0.5) -> np.ndarray:
-    t = np.arange(round(seconds * rate)) / rate
-    return (amp * np.sin(2 * np.pi * freq * t)).astype(np.float32)
-
-
 def wav(x: np.ndarray, rate: int, subtype: str = "PCM_16") -> bytes:
     buf = io.BytesIO()
     sf.write(buf, x, rate, format="WAV", subtype=subtype)
