@@ -23,6 +23,7 @@ name = "serve-test"
 [[stages]]
 name = "thinker"
 engine = { kind = "scripted", chunks_per_piece = 3 }
+media = { image = true }
 [outputs]
 text = "thinker"
 """
@@ -138,6 +139,7 @@ async def test_a_public_workers_endpoint_without_a_token_is_refused_in_one_line(
             "--allowed-origins: allowed origin 'localhost:3000' is not an origin",
         ),
         (("--max-batch", "0"), "--max-batch must be at least 1"),
+        (("--max-body-mb", "0"), "--max-body-mb must be positive"),
     ],
 )
 async def test_bad_http_flags_are_refused_in_one_line(tmp_path, flags, says):
@@ -154,12 +156,13 @@ async def test_bad_http_flags_are_refused_in_one_line(tmp_path, flags, says):
 
 
 @pytest.mark.skipif(not use_processes(), reason="needs the process runtime")
-async def test_serve_takes_allowed_origins_and_max_batch(tmp_path):
+async def test_serve_takes_its_http_flags(tmp_path):
     cfg = tmp_path / "p.toml"
     cfg.write_text(PIPELINE)
     served = await ServeProcess.start(
-        "--pipeline", str(cfg), "--allowed-origins", "http://localhost:3000", "--max-batch", "2"
-    )
+        "--pipeline", str(cfg), "--allowed-origins", "http://localhost:3000", "--max-batch", "2",
+        "--allowed-media-domains", "Media.Example",
+    )  # fmt: skip
     try:
         listening = await served.until(r"listening on (http://\S+)")
         assert "browser origins: http://localhost:3000" in listening.string
@@ -175,5 +178,12 @@ async def test_serve_takes_allowed_origins_and_max_batch(tmp_path):
             async with http.post(url + "/v1/chat/completions", json={"messages": [user] * 3}) as r:
                 assert r.status == 400
                 assert (await r.json())["error"]["code"] == "batch_too_large"
+            remote = {"type": "image_url", "image_url": {"url": "https://elsewhere.example/a.png"}}
+            chat = {"messages": [{"role": "user", "content": [remote]}]}
+            async with http.post(url + "/v1/chat/completions", json=chat) as r:
+                assert r.status == 400
+                err = (await r.json())["error"]
+                assert err["code"] == "media_domain_not_allowed"
+                assert "media.example" in err["message"]
     finally:
         await served.close()
