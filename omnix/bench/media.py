@@ -5,10 +5,12 @@ process: streamed chat completions whose time to first token (TTFT) is
 taken
 
 * for text-only requests running alone (``ttft_ms_text_alone``);
-* for the same text requests while ``--media-streams`` clients keep
-  sending chats with one ``--image-mb`` PNG each, back to back
+* for the same text requests while chats with one ``--image-mb`` PNG each
+  arrive at a steady ``--media-rate`` per second
   (``ttft_ms_text_beside_media``; their ratio is ``beside_over_alone``:
-  decoding runs in the server's media pool, so it stays near 1);
+  decoding runs in the server's media pool, so it stays near 1 while the
+  machine has a core to spare; ``--media-rate 0`` sends them back to back,
+  which on a small machine measures CPU saturation rather than the loop);
 * for requests of the same text with one image, and with one
   ``--audio-s`` WAV clip, one at a time (``ttft_ms_image``,
   ``ttft_ms_audio``); what they add over text alone, per MB of upload, is
@@ -58,7 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--audio-s", type=float, default=30.0, help="seconds of each WAV clip (16 kHz)"
     )
     parser.add_argument(
-        "--media-streams", type=int, default=2, help="clients sending images beside the text"
+        "--media-rate",
+        type=float,
+        default=2.0,
+        help="images per second sent beside the text (default 2, 10 MB/s); 0: back to back, one at a time",
     )
     parser.add_argument("--delay-ms", type=float, default=20.0, help="scripted stage: ms per chunk")
     parser.add_argument(
@@ -163,24 +168,41 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
         stop = asyncio.Event()
         sent = 0
 
-        async def media_stream() -> None:
+        async def one_image() -> None:
             nonlocal sent
-            while not stop.is_set():
-                async with session.post(
-                    url, data=_body(image_part, stream=False), headers=headers
-                ) as r:
-                    await r.read()
-                    if r.status != 200:
-                        errors.append(f"media {r.status}")
-                sent += 1
+            async with session.post(
+                url, data=_body(image_part, stream=False), headers=headers
+            ) as r:
+                await r.read()
+                if r.status != 200:
+                    errors.append(f"media {r.status}")
+            sent += 1
 
-        streams = [asyncio.create_task(media_stream()) for _ in range(args["media_streams"])]
-        await asyncio.sleep(0.5)  # the media stream is steady before text starts
+        async def media_stream() -> None:
+            # A steady rate: each image leaves on schedule, however long the
+            # previous one takes (back to back when the rate is 0).
+            rate = args["media_rate"]
+            pending: set[asyncio.Task[None]] = set()
+            start = time.perf_counter()
+            k = 0
+            while not stop.is_set():
+                if rate <= 0:
+                    await one_image()
+                    continue
+                task = asyncio.create_task(one_image())
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                k += 1
+                await asyncio.sleep(max(0.0, start + k / rate - time.perf_counter()))
+            await asyncio.gather(*pending)
+
+        stream = asyncio.create_task(media_stream())
+        await asyncio.sleep(1.0)  # the media stream is steady before text starts
         t0 = time.perf_counter()
         beside = await series(text, args["requests"])
-        media_rate = sent / (time.perf_counter() - t0)
+        media_rate = sent / (time.perf_counter() - t0 + 1.0)
         stop.set()
-        await asyncio.gather(*streams)
+        await stream
     return {
         "alone": alone,
         "beside": beside,
@@ -223,7 +245,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             "media_requests": args.media_requests,
             "image_mb": args.image_mb,
             "audio_s": args.audio_s,
-            "media_streams": args.media_streams,
+            "media_rate": args.media_rate,
         }
         proc = ctx.Process(
             target=_client_main,
