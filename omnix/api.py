@@ -27,17 +27,16 @@ import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import numpy as np
 
 from omnix.events.blobs import BlobStore, DiskBlobStore, MemoryBlobStore
 from omnix.events.clock import Clock, SystemClock
-from omnix.events.disklog import LogConfig
 from omnix.events.log import EventLog, LogClosed, MemoryLog
-from omnix.events.retention import RequestStatusKind, Retention, RetentionPolicy
 from omnix.events.reducer import RequestState
+from omnix.events.retention import RequestStatusKind, Retention, RetentionPolicy
 from omnix.events.types import (
     TERMINAL_TYPES,
     Admitted,
@@ -53,13 +52,16 @@ from omnix.events.types import (
 )
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
-from omnix.orchestrator.recovery import recover, restart_inputs
+from omnix.orchestrator.recovery import recover_log, restart_inputs
 from omnix.orchestrator.runtime import Runtime, RuntimeFactory
 from omnix.orchestrator.sequencer import Sequencer
 from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
 from omnix.pipelines.validate import load_pipeline
+
+if TYPE_CHECKING:
+    from omnix.events.disklog import LogConfig
 
 _T = TypeVar("_T")
 
@@ -85,7 +87,8 @@ class ShuttingDown(RuntimeError):
 
 
 class _Default:
-    """The type of ``_DEFAULT``: "not given" where ``None`` means "off"."""
+    """``retention`` not given: on (``RetentionPolicy()``) for a log this
+    ``Omni`` opens, off for a log handed in (its owner may retain it)."""
 
 
 _DEFAULT = _Default()
@@ -151,9 +154,10 @@ class Omni:
     blobs durable (``DIR/events``, ``DIR/blobs``, ``DIR/pipeline.json``).
 
     ``retention``: how long ended requests' events, blobs and state are
-    kept (``RetentionPolicy``; default: 10 minutes, 2,000 requests, 512 MB,
-    whichever passes first; ``None``: keep everything, for offline runs
-    and tests that read the whole log).  Its ``Released`` events go through
+    kept (``RetentionPolicy``; ``None``: keep everything).  Not given, a
+    log this ``Omni`` opens gets ``RetentionPolicy()`` (10 minutes, 2,000
+    requests, 512 MB, whichever passes first) and a ``log`` handed in gets
+    none (its owner may attach its own ``Retention``: one per log).  Its ``Released`` events go through
     the sequencer, so they land between decision cascades; while started, a
     task calls ``retention.sweep()`` every ``sweep_interval_s`` so an idle
     server still lets requests go when the time bound passes.
@@ -178,7 +182,7 @@ class Omni:
         clock: Clock | None = None,
         virtual_time: bool = False,
         resume_within_s: float = 300.0,
-        retention: RetentionPolicy | None | _Default = _DEFAULT,
+        retention: RetentionPolicy | _Default | None = _DEFAULT,
         log_config: LogConfig | None = None,
         sweep_interval_s: float = 1.0,
     ) -> None:
@@ -198,6 +202,7 @@ class Omni:
         #: or those a log it takes over was written under (one log, one
         #: rules version, so replay re-derives every decision)
         self.rules = RULES_VERSION
+        own_log = log is None
         if log is None:
             log = self._open_log(log_config)
         self.log = log
@@ -206,13 +211,14 @@ class Omni:
         self.blobs = blobs
         self.orchestrator = Orchestrator(self.pipeline, rules=self.rules)
         self.sequencer = Sequencer(self.log, self.orchestrator)
-        policy = RetentionPolicy() if isinstance(retention, _Default) else retention
         #: what keeps a long-running server bounded (``None``: retention off)
         self.retention: Retention | None = None
-        if policy is not None:
+        if isinstance(retention, _Default):
+            retention = RetentionPolicy() if own_log else None
+        if retention is not None:
             # Through the sequencer: a release decided while a cascade runs
             # is queued after it, and is an input like any other.
-            self.retention = Retention(self.log, policy, self.blobs, append=self.sequencer.append)
+            self.retention = Retention(self.log, retention, self.blobs, append=self.sequencer.append)
         self.sweep_interval_s = sweep_interval_s
         self._sweeper: asyncio.Task[None] | None = None
         factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
@@ -228,8 +234,11 @@ class Omni:
         self._accepting = False
         self._started = False
         self._stopped = False
-        #: events of an earlier process's log shown to the orchestrator at start
+        #: events of an earlier process's log shown to the orchestrator at
+        #: start, and the position it was shown from (not 0 once the log has
+        #: a point where nothing was in flight: ``recovery.recover_log``)
         self.recovered_events = 0
+        self.recovered_from = 0
 
     def _open_log(self, config: LogConfig | None) -> EventLog:
         if self.log_dir is None:
@@ -263,10 +272,15 @@ class Omni:
             return self
         self._started = True
         resumed = len(self.log) > 0
+        unresumable: tuple[str, ...] = ()
         if resumed:
             # A log an earlier process wrote: its orchestrator's plans and
-            # queues are rebuilt from the log before anything is appended.
-            self.recovered_events = recover(self.orchestrator, self.log.read())
+            # queues are rebuilt from the log before anything is appended
+            # (from the last idle point before the requests in flight).
+            recovered = recover_log(self.orchestrator, self.log)
+            self.recovered_events = recovered.shown
+            self.recovered_from = recovered.start
+            unresumable = recovered.unresumable
         self.log.add_listener(self.dispatcher)
         self.timer.attach(None if self.virtual_time else asyncio.get_running_loop())
         if resumed:
@@ -275,7 +289,12 @@ class Omni:
             oldest = self.clock.now_ns() - int(self.resume_within_s * 1e9)
             requests = self.log.state.requests
             for rid in self.orchestrator.live_requests:
-                if requests[rid].admitted_ts < oldest:
+                if rid in unresumable:
+                    # Its history was released: ended, never continued on a guess.
+                    cancelling = requests[rid].status == "cancelling"
+                    scope = "abort" if cancelling else "resume"
+                    self.sequencer.emit(DeadlineExpired(request_id=rid, scope=scope))
+                elif requests[rid].admitted_ts < oldest:
                     self.sequencer.emit(DeadlineExpired(request_id=rid, scope="resume"))
             for lost in restart_inputs(self.log.state):
                 self.sequencer.emit(lost)
@@ -294,8 +313,7 @@ class Omni:
         assert retention is not None
         while not self.log.closed:
             await asyncio.sleep(self.sweep_interval_s)
-            if self.sequencer.busy or self.log.closed:
-                continue  # inside a cascade (cannot be, between awaits; cheap to check)
+            # Between awaits, so never inside a decision cascade.
             try:
                 retention.sweep()
             except LogClosed:

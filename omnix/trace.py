@@ -31,6 +31,18 @@ target's terminal event, plus every worker event before that segment.
 Every request live at any point of the segment is in it from its
 admission on, and transitively so for the requests those overlapped; see
 ``docs/replay.md`` ("What a trace contains").
+
+The window is bounded (a server that is never idle has no idle point to
+start from, and exporting must not pin its whole history): it starts at
+most ``max_window`` positions before the first target's admission, and on
+a server with retention the requests released before export are gone from
+the log anyway.  What that leaves out is said in the trace
+(``TraceFile.cut``, ``Trace.cut``): where the window was cut, the requests
+left out because they were live across the cut, how many positions inside
+the window retention had released, and how many references (a ``cause``)
+pointed at what was left out (set to -1).  Such a trace folds and shows
+exactly; driving it may diverge where a left-out request's load or queue
+place mattered.
 """
 
 from __future__ import annotations
@@ -75,6 +87,7 @@ __all__ = [
     "TRACE_MAGIC",
     "Trace",
     "TraceCorrupt",
+    "TraceCut",
     "TraceError",
     "TraceFile",
     "DecisionEvent",
@@ -87,7 +100,11 @@ __all__ = [
 ]
 
 TRACE_MAGIC = b"OMNIXTRC"
-TRACE_FORMAT_VERSION = 1
+#: 2: ``TraceFile.cut`` (what a bounded window left out).
+TRACE_FORMAT_VERSION = 2
+#: The most log positions a trace's window reaches back before its first
+#: target's admission (``export_trace(max_window=...)``).
+MAX_WINDOW = 250_000
 _PREFIX = struct.Struct("<8sH")
 _INF = 1 << 62
 
@@ -102,6 +119,33 @@ class TraceError(ValueError):
 class TraceCorrupt(TraceError):
     """A trace whose contents do not agree with themselves: an event that
     does not fold, a state digest or blob digest that does not match."""
+
+
+class TraceCut(msgspec.Struct, frozen=True, kw_only=True):
+    """What a trace's window left out (``None`` on a trace that is whole)."""
+
+    #: source log position the window was cut at (-1: not cut; the gaps
+    #: are retention's)
+    start: int = -1
+    #: requests live across the cut, left out whole (sorted)
+    requests: tuple[str, ...] = ()
+    #: positions inside the window whose events retention had released
+    released_positions: int = 0
+    #: references (``cause``) to left-out events, written as -1
+    references: int = 0
+
+    def describe(self) -> str:
+        parts = []
+        if self.start >= 0:
+            parts.append(
+                f"window cut at log position {self.start}; {len(self.requests)} request(s) live "
+                "across it left out"
+            )
+        if self.released_positions:
+            parts.append(f"{self.released_positions} position(s) in the window released by retention")
+        if self.references:
+            parts.append(f"{self.references} reference(s) to left-out events set to -1")
+        return "; ".join(parts) + " (drive may diverge where those requests mattered)"
 
 
 class TraceFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,6 +164,7 @@ class TraceFile(msgspec.Struct, frozen=True, kw_only=True):
     # Source log position of each trace event as runs (first source pos, count).
     origin: tuple[tuple[int, int], ...]
     blobs: dict[str, bytes]  # digest -> bytes, sorted by digest
+    cut: TraceCut | None = None  # v2: what a bounded window left out
 
 
 _file_encoder = msgspec.msgpack.Encoder()
@@ -147,6 +192,8 @@ class Trace:
     request_digests: dict[str, str]
     origin: tuple[tuple[int, int], ...] = ()
     source: str = "<bytes>"
+    #: what the export's bounded window left out (``None``: nothing)
+    cut: TraceCut | None = None
     _fold: Fold | None = field(default=None, repr=False)
 
     @property
@@ -195,6 +242,7 @@ def export_trace(
     request_ids: Sequence[str] | None,
     *,
     rules_version: int = RULES_VERSION,
+    max_window: int = MAX_WINDOW,
 ) -> bytes:
     """The trace of ``request_ids`` (``None``: the whole log) as bytes.
 
@@ -203,8 +251,13 @@ def export_trace(
     unknown request id or a referenced blob missing from ``blobs``.
     ``rules_version`` is the orchestrator's rules the log was recorded
     under (``Orchestrator.rules`` of the server; by default this omnix's).
+    ``max_window``: how far (log positions) the window may reach back
+    before the first target's admission; past it the window is cut and the
+    trace says so (``TraceCut``).
     """
     n = log.next_pos
+    cut_at = -1
+    left_out: set[str] = set()
     if request_ids is None:
         targets: tuple[str, ...] = ()
         first, last = 0, n - 1
@@ -213,27 +266,54 @@ def export_trace(
         targets = tuple(sorted(set(request_ids)))
         if not targets:
             raise TraceError("no request ids given: name at least one request to export")
-        first, last = _closure_window(log, targets)
+        first, last, t_start = _closure_window(log, targets)
+        if t_start - first > max_window:
+            # Never idle for too long: start later, and leave out whole the
+            # requests live across the new start (their admission is before it).
+            cut_at = first = t_start - max(0, max_window)
+            for rid, rs in log.state.requests.items():
+                s, e = _interval(rs)
+                if s < first <= e:
+                    left_out.add(rid)
         prefix = _worker_positions_before(log, first)
     events: list[Event] = [log.get(p) for p in prefix]
     if last >= first:
         events.extend(log.read(first, last + 1))
-    if any(type(ev) is Released for ev in events) or len(events) != len(prefix) + last + 1 - first:
+    held = len(events)
+    if left_out or any(type(ev) is Released for ev in events) or held != len(prefix) + last + 1 - first:
         # Retention's bookkeeping is about no request of the trace, and a
         # released request's events are gone from the log: number what is
-        # left densely, every reference through the map.
-        events = [ev for ev in events if type(ev) is not Released]
+        # left densely, every reference through the map (a reference to
+        # what is not in the trace becomes -1, counted).
+        released = len(prefix) + last + 1 - first - held
+        events = [
+            ev
+            for ev in events
+            if type(ev) is not Released
+            and not (left_out and isinstance(ev, RequestEvent) and ev.request_id in left_out)
+        ]
         kept = [ev.pos for ev in events]
-        renumbered = _renumber(events, kept, last + 1)
+        missing: list[int] = []
+        renumbered = _renumber(events, kept, last + 1, missing)
         origin = _runs(kept)
+        cut: TraceCut | None = None
+        if cut_at >= 0 or released or missing:
+            cut = TraceCut(
+                start=cut_at,
+                requests=tuple(sorted(left_out)),
+                released_positions=released,
+                references=len(missing),
+            )
     else:
         renumbered = _renumber(events, prefix, first)
         origin = _runs([*prefix, *range(first, last + 1)])
-    return _encode(renumbered, blobs, pipeline, targets, origin, rules_version)
+        cut = None
+    return _encode(renumbered, blobs, pipeline, targets, origin, rules_version, cut)
 
 
-def _closure_window(log: EventLog, targets: tuple[str, ...]) -> tuple[int, int]:
-    """``(first, last)`` log positions of the dependency-closed window."""
+def _closure_window(log: EventLog, targets: tuple[str, ...]) -> tuple[int, int, int]:
+    """``(first, last)`` log positions of the dependency-closed window, and
+    the first target's admission."""
     state = log.state
     starts: list[int] = []
     ends: list[int] = []
@@ -267,7 +347,7 @@ def _closure_window(log: EventLog, targets: tuple[str, ...]) -> tuple[int, int]:
             first = s
         if e > max_end:
             max_end = e
-    return first, last
+    return first, last, t_start
 
 
 def _interval(rs: RequestState) -> tuple[int, int]:
@@ -308,7 +388,12 @@ def _worker_positions_before(log: EventLog, first: int) -> list[int]:
     ]
 
 
-def _renumber(events: list[Event], prefix: list[int], first: int) -> list[Event]:
+def _renumber(
+    events: list[Event], prefix: list[int], first: int, missing: list[int] | None = None
+) -> list[Event]:
+    """Positions ``0..n-1``; a reference to a position in ``prefix`` or at
+    ``first`` or after is mapped; any other is a closure bug, unless
+    ``missing`` is given (a cut window): then it becomes -1 and is listed."""
     base = len(prefix)
     head = {p: i for i, p in enumerate(prefix)}
     replace = msgspec.structs.replace
@@ -321,6 +406,9 @@ def _renumber(events: list[Event], prefix: list[int], first: int) -> list[Event]
         try:
             return head[p]
         except KeyError:
+            if missing is not None:
+                missing.append(p)
+                return -1
             raise TraceError(
                 f"event at log position {ev.pos} ({type(ev).__name__}) refers to position {p}, "
                 f"which is outside the exported window (starting at {first}); this is a bug "
@@ -363,6 +451,7 @@ def _encode(
     targets: tuple[str, ...],
     origin: tuple[tuple[int, int], ...],
     rules_version: int,
+    cut: TraceCut | None = None,
 ) -> bytes:
     f = _fold_checked(events, "<export>")
     digests: set[str] = set()
@@ -392,6 +481,7 @@ def _encode(
         events=encode_events(events),
         origin=origin,
         blobs=payloads,
+        cut=cut,
     )
     return _PREFIX.pack(TRACE_MAGIC, TRACE_FORMAT_VERSION) + _file_encoder.encode(body)
 
@@ -531,6 +621,7 @@ def read_trace(source: str | os.PathLike[str] | bytes, *, verify: bool = True) -
         request_digests=body.request_digests,
         origin=body.origin,
         source=where,
+        cut=body.cut,
     )
     if verify:
         verify_trace(trace)

@@ -20,6 +20,7 @@ BENCHES = {
     "telemetry": "throughput with telemetry on vs off",
     "failover": "client-seen gap of a mid-stream migration; resume after a server restart",
     "serve": "load a live OpenAI-compatible server: chat, audio, speech, images (TTFT, TTFP, RTF, E2EL)",
+    "soak": "server RSS growth per request over 2,000 chat requests with audio (retention)",
 }
 
 

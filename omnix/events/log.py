@@ -56,6 +56,10 @@ OBSERVED_TYPES: frozenset[type] = frozenset(
 )
 
 
+def _never_released(request_id: str) -> bool:
+    return False
+
+
 class LogClosed(RuntimeError):
     pass
 
@@ -110,6 +114,12 @@ class EventLog:
         self.snapshot_pos = 0
         self.loaded_retention: RetentionState | None = None
         self.retention_state: Callable[[], RetentionState] | None = None
+        #: whether a request id was released (retention installs its
+        #: answer): a tail of a released request ends instead of waiting
+        self.released: Callable[[str], bool] = _never_released
+        # Called before retention appends a ``Released``: a reader of the
+        # fold's ended requests (telemetry) records them while they are held.
+        self._release_readers: list[Callable[[], None]] = []
 
     # -- storage hooks ---------------------------------------------------
     def _store(self, ev: Event) -> None:
@@ -184,6 +194,12 @@ class EventLog:
                 for fut in req_waiters:
                     if not fut.done():
                         fut.set_result(None)
+        elif self._req_waiters and type(ev) is Released:
+            # A released request's tail would wait forever: wake it to end.
+            for rid in ev.request_ids:
+                for fut in self._req_waiters.pop(rid, ()):
+                    if not fut.done():
+                        fut.set_result(None)
         if self._listeners:
             self._notify(ev)
         if self._maint_due and not self._dispatching:
@@ -224,6 +240,22 @@ class EventLog:
 
     def remove_housekeeper(self, fn: Callable[[], None]) -> None:
         self._housekeepers.remove(fn)
+
+    def add_release_reader(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` right before retention appends a ``Released`` (the
+        requests it names are still in the fold then): how a reader of
+        ``state.ended`` that polls (the telemetry projection) records every
+        request before it goes.  It must not append."""
+        self._release_readers.append(fn)
+
+    def remove_release_reader(self, fn: Callable[[], None]) -> None:
+        if fn in self._release_readers:
+            self._release_readers.remove(fn)
+
+    def before_release(self) -> None:
+        """Run the release readers (``Retention`` calls it)."""
+        for fn in self._release_readers:
+            fn()
 
     def _notify(self, ev: Event) -> None:
         # Listeners may append; their events are delivered after this one to
@@ -295,10 +327,19 @@ class EventLog:
             else:
                 positions = self._positions_since(request_id, pos)
                 if positions:
-                    for p in positions:
-                        yield self.get(p)
+                    try:
+                        for p in positions:
+                            yield self.get(p)
+                    except EventReleased:
+                        return  # released under a slow reader: its events are gone
                     pos = positions[-1] + 1
                     continue
+                if request_id not in self.state.requests and (
+                    pos > start or self.released(request_id)
+                ):
+                    # Released by retention (while read, or before): nothing
+                    # more will come, and waiting would wait forever.
+                    return
                 pos = max(pos, self.next_pos)
             if self._closed:
                 return

@@ -205,6 +205,7 @@ class Retention:
         self._restore()
         log.set_observer(self._observe)
         log.add_housekeeper(self._housekeep)
+        log.released = self.is_released
         if self._ended and (len(self._ended) > self._max_n or self._over_bytes()):
             self._due(self._due_at)
 
@@ -263,6 +264,8 @@ class Retention:
             self.log.set_observer(None)
         if self._housekeep in self.log._housekeepers:
             self.log.remove_housekeeper(self._housekeep)
+        if self.log.released == self.is_released:
+            self.log.released = lambda _rid: False
 
     # -- the idle trigger -----------------------------------------------------
     def sweep(self) -> Released | None:
@@ -279,6 +282,7 @@ class Retention:
         if not ids:
             return None
         ev = Released(request_ids=tuple(ids), reason="time", ts_ns=now)
+        self.log.before_release()
         self._append(ev)
         return ev
 
@@ -379,6 +383,8 @@ class Retention:
                 ids.append(self._take_oldest())
         if ids:
             out.append(("bytes", ids))
+        if out:
+            self.log.before_release()
         for reason, rids in out:
             self._append(Released(request_ids=tuple(rids), reason=reason, ts_ns=ts))
 

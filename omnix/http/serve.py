@@ -16,9 +16,14 @@ Does not own the runtime (``Omni``/``StageRuntime``), the handlers
                 [--workers-endpoint tcp://0.0.0.0:PORT] [--spawn all|none|STAGE,...]
                 [--worker-token TOKEN] [--allowed-origins ORIGIN,...] [--max-batch N]
                 [--allowed-media-domains HOST,...] [--max-body-mb MB]
+                [--retain 10m] [--retain-requests N] [--retain-bytes 512MB] [--archive]
 
 The event log lives in memory unless ``--log-dir`` is given (then
 ``DIR/events`` and ``DIR/blobs`` are durable and traces survive restarts).
+Either way ended requests are kept for a retention window (the ``--retain``
+flags, docs/retention.md) and then released; asking about one afterwards
+is 410 Gone.  There is no server config file: retention is set by these
+flags (a pipeline config describes the pipeline, not the server).
 """
 
 from __future__ import annotations
@@ -28,13 +33,18 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnix.http.options import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, HttpOptions
+
+if TYPE_CHECKING:
+    from omnix.events.disklog import LogConfig
+    from omnix.events.retention import RetentionPolicy
 
 log = logging.getLogger("omnix.serve")
 
@@ -159,6 +169,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hosts whose http(s) image/audio URLs the server may fetch, comma-separated, "
         "exact names (default: none, media come inline as data: URLs or base64)",
     )
+    parser.add_argument(
+        "--retain",
+        default="10m",
+        metavar="DURATION",
+        help="keep an ended request's events, blobs and trace this long after it ended, then "
+        "release it (asking about it is then 410 Gone): 90s, 10m, 2h, 0 (release at once) or "
+        "off (no time bound) (default 10m)",
+    )
+    parser.add_argument(
+        "--retain-requests",
+        default="2000",
+        metavar="N",
+        help="keep at most N ended requests (the oldest go first); off: no count bound "
+        "(default 2000)",
+    )
+    parser.add_argument(
+        "--retain-bytes",
+        default="512MB",
+        metavar="SIZE",
+        help="keep at most this much of ended requests' events and blobs in memory: 512MB, "
+        "2GB, 100KB or bytes; off: no byte bound (default 512MB)",
+    )
+    parser.add_argument(
+        "--archive",
+        action="store_true",
+        help="with --log-dir: move log segments that hold only released requests to "
+        "DIR/events/archive/ instead of deleting them (omnix trace export and omnix replay "
+        "read them there)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
@@ -182,6 +221,14 @@ async def serve(args: argparse.Namespace) -> int:
         return 2
     if args.max_body_mb <= 0:
         log.error("--max-body-mb must be positive (got %s)", args.max_body_mb)
+        return 2
+    try:
+        retention = retention_policy(args.retain, args.retain_requests, args.retain_bytes)
+    except ValueError as bad:
+        log.error("%s", bad)
+        return 2
+    if args.archive and args.log_dir is None:
+        log.error("--archive moves released log segments aside: it needs --log-dir DIR")
         return 2
     options = HttpOptions(
         api_key=args.api_key,
@@ -208,6 +255,8 @@ async def serve(args: argparse.Namespace) -> int:
                 "worker_token": args.worker_token,
             },
             resume_within_s=args.resume_within,
+            retention=retention,
+            log_config=_log_config(args.archive),
         )
     except (PipelineError, LogError, RuntimeConfigError) as bad:
         # What the operator must fix, in one line: no traceback.
@@ -307,6 +356,78 @@ def run(args: argparse.Namespace) -> int:
         return runner(serve(args))
     except KeyboardInterrupt:
         return 130
+
+
+_DURATION = re.compile(r"^([0-9]+(?:[.][0-9]*)?|[.][0-9]+)\s*(s|m|h|)$")
+_SIZE = re.compile(r"^([0-9]+(?:[.][0-9]*)?|[.][0-9]+)\s*(b|kb|mb|gb|tb|kib|mib|gib|tib|)$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_B = {
+    "": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}  # fmt: skip
+_OFF = ("off", "none", "inf", "unlimited")
+
+
+def parse_duration(text: str, flag: str = "--retain") -> float | None:
+    """``90``, ``90s``, ``10m``, ``2h`` -> seconds; ``off`` -> None."""
+    word = text.strip().lower()
+    if word in _OFF:
+        return None
+    m = _DURATION.match(word)
+    if m is None:
+        raise ValueError(
+            f"{flag} {text!r} is not a duration: give seconds with an optional unit s, m or h "
+            "(90s, 10m, 2h), 0 to release at once, or off for no time bound"
+        )
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def parse_size(text: str, flag: str = "--retain-bytes") -> int | None:
+    """``512MB``, ``2GB``, ``100KB``, ``4096`` -> bytes (binary units:
+    1 KB = 1024 bytes); ``off`` -> None."""
+    word = text.strip().lower()
+    if word in _OFF:
+        return None
+    m = _SIZE.match(word)
+    if m is None:
+        raise ValueError(
+            f"{flag} {text!r} is not a size: give bytes with an optional unit KB, MB or GB "
+            "(512MB, 2GB), or off for no byte bound"
+        )
+    return int(float(m.group(1)) * _UNIT_B[m.group(2)])
+
+
+def parse_count(text: str, flag: str = "--retain-requests") -> int | None:
+    """``2000`` -> 2000; ``off`` -> None."""
+    word = text.strip().lower()
+    if word in _OFF:
+        return None
+    if not word.isdigit():
+        raise ValueError(
+            f"{flag} {text!r} is not a count: give a whole number of requests (0 or more), "
+            "or off for no count bound"
+        )
+    return int(word)
+
+
+def retention_policy(retain: str, requests: str, size: str) -> RetentionPolicy:
+    """The ``RetentionPolicy`` the ``--retain*`` flags ask for; ``ValueError``
+    (one line naming the flag) for a value that is not one."""
+    from omnix.events.retention import RetentionPolicy
+
+    return RetentionPolicy(
+        window_s=parse_duration(retain),
+        max_requests=parse_count(requests),
+        max_bytes=parse_size(size),
+    )
+
+
+def _log_config(archive: bool) -> LogConfig | None:
+    if not archive:
+        return None
+    from omnix.events.disklog import LogConfig
+
+    return LogConfig(archive=True)
 
 
 def _domains(value: str) -> frozenset[str]:

@@ -216,6 +216,21 @@ class Orchestrator:
             out += self._flush(plan, stage, ev, state)
         return out
 
+    def adopt(self, ev: Admitted) -> None:
+        """Know a request in flight whose history cannot be re-derived (a
+        restart after retention released what it depended on): a plan with
+        nothing placed, so the server can end it (``DeadlineExpired(resume)``
+        fails it) without a load or queue place it does not hold."""
+        needed = self.graph.needed_stages(tuple(ev.spec.outputs))
+        edges = {
+            (e.source, e.target): _EdgeBuf()
+            for n in needed
+            for e in self.graph.out_edges[n]
+            if e.target in needed
+        }
+        targets = {n: _Target(done=True) for n in needed}
+        self._live[ev.request_id] = _Plan(ev.request_id, ev.pos, needed, targets, edges)
+
     def _on_chunk(self, ev: Chunk, state: Fold) -> list[Event]:
         plan = self._live.get(ev.request_id)
         if plan is None or state.requests[ev.request_id].status == "cancelling":

@@ -17,6 +17,22 @@ sequencer would have appended it, and checks on the way that the rules
 still make the decisions that were recorded.  The result is exactly the
 state ``omnix replay --drive`` reaches on the same log.
 
+``recover_log`` does it from the last idle point before the oldest request
+still in flight (a position no earlier request was live across, as a
+trace's window starts: ``omnix/trace.py``), not from position 0: there the
+orchestrator's state is its replicas alone (no plan, no queue, no load),
+so it is shown the worker events before that point and then the log from
+it, checked decision by decision.  Reading is thus bounded by the requests
+in flight and the retention window, not by history, and works on a log
+whose ended requests retention released (their events are gone; a
+``DiskLog`` reopened from a snapshot indexes only the retained suffix).
+If retention released a request inside that stretch (it ended, but
+overlapped one still in flight), the decisions there cannot be checked
+nor re-derived: the orchestrator is then given the replicas and a bare
+plan for each request in flight, and those requests are returned as not
+resumable (the server fails them, ``not_resumed``) rather than continued
+on a guess.
+
 A server killed with SIGKILL wrote no ``WorkerLost`` for its replicas; in
 the recovered fold they are still joined, and the new process's workers
 could never join over them.  The restart records their loss as inputs, so
@@ -31,8 +47,16 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from omnix.events.reducer import Fold, IllegalTransition
-from omnix.events.types import Event, RequestEvent, WorkerJoined, WorkerLost, is_decision
+from omnix.events.log import EventLog
+from omnix.events.reducer import TERMINAL_STATUSES, Fold, IllegalTransition
+from omnix.events.types import (
+    Admitted,
+    Event,
+    RequestEvent,
+    WorkerJoined,
+    WorkerLost,
+    is_decision,
+)
 from omnix.orchestrator.decide import Orchestrator
 
 #: ``WorkerLost.reason`` for the replicas of a process that did not stop cleanly
@@ -43,14 +67,105 @@ class RecoveryError(RuntimeError):
     """The recorded log cannot be taken over by this orchestrator."""
 
 
-def recover(orchestrator: Orchestrator, events: Iterable[Event]) -> int:
-    """Show ``events`` (a whole log, in order) to a fresh ``orchestrator``
-    as the live sequencer did; returns how many events were shown.
+class Recovered(msgspec.Struct, frozen=True):
+    """What ``recover_log`` did."""
+
+    #: events shown to the orchestrator (worker events before the start included)
+    shown: int
+    #: the log position it was shown from (0: the whole log)
+    start: int
+    #: requests in flight that cannot be resumed (see the module docstring)
+    unresumable: tuple[str, ...] = ()
+
+
+def recover_log(orchestrator: Orchestrator, log: EventLog) -> Recovered:
+    """Bring a fresh ``orchestrator`` to the end of ``log`` (see the module
+    docstring).  Raises ``RecoveryError`` as ``recover`` does."""
+    state = log.state
+    intervals = sorted(
+        (
+            rs.admitted_pos if rs.admitted_pos >= 0 else rs.terminal_pos,
+            rs.terminal_pos if rs.status in TERMINAL_STATUSES else _INF,
+        )
+        for rs in state.requests.values()
+    )
+    live = [s for s, e in intervals if e >= _INF]
+    n = log.next_pos
+    start = n
+    if live:
+        # The last idle point at or before the oldest live request's start.
+        oldest = min(live)
+        max_end = -1
+        for s, e in intervals:
+            if s > oldest:
+                break
+            if max_end < s:
+                start = s
+            max_end = max(max_end, e)
+    fold = Fold()
+    shown = _show_workers(orchestrator, fold, _worker_events_before(log, start))
+    if start >= n:
+        return Recovered(shown=shown, start=start)
+    window = list(log.read(start))
+    if len(window) == n - start:
+        return Recovered(shown=shown + recover(orchestrator, window, fold), start=start)
+    # Retention released a request inside the window: nothing to check
+    # the decisions against.  The replicas as the log leaves them, and a
+    # bare plan per request in flight, which the server fails.
+    shown += _show_workers(orchestrator, fold, (ev for ev in window if type(ev) in _WORKER))
+    rids = []
+    for rs in sorted(state.requests.values(), key=lambda r: r.admitted_pos):
+        if rs.status in TERMINAL_STATUSES:
+            continue
+        adm = log.get(rs.admitted_pos)
+        if type(adm) is Admitted:
+            orchestrator.adopt(adm)
+            rids.append(rs.request_id)
+    return Recovered(shown=shown, start=start, unresumable=tuple(rids))
+
+
+_INF = 1 << 62
+_WORKER = (WorkerJoined, WorkerLost)
+
+
+def _worker_events_before(log: EventLog, start: int) -> list[Event]:
+    """Every worker event the log still holds before ``start``."""
+    if start <= 0:
+        return []
+    workers = log.state.workers.values()
+    if all(ws.incarnation == 1 for ws in workers):
+        # Each worker joined once: the fold knows both positions, no scan.
+        pos = [ws.joined_pos for ws in workers if 0 <= ws.joined_pos < start]
+        pos += [ws.lost_pos for ws in workers if 0 <= ws.lost_pos < start]
+        return [log.get(p) for p in sorted(pos)]
+    return [ev for ev in log.read(0, start) if type(ev) in _WORKER]
+
+
+def _show_workers(orchestrator: Orchestrator, fold: Fold, events: Iterable[Event]) -> int:
+    """Fold and show worker events with no request in flight (they decide
+    nothing then); one the fold refuses (an incarnation whose join was
+    released) is skipped."""
+    shown = 0
+    for ev in events:
+        try:
+            fold.apply(ev)
+        except IllegalTransition:
+            continue
+        orchestrator.react(ev, fold)
+        shown += 1
+    return shown
+
+
+def recover(orchestrator: Orchestrator, events: Iterable[Event], fold: Fold | None = None) -> int:
+    """Show ``events`` (a whole log, or from an idle point on with the
+    worker events before it already in ``fold``), in order, to a fresh
+    ``orchestrator`` as the live sequencer did; returns how many events
+    were shown.
 
     Raises ``RecoveryError`` naming the first position where the rules
     decide differently from the record (another rules version, or a log
     that a different pipeline config wrote)."""
-    fold = Fold()
+    fold = fold if fold is not None else Fold()
     it: Iterator[Event] = iter(events)
     ahead: Event | None = None  # a recorded event read but not yet consumed
     shown = 0

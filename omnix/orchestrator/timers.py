@@ -10,7 +10,11 @@ because the expiry is an event, replay needs no clock.
 
 Event-driven, never polling: nothing runs until the earliest due time.  A
 heap entry made stale by later activity is re-checked when it fires and
-re-armed for the new due time.
+re-armed for the new due time.  Entries of requests that ended (or whose
+earlier entry supersedes them) are dropped in bulk once they outnumber the
+armed ones, so the heap stays proportional to the requests in flight on a
+server that never reaches a request's far deadline (a heap census found it
+growing by one entry per request otherwise).
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ class DeadlineTimer:
         events, and for every live request of a log taken over at start."""
         due = self.orchestrator.due_times(rid, self.sequencer.log.state)
         if not due:
-            self._armed.pop(rid, None)
+            if self._armed.pop(rid, None) is not None and len(self._heap) > 2 * len(self._armed) + 1024:
+                self._compact()
             return
         t = due[0][0]
         armed = self._armed.get(rid)
@@ -87,6 +92,13 @@ class DeadlineTimer:
             self._armed[rid] = t
             heapq.heappush(self._heap, (t, rid))
             self._rearm()
+
+    def _compact(self) -> None:
+        """Keep only each armed request's entry (its earliest: a later one
+        would only re-check it); the handle stays armed for the earliest,
+        which is among them."""
+        self._heap = [(t, rid) for rid, t in self._armed.items()]
+        heapq.heapify(self._heap)
 
     def _rearm(self) -> None:
         if self._closed or self._loop is None or not self._heap:

@@ -208,6 +208,36 @@ INSTRUMENTS: tuple[InstrumentSpec, ...] = (
         "Stage replicas joined and not lost.",
     ),
     InstrumentSpec(
+        "omnix.log.retained_events",
+        "{event}",
+        "gauge",
+        ("pipeline",),
+        "Request events the log holds for retained requests (in flight and ended within "
+        "the retention window).",
+    ),
+    InstrumentSpec(
+        "omnix.log.retained_bytes",
+        "By",
+        "gauge",
+        ("pipeline",),
+        "Approximate encoded bytes of those events (what the --retain-bytes bound counts, "
+        "with the blobs).",
+    ),
+    InstrumentSpec(
+        "omnix.blobs.retained_bytes",
+        "By",
+        "gauge",
+        ("pipeline",),
+        "Bytes of the distinct blobs retained events refer to.",
+    ),
+    InstrumentSpec(
+        "omnix.requests.retained",
+        "{request}",
+        "gauge",
+        ("pipeline",),
+        "Requests whose events and state are held: in flight, and ended within the window.",
+    ),
+    InstrumentSpec(
         "omnix.telemetry.dropped",
         "{event}",
         "counter",

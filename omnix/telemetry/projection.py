@@ -29,14 +29,25 @@ Live (``run``), it wakes at most once per ``interval_s`` while the log
 grows and sleeps while it does not.
 
 Standalone (``observe``, for traces and tests) it folds privately and keeps
-per request only the events a span reads back, released at the end.
+per request only the events a span reads back, released at the end; the
+ended requests it recorded leave its private fold's ``ended`` list too.
+
+Bounded on a server that runs for months: it holds no per-request map of
+its own.  Retention (``omnix.events.retention``) takes released requests
+off the front of the fold's ``ended`` (``Fold.ended_dropped`` counts
+them), so the projection keeps its place as an absolute count of ended
+requests (``ended_dropped`` plus an index) and never goes backwards; and
+``run`` registers a release reader on the log, so it records every
+request right before a ``Released`` drops it, whatever its poll interval.
+The retention gauges (``omnix_requests_retained``...) read a
+``RetentionCounters`` given with ``follow_retention``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import get_args
+from collections.abc import Callable, Iterable
+from typing import Protocol, get_args
 
 from omnix.events.log import EventLog
 from omnix.events.reducer import (
@@ -61,6 +72,22 @@ from omnix.telemetry.spans import SpanWriter
 DEFAULT_SAMPLE_RATE = 24_000
 
 
+class RetentionCounters(Protocol):
+    """What the retention gauges read (``omnix.events.retention.Retention``)."""
+
+    @property
+    def retained_events(self) -> int: ...
+
+    @property
+    def retained_bytes(self) -> int: ...
+
+    @property
+    def blobs_retained_bytes(self) -> int: ...
+
+    @property
+    def requests_retained(self) -> int: ...
+
+
 class Projection:
     """Events in, observations and spans out.  See the module docstring."""
 
@@ -83,9 +110,16 @@ class Projection:
         #: the log position ``run``/``catch_up`` has seen up to
         self.position = 0
         # The fold being read (the live log's or the standalone one's) and
-        # how many of its ended requests were recorded.
+        # how many of its ended requests were recorded, counted from the
+        # first one it ever had (``fold.ended[k - fold.ended_dropped]`` is
+        # the k-th): retention drops recorded ones off the list's front.
         self._fold: Fold | None = None
         self._ended_seen = 0
+        #: ended requests released before this projection read them (a log
+        #: without ``run``'s release reader): counted, not measured
+        self.ended_missed = 0
+        self._recorded = 0
+        self._retention: RetentionCounters | None = None
         self._own: BufferSource | None = None
         self._dropped = 0
         self._ended = EndedRequests(metrics, sample_rate)
@@ -100,6 +134,13 @@ class Projection:
         m.sum("omnix.requests.active").callback = self._active_points
         m.sum("omnix.workers.ready").callback = self._worker_points
         m.sum("omnix.telemetry.dropped").callback = self._dropped_points
+        for name, attr in (
+            ("omnix.log.retained_events", "retained_events"),
+            ("omnix.log.retained_bytes", "retained_bytes"),
+            ("omnix.blobs.retained_bytes", "blobs_retained_bytes"),
+            ("omnix.requests.retained", "requests_retained"),
+        ):
+            m.sum(name).callback = self._retention_points(attr)
         if pipeline:
             # Refusals and cancellations by every known reason start at 0, so
             # rate() has a series before the first one happens.
@@ -110,8 +151,22 @@ class Projection:
 
     @property
     def requests_ended(self) -> int:
-        """Requests whose end this projection recorded."""
-        return self._ended_seen if self._fold is not None else 0
+        """Requests whose end this projection recorded (never decreases)."""
+        return self._recorded
+
+    def follow_retention(self, retention: RetentionCounters | None) -> None:
+        """Export ``retention``'s counters as the ``omnix.*.retained*`` gauges."""
+        self._retention = retention
+
+    def _retention_points(self, attr: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+        def points() -> list[tuple[tuple[str, ...], float]]:
+            # 0 until a server's retention is followed (a trace, a log read
+            # offline: nothing is retained there): exposed from the start.
+            ret = self._retention
+            value = 0.0 if ret is None else float(getattr(ret, attr))
+            return [((self.pipeline,), value)]
+
+        return points
 
     # -- feeding -----------------------------------------------------------
     def observe(self, ev: Event) -> None:
@@ -124,8 +179,9 @@ class Projection:
         except IllegalTransition:
             self._dropped += 1
             return
-        if len(own.fold.ended) > self._ended_seen or self._fold is not own.fold:
-            self._poll(own.fold, own)
+        fold = own.fold
+        if len(fold.ended) + fold.ended_dropped > self._ended_seen or self._fold is not fold:
+            self._poll(fold, own)
 
     def observe_many(self, events: Iterable[Event]) -> None:
         for ev in events:
@@ -166,13 +222,21 @@ class Projection:
         """
         if start is not None:
             self._start_at(log, start)
-        while True:
+
+        def before_release() -> None:
             self.catch_up(log)
-            if log.closed and self.position >= log.next_pos:
-                return
-            await log.wait_for(self.position)
-            if interval_s > 0 and not log.closed:
-                await self._pause(interval_s)
+
+        log.add_release_reader(before_release)
+        try:
+            while True:
+                self.catch_up(log)
+                if log.closed and self.position >= log.next_pos:
+                    return
+                await log.wait_for(self.position)
+                if interval_s > 0 and not log.closed:
+                    await self._pause(interval_s)
+        finally:
+            log.remove_release_reader(before_release)
 
     async def _pause(self, seconds: float) -> None:
         # asyncio.sleep that ``wake()`` can cut short (on close, on shutdown).
@@ -203,16 +267,22 @@ class Projection:
                 break
             k -= 1
         self._fold = fold
-        self._ended_seen = k
+        self._ended_seen = fold.ended_dropped + k
         self.position = start
 
     def _poll(self, fold: Fold, src: EventSource) -> None:
         if fold is not self._fold:
             self._fold = fold
-            self._ended_seen = 0
+            self._ended_seen = fold.ended_dropped
         ended = fold.ended
+        dropped = fold.ended_dropped
+        i = self._ended_seen - dropped
+        if i < 0:
+            # Released before this projection read them: lost to it.
+            self.ended_missed -= i
+            self._ended_seen = dropped
+            i = 0
         n = len(ended)
-        i = self._ended_seen
         if i == n:
             return
         audio = fold.audio_samples
@@ -221,11 +291,17 @@ class Projection:
         while i < n:
             rid = ended[i]
             i += 1
-            self._ended_seen = i
+            self._ended_seen = dropped + i
+            self._recorded += 1
             rs = requests.get(rid) or src.request(rid)
             if rs is not None and rs.status in TERMINAL_STATUSES:
                 record(rs, audio.get(rid, 0), src)
             # else: not in the fold (a log that dropped it): nothing sound to measure
+        if type(src) is BufferSource and src.fold is fold:
+            # The private fold: what was recorded is released (see
+            # ``BufferSource.release``); its ids leave ``ended`` too.
+            del ended[:i]
+            fold.ended_dropped += i
 
     # -- ended requests -------------------------------------------------------
     def _record_end(self, rs: RequestState, audio: int, src: EventSource) -> None:
@@ -271,9 +347,9 @@ class Projection:
         fold = self._fold
         if fold is None:
             return [((self.pipeline,), 0)]
-        own = self._own
-        released = own.released if own is not None and own.fold is fold else 0
-        active = len(fold.requests) - (len(fold.ended) - released)
+        # Ended requests still in the fold are exactly those in ``ended``
+        # (retention and the standalone release drop both together).
+        active = len(fold.requests) - len(fold.ended)
         return [((self.pipeline,), max(active, 0))]
 
     def _worker_points(self) -> list[tuple[tuple[str, ...], float]]:

@@ -38,7 +38,7 @@ from omnix.events.log import EventLog
 from omnix.events.types import Event
 from omnix.pipelines.config import CodecArgs, PipelineConfig
 from omnix.telemetry.metrics import MetricSet
-from omnix.telemetry.projection import DEFAULT_SAMPLE_RATE, Projection
+from omnix.telemetry.projection import DEFAULT_SAMPLE_RATE, Projection, RetentionCounters
 from omnix.telemetry.spans import SpanWriter
 
 _HTTP = "http/protobuf"
@@ -256,6 +256,11 @@ class Telemetry:
     def catch_up(self, log: EventLog) -> int:
         """Read what ``log`` has beyond the projection's position, now."""
         return self.projection.catch_up(log)
+
+    def follow_retention(self, retention: RetentionCounters | None) -> None:
+        """Export a server's retention counters (``omnix.events.retention.
+        Retention``) as the ``omnix_*_retained*`` gauges."""
+        self.projection.follow_retention(retention)
 
     # -- outputs -------------------------------------------------------------
     def prometheus_text(self, accept: str = "") -> tuple[str, bytes]:

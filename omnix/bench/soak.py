@@ -1,0 +1,209 @@
+"""``omnix bench soak``: does a long-running server's memory stay flat?
+
+Owns: one measurement.  ``omnix serve`` (the default pipeline, tiny-omni,
+real engines, an in-memory log) runs as a subprocess on a free port with
+``--retain-requests N`` (default 200), so the retention window is full
+once the warm-up is over.  A client in this process sends ``--warmup``
+chat requests with audio output (``modalities: ["text", "audio"]``,
+non-streamed), then ``--requests`` more at ``--concurrency``, and reads the
+server process's RSS (psutil; the ``omnix serve`` process alone, not its
+worker processes: the engines' memory is theirs and vLLM's) before and
+after those.  The figure is the RSS growth per request over the measured
+requests (target: at most 2 KB per request; before retention ~130 KB).
+``retained_requests`` is ``omnix_requests_retained`` from ``/metrics`` at
+the end.  ``--json`` prints one JSON object on the last line.
+
+Does not own the server (``omnix serve``), retention
+(``omnix.events.retention``) or what the engines cost (``omnix bench
+engines``).  Runs real vLLM engines: on a shared machine wrap it in
+``flock /tmp/omnix-engine.lock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omnix.bench.loop import run_on_loop
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--warmup", type=int, default=500, help="requests before measuring (default 500)")
+    parser.add_argument("--requests", type=int, default=2000, help="requests measured (default 2000)")
+    parser.add_argument("--concurrency", type=int, default=10, help="requests in flight (default 10)")
+    parser.add_argument(
+        "--retain-requests", type=int, default=200, help="the server's --retain-requests (default 200)"
+    )
+    parser.add_argument("--pipeline", default=None, help="pipeline to serve (default: omnix serve's)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=16, help="max_completion_tokens per request (default 16)"
+    )
+    parser.add_argument("--model-dir", default=None, help="tiny model dir (default $OMNIX_MODEL_DIR)")
+    parser.add_argument(
+        "--start-timeout", type=float, default=900.0, help="seconds the server gets to be ready"
+    )
+
+
+async def _start_server(
+    args: argparse.Namespace,
+) -> tuple[asyncio.subprocess.Process, str, asyncio.Task[None]]:
+    cmd = [
+        sys.executable, "-m", "omnix.cli", "serve", "--port", "0",
+        "--retain-requests", str(args.retain_requests),
+    ]  # fmt: skip
+    if args.pipeline:
+        cmd += ["--pipeline", args.pipeline]
+    proc = await asyncio.create_subprocess_exec(
+        *cmd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    url = ""
+    assert proc.stdout is not None
+    async with asyncio.timeout(args.start_timeout):
+        while True:
+            line = (await proc.stdout.readline()).decode()
+            if not line:
+                raise RuntimeError("omnix serve exited:\n" + "".join(lines[-30:]))
+            lines.append(line)
+            if m := re.search(r"listening on (http://\S+)", line):
+                url = m.group(1)
+            if "ready in" in line:
+                break
+
+    async def drain() -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            lines.append(line.decode())
+            del lines[:-200]
+
+    return proc, url, asyncio.get_running_loop().create_task(drain())
+
+
+async def _load(url: str, n: int, concurrency: int, max_tokens: int) -> tuple[int, int]:
+    """``n`` chat requests with audio output; (ok, errors)."""
+    import aiohttp
+
+    body = {
+        "messages": [{"role": "user", "content": "Say something about the sea."}],
+        "modalities": ["text", "audio"],
+        "audio": {"format": "wav", "voice": "alloy"},
+        "max_completion_tokens": max_tokens,
+    }
+    ok = errors = 0
+    started = 0
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency), timeout=timeout
+    ) as http:
+
+        async def client() -> None:
+            nonlocal ok, errors, started
+            while started < n:
+                started += 1
+                async with http.post(url + "/v1/chat/completions", json=body) as r:
+                    await r.read()
+                    if r.status == 200:
+                        ok += 1
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    return ok, errors
+
+
+async def _metric(url: str, name: str) -> float | None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    import psutil
+
+    from omnix.models.prepare import prepare_models
+    from omnix.pipelines.registry import DEFAULT_PIPELINE
+    from omnix.pipelines.validate import load_pipeline
+
+    # Builds what is missing and exports OMNIX_MODEL_DIR (the server inherits it).
+    prepare_models(
+        load_pipeline(args.pipeline or DEFAULT_PIPELINE), Path(args.model_dir) if args.model_dir else None
+    )
+    res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+    t0 = time.perf_counter()
+    proc, url, drain = await _start_server(args)
+    res["server_ready_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        server = psutil.Process(proc.pid)
+        w_ok, w_err = await _load(url, args.warmup, args.concurrency, args.max_tokens)
+        await asyncio.sleep(1.0)  # the projection and the sweep catch up
+        rss0 = server.memory_info().rss
+        t1 = time.perf_counter()
+        ok, errors = await _load(url, args.requests, args.concurrency, args.max_tokens)
+        elapsed = time.perf_counter() - t1
+        await asyncio.sleep(1.0)
+        rss1 = server.memory_info().rss
+        retained = await _metric(url, "omnix_requests_retained")
+    finally:
+        drain.cancel()
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+    res.update(
+        {
+            "rss_growth_kb_per_request": round((rss1 - rss0) / 1024 / max(1, args.requests), 3),
+            "requests": args.requests,
+            "rss_start_mb": round(rss0 / 2**20, 1),
+            "rss_end_mb": round(rss1 / 2**20, 1),
+            "retained_requests": None if retained is None else int(retained),
+            "retain_requests": args.retain_requests,
+            "warmup": args.warmup,
+            "warmup_errors": w_err,
+            "warmup_ok": w_ok,
+            "ok": ok,
+            "errors": errors,
+            "concurrency": args.concurrency,
+            "requests_per_s": round(args.requests / elapsed, 2) if elapsed else None,
+            "rss_measured": "the omnix serve process only (not its worker processes)",
+            "load_average_end": round(os.getloadavg()[0], 2),
+        }
+    )
+    return res
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.warmup < 0 or args.requests < 1 or args.concurrency < 1:
+        raise SystemExit("omnix bench soak: --requests and --concurrency must be >= 1, --warmup >= 0")
+    res = run_on_loop(_bench(args))
+    if not args.json:
+        print(
+            f"server RSS {res['rss_start_mb']} MB -> {res['rss_end_mb']} MB over {res['requests']} "
+            f"chat requests with audio ({res['errors']} errors): "
+            f"{res['rss_growth_kb_per_request']} KB per request (target <= 2); "
+            f"{res['retained_requests']} requests retained (--retain-requests {res['retain_requests']})"
+        )
+        print(
+            f"load average (1 min) {res['load_average_start']} at start, {res['load_average_end']} at end, "
+            f"on {res['cpus']} CPUs"
+        )
+    else:
+        print(json.dumps(res))
+    return 0 if res["errors"] == 0 else 1
