@@ -1264,14 +1264,6 @@ class DiskLog(EventLog):
             return rs.admitted_pos if rs.admitted_pos >= 0 else rs.terminal_pos
         return self.state.next_pos
 
-    def _worker_positions(self) -> set[int]:
-        out: set[int] = set()
-        for ws in self.state.workers.values():
-            out.add(ws.joined_pos)
-            if ws.lost_pos >= 0:
-                out.add(ws.lost_pos)
-        return out
-
     def snapshot(self) -> Path:
         """Write a snapshot of the fold now (``DIR/snapshots``), then let go of
         the snapshots and segments no longer needed; returns its path.

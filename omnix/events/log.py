@@ -380,6 +380,16 @@ class EventLog:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _worker_positions(self) -> set[int]:
+        """Positions of the worker events the fold still refers to (kept
+        when the requests around them are released)."""
+        out: set[int] = set()
+        for ws in self.state.workers.values():
+            out.add(ws.joined_pos)
+            if ws.lost_pos >= 0:
+                out.add(ws.lost_pos)
+        return out
+
 
 #: What a released slot of ``MemoryLog._events`` holds: a sentinel of the
 #: event type (so the list stays ``list[Event]``), compared by identity.
@@ -460,14 +470,6 @@ class MemoryLog(EventLog):
         self._holes += holes
         if self._holes >= self._trim_at:
             self._trim()
-
-    def _worker_positions(self) -> set[int]:
-        out: set[int] = set()
-        for ws in self.state.workers.values():
-            out.add(ws.joined_pos)
-            if ws.lost_pos >= 0:
-                out.add(ws.lost_pos)
-        return out
 
     def _trim(self) -> None:
         events = self._events
