@@ -75,8 +75,6 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
-    WorkerJoined,
-    WorkerLost,
     is_decision,
 )
 from omnix.orchestrator.decide import RULES_VERSION
@@ -275,7 +273,7 @@ def export_trace(
                 s, e = _interval(rs)
                 if s < first <= e:
                     left_out.add(rid)
-        prefix = _worker_positions_before(log, first)
+        prefix = log.worker_positions_before(first)
     events: list[Event] = [log.get(p) for p in prefix]
     if last >= first:
         events.extend(log.read(first, last + 1))
@@ -371,21 +369,6 @@ def _cascade_end(log: EventLog, pos: int) -> int:
             last = ev.pos
         p += len(batch)
     return last
-
-
-def _worker_positions_before(log: EventLog, first: int) -> list[int]:
-    """Positions of every WorkerJoined/WorkerLost before ``first``."""
-    if first <= 0:
-        return []
-    workers = log.state.workers.values()
-    if all(ws.incarnation == 1 for ws in workers):
-        # Each worker joined once: the fold knows both positions, no scan.
-        out = [ws.joined_pos for ws in workers if 0 <= ws.joined_pos < first]
-        out += [ws.lost_pos for ws in workers if 0 <= ws.lost_pos < first]
-        return sorted(out)
-    return [
-        ev.pos for ev in log.read(0, first) if isinstance(ev, (WorkerJoined, WorkerLost))
-    ]
 
 
 def _renumber(

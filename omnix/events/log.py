@@ -380,6 +380,20 @@ class EventLog:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def worker_positions_before(self, first: int) -> list[int]:
+        """Positions of every ``WorkerJoined``/``WorkerLost`` the log holds
+        before ``first``, in order (a restart's recovery and a trace's
+        prefix show them: they outlive the requests around them)."""
+        if first <= 0:
+            return []
+        workers = self.state.workers.values()
+        if all(ws.incarnation == 1 for ws in workers):
+            # Each worker joined once: the fold knows both positions, no scan.
+            out = [ws.joined_pos for ws in workers if 0 <= ws.joined_pos < first]
+            out += [ws.lost_pos for ws in workers if 0 <= ws.lost_pos < first]
+            return sorted(out)
+        return [ev.pos for ev in self.read(0, first) if isinstance(ev, (WorkerJoined, WorkerLost))]
+
     def _worker_positions(self) -> set[int]:
         """Positions of the worker events the fold still refers to (kept
         when the requests around them are released)."""

@@ -103,7 +103,7 @@ def recover_log(orchestrator: Orchestrator, log: EventLog) -> Recovered:
                 start = s
             max_end = max(max_end, e)
     fold = Fold()
-    shown = _show_workers(orchestrator, fold, _worker_events_before(log, start))
+    shown = _show_workers(orchestrator, fold, [log.get(p) for p in log.worker_positions_before(start)])
     if start >= n:
         return Recovered(shown=shown, start=start)
     window = list(log.read(start))
@@ -126,19 +126,6 @@ def recover_log(orchestrator: Orchestrator, log: EventLog) -> Recovered:
 
 _INF = 1 << 62
 _WORKER = (WorkerJoined, WorkerLost)
-
-
-def _worker_events_before(log: EventLog, start: int) -> list[Event]:
-    """Every worker event the log still holds before ``start``."""
-    if start <= 0:
-        return []
-    workers = log.state.workers.values()
-    if all(ws.incarnation == 1 for ws in workers):
-        # Each worker joined once: the fold knows both positions, no scan.
-        pos = [ws.joined_pos for ws in workers if 0 <= ws.joined_pos < start]
-        pos += [ws.lost_pos for ws in workers if 0 <= ws.lost_pos < start]
-        return [log.get(p) for p in sorted(pos)]
-    return [ev for ev in log.read(0, start) if type(ev) in _WORKER]
 
 
 def _show_workers(orchestrator: Orchestrator, fold: Fold, events: Iterable[Event]) -> int:
