@@ -1,7 +1,8 @@
 """The engine protocol every stage implementation speaks.
 
 Owns: ``Engine`` (start, generate with streaming input and output, abort,
-close) and ``load_engine``, which builds the class a pipeline's engine kind
+close), ``ProfilingEngine`` (what an engine that profiles its own
+processes adds) and ``load_engine``, which builds the class a pipeline's engine kind
 names.  Does not own the values that cross it (``omnix.transport.work``),
 the registry of kinds (``omnix.pipelines.engines``), processes or sockets
 (``worker.py``, ``omnix.transport``) nor any model code
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from omnix.pipelines.engines import ENGINE_CLASSES
@@ -57,6 +59,22 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         ...
+
+
+@runtime_checkable
+class ProfilingEngine(Protocol):
+    """An engine with a profiler of its own (vLLM's: the engine core and
+    the worker's process both); the worker then runs no profiler of its
+    own (``omnix.stages.profiler``): two torch profilers in one process do
+    not mix."""
+
+    def prepare_profiling(self, directory: Path) -> None:
+        """Before ``start``: traces will go under ``directory``."""
+        ...
+
+    async def start_profile(self) -> None: ...
+
+    async def stop_profile(self) -> None: ...
 
 
 def load_engine(kind: str, args: Any) -> Engine:

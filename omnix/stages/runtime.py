@@ -54,8 +54,10 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import zmq
 
 import omnix
@@ -192,6 +194,16 @@ class _Slot:
         return f"stage {self.stage!r} replica {self.replica}"
 
 
+class ProfileReport(msgspec.Struct, frozen=True):
+    """One replica's answer to a profiler start or stop: ``detail`` is where
+    its traces go (start), the file written (stop), or what went wrong."""
+
+    stage: str
+    replica: int
+    ok: bool
+    detail: str
+
+
 class StageRuntime:
     """Runs a pipeline's stage workers.  See the module docstring and docs/runtime.md."""
 
@@ -217,6 +229,7 @@ class StageRuntime:
         vllm_cpu_placement: Literal["spread", "vllm"] = "spread",
         pin_server: bool = False,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+        profile_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
             raise ValueError(
@@ -266,6 +279,10 @@ class StageRuntime:
         if shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)")
         self.shutdown_grace_s = shutdown_grace_s
+        # Where workers write profiler traces (DIR/<stage>/<replica>); None:
+        # profiling is off and PROFILE is never sent.
+        self.profile_dir = Path(profile_dir).resolve() if profile_dir is not None else None
+        self._profile_waits: dict[str, asyncio.Future[m.Profiled]] = {}  # by worker token
         self._tmpdir: str | None = None
         if endpoint is None:
             endpoint, self._tmpdir = default_ipc_endpoint()
@@ -716,6 +733,7 @@ class StageRuntime:
             Route(m.READY, m.Ready, self._on_ready),
             Route(m.START_FAILED, m.StartFailed, self._on_start_failed),
             Route(m.GOODBYE, m.Goodbye, self._on_goodbye),
+            Route(m.PROFILED, m.Profiled, self._on_profiled),
         ]
 
     def _on_outputs(self, identity: bytes, records: list[m.Record]) -> None:
@@ -749,7 +767,7 @@ class StageRuntime:
                     blob = self.blobs.put(rec.data, rec.media_type)
                 emit(Chunk(request_id=rid, stage=stage, replica=replica, index=rec.index,
                            modality=rec.modality, text=rec.text, token_ids=rec.token_ids, blob=blob,
-                           piece=rec.piece))
+                           piece=rec.piece, logprobs=rec.logprobs))
             else:
                 if type(rec) is m.Done or type(rec) is m.Error:
                     active.pop(rid, None)
@@ -867,8 +885,52 @@ class StageRuntime:
             pipeline=self.pipeline.name,
             heartbeat_interval_s=self.heartbeat_interval_s,
             server_lost_after_s=max(10.0, 5 * self.lost_after_s),
+            profile_dir=str(self.profile_dir / slot.stage / str(slot.replica)) if self.profile_dir else "",
         )
         self._send_to(slot, m.WELCOME, welcome)
+
+    def _on_profiled(self, identity: bytes, msg: m.Profiled) -> None:
+        wait = self._profile_waits.pop(msg.token, None)
+        if wait is not None and not wait.done():
+            wait.set_result(msg)
+
+    async def profile(
+        self, action: m.ProfileAction, stages: Iterable[str], timeout_s: float = 120.0
+    ) -> list[ProfileReport]:
+        """Start or stop the profiler of every ready replica of ``stages``;
+        each replica's answer (a replica that does not answer within
+        ``timeout_s`` is reported as such).  Raises ``RuntimeConfigError``
+        when profiling is off or a stage does not exist."""
+        if self.profile_dir is None:
+            raise RuntimeConfigError("profiling is off: start the server with --profile-dir DIR")
+        names = list(stages)
+        known = {st.name for st in self.pipeline.stages}
+        if unknown := [n for n in names if n not in known]:
+            raise RuntimeConfigError(
+                f"pipeline {self.pipeline.name!r} has no stage {', '.join(map(repr, unknown))} "
+                f"(stages: {', '.join(sorted(known))})")
+        assert self._loop is not None
+        asked: list[tuple[_Slot, asyncio.Future[m.Profiled]]] = []
+        for name in names:
+            for slot in self._stage_slots(name):
+                if slot.state != "ready" or slot.token is None:
+                    continue
+                wait = self._loop.create_future()
+                self._profile_waits[slot.token] = wait
+                asked.append((slot, wait))
+                self._send_to(slot, m.PROFILE, m.Profile(action))
+        if asked:
+            await asyncio.wait([w for _, w in asked], timeout=timeout_s)
+        reports = []
+        for slot, wait in asked:
+            if wait.done():
+                got = wait.result()
+                reports.append(ProfileReport(slot.stage, slot.replica, got.ok, got.detail))
+            else:
+                if slot.token is not None:
+                    self._profile_waits.pop(slot.token, None)
+                reports.append(ProfileReport(slot.stage, slot.replica, False, f"no answer within {timeout_s:g} s"))
+        return reports
 
     def _on_ready(self, identity: bytes, ready: m.Ready) -> None:
         slot = self._by_identity.get(identity)

@@ -49,13 +49,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
 
 from omnix.pipelines.config import StageConfig, engine_kind
-from omnix.stages.engine import Engine, EngineDead, load_engine
+from omnix.stages.engine import Engine, EngineDead, ProfilingEngine, load_engine
+from omnix.stages.profiler import ProfileError, WorkerProfiler
 from omnix.transport import messages as m
 from omnix.transport.codec import FrameDecoder, FrameEncoder
 from omnix.transport.inbox import Inbox, Route, ignore
@@ -198,6 +200,9 @@ class Worker:
         # blocks the loop ends before the thread's callback can run.
         self._hb_lost: str | None = None
         self._rejoining: asyncio.Task[None] | None = None
+        # Set when the server profiles (omnix serve --profile-dir).
+        self._profiler: WorkerProfiler | None = None
+        self._profiling: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------
     async def run(self) -> int:
@@ -216,6 +221,8 @@ class Worker:
             welcome = await self._handshake(self.hello_timeout_s)
             self.replica = welcome.replica
             self.config = welcome.config
+            if welcome.profile_dir:
+                self._profiler = WorkerProfiler(Path(welcome.profile_dir))
             self._start_heartbeats(welcome)
             await self._load_engine()
             if self._lost_reason is None and self._hb_lost is None:
@@ -373,6 +380,10 @@ class Worker:
         try:
             engine = load_engine(kind, cfg.engine)
             self.engine = engine
+            if self._profiler is not None:
+                await asyncio.to_thread(self._profiler.prepare)
+                if isinstance(engine, ProfilingEngine):
+                    engine.prepare_profiling(self._profiler.root)
             # object, not EngineInfo: the class was imported by name, so
             # check what it really returned.
             info: object = await engine.start()
@@ -539,6 +550,7 @@ class Worker:
             Route(m.WELCOME, m.Welcome, self._on_welcome, on_malformed=self._on_bad_welcome),
             Route(m.REFUSED, m.Refused, self._on_refused),
             Route(m.SHUTDOWN, m.Shutdown, self._on_shutdown),
+            Route(m.PROFILE, m.Profile, self._on_profile),
             # Acks answer the heartbeat thread, on its own socket.
             Route(m.HEARTBEAT_ACK, m.HeartbeatAck, ignore),
         ]
@@ -567,6 +579,38 @@ class Worker:
     def _on_shutdown(self, _: bytes, msg: m.Shutdown) -> None:
         self._server_gone = True  # no goodbye needed
         self.stop(EXIT_OK, msg.reason or "the server asked this worker to shut down")
+
+    def _on_profile(self, _: bytes, msg: m.Profile) -> None:
+        if self._profiling is not None and not self._profiling.done():
+            self._send(m.PROFILED, m.Profiled(
+                self.token, msg.action, False, "the previous start or stop is still in progress; retry"))
+            return
+        assert self._loop is not None
+        self._profiling = self._loop.create_task(self._profile(msg.action))
+
+    async def _profile(self, action: m.ProfileAction) -> None:
+        """Start or stop profiling: the engine's own profiler where it has
+        one (it covers this process too: two torch profilers in one process
+        do not mix), else torch's around this process."""
+        prof, engine = self._profiler, self.engine
+        try:
+            if prof is None:
+                raise ProfileError("the server did not enable profiling (omnix serve --profile-dir DIR)")
+            if isinstance(engine, ProfilingEngine):
+                await (engine.start_profile() if action == "start" else engine.stop_profile())
+                detail = str(prof.root)
+            elif action == "start":
+                prof.start()
+                detail = str(prof.root)
+            else:
+                ended = prof.stop()
+                detail = str(await asyncio.to_thread(prof.write, ended))
+            ok = True
+        except Exception as exc:
+            log.warning("worker %s/%d: profile %s failed: %s", self.stage, self.replica, action, exc)
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        if self._sock is not None:
+            self._send(m.PROFILED, m.Profiled(self.token, action, ok, detail))
 
     def _on_work_batch(self, _: bytes, items: list[WorkItem]) -> None:
         for item in items:
@@ -659,7 +703,7 @@ class Worker:
                 if out.text or out.token_ids or out.data or out.array is not None:
                     record(m.Output(
                         rid, req.chunks, out.modality, out.text, out.token_ids,
-                        out.array, out.data, out.media_type, out.piece,
+                        out.array, out.data, out.media_type, out.piece, out.logprobs,
                     ))
                     req.chunks += 1
                 elif out.total > 0:

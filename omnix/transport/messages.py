@@ -17,6 +17,8 @@ Conversation (worker DEALER -> server ROUTER, one endpoint)::
     READY(engine info) ->               emits WorkerJoined
                                      <- WORK([WorkItem, ...]) / ABORT(request_id)
     OUTPUTS([Started|Output|ProgressRec|Done|Error, ...]) ->
+                                     <- PROFILE(start|stop)  (omnix serve --profile-dir)
+    PROFILED(ok, detail) ->
     GOODBYE(reason) ->                  (on a clean exit)
                                      <- SHUTDOWN
 
@@ -27,17 +29,17 @@ refused with a message naming both versions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
 
-from omnix.events.types import Modality
+from omnix.events.types import Modality, TokenLogprob
 from omnix.pipelines.config import StageConfig
 from omnix.transport.codec import FrameDecoder
 from omnix.transport.work import WorkItem
 
-PROTOCOL_VERSION = 2  # 2: WORK carries a list of WorkItems
+PROTOCOL_VERSION = 3  # 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED
 
 # -- message type bytes (first frame) ---------------------------------------
 HELLO = b"H"
@@ -52,6 +54,8 @@ HEARTBEAT_ACK = b"b"
 WORK = b"W"
 ABORT = b"A"
 SHUTDOWN = b"S"
+PROFILE = b"P"
+PROFILED = b"p"
 
 _MSG = dict(frozen=True, array_like=True, gc=False)
 
@@ -82,6 +86,10 @@ class Welcome(msgspec.Struct, frozen=True, array_like=True):
     pipeline: str
     heartbeat_interval_s: float
     server_lost_after_s: float
+    #: where this replica writes profiler traces (``DIR/<stage>/<replica>``)
+    #: when the server profiles (``omnix serve --profile-dir``); "" when it
+    #: does not: engines that profile themselves set up for it at start
+    profile_dir: str = ""
 
 
 class Refused(msgspec.Struct, **_MSG):
@@ -131,6 +139,25 @@ class Shutdown(msgspec.Struct, **_MSG):
     reason: str = ""
 
 
+ProfileAction = Literal["start", "stop"]
+
+
+class Profile(msgspec.Struct, **_MSG):
+    """Start or stop profiling this worker (into ``Welcome.profile_dir``)."""
+
+    action: ProfileAction
+
+
+class Profiled(msgspec.Struct, **_MSG):
+    """A worker's answer to ``Profile``: ``detail`` is where the traces go
+    (start) or the files written (stop), or what went wrong."""
+
+    token: str
+    action: ProfileAction
+    ok: bool
+    detail: str
+
+
 # -- output records (worker -> server, several per OUTPUTS message) -----------
 _REC = dict(frozen=True, array_like=True, gc=False, tag_field="k")
 
@@ -151,6 +178,7 @@ class Output(msgspec.Struct, tag="o", **_REC):
     data: bytes = b""
     media_type: str = ""
     piece: int = 0  # the input piece that produced it (Chunk.piece)
+    logprobs: tuple[TokenLogprob, ...] = ()  # Chunk.logprobs
 
 
 class ProgressRec(msgspec.Struct, tag="p", **_REC):
@@ -183,6 +211,7 @@ SERVER_BOUND: dict[bytes, type[Any]] = {
     OUTPUTS: list[Record],
     GOODBYE: Goodbye,
     HEARTBEAT: Heartbeat,
+    PROFILED: Profiled,
 }
 WORKER_BOUND: dict[bytes, type[Any]] = {
     WELCOME: Welcome,
@@ -193,6 +222,7 @@ WORKER_BOUND: dict[bytes, type[Any]] = {
     ABORT: Abort,
     SHUTDOWN: Shutdown,
     HEARTBEAT_ACK: HeartbeatAck,
+    PROFILE: Profile,
 }
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from omnix.events.types import ChatMessage, Modality, StageParams
+from omnix.events.types import ChatMessage, Modality, StageParams, TokenLogprob
 
 
 class InputPiece(msgspec.Struct, frozen=True):
@@ -64,6 +64,9 @@ class EngineOutput(msgspec.Struct):
     #: first piece the engine was fed); recorded on its chunk, so that a
     #: continuation knows how the delivered outputs split over the pieces
     piece: int = 0
+    #: per token of ``token_ids``, when the request asked for logprobs
+    #: (recorded as ``Chunk.logprobs``)
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def is_progress(self) -> bool:
