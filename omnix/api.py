@@ -25,9 +25,9 @@ import contextlib
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -62,6 +62,7 @@ from omnix.pipelines.validate import load_pipeline
 
 if TYPE_CHECKING:
     from omnix.events.disklog import LogConfig
+    from omnix.stages.runtime import ProfileReport
 
 _T = TypeVar("_T")
 
@@ -129,6 +130,10 @@ def new_request_id() -> str:
 
 def new_seed() -> int:
     return secrets.randbits(31)
+
+
+class ProfilingOff(RuntimeError):
+    """Profiling was asked of a server that does not profile."""
 
 
 def _stage_runtime(**options: Any) -> RuntimeFactory:
@@ -451,6 +456,25 @@ class Omni:
         if self.retention is not None:
             return self.retention.status(request_id)
         return "retained" if request_id in self.log.state.requests else "unknown"
+
+    async def profile(self, action: Literal["start", "stop"], stages: Sequence[str] = ()) -> list[ProfileReport]:
+        """Start or stop the profiler of every ready replica of ``stages``
+        (all stages when empty); each replica's answer.  Raises
+        ``ProfilingOff`` unless the runtime was given a ``profile_dir``
+        (``omnix serve --profile-dir``), ``ValueError`` for a stage the
+        pipeline does not have."""
+        from omnix.stages.runtime import RuntimeConfigError, StageRuntime
+
+        runtime = self.runtime
+        if not isinstance(runtime, StageRuntime) or runtime.profile_dir is None:
+            raise ProfilingOff(
+                "profiling is off: start the server with --profile-dir DIR "
+                "(omnix serve --profile-dir DIR) to enable /start_profile and /stop_profile"
+            )
+        try:
+            return await runtime.profile(action, stages or [st.name for st in self.pipeline.stages])
+        except RuntimeConfigError as exc:
+            raise ValueError(str(exc)) from exc
 
     async def events(self, request_id: str, start: int = 0) -> AsyncIterator[Event]:
         """The request's events from log position ``start``, ending with its

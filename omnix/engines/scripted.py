@@ -21,6 +21,9 @@ Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
   past that point.
 * ``params.num_inference_steps = K`` makes it report K progress steps
   before each piece's outputs (exercises Progress events).
+* ``params.logprobs = K`` gives each text output fake logprobs: one
+  token (its text) at logprob ``-0.5 * (n + 1)``, with K alternatives, the
+  token itself first, then ``"alt{j}"`` at ``-0.5 * (n + 1) - j``.
 * ``params.max_tokens`` stops the request with ``finish_reason="length"``
   after that many outputs, otherwise ``"stop"``: reported on a final
   payload-free output (not a chunk) with ``prompt_tokens`` = number of
@@ -61,12 +64,19 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from omnix.events.types import TokenLogprob
 from omnix.pipelines.config import ScriptedArgs
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 JOURNAL_ENV = "OMNIX_SCRIPTED_JOURNAL"
 FAIL_START_ENV = "OMNIX_SCRIPTED_FAIL_START"  # non-empty: start() raises with this text
 _YIELD_EVERY = 16  # with delay_ms == 0: give the loop a turn this often
+
+
+def _fake_logprobs(text: str, n: int, top: int) -> tuple[TokenLogprob, ...]:
+    lp = -0.5 * (n + 1)
+    alts = ((text, lp), *((f"alt{j}", lp - j) for j in range(1, top)))
+    return (TokenLogprob(token=text, logprob=lp, top=alts[:top]),)
 
 
 class ScriptedFailure(RuntimeError):
@@ -136,7 +146,10 @@ class ScriptedEngine:
                     raise ScriptedFailure(f"scripted failure at output {n} of request {rid}")
                 if n == a.hang_at:
                     await asyncio.Event().wait()  # until cancelled
-                yield self._echo(piece) if a.echo else self._output(n)
+                out = self._echo(piece) if a.echo else self._output(n)
+                if request.params.logprobs is not None and out.modality == "text":
+                    out.logprobs = _fake_logprobs(out.text, n, request.params.logprobs)
+                yield out
                 n += 1
             if max_tokens is not None and n >= max_tokens:
                 break

@@ -76,7 +76,7 @@ from typing import Any
 
 import msgspec
 
-from omnix.events.types import ChatMessage
+from omnix.events.types import ChatMessage, TokenLogprob
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
 from omnix.stages.engine import EngineDead
@@ -141,8 +141,21 @@ class VllmEngine:
         self._eos_ids: frozenset[int] = frozenset()
         # vLLM's model class when the model takes media (``_placeholder``).
         self._model_cls: Any = None
+        # Where vLLM's own profiler writes (``prepare_profiling``); None: off.
+        self._profile_dir: Path | None = None
 
     # -- lifecycle ----------------------------------------------------------
+
+    def prepare_profiling(self, directory: Path) -> None:
+        """vLLM's profiler (AsyncLLM's and the engine core's traces) writes
+        under ``directory/engine`` (``ProfilingEngine``)."""
+        self._profile_dir = (directory / "engine").resolve()
+
+    async def start_profile(self) -> None:
+        await self._llm.start_profile()
+
+    async def stop_profile(self) -> None:
+        await self._llm.stop_profile()
 
     async def start(self) -> EngineInfo:
         args = self.args
@@ -186,7 +199,9 @@ class VllmEngine:
         # The engine-core process inherits this thread's CPUs: the
         # runtime's placement gives it CPUs of its own (placement.py).
         with engine_affinity(os.environ.get(ENGINE_CPUS_ENV)):
-            self._llm = AsyncLLM.from_engine_args(engine_args(self.args, self.folder))
+            self._llm = AsyncLLM.from_engine_args(
+                engine_args(self.args, self.folder, profile_dir=self._profile_dir)
+            )
 
     def _multimodal_cls(self) -> Any:
         """The model's vLLM class when it takes media (it names the prompt
@@ -276,6 +291,8 @@ class VllmEngine:
         prompt_tokens = output_tokens = 0
         finish = ""
         final_sent = False
+        # Alternatives per token when the request asked for logprobs, else None.
+        top_lps = None if self._codec else request.params.logprobs
         seq = 0  # sub-requests (non-empty pieces): each has a seed of its own
         index = -1  # input pieces, empty ones included (EngineOutput.piece)
         try:
@@ -346,6 +363,7 @@ class VllmEngine:
                             text = continued.delta(ids, stop)
                         else:
                             text = comp.text
+                        lps = () if top_lps is None else _token_logprobs(comp.logprobs, ids, top_lps)
                         if out.finished:
                             finish = _finish_reason(comp.finish_reason)
                             if finish == "aborted":  # aborted inside vLLM, not by us
@@ -354,13 +372,13 @@ class VllmEngine:
                             if last or live.aborted:
                                 final_sent = True
                                 yield self._output(
-                                    text, ids, index, prompt_tokens, output_tokens, finish
+                                    text, ids, index, prompt_tokens, output_tokens, finish, lps
                                 )
                                 if live.aborted:
                                     return
                                 continue
                         if text or ids:
-                            yield self._output(text, ids, index)
+                            yield self._output(text, ids, index, logprobs=lps)
                 except self._dead as exc:
                     raise EngineDead(f"vLLM's engine core is gone ({exc})") from exc
                 finally:
@@ -390,6 +408,7 @@ class VllmEngine:
         prompt: int = 0,
         out: int = 0,
         finish: str = "",
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> EngineOutput:
         return EngineOutput(
             modality=self.args.output_modality,
@@ -399,6 +418,7 @@ class VllmEngine:
             output_tokens=out,
             finish_reason=finish,
             piece=piece,
+            logprobs=logprobs,
         )
 
     def _frames(self, carry: list[int], ids: tuple[int, ...]) -> tuple[tuple[int, ...], list[int]]:
@@ -580,6 +600,25 @@ class VllmEngine:
             kw["top_p"] = p.top_p
         if p.top_k is not None:
             kw["top_k"] = p.top_k
+        # vLLM's and OpenAI's extras (StageParams schema v5), as vLLM's
+        # OpenAI server maps them.
+        for name in (
+            "min_p",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "ignore_eos",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "include_stop_str_in_output",
+        ):
+            value = getattr(p, name)
+            if value is not None:
+                kw[name] = value
+        if p.min_tokens is not None:
+            kw["min_tokens"] = min(p.min_tokens, max_tokens)
+        if p.logprobs is not None and not self._codec:
+            kw["logprobs"] = p.logprobs
         if self._codec:
             lay = self.layout
             allowed = list(range(lay.codec_offset, lay.codec_offset + lay.codec_size))
@@ -588,8 +627,21 @@ class VllmEngine:
                 kw["stop_token_ids"] = [lay.codec_eos]
             kw["allowed_token_ids"] = allowed
             kw["detokenize"] = False
-        elif p.stop:
-            kw["stop"] = list(p.stop)
+        else:
+            if p.stop:
+                kw["stop"] = list(p.stop)
+            if p.stop_token_ids:
+                kw["stop_token_ids"] = list(p.stop_token_ids)
+            if p.logit_bias:
+                kw["logit_bias"] = dict(p.logit_bias)
+            if p.json_schema is not None or p.json_object:
+                from vllm.sampling_params import StructuredOutputsParams
+
+                kw["structured_outputs"] = (
+                    StructuredOutputsParams(json=p.json_schema)
+                    if p.json_schema is not None
+                    else StructuredOutputsParams(json_object=True)
+                )
         return SamplingParams(**kw)
 
 
@@ -736,6 +788,41 @@ async def _next_piece(live: _Live) -> InputPiece | None:
         await live.wake.wait()
 
 
+#: vLLM's OpenAI server writes no logprob below this (JSON has no -inf).
+_MIN_LOGPROB = -9999.0
+
+
+def _token_logprobs(steps: Any, ids: tuple[int, ...], top: int) -> tuple[TokenLogprob, ...]:
+    """vLLM's per-step logprobs of a delta (a dict from token id to
+    ``Logprob`` per generated token) as ``TokenLogprob``s: the sampled
+    token's text and logprob, and the ``top`` most likely alternatives by
+    rank."""
+    if not steps:
+        return ()
+    out = []
+    for tid, step in zip(ids, steps, strict=False):
+        chosen = step.get(tid)
+        alts = sorted(
+            ((lp.rank if lp.rank is not None else 1 << 30, t, lp) for t, lp in step.items()),
+            key=lambda x: (x[0], x[1]),
+        )[:top]
+        out.append(
+            TokenLogprob(
+                token=_token_text(chosen, tid),
+                logprob=max(float(chosen.logprob), _MIN_LOGPROB) if chosen is not None else 0.0,
+                top=tuple(
+                    (_token_text(lp, t), max(float(lp.logprob), _MIN_LOGPROB)) for _, t, lp in alts
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def _token_text(lp: Any, tid: int) -> str:
+    text = getattr(lp, "decoded_token", None)
+    return text if isinstance(text, str) else f"token_id:{tid}"
+
+
 def _finish_reason(reason: str | None) -> str:
     if reason == "abort":
         return "aborted"
@@ -761,11 +848,13 @@ def _uni_on_cpu(args: VllmArgs) -> bool:
     return bool(current_platform.is_cpu()) and args.cpu_executor == "uni"
 
 
-def engine_args(args: VllmArgs, folder: Path) -> Any:
+def engine_args(args: VllmArgs, folder: Path, profile_dir: Path | None = None) -> Any:
     """The ``AsyncEngineArgs`` a stage's ``AsyncLLM`` is built from (also
     the direct baseline of ``omnix bench engines``, so both run the same
-    settings).  ``folder`` is the resolved model folder."""
+    settings).  ``folder`` is the resolved model folder; ``profile_dir``
+    turns vLLM's torch profiler on, writing there."""
     from vllm import AsyncEngineArgs
+    from vllm.config import ProfilerConfig
     from vllm.platforms import current_platform
 
     kv_bytes = None
@@ -775,9 +864,22 @@ def engine_args(args: VllmArgs, folder: Path) -> Any:
         else:
             # Same knob as VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only.
             kv_bytes = max(1, int(args.kv_cache_gib * GIB))
+    from vllm.config import StructuredOutputsConfig
+
     # vLLM's own default (no limits of its own) when the stage names none.
     limit_mm: dict[str, int | dict[str, int]] = dict(args.limit_mm_per_prompt)
     return AsyncEngineArgs(
+        # JSON output (response_format) is compact, no free whitespace
+        # between tokens: the same values, and a model cannot spend its whole
+        # budget on blanks (a weak or random-weight one does) and end with
+        # JSON that does not parse.  llguidance: the backend that takes that
+        # option and the widest range of JSON Schema.
+        structured_outputs_config=StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True),
+        profiler_config=(
+            ProfilerConfig(profiler="torch", torch_profiler_dir=str(profile_dir))
+            if profile_dir is not None
+            else ProfilerConfig()
+        ),
         model=str(folder),
         # A plain str in the stage config: vLLM checks the name itself.
         dtype=args.dtype,  # type: ignore[arg-type]

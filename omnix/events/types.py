@@ -30,7 +30,9 @@ from typing import Final, Literal, TypeGuard, Union, final, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 4  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released
+SCHEMA_VERSION = 5  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+# 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
+# StageParams negative_prompt / true_cfg_scale / output_format (diffusion)
 
 Modality = Literal["text", "audio", "image", "codec"]
 """What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
@@ -118,6 +120,42 @@ class StageParams(
     # speech
     voice: str | None = None
     speed: float | None = None
+    # schema v5: vLLM's and OpenAI's sampling extras (vLLM stages; see
+    # docs/http.md "Sampling parameters").  ``logprobs`` is the number of
+    # alternatives per token (0: the sampled token's only); ``json_schema``
+    # the schema as JSON text; ``json_object`` any JSON object.
+    min_tokens: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    json_schema: str | None = None
+    json_object: bool | None = None
+    # schema v5, diffusion (docs/http.md "Images"): the negative prompt, the
+    # true classifier-free guidance scale it needs on pipelines with true
+    # CFG (FluxPipeline), and the image file's format ("png" | "jpeg" |
+    # "webp"; None: PNG), which the engine encodes.
+    negative_prompt: str | None = None
+    true_cfg_scale: float | None = None
+    output_format: str | None = None
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One generated token's log probability (schema v5), as the engine
+    reported it: the token's text, its logprob, and the ``top`` most
+    likely alternatives at that step as (token text, logprob) pairs, most
+    likely first.  Encoded as ``[token, logprob, [[token, logprob], ...]]``."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -260,6 +298,9 @@ class Chunk(RequestEvent, frozen=True, kw_only=True, tag="chunk"):
     token_ids: tuple[int, ...] = ()
     blob: BlobRef | None = None
     piece: int = 0  # schema v2
+    #: per generated token of this chunk, when the request asked for
+    #: logprobs (text chunks only; schema v5)
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @final

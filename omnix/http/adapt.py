@@ -29,19 +29,22 @@ from contextvars import ContextVar
 import msgspec
 import numpy as np
 
+from omnix.engines.diffusers_engine import DiffusionModel, describe_model, refusal
 from omnix.events.types import BlobRef, ChatMessage, MediaPart, Modality, RequestSpec, StageParams
 from omnix.http.errors import ApiError
 from omnix.http.render import API_CHAT, API_IMAGES, API_SPEECH, RENDER_VERSION, Opt
 from omnix.http.schemas import (
     ChatCompletionRequest,
     ImageRequest,
+    JsonObjectFormat,
+    JsonSchemaResponseFormat,
     MediaContentPart,
     Message,
     SamplingParamsList,
     SpeechRequest,
     TextPart,
 )
-from omnix.pipelines.config import CodecArgs, PipelineConfig
+from omnix.pipelines.config import CodecArgs, DiffusersArgs, PipelineConfig, engine_kind
 from omnix.pipelines.plan import PipelineGraph, merge_params
 
 DEFAULT_SAMPLE_RATE = 24000
@@ -90,6 +93,8 @@ class Served:
         self.model = pipeline.name
         self._fresh_id = new_request_id
         self.new_seed = new_seed
+        #: diffusers stages' models as their folders describe them (images)
+        self._diffusion: dict[str, DiffusionModel] = {}
 
     def new_request_id(self) -> str:
         """The client's ``X-Request-Id`` (``CLIENT_REQUEST_ID``), else a fresh id."""
@@ -132,6 +137,42 @@ class Served:
                 return args.sample_rate
         return DEFAULT_SAMPLE_RATE
 
+    def engine_of(self, stage: str) -> str:
+        """The kind of the stage's engine (``"vllm"``, ``"scripted"``...)."""
+        for st in self.pipeline.stages:
+            if st.name == stage:
+                return engine_kind(st.engine)
+        return ""
+
+    def check_engines(self, params: dict[str, StageParams]) -> None:
+        """400 for a sampling parameter a stage's engine cannot honour
+        (``ENGINE_PARAMS``), naming the parameter and the stage."""
+        for stage, p in params.items():
+            kind = self.engine_of(stage)
+            can = ENGINE_PARAMS.get(kind, frozenset())
+            for field in EXTRA_PARAMS:
+                if getattr(p, field) is not None and field not in can:
+                    param = _HTTP_NAME.get(field, field)
+                    raise ApiError(
+                        400,
+                        f"{param} is not supported by stage {stage!r} of pipeline {self.model!r}: "
+                        f"its engine ({kind}) cannot honour it (only vLLM stages take vLLM's "
+                        "sampling extras); omit it.",
+                        param=param,
+                        code="unsupported_parameter",
+                    )
+            if kind != "diffusers":  # the image-only fields (every route)
+                for field in DIFFUSION_PARAMS:
+                    if getattr(p, field) is not None:
+                        raise ApiError(
+                            400,
+                            f"{field} is not supported by stage {stage!r} of pipeline "
+                            f"{self.model!r}: its engine ({kind}) is not a diffusers pipeline; "
+                            "omit it.",
+                            param=field,
+                            code="unsupported_parameter",
+                        )
+
     def stage_params(self, given: SamplingParamsList | None) -> dict[str, StageParams]:
         """``sampling_params_list`` as a map by stage name."""
         if given is None:
@@ -149,6 +190,35 @@ class Served:
                 code="invalid_value",
             )
         return {n: p for n, p in zip(names, given, strict=True) if p is not None}
+
+
+#: ``StageParams`` fields (schema v5) that only some engines honour.
+EXTRA_PARAMS = (
+    "min_tokens",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "ignore_eos",
+    "logit_bias",
+    "logprobs",
+    "json_schema",
+    "json_object",
+)
+#: Which of them each engine kind honours (the scripted test engine makes
+#: deterministic fake logprobs, so rendering is testable without a model).
+ENGINE_PARAMS: dict[str, frozenset[str]] = {
+    "vllm": frozenset(EXTRA_PARAMS),
+    "scripted": frozenset({"logprobs"}),
+}
+#: The request field a ``StageParams`` field comes from, where they differ.
+_HTTP_NAME = {"json_schema": "response_format", "json_object": "response_format"}
+#: At most this many ``logit_bias`` entries (OpenAI's limit).
+MAX_LOGIT_BIAS = 300
 
 
 def traceparent_of(header: str | None) -> str:
@@ -266,22 +336,59 @@ def _check_contents(convs: list[list[Message]], batched: bool) -> None:
                 )
 
 
-def _check_chat_unsupported(body: ChatCompletionRequest) -> None:
-    if body.n != 1:
-        raise ApiError(
-            400,
-            f"n={body.n} is not supported: omnix returns one choice per conversation. "
-            "Send n=1, or batch several conversations in messages (a list of lists).",
-            param="n",
-            code="unsupported_value",
-        )
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(body, name) not in (None, 0.0):
-            raise _unsupported(name, "omnix stages do not apply penalties; omit it or send 0.")
-    if body.logprobs or body.top_logprobs:
-        raise _unsupported("logprobs", "omnix does not return log probabilities; omit it.")
-    if body.logit_bias:
-        raise _unsupported("logit_bias", "omit it.")
+def _logit_bias(body: ChatCompletionRequest) -> dict[int, float] | None:
+    if body.logit_bias is None:
+        return None
+    if len(body.logit_bias) > MAX_LOGIT_BIAS:
+        raise _bad("logit_bias", f"logit_bias has more than {MAX_LOGIT_BIAS} entries.")
+    out: dict[int, float] = {}
+    for key, v in body.logit_bias.items():
+        if not key.isascii() or not key.isdigit() or len(key) > 9:
+            raise _bad(
+                "logit_bias",
+                f"logit_bias key {key!r} is not a token id: keys are token ids as strings "
+                '(e.g. {"50256": -100}).',
+            )
+        out[int(key)] = v
+    return out or None
+
+
+def _sampling_extras(body: ChatCompletionRequest) -> StageParams:
+    """The chat body's sampling fields as the text stage's ``StageParams``
+    (``None``: not given, the stage's default)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise _bad("top_logprobs", "top_logprobs needs logprobs: true.")
+    # min_tokens above max_tokens is capped at it by the engine.
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    json_schema = None
+    json_object = None
+    fmt = body.response_format
+    if isinstance(fmt, JsonObjectFormat):
+        json_object = True
+    elif isinstance(fmt, JsonSchemaResponseFormat):
+        json_schema = msgspec.json.encode(fmt.json_schema.schema).decode()
+    stop = body.stop
+    return StageParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        max_tokens=max_tokens,
+        stop=(stop,) if isinstance(stop, str) else (tuple(stop) if stop is not None else None),
+        min_tokens=body.min_tokens,
+        min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        stop_token_ids=tuple(body.stop_token_ids) if body.stop_token_ids is not None else None,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+        spaces_between_special_tokens=body.spaces_between_special_tokens,
+        ignore_eos=body.ignore_eos,
+        logit_bias=_logit_bias(body),
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        json_schema=json_schema,
+        json_object=json_object,
+    )
 
 
 def chat_plan(
@@ -296,7 +403,6 @@ def chat_plan(
     by their JSON path; ``blobs``: their arrays, to store on admission."""
     media = media or {}
     served.check_model(body.model)
-    _check_chat_unsupported(body)
     if body.stream_options is not None and not body.stream:
         raise _bad("stream_options", "stream_options is only allowed when stream is true.")
 
@@ -338,24 +444,41 @@ def chat_plan(
             "audio", 'audio output parameters were given but modalities does not include "audio".'
         )
 
-    if body.max_tokens is not None and body.max_completion_tokens is not None:
-        if body.max_tokens != body.max_completion_tokens:
-            raise _bad(
-                "max_completion_tokens",
-                "max_tokens and max_completion_tokens disagree: send one of them.",
+    base = _sampling_extras(body)
+    n = body.n
+    resumable = bool(body.stream_options and body.stream_options.resumable)
+    if n > 1:
+        if batched:
+            raise ApiError(
+                400,
+                f"n={n} with a batch of conversations is not supported: send n=1 with a batch, "
+                "or one conversation with n > 1.",
+                param="n",
+                code="unsupported_value",
             )
-    stop = body.stop
-    base = StageParams(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        max_tokens=body.max_completion_tokens or body.max_tokens,
-        stop=(stop,) if isinstance(stop, str) else (tuple(stop) if stop is not None else None),
-    )
+        if body.stream and wants_audio:
+            raise ApiError(
+                400,
+                f"n={n} cannot be streamed with audio output: send stream=false, or n=1, or "
+                'modalities ["text"].',
+                param="n",
+                code="unsupported_value",
+            )
+        if resumable:
+            raise ApiError(
+                400,
+                f"a stream of n={n} choices is not resumable: send n=1 to get a resumable "
+                "stream, or omit stream_options.resumable.",
+                param="stream_options",
+                code="unsupported_value",
+            )
+    if base.logprobs is not None and "text" not in modalities:
+        raise _bad("logprobs", 'logprobs are of the text answer: modalities must include "text".')
     outputs: tuple[Modality, ...] = modalities
     text_stage = served.output_stage("text") or served.source_stage(outputs)
     params = served.stage_params(body.sampling_params_list)
     _put(params, text_stage, base)
+    served.check_engines(params)
 
     opts = {
         Opt.RENDER: RENDER_VERSION,
@@ -365,6 +488,10 @@ def chat_plan(
         else "0",
         Opt.USAGE_STAGE: text_stage,
     }
+    if resumable:
+        opts[Opt.SSE_IDS] = "1"
+    if base.logprobs is not None:
+        opts[Opt.LOGPROBS] = "1"
     if "text" in outputs:
         opts[Opt.TEXT_STAGE] = served.output_stage("text")
     if wants_audio:
@@ -379,6 +506,16 @@ def chat_plan(
             _put(params, st, StageParams(voice=voice))
 
     seed = body.seed if body.seed is not None else served.new_seed()
+    if n > 1:
+        # n samples of one conversation: n requests of a group, seeds
+        # seed, seed+1...; their choices are the group's (usage counts the
+        # prompt once, as OpenAI's); streamed, their chunks interleave in
+        # log order, each with its member's choice index.
+        opts[Opt.CHOICES] = "1"
+        if body.stream:
+            opts[Opt.STREAM] = "0"
+            opts[Opt.GROUP_STREAM] = "1"
+        convs = convs * n
     gid, rids = _group_ids(served, len(convs))
     specs = tuple(
         (
@@ -404,21 +541,66 @@ def chat_plan(
 # --------------------------------------------------------------------------
 
 
+#: Speech parameters and the engine kinds whose stages honour them.  None
+#: of omnix's engines changes the speaking rate or takes voice instructions
+#: today (the vLLM talker samples codec codes from the text alone, the
+#: codec decoder turns codes into samples): a request that needs either is
+#: refused, naming the stages, rather than answered as if it were honoured.
+SPEECH_ENGINE_PARAMS: dict[str, frozenset[str]] = {"speed": frozenset(), "instructions": frozenset()}
+_SPEECH_WHAT = {
+    "speed": "can change the speaking rate; omit speed (or send 1.0)",
+    "instructions": "takes voice instructions; omit instructions",
+}
+
+
+def _check_speech(served: Served, param: str, stages: tuple[str, ...]) -> None:
+    """400 unless one of ``stages`` (the speech stages) honours ``param``."""
+    can = SPEECH_ENGINE_PARAMS[param]
+    if any(served.engine_of(st) in can for st in stages):
+        return
+    named = ", ".join(f"{st!r} ({served.engine_of(st)})" for st in stages) or "none"
+    raise ApiError(
+        400,
+        f"{param} is not supported by pipeline {served.model!r}: none of its speech stages "
+        f"[{named}] {_SPEECH_WHAT[param]}.",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
 def speech_plan(body: SpeechRequest, served: Served, *, traceparent: str = "") -> Plan:
     served.check_model(body.model)
+    if body.stream is False and body.stream_format is not None:
+        raise _bad(
+            "stream",
+            f"stream is false but stream_format is {body.stream_format!r}: a stream_format asks "
+            "for a streamed response; omit stream, or omit stream_format for the whole file.",
+        )
+    # vLLM-Omni's ``stream: true`` alone is an SSE stream.
+    stream_format = body.stream_format or ("sse" if body.stream else None)
     outputs: tuple[Modality, ...] = ("audio",)
     params = served.stage_params(body.sampling_params_list)
-    for st in served.media_stages(outputs, "audio"):
+    speech_stages = served.media_stages(outputs, "audio")
+    if body.speed != 1.0:
+        _check_speech(served, "speed", speech_stages)
+    if body.instructions:
+        _check_speech(served, "instructions", speech_stages)
+    for st, p in params.items():
+        if p.speed is not None and p.speed != 1.0:
+            _check_speech(served, "speed", (st,))
+    for st in speech_stages:
         _put(
             params,
             st,
             StageParams(voice=body.voice, speed=None if body.speed == 1.0 else body.speed),
         )
+    served.check_engines(params)
+    _check_diffusion(served, params)
     usage = served.source_stage(outputs) if "audio" in served.pipeline.outputs else ""
     opts = {
         Opt.RENDER: RENDER_VERSION,
-        Opt.STREAM: "1" if body.stream_format else "0",
-        Opt.STREAM_FORMAT: body.stream_format or "",
+        Opt.STREAM: "1" if stream_format else "0",
+        Opt.STREAM_FORMAT: stream_format or "",
         Opt.AUDIO_STAGE: served.output_stage("audio"),
         Opt.AUDIO_FORMAT: body.response_format,
         Opt.VOICE: body.voice,
@@ -436,7 +618,7 @@ def speech_plan(body: SpeechRequest, served: Served, *, traceparent: str = "") -
         traceparent=traceparent,
         options=opts,
     )
-    return Plan(specs=((rid, spec),), stream=bool(body.stream_format))
+    return Plan(specs=((rid, spec),), stream=bool(stream_format))
 
 
 # --------------------------------------------------------------------------
@@ -456,16 +638,98 @@ def _size(size: str) -> tuple[int, int]:
     return w, h
 
 
-def image_plan(body: ImageRequest, served: Served, *, traceparent: str = "") -> Plan:
-    served.check_model(body.model)
-    if body.response_format == "url":
-        raise ApiError(
-            400,
-            'response_format "url" is not supported: omnix does not host generated files. '
-            'Use "b64_json".',
-            param="response_format",
-            code="unsupported_value",
+#: ``StageParams`` fields only a diffusers stage honours (schema v5).
+DIFFUSION_PARAMS = ("negative_prompt", "true_cfg_scale", "output_format")
+#: OpenAI's ``quality`` values that mean the stage's own settings; the
+#: tiers (low, medium, high, hd) have no diffusers meaning and are refused.
+DEFAULT_QUALITIES = frozenset({"auto", "standard"})
+
+
+def _diffusion_model(served: Served, stage: str) -> DiffusionModel | None:
+    """The diffusers stage's model, as its folder describes it (cached
+    once read; None while the folder is not there)."""
+    got = served._diffusion.get(stage)
+    if got is None:
+        args = served.pipeline.stage(stage).engine
+        if isinstance(args, DiffusersArgs):
+            got = describe_model(args)
+            if got is not None:
+                served._diffusion[stage] = got
+    return got
+
+
+def _check_diffusion(served: Served, params: dict[str, StageParams]) -> None:
+    """400 for a diffusion parameter a diffusers stage's pipeline would
+    ignore (``diffusers_engine.refusal``, judged on the stage's defaults
+    with the request's values on top, as the engine will run it).  The
+    fields only diffusers stages take, on another engine: ``check_engines``."""
+    names = set(served.graph.stage_names)
+    for stage, p in params.items():
+        if stage not in names or served.engine_of(stage) != "diffusers":
+            continue  # validate_request names the stages that exist
+        model = _diffusion_model(served, stage)
+        if model is None:
+            continue  # the engine judges it (it raises rather than ignore)
+        merged = merge_params(served.pipeline.stage(stage).sampling, p)
+        refused = refusal(model, merged)
+        if refused is not None:
+            param, why = refused
+            raise ApiError(
+                400,
+                f"{param} is not supported by stage {stage!r} of pipeline {served.model!r}: {why}.",
+                param=param,
+                code="unsupported_parameter",
+            )
+
+
+def _image_options(body: ImageRequest, served: Served, stage: str, files_url: str) -> None:
+    """400 for OpenAI's image options this pipeline cannot honour."""
+    kind = served.engine_of(stage)
+    if body.quality is not None and body.quality not in DEFAULT_QUALITIES:
+        raise _unsupported(
+            "quality",
+            f"quality {body.quality!r} has no meaning for stage {stage!r} ({kind}): a diffusion "
+            "pipeline has no quality tiers. Send num_inference_steps (more steps, finer detail), "
+            'or quality "auto" / "standard" for the stage\'s own settings.',
         )
+    if body.style is not None:
+        raise _unsupported(
+            "style",
+            f"style {body.style!r} has no meaning for stage {stage!r} ({kind}): describe the "
+            "style in the prompt (and what to avoid in negative_prompt), and omit style.",
+        )
+    if body.background == "transparent":
+        raise _unsupported(
+            "background",
+            f'background "transparent" cannot be honoured by stage {stage!r} ({kind}): its '
+            'images have no alpha channel. Send "opaque" or "auto", or omit it.',
+        )
+    if body.response_format == "url":
+        if kind != "diffusers":
+            raise ApiError(
+                400,
+                f'response_format "url" is not supported by stage {stage!r} of pipeline '
+                f"{served.model!r}: its engine ({kind}) does not produce image files to serve. "
+                'Use "b64_json".',
+                param="response_format",
+                code="unsupported_value",
+            )
+        if not files_url:
+            raise ApiError(
+                400,
+                'response_format "url" needs the request\'s Host header to build the URL; '
+                'send one, or use "b64_json".',
+                param="response_format",
+                code="unsupported_value",
+            )
+
+
+def image_plan(
+    body: ImageRequest, served: Served, *, traceparent: str = "", files_url: str = ""
+) -> Plan:
+    """``files_url``: the absolute URL ``GET /v1/files/`` answers at, as the
+    client reached this server (``response_format: "url"`` needs it)."""
+    served.check_model(body.model)
     if (
         body.steps is not None
         and body.num_inference_steps is not None
@@ -477,6 +741,7 @@ def image_plan(body: ImageRequest, served: Served, *, traceparent: str = "") -> 
         width, height = _size(body.size)
     outputs: tuple[Modality, ...] = ("image",)
     stage = served.output_stage("image") or served.source_stage(outputs)
+    _image_options(body, served, stage, files_url)
     params = served.stage_params(body.sampling_params_list)
     _put(
         params,
@@ -486,8 +751,13 @@ def image_plan(body: ImageRequest, served: Served, *, traceparent: str = "") -> 
             guidance_scale=body.guidance_scale,
             width=width,
             height=height,
+            negative_prompt=body.negative_prompt,
+            true_cfg_scale=body.true_cfg_scale,
+            output_format=body.output_format,
         ),
     )
+    served.check_engines(params)
+    _check_diffusion(served, params)
     opts = {
         Opt.RENDER: RENDER_VERSION,
         Opt.STREAM: "0",
@@ -495,6 +765,10 @@ def image_plan(body: ImageRequest, served: Served, *, traceparent: str = "") -> 
         Opt.RESPONSE_FORMAT: body.response_format,
         Opt.USAGE_STAGE: stage,
     }
+    if body.response_format == "url":
+        opts[Opt.FILES_URL] = files_url
+    if body.output_format is not None:
+        opts[Opt.OUTPUT_FORMAT] = body.output_format
     seed = body.seed if body.seed is not None else served.new_seed()
     gid, rids = _group_ids(served, body.n)
     specs = tuple(

@@ -20,8 +20,9 @@ Status conventions (documented in docs/http.md):
     honour).  One status for both, as OpenAI and vLLM answer;
   * 401 ``authentication_error``; 403 (a browser origin not allowed); 404
     ``not_found_error`` (route, request id, model); 405; 409 (a request id
-    already in use); 413 (body over the size limit); 415 (a JSON route sent
-    another Content-Type);
+    already in use); 410 ``not_found_error`` (a request retention released);
+    413 (body over the size limit); 415 (a JSON route sent another
+    Content-Type);
   * 429 / 503 with ``Retry-After``: admission refused (rendered from the
     recorded ``Rejected`` events) or shutting down.
 """
@@ -48,9 +49,9 @@ _TYPE_BY_STATUS = {
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",
+    410: "not_found_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
-    422: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     501: "not_implemented_error",

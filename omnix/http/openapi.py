@@ -29,6 +29,8 @@ import msgspec
 from aiohttp import web
 
 from omnix import __version__
+from omnix.engines.diffusers_engine import TRUE_CFG_PIPELINES, describe_model
+from omnix.http.adapt import DEFAULT_QUALITIES, DIFFUSION_PARAMS, ENGINE_PARAMS, EXTRA_PARAMS
 from omnix.http.errors import ErrorBody
 from omnix.http.schemas import (
     CancelResult,
@@ -45,7 +47,7 @@ from omnix.http.schemas import (
     SpeechRequest,
     Version,
 )
-from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.config import DiffusersArgs, PipelineConfig, engine_kind
 
 _TYPES = (
     ChatCompletionRequest,
@@ -70,8 +72,11 @@ GENERATION_ROUTES = {
     "/v1/audio/speech": "audio",
     "/v1/images/generations": "image",
 }
-#: Routes served but not (yet) described here: a multipart form.
-UNDESCRIBED = frozenset({"/v1/audio/transcriptions"})
+#: Routes served but not (yet) described here: a multipart form; the
+#: files of url image responses (content-addressed: a client only ever
+#: follows a url it was given, and no valid example exists before an image
+#: is generated, so a schema-driven probe could only ever see 404s).
+UNDESCRIBED = frozenset({"/v1/audio/transcriptions", "/v1/files/{digest}"})
 
 
 def _ref(t: type) -> dict[str, str]:
@@ -189,28 +194,79 @@ _STAGE_PARAM_RANGES: dict[str, dict[str, Any]] = {
     "width": {"type": "integer", "minimum": 8, "maximum": 4096, "multipleOf": 8},
     "height": {"type": "integer", "minimum": 8, "maximum": 4096, "multipleOf": 8},
     "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
+    # schema v5 extras
+    "min_tokens": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+    "min_p": {"type": "number", "minimum": 0.0, "maximum": 1.0},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 10.0},
+    "frequency_penalty": {"type": "number", "minimum": -2.0, "maximum": 2.0},
+    "presence_penalty": {"type": "number", "minimum": -2.0, "maximum": 2.0},
+    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 64},
+    "logit_bias": {
+        "type": "object",
+        "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+        "additionalProperties": {"type": "number", "minimum": -100.0, "maximum": 100.0},
+        "maxProperties": 300,
+    },
+    "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+    # JSON text of a JSON Schema object
+    "json_schema": {"type": "string", "pattern": "^\\s*[{]"},
+}
+
+#: Chat fields that set each ``StageParams`` extra (``adapt.EXTRA_PARAMS``).
+_CHAT_FIELDS: dict[str, tuple[str, ...]] = {
+    "logprobs": ("logprobs", "top_logprobs"),
+    "json_schema": (),
+    "json_object": (),
 }
 
 #: Roles whose ``content`` may not be null (``adapt._CONTENT_REQUIRED``).
 _CONTENT_ROLES = ["developer", "system", "tool", "user"]
 
 
-def _sampling_params_list(stages: list[str]) -> dict[str, Any]:
+def _cannot(pipeline: PipelineConfig, stage: str) -> list[str]:
+    """The ``StageParams`` extras the stage's engine cannot honour."""
+    kinds = {st.name: engine_kind(st.engine) for st in pipeline.stages}
+    can = ENGINE_PARAMS.get(kinds.get(stage, ""), frozenset())
+    off = [f for f in EXTRA_PARAMS if f not in can]
+    if kinds.get(stage) != "diffusers" and "diffusers" in kinds.values():
+        # adapt.DIFFUSION_PARAMS: diffusers stages only (a pipeline without
+        # one nulls them in StageParams itself: _shape_speech_image)
+        off += DIFFUSION_PARAMS
+    return off
+
+
+def _stage_params(pipeline: PipelineConfig, stage: str) -> dict[str, Any]:
+    ref = {"$ref": "#/components/schemas/StageParams"}
+    off = _cannot(pipeline, stage)
+    if not off:
+        return ref
+    return {"allOf": [ref, {"properties": {f: {"type": "null"} for f in off}}]}
+
+
+def _unique(schemas: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for sc in schemas:
+        if sc not in out:
+            out.append(sc)
+    return out
+
+
+def _sampling_params_list(pipeline: PipelineConfig, stages: list[str]) -> dict[str, Any]:
     """A list aligned with the stages, or a map from stage name."""
-    params = {"$ref": "#/components/schemas/StageParams"}
+    per = {s: _stage_params(pipeline, s) for s in stages}
     return _nullable(
         {
             "anyOf": [
                 {
                     "type": "array",
-                    "items": {"anyOf": [params, _NULL]},
+                    "items": {"anyOf": [*_unique(per.values()), _NULL]},
                     "minItems": len(stages),
                     "maxItems": len(stages),
                 },
                 {
                     "type": "object",
-                    "propertyNames": {"enum": stages},
-                    "additionalProperties": params,
+                    "properties": per,
+                    "additionalProperties": False,
                 },
             ]
         }
@@ -264,23 +320,58 @@ def _shape_chat(
         {"type": "array", "items": {"enum": modalities}, "minItems": 1, "uniqueItems": True}
     )
     props["model"] = {"enum": ["", pipeline.name], "default": ""}
-    props["n"] = {"const": 1, "default": 1}
-    props["sampling_params_list"] = _sampling_params_list(stages)
-    # Declared so that sending them gets a precise 400; only their "off"
-    # values are accepted.
-    for name in ("frequency_penalty", "presence_penalty"):
-        props[name] = _nullable({"const": 0})
-    props["logprobs"] = _nullable({"const": False})
-    props["top_logprobs"] = _nullable({"const": 0})
-    props["logit_bias"] = _nullable({"type": "object", "maxProperties": 0})
+    props["n"] = {"type": "integer", "minimum": 1, "maximum": min(128, max_batch), "default": 1}
+    props["sampling_params_list"] = _sampling_params_list(pipeline, stages)
+    # The sampling extras the text stage's engine cannot honour: null only.
+    text_stage = pipeline.outputs.get("text", "")
+    for field in _cannot(pipeline, text_stage):
+        for name in _CHAT_FIELDS.get(field, (field,)):
+            props[name] = {"type": "null", "default": None}
+    if "json_schema" in _cannot(pipeline, text_stage):
+        props["response_format"] = _nullable({"$ref": "#/components/schemas/TextFormat"})
+    # An empty map biases nothing: any engine takes it.
+    props["logit_bias"] = _nullable(
+        _STAGE_PARAM_RANGES["logit_bias"]
+        if "logit_bias" not in _cannot(pipeline, text_stage)
+        else {"type": "object", "maxProperties": 0}
+    )
+    true = {"const": True}
     rules: list[dict[str, Any]] = [
-        # A batch is not streamed.
+        # A batch is not streamed, nor sampled n > 1 times.
         {
             "if": {"properties": {"messages": batch}, "required": ["messages"]},
-            "then": {"properties": {"stream": {"const": False}}},
+            "then": {"properties": {"stream": {"const": False}, "n": {"const": 1}}},
         },
-        # max_tokens is max_completion_tokens' old name: one of them.
-        {"not": {"required": ["max_tokens", "max_completion_tokens"]}},
+        # n > 1: not resumable, nor streamed with audio.
+        {
+            "if": {"properties": {"n": {"minimum": 2}}, "required": ["n"]},
+            "then": {
+                "properties": {
+                    "stream_options": _nullable({"properties": {"resumable": {"const": False}}})
+                }
+            },
+        },
+        {
+            "if": {
+                "properties": {"n": {"minimum": 2}, "stream": true},
+                "required": ["n", "stream"],
+            },
+            "then": {
+                "properties": {"modalities": _nullable({"not": {"contains": {"const": "audio"}}})}
+            },
+        },
+        # top_logprobs needs logprobs; logprobs need the text output.
+        {
+            "if": {
+                "required": ["top_logprobs"],
+                "properties": {"top_logprobs": {"type": "integer"}},
+            },
+            "then": {"required": ["logprobs"], "properties": {"logprobs": true}},
+        },
+        {
+            "if": {"required": ["logprobs"], "properties": {"logprobs": true}},
+            "then": {"properties": {"modalities": _nullable({"contains": {"const": "text"}})}},
+        },
     ]
     dependent: dict[str, Any] = {
         "stream_options": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
@@ -296,6 +387,62 @@ def _shape_chat(
     req["dependentSchemas"] = dependent
 
 
+def _speed_off(schema: Any) -> Any:
+    """``schema`` with every StageParams in it taking no speed but 1 (the
+    speech route refuses another: no engine honours it)."""
+    if isinstance(schema, list):
+        return [_speed_off(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if schema.get("$ref") == "#/components/schemas/StageParams":
+        return {"allOf": [schema, {"properties": {"speed": _nullable({"const": 1.0})}}]}
+    return {k: _speed_off(v) for k, v in schema.items()}
+
+
+def _shape_speech_image(schemas: dict[str, Any], pipeline: PipelineConfig) -> None:
+    """Speech and image fields as this pipeline takes them (``adapt``'s
+    ``_check_speech``, ``_image_options``, ``_check_diffusion``)."""
+    if not any(engine_kind(st.engine) == "diffusers" for st in pipeline.stages):
+        stage_params = schemas["StageParams"]["properties"]
+        for field in DIFFUSION_PARAMS:
+            stage_params[field] = {"type": "null", "default": None}
+    speech = schemas["SpeechRequest"]
+    sp = speech["properties"]
+    # No engine honours a speaking rate or voice instructions (adapt.SPEECH_ENGINE_PARAMS).
+    sp["speed"] = {"const": 1.0, "default": 1.0}
+    sp["instructions"] = _nullable({"const": ""})
+    sp["sampling_params_list"] = _speed_off(sp["sampling_params_list"])
+    # stream: false contradicts a stream_format.
+    speech["not"] = {
+        "properties": {"stream": {"const": False}, "stream_format": {"enum": ["audio", "sse"]}},
+        "required": ["stream", "stream_format"],
+    }
+    image = schemas["ImageRequest"]
+    ip = image["properties"]
+    ip["quality"] = _nullable({"enum": sorted(DEFAULT_QUALITIES)})
+    del ip["style"]
+    ip["background"] = _nullable({"enum": ["auto", "opaque"]})
+    stage = pipeline.outputs.get("image", "")
+    args = pipeline.stage(stage).engine if stage else None
+    if not isinstance(args, DiffusersArgs):
+        ip["response_format"] = {"const": "b64_json", "default": "b64_json"}
+        for field in DIFFUSION_PARAMS:
+            del ip[field]
+        return
+    model = describe_model(args)
+    if model is None or model.pipeline not in TRUE_CFG_PIPELINES:
+        return
+    if model.guidance_embeds is False:
+        del ip["guidance_scale"]
+    # true CFG: a negative prompt and a scale above 1, together or neither
+    ip["negative_prompt"] = {"type": "string", "maxLength": 32000}
+    ip["true_cfg_scale"] = {"type": "number", "exclusiveMinimum": 1.0, "maximum": 100.0}
+    image["dependentRequired"] = {
+        "negative_prompt": ["true_cfg_scale"],
+        "true_cfg_scale": ["negative_prompt"],
+    }
+
+
 def _shape_requests(schemas: dict[str, Any], pipeline: PipelineConfig, max_batch: int) -> None:
     stages = [st.name for st in pipeline.stages]
     params = schemas["StageParams"]["properties"]
@@ -305,9 +452,9 @@ def _shape_requests(schemas: dict[str, Any], pipeline: PipelineConfig, max_batch
     for name in ("SpeechRequest", "ImageRequest"):
         props = schemas[name]["properties"]
         props["model"] = {"enum": ["", pipeline.name], "default": ""}
-        props["sampling_params_list"] = _sampling_params_list(stages)
+        props["sampling_params_list"] = _sampling_params_list(pipeline, stages)
+    _shape_speech_image(schemas, pipeline)
     image = schemas["ImageRequest"]
-    image["properties"]["response_format"] = {"const": "b64_json", "default": "b64_json"}
     # steps is an alias of num_inference_steps: one of them.
     image["not"] = {"required": ["steps", "num_inference_steps"]}
     # WxH, each a multiple of 8 in 8..4096 (adapt._size).
@@ -415,7 +562,7 @@ def _paths() -> dict[str, Any]:
         "/v1/images/generations": _post(
             "Image generation (OpenAI-compatible)",
             ImageRequest,
-            _json(ImagesResponse, "Generated images as base64 PNG"),
+            _json(ImagesResponse, "Generated images: base64 files, or URLs of GET /v1/files/{digest}"),
             "n > 1 submits n requests, admitted together or not at all.",
         ),
         "/v1/models": _get("The served pipeline as a model", _json(ModelList, "Model list")),

@@ -60,6 +60,7 @@ from omnix.events.types import (
     RequestSpec,
     StageFinished,
     TerminalEvent,
+    TokenLogprob,
     event_tag,
 )
 from omnix.http.audio import (
@@ -77,6 +78,7 @@ from omnix.http.schemas import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
     ImageData,
@@ -84,14 +86,19 @@ from omnix.http.schemas import (
     SpeechAudioDelta,
     SpeechAudioDone,
     SpeechUsage,
+    TokenLogprobOut,
+    TopLogprob,
     Usage,
 )
 
 #: Bumped whenever the bytes rendered for the same events change; recorded
 #: in each request's options so a trace says which renderer produced it,
 #: and requests recorded by an older version render as they did then.
-#: "2": SSE events carry ``id:`` (``event_ids``).
-RENDER_VERSION = "2"
+#: "2": SSE events carry ``id:`` (``event_ids``).  "3": chat streams carry
+#: ``id:`` only when the client asked for a resumable stream
+#: (``Opt.SSE_IDS``): vLLM's benchmark client and other line-naive SSE
+#: parsers take every event for ``data: <json>``, as OpenAI's are.
+RENDER_VERSION = "3"
 
 #: ``RequestSpec.api`` values of the HTTP routes.
 API_CHAT = "chat.completions"
@@ -124,12 +131,18 @@ class Opt:
     SAMPLE_RATE = "sample_rate"
     VOICE = "voice"
     STREAM_FORMAT = "stream_format"  # speech: "" | audio | sse
-    RESPONSE_FORMAT = "response_format"  # images: b64_json; transcriptions: json...
+    RESPONSE_FORMAT = "response_format"  # images: b64_json | url; transcriptions: json...
+    FILES_URL = "files_url"  # images, url: absolute URL of GET /v1/files/ (from the Host)
+    OUTPUT_FORMAT = "output_format"  # images: png | jpeg | webp, when the client named one
     LANGUAGE = "language"  # transcriptions: the language's English name, lowercase ("" unknown)
     TEMPERATURE = "temperature"  # transcriptions: the text stage's, for verbose_json
     GROUP = "group"  # batched requests: the group id ...
     GROUP_INDEX = "group_index"  # ... this member's choice index ...
     GROUP_SIZE = "group_size"  # ... and the number of members
+    SSE_IDS = "sse_ids"  # chat, render >= 3: "1": SSE events carry id: (resumable)
+    LOGPROBS = "logprobs"  # chat: "1": choices carry logprobs (Chunk.logprobs)
+    CHOICES = "choices"  # chat: "1": the group is n choices of one prompt (usage: prompt once)
+    GROUP_STREAM = "group_stream"  # chat: "1": the group's choices stream as one SSE response
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -235,9 +248,11 @@ class Summary:
         self.created = 0
         self.text: list[str] = []
         self.token_ids: list[int] = []  # of the text chunks
+        self.logprobs: list[TokenLogprob] = []  # of the text chunks
         self.audio: list[np.ndarray] = []
         self.audio_rate = 0  # from a blob's media type, when it says
         self.images: list[bytes] = []
+        self.image_digests: list[str] = []  # response_format url: the files' blobs
         self.finished: dict[str, StageFinished] = {}
         self.terminal: TerminalEvent | None = None
 
@@ -253,6 +268,7 @@ class Summary:
             if ev.modality == "text" and ev.stage == opts.get(Opt.TEXT_STAGE):
                 self.text.append(ev.text)
                 self.token_ids.extend(ev.token_ids)
+                self.logprobs.extend(ev.logprobs)
             elif not self.collect_media:
                 pass
             elif ev.modality == "audio" and ev.stage == opts.get(Opt.AUDIO_STAGE):
@@ -260,6 +276,11 @@ class Summary:
                 if arr is not None:
                     self.audio.append(arr)
             elif ev.modality == "image" and ev.stage == opts.get(Opt.IMAGE_STAGE):
+                if opts.get(Opt.RESPONSE_FORMAT) == "url":
+                    # answered by reference: the file is the chunk's blob
+                    if ev.blob is not None:
+                        self.image_digests.append(ev.blob.digest)
+                    return
                 img = self.chunk_image(ev)
                 if img is not None:
                     self.images.append(img)
@@ -330,6 +351,27 @@ class Summary:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.float32)
 
 
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
+def choice_logprobs(lps: Iterable[TokenLogprob]) -> ChoiceLogprobs:
+    """OpenAI's ``choices[].logprobs`` for recorded per-token logprobs."""
+    return ChoiceLogprobs(
+        content=[
+            TokenLogprobOut(
+                token=lp.token,
+                logprob=lp.logprob,
+                bytes=_token_bytes(lp.token),
+                top_logprobs=[
+                    TopLogprob(token=t, logprob=v, bytes=_token_bytes(t)) for t, v in lp.top
+                ],
+            )
+            for lp in lps
+        ]
+    )
+
+
 def _json_head(status: int, rids: Sequence[str], extra: tuple[tuple[str, str], ...] = ()) -> Head:
     return Head(
         status, (("Content-Type", "application/json"), ("X-Request-Id", ",".join(rids)), *extra)
@@ -360,9 +402,13 @@ def _chat_body(members: list[Summary]) -> bytes:
             )
         has_text = bool(s.options.get(Opt.TEXT_STAGE))
         msg = AssistantMessage(content=text if has_text else None, audio=audio)
-        choices.append(ChatChoice(index=i, message=msg, finish_reason=s.finish_reason()))
+        lps = choice_logprobs(s.logprobs) if _flag(spec, Opt.LOGPROBS) else None
+        choices.append(
+            ChatChoice(index=i, message=msg, finish_reason=s.finish_reason(), logprobs=lps)
+        )
         p, c = s.usage()
-        prompt += p
+        # n choices of one prompt count the prompt once (as OpenAI does).
+        prompt = p if _flag(spec, Opt.CHOICES) else prompt + p
         completion += c
     group = first.options.get(Opt.GROUP) or first.request_id
     body = ChatCompletion(
@@ -379,9 +425,19 @@ def _chat_body(members: list[Summary]) -> bytes:
 
 
 def _images_body(members: list[Summary]) -> bytes:
-    data = [ImageData(b64_json=_b64(img)) for s in members for img in s.images]
+    opts = members[0].options
+    if opts.get(Opt.RESPONSE_FORMAT) == "url":
+        # The files are the chunks' blobs, served by GET /v1/files/{digest};
+        # the base URL was recorded at admission (from the request's Host).
+        base = opts.get(Opt.FILES_URL, "")
+        data = [ImageData(url=base + d) for s in members for d in s.image_digests]
+    else:
+        data = [ImageData(b64_json=_b64(img)) for s in members for img in s.images]
     body = ImagesResponse(
-        created=members[0].created, data=data, request_ids=[s.request_id for s in members]
+        created=members[0].created,
+        data=data,
+        request_ids=[s.request_id for s in members],
+        output_format=opts.get(Opt.OUTPUT_FORMAT) or UNSET,
     )
     return _enc.encode(body)
 
@@ -426,13 +482,19 @@ class _ChatStream:
     ``[DONE]``.  A request that fails or is cancelled mid-stream ends with
     an ``{"error": ...}`` event and ``[DONE]``."""
 
-    def __init__(self, s: Summary) -> None:
+    def __init__(self, s: Summary, member: bool = False) -> None:
         self.s = s
         spec = s.spec
         assert spec is not None
-        self.id = f"chatcmpl-{s.request_id}"
+        #: one choice of an n > 1 group's stream (``_ChatGroupStream``):
+        #: its index, and no usage chunk or ``[DONE]`` of its own
+        self.member = member
+        self.index = int(spec.options.get(Opt.GROUP_INDEX, "0") or 0) if member else 0
+        group = spec.options.get(Opt.GROUP) if member else None
+        self.id = f"chatcmpl-{group or s.request_id}"
         self.model = spec.model
         self.usage = _flag(spec, Opt.INCLUDE_USAGE)
+        self.logprobs = _flag(spec, Opt.LOGPROBS)
         self.text_stage = spec.options.get(Opt.TEXT_STAGE, "")
         self.audio_stage = spec.options.get(Opt.AUDIO_STAGE, "")
         self.audio_id = f"audio-{s.request_id}"
@@ -440,13 +502,19 @@ class _ChatStream:
         if self.audio_stage:
             self.encoder = StreamEncoder(s.audio_format, s.sample_rate)
 
-    def _chunk(self, delta: Delta, finish: str | None = None) -> bytes:
+    def _chunk(
+        self, delta: Delta, finish: str | None = None, logprobs: ChoiceLogprobs | None = None
+    ) -> bytes:
         return _sse(
             ChatCompletionChunk(
                 id=self.id,
                 created=self.s.created,
                 model=self.model,
-                choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                choices=[
+                    ChunkChoice(
+                        index=self.index, delta=delta, finish_reason=finish, logprobs=logprobs
+                    )
+                ],
                 usage=None if self.usage else UNSET,
             )
         )
@@ -454,6 +522,8 @@ class _ChatStream:
     def feed(self, ev: Event) -> list[bytes]:
         if type(ev) is Chunk:
             if ev.stage == self.text_stage and ev.modality == "text":
+                if self.logprobs and ev.logprobs:
+                    return [self._chunk(Delta(content=ev.text), None, choice_logprobs(ev.logprobs))]
                 if not ev.text:
                     return []
                 return [self._chunk(Delta(content=ev.text))]
@@ -480,6 +550,8 @@ class _ChatStream:
                 )
                 out.append(self._chunk(Delta(audio=audio)))
             out.append(self._chunk(Delta(), self.s.finish_reason()))
+            if self.member:
+                return out
             if self.usage:
                 p, c = self.s.usage()
                 out.append(
@@ -500,6 +572,100 @@ class _ChatStream:
             assert err is not None
             return [b"data: " + err[1] + b"\n\n", SSE_DONE]
         return []
+
+
+class _ChatGroupStream:
+    """The one SSE response of an n > 1 chat group (``Opt.GROUP_STREAM``):
+    its members' events, fed in log order, render as one
+    ``chat.completion.chunk`` stream whose choices carry the members'
+    indexes (each member's role, content and finish chunks where its
+    events stand in the log); once every member finished, the usage chunk
+    (the prompt counted once, completions summed) and ``[DONE]``.  A
+    member that fails or is cancelled ends the stream with its error."""
+
+    def __init__(self, blobs: BlobStore) -> None:
+        self.blobs = blobs
+        self.members: dict[str, tuple[Summary, _ChatStream]] = {}
+        self.size = 0
+        self.ended = 0
+        self.head: Head | None = None
+        self.done = False
+        self.first: Summary | None = None
+
+    def feed(self, ev: Event) -> list[bytes]:
+        if self.done or not isinstance(ev, RequestEvent):
+            return []
+        rid = ev.request_id
+        if type(ev) is Admitted:
+            s = Summary(self.blobs, collect_media=False)
+            s.feed(ev)
+            stream = _ChatStream(s, member=True)
+            self.members[rid] = (s, stream)
+            if self.first is None:
+                self.first = s
+                self.size = int(ev.spec.options.get(Opt.GROUP_SIZE, "1") or 1)
+                group = ev.spec.options.get(Opt.GROUP, rid)
+                self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", group)), streamed=True)
+            return stream.feed(ev)
+        member = self.members.get(rid)
+        if member is None:
+            return []
+        s, stream = member
+        s.feed(ev)
+        out = stream.feed(ev)
+        if type(ev) is Failed or type(ev) is Cancelled:
+            self.done = True
+            return out
+        if type(ev) is Finished:
+            self.ended += 1
+            if self.ended == self.size:
+                self.done = True
+                if stream.usage and self.first is not None:
+                    p = self.first.usage()[0]
+                    c = sum(m[0].usage()[1] for m in self.members.values())
+                    out.append(
+                        _sse(
+                            ChatCompletionChunk(
+                                id=stream.id,
+                                created=self.first.created,
+                                model=stream.model,
+                                choices=[],
+                                usage=Usage(
+                                    prompt_tokens=p, completion_tokens=c, total_tokens=p + c
+                                ),
+                            )
+                        )
+                    )
+                out.append(SSE_DONE)
+        return out
+
+
+class GroupStreamRenderer:
+    """``StreamRenderer``'s counterpart for an n > 1 chat stream: ``feed``
+    the events of every member, in log order."""
+
+    def __init__(self, blobs: BlobStore) -> None:
+        self._g = _ChatGroupStream(blobs)
+
+    @property
+    def head(self) -> Head | None:
+        return self._g.head
+
+    @property
+    def done(self) -> bool:
+        return self._g.done
+
+    def feed(self, ev: Event) -> list[bytes]:
+        return self._g.feed(ev)
+
+
+def _group_streamed(by_rid: dict[str, list[Event]]) -> bool:
+    first = next(iter(by_rid.values()))[0]
+    return isinstance(first, Admitted) and _flag(first.spec, Opt.GROUP_STREAM)
+
+
+def _in_log_order(by_rid: dict[str, list[Event]]) -> list[Event]:
+    return sorted((ev for evs in by_rid.values() for ev in evs), key=lambda ev: ev.pos)
 
 
 class _SpeechStream:
@@ -771,10 +937,15 @@ class StreamRenderer:
     def _open_stream(self, ev: Admitted) -> None:
         s = self.summary
         rid = ev.request_id
-        self.ids = ev.spec.options.get(Opt.RENDER, "1") != "1" and (
-            ev.spec.api in (API_CHAT, API_TRANSCRIPTION)
-            or ev.spec.options.get(Opt.STREAM_FORMAT) == "sse"
-        )
+        version = ev.spec.options.get(Opt.RENDER, "1")
+        if version == "1":
+            self.ids = False
+        elif ev.spec.api == API_CHAT and version != "2":
+            self.ids = _flag(ev.spec, Opt.SSE_IDS)
+        else:
+            self.ids = ev.spec.api in (API_CHAT, API_TRANSCRIPTION) or (
+                ev.spec.options.get(Opt.STREAM_FORMAT) == "sse"
+            )
         if ev.spec.api == API_CHAT:
             self._stream = _ChatStream(s)
             self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)
@@ -805,6 +976,10 @@ def _split(events: Iterable[Event]) -> dict[str, list[Event]]:
     if not by_rid:
         raise ValueError("no request events to render")
     return by_rid
+
+
+def _group_refused(by_rid: dict[str, list[Event]]) -> bool:
+    return any(isinstance(evs[0], Rejected) for evs in by_rid.values())
 
 
 def _batched(by_rid: dict[str, list[Event]]) -> bool:
@@ -848,6 +1023,14 @@ def render_response(events: Iterable[Event], blobs: BlobStore) -> Rendered:
     the request(s) these events belong to.  The events must reach each
     request's terminal event."""
     by_rid = _split(events)
+    if _group_streamed(by_rid):
+        g = _ChatGroupStream(blobs)
+        body = b"".join(piece for ev in _in_log_order(by_rid) for piece in g.feed(ev))
+        if _group_refused(by_rid):
+            return _whole(_group_order(by_rid, blobs))
+        if not g.done or g.head is None:
+            raise ValueError("the group's stream has not ended: cannot render its response yet")
+        return Rendered(g.head, body)
     if len(by_rid) > 1 or _batched(by_rid):
         return _whole(_group_order(by_rid, blobs))
     ((rid, evs),) = by_rid.items()
@@ -863,6 +1046,11 @@ def render_stream(events: Iterable[Event], blobs: BlobStore) -> Iterator[bytes]:
     response, one piece per SSE event or encoded audio piece; a whole
     response is one piece).  Stops early if the events stop early."""
     by_rid = _split(events)
+    if _group_streamed(by_rid) and not _group_refused(by_rid):
+        g = _ChatGroupStream(blobs)
+        for ev in _in_log_order(by_rid):
+            yield from g.feed(ev)
+        return
     if len(by_rid) > 1 or _batched(by_rid):
         yield _whole(_group_order(by_rid, blobs)).body
         return

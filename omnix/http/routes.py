@@ -28,18 +28,25 @@ import functools
 import logging
 import re
 import time
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
 from omnix import __version__
-from omnix.api import Omni, ShuttingDown, new_request_id, new_seed
-from omnix.events.blobs import array_ref
+from omnix.api import Omni, ProfilingOff, ShuttingDown, new_request_id, new_seed
+from omnix.events.blobs import BlobMissing, array_ref
 from omnix.events.disklog import DiskLog
 from omnix.events.log import LogClosed
-from omnix.events.types import MediaKind, MediaPart, Rejected, RejectReason
+from omnix.events.types import (
+    ChatMessage,
+    MediaKind,
+    MediaPart,
+    Rejected,
+    RejectReason,
+    RequestEvent,
+)
 from omnix.http import adapt, transcribe
 from omnix.http.errors import ApiError, Handler, from_decode_error, from_request_error
 from omnix.http.media import MediaDecoder
@@ -48,6 +55,7 @@ from omnix.http.options import HttpOptions
 from omnix.http.render import (
     API_IMAGES,
     RETRY_AFTER,
+    GroupStreamRenderer,
     Head,
     Opt,
     Rendered,
@@ -62,15 +70,25 @@ from omnix.http.schemas import (
     UNSUPPORTED_CHAT_FIELDS,
     CancelResult,
     ChatCompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
     Health,
     ImageRequest,
     MediaContentPart,
+    Message,
     ModelCard,
     ModelList,
+    ProfileRequest,
+    Profiles,
     Readiness,
     SpeechRequest,
+    TextPart,
+    TokenizeRequest,
+    TokenizeResponse,
     Version,
+    WorkerProfile,
 )
+from omnix.http.tokens import PromptTokens
 from omnix.pipelines.plan import RequestError
 from omnix.telemetry import Telemetry, metrics_handler
 from omnix.trace import export_trace
@@ -115,7 +133,15 @@ class _BodyDecoder:
 
 # Any: ``_body`` reads each as the decoder of its own body type.
 _DECODERS: dict[type, Any] = {
-    t: _BodyDecoder(t) for t in (ChatCompletionRequest, SpeechRequest, ImageRequest)
+    t: _BodyDecoder(t)
+    for t in (
+        ChatCompletionRequest,
+        SpeechRequest,
+        ImageRequest,
+        ProfileRequest,
+        TokenizeRequest,
+        DetokenizeRequest,
+    )
 }
 
 
@@ -125,6 +151,33 @@ _CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 #: A log position, as ``/v1/requests/{id}/events`` writes its ``id:``,
 #: and an SSE event id of a response (``render.event_ids``).
 _POSITION = re.compile(r"^[0-9]{1,18}$")
+#: A blob's digest as ``GET /v1/files/{digest}`` takes it (BlobRef.digest:
+#: blake2b-128, lowercase hex); nothing else reaches the blob store.
+_DIGEST = re.compile(r"^[0-9a-f]{32}$")
+#: A Host header usable in an absolute URL: a name or IPv4 address, or a
+#: bracketed IPv6 address, and an optional port.
+_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
+
+
+def _image_type(data: bytes) -> str | None:
+    """The media type of an image file omnix serves (PNG, JPEG, WebP), by
+    its magic bytes; None for any other blob (decoded media, audio...)."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def _files_url(request: web.Request) -> str:
+    """The absolute URL of ``GET /v1/files/`` as the client reached this
+    server (its Host header), "" when the Host is not usable."""
+    host = request.host
+    if not host or not _HOST.match(host):
+        return ""
+    return f"{request.scheme}://{host}/v1/files/"
 _EVENT_ID = re.compile(r"^[0-9]{1,18}([.][0-9]{1,4})?$")
 
 
@@ -252,8 +305,11 @@ class Routes:
         self._readers: dict[str, int] = {}
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self.telemetry = telemetry
+        if telemetry is not None and omni.retention is not None:
+            telemetry.follow_retention(omni.retention)
         self._metrics_handler = None if telemetry is None else metrics_handler(telemetry)
         self.served = adapt.Served(omni.pipeline, new_request_id=new_request_id, new_seed=new_seed)
+        self.tokens = PromptTokens(omni.pipeline)
         self.media = MediaDecoder(
             omni.pipeline.input_media, allowed_domains=options.allowed_media_domains, pipeline=omni.pipeline.name
         )
@@ -270,8 +326,13 @@ class Routes:
             "/v1/audio/transcriptions",
             _generation(self.transcriptions, json_body=False),  # multipart/form-data
         )
+        r.add_get("/v1/files/{digest}", self.file)
         r.add_get("/v1/models", self.models)
         r.add_get("/version", self.version)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_post("/start_profile", functools.partial(self.profile, "start"))
+        r.add_post("/stop_profile", functools.partial(self.profile, "stop"))
         r.add_get("/health", self.health)
         r.add_get("/ready", self.ready)
         r.add_get("/metrics", self.metrics)
@@ -356,9 +417,51 @@ class Routes:
     async def images(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, ImageRequest)
         plan = adapt.image_plan(
-            body, self.served, traceparent=adapt.traceparent_of(request.headers.get("traceparent"))
+            body,
+            self.served,
+            traceparent=adapt.traceparent_of(request.headers.get("traceparent")),
+            files_url=_files_url(request),
         )
         return await self._run(request, plan)
+
+    async def file(self, request: web.Request) -> web.Response:
+        """``GET /v1/files/{digest}``: a generated image file (the URL of a
+        ``response_format: "url"`` image), read from the blob store by its
+        content digest.  Only a well-formed digest reaches the store (no
+        client path touches the filesystem), and only image files (PNG,
+        JPEG, WebP) are served: other blobs (decoded inputs, audio) are 404,
+        as is a digest not (or no longer: retention deleted it) stored."""
+        digest = request.match_info["digest"]
+        if not _DIGEST.match(digest):
+            raise ApiError(
+                400,
+                f"{digest[:80]!r} is not a file id: file ids are 32 lowercase hex digits, as "
+                "the url of an image response gives them.",
+                param="digest",
+                code="invalid_value",
+            )
+        try:
+            data = await asyncio.to_thread(self.omni.blobs.get, digest)
+        except BlobMissing:
+            data = b""
+        ctype = _image_type(data)
+        if ctype is None:
+            raise ApiError(
+                404,
+                f"No file {digest} on this server: it was never generated here, or its "
+                "request's retention has ended and released it.",
+                param="digest",
+                code="file_not_found",
+                type="not_found_error",
+            )
+        return web.Response(
+            body=data,
+            headers={
+                "Content-Type": ctype,
+                "ETag": f'"{digest}"',
+                "Cache-Control": "private, max-age=3600, immutable",
+            },
+        )
 
     # -- submission and the live response -----------------------------------------
     def _not_accepting(self) -> ApiError:
@@ -511,10 +614,19 @@ class Routes:
         self.media.close()
 
     async def _run(self, request: web.Request, plan: adapt.Plan) -> web.StreamResponse:
+        # The prompt fits the first stage's context, before anything is admitted.
+        checked: set[tuple[object, str]] = set()
+        for _, spec in plan.specs:
+            key = (spec.messages or spec.prompt, repr(spec.stage_params.get(self.tokens.stage)))
+            if key not in checked:
+                checked.add(key)
+                await self.tokens.check(spec)
         rejected = self._submit(plan)
         if rejected is not None:
             return self._whole_response(render_response(rejected, self.omni.blobs))
         rids = plan.request_ids
+        if plan.stream and len(rids) > 1:
+            return await self._stream_group(request, rids)
         if plan.stream:
             return await self._stream(request, rids[0], None)
         try:
@@ -625,6 +737,56 @@ class Routes:
         await self._durable(last)
         return await self._finish(request, resp, renderer, buf)
 
+    async def _stream_group(
+        self, request: web.Request, rids: tuple[str, ...]
+    ) -> web.StreamResponse:
+        """The one SSE response of an n > 1 chat group: every member's
+        events, in log order (``render.GroupStreamRenderer``).  Not
+        resumable.  A dropped client, or a member that failed, cancels the
+        members still running."""
+        renderer = GroupStreamRenderer(self.omni.blobs)
+        members = set(rids)
+        rs = self.omni.state(rids[0])
+        start = max(rs.admitted_pos, 0) if rs is not None else 0
+        resp: web.StreamResponse | None = None
+        buf = bytearray()
+        last = start - 1
+        try:
+            async for ev in self.omni.log.tail(start):
+                if not isinstance(ev, RequestEvent) or ev.request_id not in members:
+                    continue
+                last = ev.pos
+                for piece in renderer.feed(ev):
+                    buf += piece
+                if resp is None and renderer.head is not None:
+                    resp = await self._open(request, renderer.head, buf)
+                if renderer.done:
+                    break
+                if resp is not None and buf and all(self._caught_up(r, ev.pos) for r in rids):
+                    await self._durable(ev.pos)
+                    await resp.write(bytes(buf))
+                    buf.clear()
+            await self._durable(last)
+            if resp is None:
+                raise self._not_accepting()
+            if not renderer.done:  # the log closed under us: cut the connection
+                if buf:
+                    await resp.write(bytes(buf))
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
+            await resp.write_eof(bytes(buf))
+        except (asyncio.CancelledError, ConnectionResetError):
+            self._disconnected(rids)
+            raise
+        finally:
+            self._disconnected(tuple(r for r in rids if not self._ended(r)))
+        return resp
+
+    def _ended(self, rid: str) -> bool:
+        rs = self.omni.state(rid)
+        return rs is None or rs.terminal
+
     @staticmethod
     async def _open(request: web.Request, head: Head, buf: bytearray) -> web.StreamResponse:
         """The response for ``head``: a prepared stream, or (a head that
@@ -673,6 +835,64 @@ class Routes:
         """vLLM's ``GET /version``: ``{"version": ...}``, omnix's."""
         return _json(Version(version=__version__))
 
+    async def _tokenizer(self) -> Any:
+        tok = await self.tokens.tokenizer()
+        if tok is None:
+            raise ApiError(
+                404,
+                f"pipeline {self.omni.pipeline.name!r} has no tokenizer to offer: its first stage "
+                f"({self.tokens.stage!r}) is not a vLLM stage whose model folder has one.",
+                code="tokenizer_unavailable",
+            )
+        return tok
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: the ids the first stage's tokenizer
+        gives a prompt, or chat messages as its chat template renders them."""
+        body = await self._body(request, TokenizeRequest)
+        self.served.check_model(body.model or "")
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "Give a prompt or messages (one of them).", param="prompt", code="invalid_value")
+        tok = await self._tokenizer()
+        if body.messages is not None:
+            messages = tuple(_text_message(f"messages[{i}]", m) for i, m in enumerate(body.messages))
+            ids = await asyncio.to_thread(self.tokens.prompt_ids, tok, messages)
+        else:
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+            ids = await asyncio.to_thread(tok.encode, body.prompt, add_special_tokens=special)
+        strs = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return _json(TokenizeResponse(count=len(ids), max_model_len=self.tokens.max_model_len, tokens=ids, token_strs=strs))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /detokenize``."""
+        body = await self._body(request, DetokenizeRequest)
+        self.served.check_model(body.model or "")
+        tok = await self._tokenizer()
+        if body.tokens and max(body.tokens) >= len(tok):
+            raise ApiError(
+                400,
+                f"token id {max(body.tokens)} is outside the vocabulary (0..{len(tok) - 1}).",
+                param="tokens",
+                code="invalid_value",
+            )
+        text = await asyncio.to_thread(tok.decode, body.tokens)
+        return _json(DetokenizeResponse(prompt=text))
+
+    async def profile(self, action: Literal["start", "stop"], request: web.Request) -> web.Response:
+        """vLLM-Omni's ``POST /start_profile`` / ``/stop_profile``: the
+        profiler of the workers of ``stages`` (every stage by default);
+        404 unless the server was started with ``--profile-dir``."""
+        # An empty body (curl -X POST) profiles every stage.
+        body = await self._body(request, ProfileRequest) if (await request.read()).strip() else ProfileRequest()
+        try:
+            reports = await self.omni.profile(action, body.stages)
+        except ProfilingOff as exc:
+            raise ApiError(404, str(exc), code="profiling_off") from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="stages", code="invalid_value") from None
+        workers = [WorkerProfile(stage=r.stage, replica=r.replica, ok=r.ok, detail=r.detail) for r in reports]
+        return _json(Profiles(workers=workers), 200 if all(w.ok for w in workers) else 500)
+
     def is_ready(self) -> bool:
         ready = self.omni.ready()
         return self.omni.accepting and all(n > 0 for n in ready.values())
@@ -697,6 +917,19 @@ class Routes:
     def _known(self, request: web.Request) -> str:
         rid = request.match_info["id"]
         if self.omni.state(rid) is None:
+            if self.omni.request_status(rid) == "released":
+                raise ApiError(
+                    410,
+                    f"Request {rid!r} ended before this server's retention window and was "
+                    "released: its state, events and trace are no longer kept. To keep traces "
+                    "longer, start the server with a longer --retain (or a larger "
+                    "--retain-requests / --retain-bytes), or with --log-dir DIR --archive to "
+                    "keep released requests on disk for `omnix trace export`.",
+                    param="id",
+                    code="request_released",
+                    type="not_found_error",
+                    headers={"X-Request-Id": rid},
+                )
             raise ApiError(
                 404,
                 f"No request {rid!r} on this server. Request ids come back in the X-Request-Id "
@@ -786,3 +1019,19 @@ class Routes:
                 "X-Request-Id": rid,
             },
         )
+
+
+def _text_message(where: str, m: Message) -> ChatMessage:
+    """A /tokenize message: its text parts (media have no tokens until the
+    model's processor expands them)."""
+    c = m.content
+    if c is None or isinstance(c, str):
+        return ChatMessage(role=m.role, content=c or "")
+    if not all(isinstance(p, TextPart) for p in c):
+        raise ApiError(
+            400,
+            f"{where}: /tokenize counts text only; send the message's text parts.",
+            param=where,
+            code="unsupported_input",
+        )
+    return ChatMessage(role=m.role, content="\n".join(p.text for p in c if isinstance(p, TextPart)))

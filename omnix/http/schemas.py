@@ -10,17 +10,17 @@ Does not own the meaning of a request (``adapt.py`` turns bodies into
 response Structs from the log).  ``openapi.py`` derives its schemas from
 these types.
 
-OpenAI parameters omnix cannot honour are still declared, with narrow
-types, so that a client sending them gets a precise "not supported" (400
-``unsupported_parameter``) instead of a generic "unknown field"
-(``adapt.py`` checks them); those
-whose values are free-form JSON (``tools``, ``response_format``) are
-listed in ``UNSUPPORTED_CHAT_FIELDS`` instead.
+OpenAI parameters omnix cannot honour whose values are free-form JSON
+(``tools``...) are listed in ``UNSUPPORTED_CHAT_FIELDS``, so a client
+sending one gets a precise "not supported" (400 ``unsupported_parameter``)
+instead of a generic "unknown field".  vLLM's sampling extras are declared
+on the chat request and passed to the text stage (``adapt.py`` refuses
+them for a stage whose engine cannot honour them).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -101,6 +101,32 @@ class Message(msgspec.Struct, **_REQ):
 
 class StreamOptions(msgspec.Struct, **_REQ):
     include_usage: bool = False
+    #: omnix: give each SSE event an ``id:`` so a dropped stream can be
+    #: resumed (``GET /v1/requests/{id}/stream`` with ``Last-Event-ID``).
+    resumable: bool = False
+
+
+class JsonSchemaFormat(msgspec.Struct, **_REQ):
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    #: required here (OpenAI's is optional): omnix constrains the answer to it
+    schema: dict[str, Any]
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type", **_REQ):
+    pass
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type", **_REQ):
+    pass
+
+
+class JsonSchemaResponseFormat(msgspec.Struct, tag="json_schema", tag_field="type", **_REQ):
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat
 
 
 ChatAudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
@@ -116,7 +142,8 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
 
     ``messages`` is one conversation (a list of messages) or a batch (a list
     of conversations, answered with one choice each, non-streaming only).
-    ``sampling_params_list`` and ``top_k`` are vLLM(-Omni) extensions.
+    ``sampling_params_list`` and the fields from ``top_k`` on below
+    ``stop`` are vLLM(-Omni)'s extensions.
     """
 
     messages: Annotated[
@@ -139,13 +166,22 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
-    # Declared so that using them gets a precise 400, not "unknown field".
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's extras
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
 
 
 #: OpenAI chat parameters omnix does not take, with the reason: sending one
@@ -157,7 +193,6 @@ UNSUPPORTED_CHAT_FIELDS: dict[str, str] = {
     "tool_choice": "omnix does not run tool calls; omit it.",
     "functions": "omnix does not run function calls; omit it.",
     "function_call": "omnix does not run function calls; omit it.",
-    "response_format": "omnix returns plain text; omit it.",
     "prediction": "omit it.",
     "reasoning_effort": "omit it.",
     "web_search_options": "omit it.",
@@ -187,11 +222,30 @@ class AssistantMessage(msgspec.Struct, kw_only=True):
     audio: AudioOut | UnsetType = UNSET
 
 
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct, kw_only=True):
+    """OpenAI's ``choices[].logprobs``."""
+
+    content: list[TokenLogprobOut] | None
+
+
 class ChatChoice(msgspec.Struct, kw_only=True):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
@@ -215,7 +269,7 @@ class ChunkChoice(msgspec.Struct, kw_only=True):
     index: int
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True):
@@ -240,7 +294,10 @@ class SpeechRequest(msgspec.Struct, **_REQ):
     """POST /v1/audio/speech.  Without ``stream_format`` the whole file is
     returned once generated; ``"audio"`` streams the encoded bytes as they
     are produced (chunked transfer); ``"sse"`` streams
-    ``speech.audio.delta`` events."""
+    ``speech.audio.delta`` events.  ``stream: true`` (vLLM-Omni's) means
+    ``stream_format: "sse"`` unless a ``stream_format`` is given.
+    ``speed`` other than 1 and ``instructions`` are refused (400) by a
+    pipeline none of whose speech stages can honour them."""
 
     input: Annotated[str, Meta(min_length=1, max_length=16384)]
     model: str = ""
@@ -248,6 +305,7 @@ class SpeechRequest(msgspec.Struct, **_REQ):
     response_format: SpeechFormat = "mp3"
     speed: Speed = 1.0
     stream_format: Literal["audio", "sse"] | None = None
+    stream: bool | None = None
     instructions: Annotated[str, Meta(max_length=4096)] | None = None
     seed: Seed | None = None
     sampling_params_list: SamplingParamsList | None = None
@@ -276,7 +334,11 @@ Size = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$")]
 
 class ImageRequest(msgspec.Struct, **_REQ):
     """POST /v1/images/generations.  ``seed``, ``steps`` (alias of
-    ``num_inference_steps``) and ``guidance_scale`` are omnix extensions."""
+    ``num_inference_steps``), ``num_inference_steps``, ``guidance_scale``,
+    ``negative_prompt`` and ``true_cfg_scale`` are vLLM-Omni's (and
+    omnix's) extensions; ``quality``, ``style``, ``background`` and
+    ``output_format`` are OpenAI's, honoured as docs/http.md "Images" says
+    (a value the pipeline cannot honour is a 400 naming it)."""
 
     prompt: Annotated[str, Meta(min_length=1, max_length=32000)]
     model: str = ""
@@ -289,10 +351,18 @@ class ImageRequest(msgspec.Struct, **_REQ):
     guidance_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
     sampling_params_list: SamplingParamsList | None = None
     user: str | None = None
+    quality: Literal["auto", "standard", "low", "medium", "high", "hd"] | None = None
+    style: Literal["vivid", "natural"] | None = None
+    background: Literal["auto", "opaque", "transparent"] | None = None
+    output_format: Literal["png", "jpeg", "webp"] | None = None
+    negative_prompt: Annotated[str, Meta(max_length=32000)] | None = None
+    true_cfg_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
 
 
 class ImageData(msgspec.Struct, kw_only=True):
-    b64_json: str
+    #: one of ``b64_json`` and ``url``, as the request's response_format says
+    b64_json: str | UnsetType = UNSET
+    url: str | UnsetType = UNSET
     revised_prompt: str | UnsetType = UNSET
 
 
@@ -300,6 +370,8 @@ class ImagesResponse(msgspec.Struct, kw_only=True):
     created: int
     data: list[ImageData]
     request_ids: list[str]
+    #: the file format, when the request named one (as OpenAI answers it)
+    output_format: str | UnsetType = UNSET
 
 
 # --------------------------------------------------------------------------
@@ -324,6 +396,57 @@ class ModelList(msgspec.Struct, kw_only=True):
 
 class Health(msgspec.Struct, kw_only=True):
     status: Literal["ok"] = "ok"
+
+
+class TokenizeRequest(msgspec.Struct, **_REQ):
+    """vLLM's ``POST /tokenize``: a ``prompt``, or chat ``messages`` as the
+    stage's chat template renders them (text parts only)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[Message], Meta(min_length=1)] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, **_REQ):
+    """vLLM's ``POST /detokenize``."""
+
+    tokens: list[Annotated[int, Meta(ge=0, le=2**31 - 1)]]
+    model: str | None = None
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str
+
+
+class ProfileRequest(msgspec.Struct, **_REQ):
+    """``POST /start_profile`` and ``/stop_profile`` (vLLM-Omni's shape):
+    the stages whose workers to profile; none: every stage."""
+
+    stages: list[Annotated[str, Meta(min_length=1, max_length=128)]] = []
+
+
+class WorkerProfile(msgspec.Struct, kw_only=True):
+    """One worker's answer: where its traces go (start), the file it wrote
+    (stop), or what went wrong (``ok`` false)."""
+
+    stage: str
+    replica: int
+    ok: bool
+    detail: str
+
+
+class Profiles(msgspec.Struct, kw_only=True):
+    workers: list[WorkerProfile]
 
 
 class Version(msgspec.Struct, kw_only=True):

@@ -198,6 +198,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "DIR/events/archive/ instead of deleting them (omnix trace export and omnix replay "
         "read them there)",
     )
+    parser.add_argument(
+        "--profile-dir",
+        default=None,
+        metavar="DIR",
+        help="enable POST /start_profile and /stop_profile: each selected stage's workers run "
+        "torch's profiler and write traces under DIR/<stage>/<replica>/ (default: off)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
@@ -253,6 +260,7 @@ async def serve(args: argparse.Namespace) -> int:
                 "endpoint": args.workers_endpoint,
                 "spawn": spawn,
                 "worker_token": args.worker_token,
+                "profile_dir": args.profile_dir,
             },
             resume_within_s=args.resume_within,
             retention=retention,

@@ -136,3 +136,34 @@ def _check_params(p: StageParams, where: str) -> None:
         raise bad("speed", "must be between 0.25 and 4.0")
     if p.seed is not None and not (0 <= p.seed < 2**63):
         raise bad("seed", "must be in [0, 2**63)")
+    # schema v5: vLLM's and OpenAI's sampling extras (the HTTP body's ranges)
+    if p.min_tokens is not None and not (0 <= p.min_tokens <= 1_000_000):
+        raise bad("min_tokens", "must be between 0 and 1000000")
+    if p.min_p is not None and not (0.0 <= p.min_p <= 1.0):
+        raise bad("min_p", "must be between 0 and 1")
+    if p.repetition_penalty is not None and not (0.0 < p.repetition_penalty <= 10.0):
+        raise bad("repetition_penalty", "must be in (0, 10]")
+    for name, pen in (
+        ("frequency_penalty", p.frequency_penalty),
+        ("presence_penalty", p.presence_penalty),
+    ):
+        if pen is not None and not (-2.0 <= pen <= 2.0):
+            raise bad(name, "must be between -2 and 2")
+    if p.stop_token_ids is not None and (
+        len(p.stop_token_ids) > 64 or any(t < 0 for t in p.stop_token_ids)
+    ):
+        raise bad("stop_token_ids", "must be at most 64 token ids, each >= 0")
+    if p.logit_bias is not None and (
+        len(p.logit_bias) > 300
+        or any(not (0 <= k < 10**9) or not (-100.0 <= v <= 100.0) for k, v in p.logit_bias.items())
+    ):
+        raise bad("logit_bias", "must map at most 300 token ids to biases between -100 and 100")
+    if p.logprobs is not None and not (0 <= p.logprobs <= 20):
+        raise bad("logprobs", "must be between 0 and 20")
+    if p.json_schema is not None:
+        try:
+            schema = msgspec.json.decode(p.json_schema)
+        except msgspec.DecodeError:
+            schema = None
+        if not isinstance(schema, dict):
+            raise bad("json_schema", "must be a JSON Schema object, as JSON text")

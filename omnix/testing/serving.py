@@ -182,6 +182,7 @@ class InProcessRuntime:
                             token_ids=tuple(out.token_ids),
                             blob=blob,
                             piece=out.piece,
+                            logprobs=out.logprobs,
                         )
                     )
                     ex.chunks += 1

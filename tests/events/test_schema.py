@@ -15,6 +15,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from omnix.events.codec import SchemaError, decode_event, decode_events, encode_event, encode_events
@@ -47,6 +48,7 @@ from omnix.events.types import (
     StageFinished,
     StageParams,
     StageStarted,
+    TokenLogprob,
     WorkerJoined,
     WorkerLost,
 )
@@ -154,9 +156,53 @@ def test_fixture_covers_every_event_type() -> None:
 def test_released_round_trips() -> None:
     ev = Released(pos=7, ts_ns=123, request_ids=("req-a", "req-b"), reason="count")
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 4
+    assert data[0] == SCHEMA_VERSION == 5
     assert decode_event(data) == ev
     assert decode_events(encode_events([ev])) == [ev]
+
+
+def test_v5_sampling_params_and_chunk_logprobs_round_trip() -> None:
+    """Schema v5: StageParams' sampling extras and Chunk.logprobs."""
+    params = StageParams(
+        min_tokens=2,
+        min_p=0.1,
+        repetition_penalty=1.1,
+        frequency_penalty=0.5,
+        presence_penalty=-0.5,
+        stop_token_ids=(1, 2),
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        ignore_eos=True,
+        logit_bias={42: -100.0},
+        logprobs=3,
+        json_schema='{"type":"object"}',
+        json_object=None,
+    )
+    adm = Admitted(
+        pos=0,
+        ts_ns=T0,
+        request_id="r",
+        pipeline="p",
+        spec=RequestSpec(prompt="x", stage_params={"thinker": params}),
+    )
+    lp = TokenLogprob(token="hi", logprob=-0.25, top=(("hi", -0.25), ("yo", -2.0)))
+    chunk = Chunk(
+        pos=1,
+        ts_ns=T0,
+        request_id="r",
+        stage="thinker",
+        replica=0,
+        index=0,
+        modality="text",
+        text="hi",
+        token_ids=(7,),
+        logprobs=(lp,),
+    )
+    assert decode_events(encode_events([adm, chunk])) == [adm, chunk]
+    # Without them, a chunk encodes as before (the default is trailing).
+    plain = msgspec.structs.replace(chunk, logprobs=())
+    assert decode_event(encode_event(plain)) == plain
 
 
 def test_v1_event_list_fixture_decodes() -> None:

@@ -74,3 +74,45 @@ async def test_speech_streamed_as_sse(server, http):
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] > 0
     pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
     assert len(pcm) // 2 > 1200
+
+
+# -- issue #18: stream, speed, instructions -------------------------------------------------
+
+from omnix.http.render import render_response  # noqa: E402
+
+
+async def test_speech_stream_true_with_the_openai_client(server):
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+        async with client.audio.speech.with_streaming_response.create(
+            model="tiny-tts", voice="alloy", input="Hello there.", response_format="pcm",
+            extra_body={"stream": True, **GREEDY},
+        ) as streamed:
+            assert streamed.headers["content-type"] == "text/event-stream"
+            rid = streamed.headers["x-request-id"]
+            raw = b"".join([piece async for piece in streamed.iter_bytes()])
+        whole = await client.audio.speech.create(
+            model="tiny-tts", voice="alloy", input="Hello there.", response_format="pcm", extra_body=GREEDY
+        )
+    finally:
+        await client.close()
+    events = [json.loads(f["data"]) for f in parse_sse(raw)]
+    assert events[-1]["type"] == "speech.audio.done"
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(pcm) // 2 > 1200 and pcm == whole.content  # seeded and greedy: the same audio
+    again = render_response(server.omni.log.events_for(rid), server.omni.blobs)
+    assert again.body == raw
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"speed": 1.5}, "speed"), ({"instructions": "speak softly"}, "instructions")],
+)
+async def test_speech_parameters_no_stage_honours(server, http, extra, param):
+    before = len(server.omni.log)
+    async with http.post(server.url + "/v1/audio/speech", json={"input": "hi", **extra}) as r:
+        assert r.status == 400
+        err = (await r.json())["error"]
+    assert err["param"] == param and err["code"] == "unsupported_parameter"
+    assert "'talker' (vllm)" in err["message"] and "'code2wav' (codec)" in err["message"]
+    assert len(server.omni.log) == before

@@ -48,7 +48,7 @@ def assert_replays(server, rid: str, status: int, body: bytes) -> None:
 @pytest.mark.parametrize("fmt", ["wav", "pcm", "flac", "mp3", "opus", "aac"])
 @pytest.mark.parametrize("stream_format", [None, "audio"])
 async def test_speech_in_every_format(omni_server, http, fmt, stream_format):
-    req = {"input": "hello there", "voice": "nova", "response_format": fmt, "speed": 1.25}
+    req = {"input": "hello there", "voice": "nova", "response_format": fmt}
     if stream_format:
         req["stream_format"] = stream_format
     async with http.post(omni_server.url + "/v1/audio/speech", json=req) as r:
@@ -69,7 +69,7 @@ async def test_speech_in_every_format(omni_server, http, fmt, stream_format):
         assert np.array_equal(np.frombuffer(data, dtype="<i2"), expected)
     spec = next(e for e in omni_server.omni.log.events_for(rid) if isinstance(e, Admitted)).spec
     assert spec.prompt == "hello there" and spec.outputs == ("audio",)
-    assert spec.stage_params["code2wav"] == StageParams(voice="nova", speed=1.25)
+    assert spec.stage_params["code2wav"] == StageParams(voice="nova")
     assert_replays(omni_server, rid, 200, data)
 
 

@@ -1,6 +1,7 @@
 """A client whose connection drops gets the rest of its response.
 
-Every SSE event of a streamed response carries ``id:`` (a log position);
+Every SSE event of a streamed response carries ``id:`` (a log position;
+chat streams when asked for with ``stream_options.resumable``);
 ``GET /v1/requests/{id}/stream`` with ``Last-Event-ID`` sends what follows
 that event, in the response's own format, live to the request's end.  The
 bytes a client received before the drop, followed by the resumed stream's,
@@ -33,6 +34,8 @@ from .test_restart import omnix_serve
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 USER = [{"role": "user", "content": "hi"}]
+#: Chat streams carry ids (are resumable) when the client asks for it.
+RESUMABLE = {"resumable": True}
 
 # A request streams for ~1.5 s: long enough to drop and resume while it runs.
 TEXT = """
@@ -178,7 +181,12 @@ async def every_cut_resumes_exactly(http, base: str, rid: str, body: bytes) -> N
 
 
 async def test_chat_text_resumes_at_every_event_boundary(text_server, http):
-    req = {"messages": USER, "stream": True, "seed": 7, "stream_options": {"include_usage": True}}
+    req = {
+        "messages": USER,
+        "stream": True,
+        "seed": 7,
+        "stream_options": {"include_usage": True, "resumable": True},
+    }
     rid, body = await post_stream(http, text_server, "/v1/chat/completions", req)
     await every_cut_resumes_exactly(http, text_server.url, rid, body)
     # No Last-Event-ID: the whole response from the start.
@@ -193,7 +201,7 @@ async def test_chat_text_and_audio_resumes_at_every_event_boundary(omni_server, 
         "seed": 3,
         "modalities": ["text", "audio"],
         "audio": {"format": fmt, "voice": "default"},
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "resumable": True},
     }
     rid, body = await post_stream(http, omni_server, "/v1/chat/completions", req)
     assert b'"audio"' in body
@@ -219,7 +227,7 @@ async def test_a_dropped_client_resumes_live_while_the_request_runs(text_server,
     bytes an undisturbed client got."""
     url = text_server.url + "/v1/chat/completions"
     for n_events, extra in ((4, 0), (9, 7)):
-        req = {"messages": USER, "stream": True, "seed": 11}
+        req = {"messages": USER, "stream": True, "seed": 11, "stream_options": RESUMABLE}
         async with http.post(url, json=req) as r:
             rid = r.headers["X-Request-Id"]
             got = b""
@@ -302,7 +310,7 @@ async def test_requests_that_cannot_be_resumed_are_refused_clearly(text_server, 
         http,
         text_server,
         "/v1/chat/completions",
-        {"messages": USER, "stream": True, "max_tokens": 4},
+        {"messages": USER, "stream": True, "max_tokens": 4, "stream_options": RESUMABLE},
     )
     started = next(ev for ev in await until_ended(text_server, rid) if isinstance(ev, StageStarted))
     # Not an id at all: 400; not an id of this response: 409.
@@ -340,7 +348,7 @@ async def test_streams_resume_across_a_server_restart(tmp_path: Path) -> None:
     to, and its answer that of an undisturbed request."""
     cfg, log_dir = tmp_path / "p.toml", tmp_path / "log"
     cfg.write_text(TEXT)
-    body = {"messages": USER, "stream": True, "seed": 5}
+    body = {"messages": USER, "stream": True, "seed": 5, "stream_options": RESUMABLE}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         async with omnix_serve(cfg, log_dir) as first:
             async with http.post(first.url + "/v1/chat/completions", json=body) as r:

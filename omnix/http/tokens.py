@@ -1,0 +1,125 @@
+"""Tokens in the HTTP process: a prompt's length checked before admission,
+and vLLM's ``/tokenize`` and ``/detokenize``.
+
+Owns ``PromptTokens``: the tokenizer of the stage that reads a request's
+prompt (the pipeline's first stage, when it is a vLLM stage whose model
+folder has a tokenizer), loaded once, off the event loop, on first use;
+counting a chat's prompt as that stage's engine builds it (its chat
+template with the generation prompt for ``input_mode = "chat"``, the
+joined text otherwise); and the 400 a request gets when its prompt, or its
+prompt plus the ``max_tokens`` it asks of that stage, does not fit the
+stage's ``max_model_len`` (as vLLM and OpenAI answer, before anything is
+admitted).  Audio and image parts are not counted: the model's processor
+expands them in the worker, so a prompt that fits here can still overflow
+there with its media, and then fails as the engine's error.
+
+Does not own the engine's own prompt building (``omnix.engines.vllm_engine``)
+nor the routes (``routes.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from omnix.events.types import ChatMessage, RequestSpec
+from omnix.http.errors import ApiError
+from omnix.models.paths import resolve_model
+from omnix.pipelines.config import PipelineConfig, VllmArgs
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+class PromptTokens:
+    """The source stage's tokenizer, when it has one (``available``)."""
+
+    def __init__(self, pipeline: PipelineConfig) -> None:
+        source = pipeline.stages[0]
+        engine = source.engine
+        #: the stage whose prompt is counted, and its context
+        self.stage = source.name
+        self.max_model_len = engine.max_model_len if isinstance(engine, VllmArgs) else 0
+        self._args = engine if isinstance(engine, VllmArgs) else None
+        self._tokenizer: Any = None
+        self._loading: asyncio.Lock | None = None
+        self._missing = self._args is None
+
+    @property
+    def available(self) -> bool:
+        return not self._missing
+
+    async def tokenizer(self) -> Any:
+        """The tokenizer (loaded on first call), or None when the stage has
+        none (not vLLM, or a folder without one: the talker)."""
+        if self._missing:
+            return None
+        if self._tokenizer is None:
+            self._loading = self._loading or asyncio.Lock()
+            async with self._loading:
+                if self._tokenizer is None:
+                    self._tokenizer = await asyncio.to_thread(self._load)
+                    self._missing = self._tokenizer is None
+        return self._tokenizer
+
+    def _load(self) -> Any:
+        assert self._args is not None
+        try:
+            folder = resolve_model(self._args.model)
+        except (FileNotFoundError, ValueError):
+            return None
+        for where in (folder / "text_tokenizer", folder):
+            if any((where / f).is_file() for f in _TOKENIZER_FILES):
+                from transformers import AutoTokenizer
+
+                return AutoTokenizer.from_pretrained(str(where))
+        return None
+
+    # -- counting ---------------------------------------------------------------------
+    def prompt_ids(self, tok: Any, messages: Sequence[ChatMessage], prompt: str = "") -> list[int]:
+        """The prompt's token ids as the stage's engine builds them (media
+        parts left out)."""
+        assert self._args is not None
+        if self._args.input_mode == "chat" and getattr(tok, "chat_template", None):
+            chat = [{"role": m.role, "content": m.content} for m in messages] or [
+                {"role": "user", "content": prompt}
+            ]
+            ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+            # transformers 5 answers a BatchEncoding-like mapping for one chat.
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        text = "\n".join(m.content for m in messages) or prompt
+        return list(tok.encode(text, add_special_tokens=self._args.input_mode != "token_ids"))
+
+    async def check(self, spec: RequestSpec) -> None:
+        """400 ``context_length_exceeded`` when the prompt, or the prompt
+        plus the ``max_tokens`` the request asks of the stage, does not fit
+        its ``max_model_len``; nothing when the stage has no tokenizer."""
+        tok = await self.tokenizer()
+        if tok is None:
+            return
+        n = len(await asyncio.to_thread(self.prompt_ids, tok, spec.messages, spec.prompt))
+        limit = self.max_model_len
+        asked = spec.stage_params.get(self.stage)
+        max_tokens = asked.max_tokens if asked is not None else None
+        param = "messages" if spec.messages else "prompt"
+        if n >= limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"{param} resulted in {n} tokens (stage {self.stage!r}). Please reduce the "
+                f"length of the {param}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and n + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{n + max_tokens} tokens ({n} in the {param}, {max_tokens} in the completion). "
+                f"Please reduce the length of the {param} or the completion (max_tokens at most "
+                f"{limit - n}).",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+
