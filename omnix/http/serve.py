@@ -22,8 +22,8 @@ The event log lives in memory unless ``--log-dir`` is given (then
 ``DIR/events`` and ``DIR/blobs`` are durable and traces survive restarts).
 Either way ended requests are kept for a retention window (the ``--retain``
 flags, docs/retention.md) and then released; asking about one afterwards
-is 410 Gone.  There is no server config file: retention is set by these
-flags (a pipeline config describes the pipeline, not the server).
+is 410 Gone.  Every flag can also come from a file (``--config FILE``,
+``serve_config.py``), as ``vllm serve --config`` takes them.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnix.http.options import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, HttpOptions
+from omnix.http.serve_config import ConfigError, apply_config, defaults_of
 
 if TYPE_CHECKING:
     from omnix.events.disklog import LogConfig
@@ -207,6 +209,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="take options from a TOML/YAML/JSON file whose keys are these options' names "
+        "(e.g. retain-requests = 200); flags on the command line win",
+    )
+    parser.set_defaults(_serve_options=defaults_of(parser))
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -349,6 +359,12 @@ def _spawn_choice(text: str) -> bool | list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config:
+        try:
+            apply_config(args, args._serve_options, args.config)
+        except ConfigError as bad:
+            print(f"omnix serve: {bad}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -3,8 +3,10 @@ listens, serves, and stops cleanly on SIGTERM with its workers gone."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import re
 import signal
 import socket
 import sys
@@ -12,6 +14,8 @@ import sys
 import aiohttp
 import pytest
 
+from omnix.http.serve import add_arguments
+from omnix.http.serve_config import ConfigError, apply_config
 from omnix.testing.served import ServeProcess
 
 from .conftest import use_processes
@@ -140,9 +144,15 @@ async def test_a_public_workers_endpoint_without_a_token_is_refused_in_one_line(
         ),
         (("--max-batch", "0"), "--max-batch must be at least 1"),
         (("--max-body-mb", "0"), "--max-body-mb must be positive"),
+        (("--retain", "10 minutes"), "--retain '10 minutes' is not a duration"),
+        (("--retain=-5s",), "--retain '-5s' is not a duration"),
+        (("--retain-requests", "many"), "--retain-requests 'many' is not a count"),
+        (("--retain-bytes", "12QB"), "--retain-bytes '12QB' is not a size"),
+        (("--archive",), "--archive moves released log segments aside: it needs --log-dir DIR"),
+        (("--config", "/nonexistent.toml"), "--config /nonexistent.toml: cannot read it"),
     ],
 )
-async def test_bad_http_flags_are_refused_in_one_line(tmp_path, flags, says):
+async def test_bad_serve_flags_are_refused_in_one_line(tmp_path, flags, says):
     cfg = tmp_path / "p.toml"
     cfg.write_text(PIPELINE)
     proc = await asyncio.create_subprocess_exec(
@@ -187,3 +197,41 @@ async def test_serve_takes_its_http_flags(tmp_path):
                 assert "media.example" in err["message"]
     finally:
         await served.close()
+
+
+def _serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_a_config_file_sets_flags_the_command_line_did_not(tmp_path):
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('retain-requests = "200"\nretain = "30s"\nmax_batch = 8\naccess-log = true\nport = 9000\n')
+    args = _serve_args("--config", str(cfg), "--port", "8123")
+    apply_config(args, args._serve_options, cfg)
+    assert (args.retain_requests, args.retain, args.max_batch, args.access_log) == ("200", "30s", 8, True)
+    assert args.port == 8123, "the command line wins"
+    yml = tmp_path / "serve.yaml"
+    yml.write_text("retain-bytes: 64MB\narchive: false\n")
+    args = _serve_args()
+    apply_config(args, args._serve_options, yml)
+    assert (args.retain_bytes, args.archive) == ("64MB", False)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("retian = '10m'", "unknown option 'retian' (options: "),
+        ("access-log = 'yes'", "access-log is a switch: give true or false"),
+        ("max-batch = 'lots'", "max-batch = 'lots': invalid literal"),
+        ("port = [1, 2]", "port takes one value"),
+        ("= broken", "not valid toml"),
+    ],
+)
+def test_a_bad_config_file_names_the_key(tmp_path, text, says):
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(text)
+    args = _serve_args()
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        apply_config(args, args._serve_options, cfg)
