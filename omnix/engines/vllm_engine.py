@@ -454,6 +454,12 @@ class VllmEngine:
 
     def _text_ids(self, piece: InputPiece) -> list[int]:
         mode = self.args.input_mode
+        if piece.raw:
+            # A completion prompt, as vLLM's /v1/completions takes it: the
+            # ids as given, or the text with the tokenizer's special tokens.
+            if piece.token_ids:
+                return list(piece.token_ids)
+            return self._encode(piece.text, special=True)
         joined = "\n".join(m.content for m in piece.messages)
         if mode == "token_ids":
             if piece.token_ids:

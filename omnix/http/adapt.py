@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -32,9 +33,17 @@ import numpy as np
 from omnix.engines.diffusers_engine import DiffusionModel, describe_model, refusal
 from omnix.events.types import BlobRef, ChatMessage, MediaPart, Modality, RequestSpec, StageParams
 from omnix.http.errors import ApiError
-from omnix.http.render import API_CHAT, API_IMAGES, API_SPEECH, RENDER_VERSION, Opt
+from omnix.http.render import (
+    API_CHAT,
+    API_COMPLETIONS,
+    API_IMAGES,
+    API_SPEECH,
+    RENDER_VERSION,
+    Opt,
+)
 from omnix.http.schemas import (
     ChatCompletionRequest,
+    CompletionRequest,
     ImageRequest,
     JsonObjectFormat,
     JsonSchemaResponseFormat,
@@ -46,6 +55,7 @@ from omnix.http.schemas import (
 )
 from omnix.pipelines.config import CodecArgs, DiffusersArgs, PipelineConfig, engine_kind
 from omnix.pipelines.plan import PipelineGraph, merge_params
+from omnix.transport.work import OPT_PROMPT_TOKEN_IDS, OPT_RAW_PROMPT
 
 DEFAULT_SAMPLE_RATE = 24000
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -336,7 +346,12 @@ def _check_contents(convs: list[list[Message]], batched: bool) -> None:
                 )
 
 
-def _logit_bias(body: ChatCompletionRequest) -> dict[int, float] | None:
+#: The bodies whose sampling fields ``_sampling_extras`` maps (one mapping
+#: and one validation for chat and completions).
+SamplingBody = ChatCompletionRequest | CompletionRequest
+
+
+def _logit_bias(body: SamplingBody) -> dict[int, float] | None:
     if body.logit_bias is None:
         return None
     if len(body.logit_bias) > MAX_LOGIT_BIAS:
@@ -353,13 +368,21 @@ def _logit_bias(body: ChatCompletionRequest) -> dict[int, float] | None:
     return out or None
 
 
-def _sampling_extras(body: ChatCompletionRequest) -> StageParams:
-    """The chat body's sampling fields as the text stage's ``StageParams``
-    (``None``: not given, the stage's default)."""
-    if body.top_logprobs is not None and not body.logprobs:
-        raise _bad("top_logprobs", "top_logprobs needs logprobs: true.")
+def _sampling_extras(body: SamplingBody, default_max_tokens: int | None = None) -> StageParams:
+    """The body's sampling fields (chat or completions) as the text stage's
+    ``StageParams`` (``None``: not given, the stage's default)."""
+    logprobs: int | None
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise _bad("top_logprobs", "top_logprobs needs logprobs: true.")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    else:  # completions: logprobs is the number of alternatives
+        max_tokens = body.max_tokens
+        logprobs = body.logprobs
     # min_tokens above max_tokens is capped at it by the engine.
-    max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens
     json_schema = None
     json_object = None
     fmt = body.response_format
@@ -385,7 +408,7 @@ def _sampling_extras(body: ChatCompletionRequest) -> StageParams:
         spaces_between_special_tokens=body.spaces_between_special_tokens,
         ignore_eos=body.ignore_eos,
         logit_bias=_logit_bias(body),
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        logprobs=logprobs,
         json_schema=json_schema,
         json_object=json_object,
     )
@@ -534,6 +557,197 @@ def chat_plan(
         for i, (rid, conv) in enumerate(zip(rids, convs, strict=True))
     )
     return Plan(specs=specs, stream=body.stream, blobs=blobs)
+
+
+# --------------------------------------------------------------------------
+# Completions
+# --------------------------------------------------------------------------
+
+#: The ``max_tokens`` of a completion that names none (vLLM's and OpenAI's).
+COMPLETION_MAX_TOKENS = 16
+
+
+def completion_stage(served: Served) -> str:
+    """The stage a raw completion prompt goes to: the text stage, when it is
+    a vLLM stage that reads the request's prompt itself (the pipeline's
+    first stage, whose tokenizer counts the prompt); else 400 naming it."""
+    stage = served.output_stage("text")
+    if not stage:
+        raise ApiError(
+            400,
+            f"pipeline {served.model!r} produces no text ({', '.join(served.pipeline.outputs) or 'nothing'}), "
+            "so it cannot answer /v1/completions.",
+            param="model",
+            code="unsupported_modality",
+        )
+    kind = served.engine_of(stage)
+    sources = served.graph.sources(served.graph.needed_stages(("text",)))
+    if kind != "vllm" or sources != (stage,) or served.pipeline.stages[0].name != stage:
+        why = (
+            f"its engine is {kind}, not vLLM"
+            if kind != "vllm"
+            else "it does not read the request's prompt itself (an upstream stage does)"
+        )
+        raise ApiError(
+            400,
+            f"/v1/completions is not supported by pipeline {served.model!r}: it sends a raw "
+            f"prompt to the text stage, and text stage {stage!r} cannot take one ({why}). Use "
+            "/v1/chat/completions.",
+            param="prompt",
+            code="unsupported_parameter",
+        )
+    return stage
+
+
+def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
+    """The body's prompts: one (a string, or a list of token ids), or a
+    batch (a list of strings, or a list of token-id lists)."""
+    p = body.prompt
+    if isinstance(p, str):
+        return [p]
+    ids = [x for x in p if isinstance(x, int)]
+    texts = [x for x in p if isinstance(x, str)]
+    lists = [x for x in p if isinstance(x, list)]
+    if len(ids) == len(p):
+        return [ids]
+    if len(texts) == len(p):
+        return list(texts)
+    if len(lists) == len(p):
+        return list(lists)
+    raise _bad(
+        "prompt",
+        "prompt mixes strings, token ids and lists of token ids: send a string, a list of token "
+        "ids, or a batch (a list of strings, or a list of token-id lists).",
+    )
+
+
+def completion_plan(
+    body: CompletionRequest, served: Served, *, traceparent: str = "", tokenizer: Any = None
+) -> Plan:
+    """``tokenizer``: the text stage's (``PromptTokens.tokenizer``), needed
+    for token-id prompts (checked against its vocabulary, and decoded: the
+    request's ``prompt`` is their text, for the log and ``echo``)."""
+    served.check_model(body.model)
+    stage = completion_stage(served)
+    if body.suffix is not None:
+        raise _unsupported(
+            "suffix", "omnix does not do fill-in-the-middle completions; omit suffix."
+        )
+    if body.best_of is not None and body.best_of != 1:
+        raise ApiError(
+            400,
+            f"best_of={body.best_of} is not supported: omnix does not rank candidates; send "
+            "n for several completions, or omit best_of.",
+            param="best_of",
+            code="unsupported_value",
+        )
+    if body.stream_options is not None and not body.stream:
+        raise _bad("stream_options", "stream_options is only allowed when stream is true.")
+    if body.echo and body.logprobs is not None:
+        raise ApiError(
+            400,
+            "echo with logprobs is not supported: omnix records no logprobs of the prompt's "
+            "tokens. Send echo or logprobs, not both.",
+            param="echo",
+            code="unsupported_value",
+        )
+    prompts = completion_prompts(body)
+    batched = len(prompts) > 1
+    n = body.n
+    resumable = bool(body.stream_options and body.stream_options.resumable)
+    if batched and body.stream:
+        raise ApiError(
+            400,
+            "a batch of prompts cannot be streamed: send stream=false, or one prompt per "
+            "request to stream.",
+            param="stream",
+            code="unsupported_value",
+        )
+    if n > 1 and batched:
+        raise ApiError(
+            400,
+            f"n={n} with a batch of prompts is not supported: send n=1 with a batch, or one "
+            "prompt with n > 1.",
+            param="n",
+            code="unsupported_value",
+        )
+    if n > 1 and resumable:
+        raise ApiError(
+            400,
+            f"a stream of n={n} choices is not resumable: send n=1 to get a resumable stream, "
+            "or omit stream_options.resumable.",
+            param="stream_options",
+            code="unsupported_value",
+        )
+    where = (lambda i: f"prompt[{i}]") if batched else (lambda i: "prompt")
+    entries: list[tuple[str, list[int] | None]] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if not p:
+                raise _bad(where(i), f"{where(i)} is empty: give some text or token ids.")
+            entries.append((p, None))
+            continue
+        if tokenizer is None:
+            raise ApiError(
+                400,
+                f"{where(i)} is token ids, but stage {stage!r} has no tokenizer to check them "
+                "against: send the prompt as text.",
+                param=where(i),
+                code="unsupported_value",
+            )
+        vocab = len(tokenizer)
+        if max(p) >= vocab:
+            raise _bad(
+                where(i), f"{where(i)}: token id {max(p)} is outside the vocabulary (0..{vocab - 1})."
+            )
+        entries.append((str(tokenizer.decode(p)) or " ", p))
+    base = _sampling_extras(body, COMPLETION_MAX_TOKENS)
+    params = served.stage_params(body.sampling_params_list)
+    _put(params, stage, base)
+    served.check_engines(params)
+
+    opts = {
+        Opt.RENDER: RENDER_VERSION,
+        Opt.STREAM: "1" if body.stream else "0",
+        Opt.INCLUDE_USAGE: "1"
+        if body.stream_options and body.stream_options.include_usage
+        else "0",
+        Opt.USAGE_STAGE: stage,
+        Opt.TEXT_STAGE: stage,
+        OPT_RAW_PROMPT: "1",
+    }
+    if resumable:
+        opts[Opt.SSE_IDS] = "1"
+    if body.logprobs is not None:
+        opts[Opt.LOGPROBS] = "1"
+    if body.echo:
+        opts[Opt.ECHO] = "1"
+    seed = body.seed if body.seed is not None else served.new_seed()
+    if n > 1:
+        # n samples of one prompt, as chat's n (``chat_plan``).
+        opts[Opt.CHOICES] = "1"
+        if body.stream:
+            opts[Opt.STREAM] = "0"
+            opts[Opt.GROUP_STREAM] = "1"
+        entries = entries * n
+    gid, rids = _group_ids(served, len(entries))
+    specs = []
+    for i, (rid, (text, ids)) in enumerate(zip(rids, entries, strict=True)):
+        member = _group_options(opts, gid, i, len(entries))
+        if ids is not None:
+            member = {**member, OPT_PROMPT_TOKEN_IDS: msgspec.json.encode(ids).decode()}
+        spec = RequestSpec(
+            prompt=text,
+            outputs=("text",),
+            stage_params=params,
+            seed=(seed + i) % 2**63,
+            api=API_COMPLETIONS,
+            model=served.model,
+            traceparent=traceparent,
+            options=member,
+        )
+        specs.append((rid, spec))
+    return Plan(specs=tuple(specs), stream=body.stream)
 
 
 # --------------------------------------------------------------------------

@@ -30,13 +30,22 @@ from aiohttp import web
 
 from omnix import __version__
 from omnix.engines.diffusers_engine import TRUE_CFG_PIPELINES, describe_model
-from omnix.http.adapt import DEFAULT_QUALITIES, DIFFUSION_PARAMS, ENGINE_PARAMS, EXTRA_PARAMS
-from omnix.http.errors import ErrorBody
+from omnix.http.adapt import (
+    DEFAULT_QUALITIES,
+    DIFFUSION_PARAMS,
+    ENGINE_PARAMS,
+    EXTRA_PARAMS,
+    Served,
+    completion_stage,
+)
+from omnix.http.errors import ApiError, ErrorBody
 from omnix.http.schemas import (
     CancelResult,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
     Health,
     ImageRequest,
     ImagesResponse,
@@ -53,6 +62,8 @@ _TYPES = (
     ChatCompletionRequest,
     ChatCompletion,
     ChatCompletionChunk,
+    CompletionRequest,
+    Completion,
     SpeechRequest,
     SpeechAudioDelta,
     SpeechAudioDone,
@@ -71,12 +82,36 @@ GENERATION_ROUTES = {
     "/v1/chat/completions": "text",
     "/v1/audio/speech": "audio",
     "/v1/images/generations": "image",
+    "/v1/completions": "text",
 }
+#: Published only for a pipeline whose text stage takes a raw prompt
+#: (``adapt.completion_stage``: a vLLM stage reading the request itself).
+COMPLETIONS = "/v1/completions"
+
+
+def completions_served(pipeline: PipelineConfig) -> bool:
+    """Whether ``/v1/completions`` answers for this pipeline (else 400)."""
+    try:
+        completion_stage(Served(pipeline, new_request_id=str, new_seed=int))
+    except ApiError:
+        return False
+    return True
 #: Routes served but not (yet) described here: a multipart form; the
 #: files of url image responses (content-addressed: a client only ever
 #: follows a url it was given, and no valid example exists before an image
-#: is generated, so a schema-driven probe could only ever see 404s).
-UNDESCRIBED = frozenset({"/v1/audio/transcriptions", "/v1/files/{digest}"})
+#: is generated, so a schema-driven probe could only ever see 404s); and
+#: vLLM's operational routes, outside the OpenAI API (tokenize, profiling:
+#: 404 on a pipeline without a tokenizer or a server without --profile-dir).
+UNDESCRIBED = frozenset(
+    {
+        "/v1/audio/transcriptions",
+        "/v1/files/{digest}",
+        "/tokenize",
+        "/detokenize",
+        "/start_profile",
+        "/stop_profile",
+    }
+)
 
 
 def _ref(t: type) -> dict[str, str]:
@@ -387,6 +422,56 @@ def _shape_chat(
     req["dependentSchemas"] = dependent
 
 
+def _shape_completions(
+    schemas: dict[str, Any], pipeline: PipelineConfig, stages: list[str], max_batch: int
+) -> None:
+    """``/v1/completions`` as ``adapt.completion_plan`` takes it."""
+    req = schemas["CompletionRequest"]
+    props = req["properties"]
+    token_id = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+    ids = {"type": "array", "items": token_id, "minItems": 1}
+    text = {"type": "string", "minLength": 1}
+    props["prompt"] = {
+        "anyOf": [
+            text,
+            ids,
+            {"type": "array", "items": text, "minItems": 1, "maxItems": max_batch},
+            {"type": "array", "items": ids, "minItems": 1, "maxItems": max_batch},
+        ]
+    }
+    props["model"] = {"enum": ["", pipeline.name], "default": ""}
+    props["n"] = {"type": "integer", "minimum": 1, "maximum": min(128, max_batch), "default": 1}
+    props["sampling_params_list"] = _sampling_params_list(pipeline, stages)
+    props["suffix"] = {"type": "null", "default": None}
+    props["best_of"] = _nullable({"const": 1})
+    props["logit_bias"] = _nullable(_STAGE_PARAM_RANGES["logit_bias"])
+    batch = {"type": "array", "minItems": 2, "items": {"type": ["string", "array"]}}
+    req["allOf"] = [
+        # A batch (a list of strings or of id lists, two or more) is not
+        # streamed, nor sampled n > 1 times.
+        {
+            "if": {"properties": {"prompt": batch}, "required": ["prompt"]},
+            "then": {"properties": {"stream": {"const": False}, "n": {"const": 1}}},
+        },
+        {
+            "if": {"properties": {"n": {"minimum": 2}}, "required": ["n"]},
+            "then": {
+                "properties": {
+                    "stream_options": _nullable({"properties": {"resumable": {"const": False}}})
+                }
+            },
+        },
+        # echo and logprobs: one or the other.
+        {
+            "if": {"properties": {"echo": {"const": True}}, "required": ["echo"]},
+            "then": {"properties": {"logprobs": {"type": "null"}}},
+        },
+    ]
+    req["dependentSchemas"] = {
+        "stream_options": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+    }
+
+
 def _speed_off(schema: Any) -> Any:
     """``schema`` with every StageParams in it taking no speed but 1 (the
     speech route refuses another: no engine honours it)."""
@@ -449,6 +534,7 @@ def _shape_requests(schemas: dict[str, Any], pipeline: PipelineConfig, max_batch
     for name, rng in _STAGE_PARAM_RANGES.items():
         params[name] = _nullable(rng)
     _shape_chat(schemas, pipeline, stages, max_batch)
+    _shape_completions(schemas, pipeline, stages, max_batch)
     for name in ("SpeechRequest", "ImageRequest"):
         props = schemas[name]["properties"]
         props["model"] = {"enum": ["", pipeline.name], "default": ""}
@@ -484,6 +570,8 @@ class OpenApi:
         if path in UNDESCRIBED or (path == "/metrics" and not self.metrics):
             return False
         need = GENERATION_ROUTES.get(path)
+        if path == COMPLETIONS and not completions_served(self.pipeline):
+            return False
         return need is None or need in self.pipeline.outputs
 
     def document(self) -> dict[str, Any]:
@@ -539,6 +627,20 @@ def _paths() -> dict[str, Any]:
             "messages may be a list of conversations (batch, one choice each, admitted together "
             "or not at all). sampling_params_list: a list aligned with the pipeline's stages or "
             "a map by stage name.",
+        ),
+        "/v1/completions": _post(
+            "Completion of a raw prompt (OpenAI's legacy API, as vLLM serves it)",
+            CompletionRequest,
+            {
+                "description": "A text_completion object; with stream=true an SSE stream of "
+                "text_completion objects ending with `data: [DONE]`",
+                "content": {
+                    "application/json": {"schema": _ref(Completion)},
+                    "text/event-stream": _sse(_ref(Completion), done=True),
+                },
+            },
+            "prompt: a string or token ids, sent to the text stage as is (no chat template); "
+            "a list of them is a batch (one choice each, admitted together or not at all).",
         ),
         "/v1/audio/speech": _post(
             "Text to speech (OpenAI-compatible)",

@@ -80,6 +80,9 @@ from omnix.http.schemas import (
     ChatCompletionChunk,
     ChoiceLogprobs,
     ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
     Delta,
     ImageData,
     ImagesResponse,
@@ -105,6 +108,7 @@ API_CHAT = "chat.completions"
 API_SPEECH = "audio.speech"
 API_IMAGES = "images.generations"
 API_TRANSCRIPTION = "audio.transcriptions"
+API_COMPLETIONS = "completions"
 
 #: Seconds a client should wait before retrying a refused request.
 RETRY_AFTER = {"overloaded": "1", "not_ready": "5", "shutting_down": "30"}
@@ -143,6 +147,9 @@ class Opt:
     LOGPROBS = "logprobs"  # chat: "1": choices carry logprobs (Chunk.logprobs)
     CHOICES = "choices"  # chat: "1": the group is n choices of one prompt (usage: prompt once)
     GROUP_STREAM = "group_stream"  # chat: "1": the group's choices stream as one SSE response
+    ECHO = "echo"  # completions: "1": the prompt (``spec.prompt``) starts the text
+    # completions also record transport's OPT_RAW_PROMPT ("1") and, for a
+    # token-id prompt, OPT_PROMPT_TOKEN_IDS: read by the dispatcher, not here
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -372,6 +379,26 @@ def choice_logprobs(lps: Iterable[TokenLogprob]) -> ChoiceLogprobs:
     )
 
 
+def completion_logprobs(lps: Iterable[TokenLogprob], offset: int = 0) -> CompletionLogprobs:
+    """OpenAI's legacy ``choices[].logprobs`` as vLLM's /v1/completions
+    writes it: per token its text and logprob, ``{token: logprob}`` of the
+    token itself then its recorded alternatives (most likely first; a text
+    twice is one key, the later value, as vLLM's dict), and the offset of
+    the token in the choice's text (``offset`` for the first: the text
+    before this piece)."""
+    out = CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
+    for lp in lps:
+        out.text_offset.append(offset)
+        offset += len(lp.token)
+        out.tokens.append(lp.token)
+        out.token_logprobs.append(lp.logprob)
+        top = {lp.token: lp.logprob}
+        for t, v in lp.top:
+            top[t] = v
+        out.top_logprobs.append(top)
+    return out
+
+
 def _json_head(status: int, rids: Sequence[str], extra: tuple[tuple[str, str], ...] = ()) -> Head:
     return Head(
         status, (("Content-Type", "application/json"), ("X-Request-Id", ",".join(rids)), *extra)
@@ -424,6 +451,39 @@ def _chat_body(members: list[Summary]) -> bytes:
     return _enc.encode(body)
 
 
+def _completion_body(members: list[Summary]) -> bytes:
+    first = members[0]
+    spec = first.spec
+    assert spec is not None
+    choices = []
+    prompt = completion = 0
+    for i, s in enumerate(members):
+        echo = s.spec.prompt if s.spec is not None and _flag(spec, Opt.ECHO) else ""
+        lps = completion_logprobs(s.logprobs) if _flag(spec, Opt.LOGPROBS) else None
+        choices.append(
+            CompletionChoice(
+                index=i,
+                text=echo + "".join(s.text),
+                logprobs=lps,
+                finish_reason=s.finish_reason(),
+            )
+        )
+        p, c = s.usage()
+        prompt = p if _flag(spec, Opt.CHOICES) else prompt + p
+        completion += c
+    body = Completion(
+        id=f"cmpl-{first.options.get(Opt.GROUP) or first.request_id}",
+        created=first.created,
+        model=spec.model,
+        choices=choices,
+        usage=Usage(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        ),
+        request_ids=[s.request_id for s in members],
+    )
+    return _enc.encode(body)
+
+
 def _images_body(members: list[Summary]) -> bytes:
     opts = members[0].options
     if opts.get(Opt.RESPONSE_FORMAT) == "url":
@@ -458,6 +518,8 @@ def _whole(members: list[Summary]) -> Rendered:
     assert spec is not None
     if spec.api == API_CHAT:
         return Rendered(_json_head(200, rids), _chat_body(members))
+    if spec.api == API_COMPLETIONS:
+        return Rendered(_json_head(200, rids), _completion_body(members))
     if spec.api == API_IMAGES:
         return Rendered(_json_head(200, rids), _images_body(members))
     if spec.api == API_TRANSCRIPTION:
@@ -553,18 +615,7 @@ class _ChatStream:
             if self.member:
                 return out
             if self.usage:
-                p, c = self.s.usage()
-                out.append(
-                    _sse(
-                        ChatCompletionChunk(
-                            id=self.id,
-                            created=self.s.created,
-                            model=self.model,
-                            choices=[],
-                            usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c),
-                        )
-                    )
-                )
+                out.append(self.usage_chunk(*self.s.usage(), self.s.created))
             out.append(SSE_DONE)
             return out
         if type(ev) is Failed or type(ev) is Cancelled:
@@ -572,6 +623,99 @@ class _ChatStream:
             assert err is not None
             return [b"data: " + err[1] + b"\n\n", SSE_DONE]
         return []
+
+    def usage_chunk(self, p: int, c: int, created: int) -> bytes:
+        """The last chunk of an ``include_usage`` stream: no choices, the totals."""
+        return _sse(
+            ChatCompletionChunk(
+                id=self.id,
+                created=created,
+                model=self.model,
+                choices=[],
+                usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c),
+            )
+        )
+
+
+class _CompletionStream:
+    """``text_completion`` SSE (vLLM's /v1/completions): a chunk per text
+    chunk (the echoed prompt before the first), a finish chunk, an
+    optional usage chunk, ``[DONE]``; errors as on chat (``_ChatStream``,
+    whose ``member`` and ``usage_chunk`` it mirrors for n > 1 groups)."""
+
+    def __init__(self, s: Summary, member: bool = False) -> None:
+        self.s = s
+        spec = s.spec
+        assert spec is not None
+        self.member = member
+        self.index = int(spec.options.get(Opt.GROUP_INDEX, "0") or 0) if member else 0
+        group = spec.options.get(Opt.GROUP) if member else None
+        self.id = f"cmpl-{group or s.request_id}"
+        self.model = spec.model
+        self.usage = _flag(spec, Opt.INCLUDE_USAGE)
+        self.logprobs = _flag(spec, Opt.LOGPROBS)
+        self.text_stage = spec.options.get(Opt.TEXT_STAGE, "")
+        #: the prompt, until it went out before the first text
+        self.echo = spec.prompt if _flag(spec, Opt.ECHO) else ""
+        #: length of the text sent so far (logprobs' text_offset)
+        self.sent = 0
+
+    def _chunk(
+        self, text: str, finish: str | None = None, logprobs: CompletionLogprobs | None = None
+    ) -> bytes:
+        return _sse(
+            Completion(
+                id=self.id,
+                created=self.s.created,
+                model=self.model,
+                choices=[
+                    CompletionChoice(
+                        index=self.index, text=text, logprobs=logprobs, finish_reason=finish
+                    )
+                ],
+                usage=None if self.usage else UNSET,
+            )
+        )
+
+    def _text(self, text: str) -> str:
+        text, self.echo = self.echo + text, ""
+        return text
+
+    def feed(self, ev: Event) -> list[bytes]:
+        if type(ev) is Chunk:
+            if ev.stage != self.text_stage or ev.modality != "text":
+                return []
+            if self.logprobs and ev.logprobs:
+                lps = completion_logprobs(ev.logprobs, self.sent)
+                self.sent += sum(len(lp.token) for lp in ev.logprobs)
+                return [self._chunk(self._text(ev.text), None, lps)]
+            if not ev.text:
+                return []
+            return [self._chunk(self._text(ev.text))]
+        if type(ev) is Finished:
+            out = [self._chunk(self._text(""), self.s.finish_reason())]
+            if self.member:
+                return out
+            if self.usage:
+                out.append(self.usage_chunk(*self.s.usage(), self.s.created))
+            out.append(SSE_DONE)
+            return out
+        if type(ev) is Failed or type(ev) is Cancelled:
+            err = terminal_error(ev)
+            assert err is not None
+            return [b"data: " + err[1] + b"\n\n", SSE_DONE]
+        return []
+
+    def usage_chunk(self, p: int, c: int, created: int) -> bytes:
+        return _sse(
+            Completion(
+                id=self.id,
+                created=created,
+                model=self.model,
+                choices=[],
+                usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c),
+            )
+        )
 
 
 class _ChatGroupStream:
@@ -585,7 +729,7 @@ class _ChatGroupStream:
 
     def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
-        self.members: dict[str, tuple[Summary, _ChatStream]] = {}
+        self.members: dict[str, tuple[Summary, _ChatStream | _CompletionStream]] = {}
         self.size = 0
         self.ended = 0
         self.head: Head | None = None
@@ -599,7 +743,11 @@ class _ChatGroupStream:
         if type(ev) is Admitted:
             s = Summary(self.blobs, collect_media=False)
             s.feed(ev)
-            stream = _ChatStream(s, member=True)
+            stream: _ChatStream | _CompletionStream = (
+                _CompletionStream(s, member=True)
+                if ev.spec.api == API_COMPLETIONS
+                else _ChatStream(s, member=True)
+            )
             self.members[rid] = (s, stream)
             if self.first is None:
                 self.first = s
@@ -623,19 +771,7 @@ class _ChatGroupStream:
                 if stream.usage and self.first is not None:
                     p = self.first.usage()[0]
                     c = sum(m[0].usage()[1] for m in self.members.values())
-                    out.append(
-                        _sse(
-                            ChatCompletionChunk(
-                                id=stream.id,
-                                created=self.first.created,
-                                model=stream.model,
-                                choices=[],
-                                usage=Usage(
-                                    prompt_tokens=p, completion_tokens=c, total_tokens=p + c
-                                ),
-                            )
-                        )
-                    )
+                    out.append(stream.usage_chunk(p, c, self.first.created))
                 out.append(SSE_DONE)
         return out
 
@@ -893,7 +1029,9 @@ class StreamRenderer:
         self.aborted = False
         #: The response is SSE with ``id:`` fields (known at admission).
         self.ids = False
-        self._stream: _ChatStream | _SpeechStream | _TranscriptionStream | None = None
+        self._stream: (
+            _ChatStream | _CompletionStream | _SpeechStream | _TranscriptionStream | None
+        ) = None
 
     def feed(self, ev: Event) -> list[bytes]:
         return [piece for _, piece in self.feed_ids(ev)]
@@ -940,7 +1078,7 @@ class StreamRenderer:
         version = ev.spec.options.get(Opt.RENDER, "1")
         if version == "1":
             self.ids = False
-        elif ev.spec.api == API_CHAT and version != "2":
+        elif (ev.spec.api == API_CHAT and version != "2") or ev.spec.api == API_COMPLETIONS:
             self.ids = _flag(ev.spec, Opt.SSE_IDS)
         else:
             self.ids = ev.spec.api in (API_CHAT, API_TRANSCRIPTION) or (
@@ -948,6 +1086,9 @@ class StreamRenderer:
             )
         if ev.spec.api == API_CHAT:
             self._stream = _ChatStream(s)
+            self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)
+        elif ev.spec.api == API_COMPLETIONS:
+            self._stream = _CompletionStream(s)
             self.head = Head(200, (*_SSE_HEADERS, ("X-Request-Id", rid)), streamed=True)
         elif ev.spec.api == API_SPEECH:
             stream = self._stream = _SpeechStream(s)

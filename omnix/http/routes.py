@@ -53,6 +53,7 @@ from omnix.http.media import MediaDecoder
 from omnix.http.openapi import OpenApi
 from omnix.http.options import HttpOptions
 from omnix.http.render import (
+    API_COMPLETIONS,
     API_IMAGES,
     RETRY_AFTER,
     GroupStreamRenderer,
@@ -70,6 +71,7 @@ from omnix.http.schemas import (
     UNSUPPORTED_CHAT_FIELDS,
     CancelResult,
     ChatCompletionRequest,
+    CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
     Health,
@@ -92,6 +94,7 @@ from omnix.http.tokens import PromptTokens
 from omnix.pipelines.plan import RequestError
 from omnix.telemetry import Telemetry, metrics_handler
 from omnix.trace import export_trace
+from omnix.transport.work import OPT_PROMPT_TOKEN_IDS, OPT_RAW_PROMPT
 
 log = logging.getLogger("omnix.http")
 
@@ -136,6 +139,7 @@ _DECODERS: dict[type, Any] = {
     t: _BodyDecoder(t)
     for t in (
         ChatCompletionRequest,
+        CompletionRequest,
         SpeechRequest,
         ImageRequest,
         ProfileRequest,
@@ -310,6 +314,7 @@ class Routes:
         self._metrics_handler = None if telemetry is None else metrics_handler(telemetry)
         self.served = adapt.Served(omni.pipeline, new_request_id=new_request_id, new_seed=new_seed)
         self.tokens = PromptTokens(omni.pipeline)
+        self._tokenizer_load: asyncio.Task[object] | None = None
         self.media = MediaDecoder(
             omni.pipeline.input_media, allowed_domains=options.allowed_media_domains, pipeline=omni.pipeline.name
         )
@@ -318,8 +323,10 @@ class Routes:
         self.phase = "starting"
 
     def add_to(self, app: web.Application) -> None:
+        app.on_startup.append(self._load_tokenizer)
         r = app.router
         r.add_post("/v1/chat/completions", _generation(self.chat))
+        r.add_post("/v1/completions", _generation(self.completions))
         r.add_post("/v1/audio/speech", _generation(self.speech))
         r.add_post("/v1/images/generations", _generation(self.images))
         r.add_post(
@@ -373,6 +380,20 @@ class Routes:
             traceparent=adapt.traceparent_of(request.headers.get("traceparent")),
             media=media,
             blobs=blobs,
+        )
+        return await self._run(request, plan)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request, CompletionRequest)
+        adapt.completion_stage(self.served)  # a pipeline that cannot: 400 before anything
+        ids = not isinstance(body.prompt, str) and any(
+            not isinstance(p, str) for p in body.prompt
+        )
+        plan = adapt.completion_plan(
+            body,
+            self.served,
+            traceparent=adapt.traceparent_of(request.headers.get("traceparent")),
+            tokenizer=await self.tokens.tokenizer() if ids else None,
         )
         return await self._run(request, plan)
 
@@ -521,12 +542,12 @@ class Routes:
         """A call submits at most ``max_batch`` requests, under ids not in use."""
         n = len(plan.specs)
         if n > self.max_batch:
-            images = plan.specs[0][1].api == API_IMAGES
+            api = plan.specs[0][1].api
             raise ApiError(
                 400,
                 f"This call would submit {n} requests; this server takes at most "
                 f"{self.max_batch} in one call (omnix serve --max-batch). Split the batch.",
-                param="n" if images else "messages",
+                param={API_IMAGES: "n", API_COMPLETIONS: "prompt"}.get(api, "messages"),
                 code="batch_too_large",
             )
         for rid, _ in plan.specs:
@@ -605,6 +626,11 @@ class Routes:
         if self._readers.get(rid, 0) == 0 and self.omni.accepting:
             self._disconnected((rid,))
 
+    async def _load_tokenizer(self, app: web.Application) -> None:
+        """Load the prompt tokenizer while the workers load (seconds of
+        imports), not in the first request."""
+        self._tokenizer_load = asyncio.create_task(self.tokens.tokenizer(), name="omnix-tokenizer")
+
     def close(self) -> None:
         """Forget pending grace timers and stop the media decoders (the
         server is closing)."""
@@ -612,12 +638,15 @@ class Routes:
             handle.cancel()
         self._grace.clear()
         self.media.close()
+        if self._tokenizer_load is not None:
+            self._tokenizer_load.cancel()
 
     async def _run(self, request: web.Request, plan: adapt.Plan) -> web.StreamResponse:
         # The prompt fits the first stage's context, before anything is admitted.
         checked: set[tuple[object, str]] = set()
         for _, spec in plan.specs:
-            key = (spec.messages or spec.prompt, repr(spec.stage_params.get(self.tokens.stage)))
+            prompt = (spec.prompt, spec.options.get(OPT_PROMPT_TOKEN_IDS), spec.options.get(OPT_RAW_PROMPT))
+            key = (spec.messages or prompt, repr(spec.stage_params.get(self.tokens.stage)))
             if key not in checked:
                 checked.add(key)
                 await self.tokens.check(spec)
@@ -714,7 +743,7 @@ class Routes:
                 buf.clear()
         if renderer.done:
             await self._durable(start - 1)
-            return await self._finish(request, resp, renderer, buf)
+            return await self._finish(request, resp, buf, not renderer.aborted)
         last = start - 1
         async for ev in self.omni.events(rid, start):
             last = ev.pos
@@ -735,7 +764,7 @@ class Routes:
                 await resp.write(bytes(buf))
                 buf.clear()
         await self._durable(last)
-        return await self._finish(request, resp, renderer, buf)
+        return await self._finish(request, resp, buf, renderer.done and not renderer.aborted)
 
     async def _stream_group(
         self, request: web.Request, rids: tuple[str, ...]
@@ -767,15 +796,8 @@ class Routes:
                     await resp.write(bytes(buf))
                     buf.clear()
             await self._durable(last)
-            if resp is None:
-                raise self._not_accepting()
-            if not renderer.done:  # the log closed under us: cut the connection
-                if buf:
-                    await resp.write(bytes(buf))
-                if request.transport is not None:
-                    request.transport.abort()
-                return resp
-            await resp.write_eof(bytes(buf))
+            # Not done: the log closed under us.
+            resp = await self._finish(request, resp, buf, renderer.done)
         except (asyncio.CancelledError, ConnectionResetError):
             self._disconnected(rids)
             raise
@@ -801,12 +823,14 @@ class Routes:
         self,
         request: web.Request,
         resp: web.StreamResponse | None,
-        renderer: StreamRenderer,
         buf: bytearray,
+        complete: bool,
     ) -> web.StreamResponse:
+        """Write the rest of a stream and end it; a stream that is not
+        ``complete`` is cut instead."""
         if resp is None:
             raise self._not_accepting()
-        if renderer.aborted or not renderer.done:
+        if not complete:
             # A raw audio stream whose request failed, or the log closed:
             # cut the connection so the client cannot take it as complete.
             if buf:

@@ -284,6 +284,92 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
 
 
 # --------------------------------------------------------------------------
+# Completions (vLLM's /v1/completions)
+# --------------------------------------------------------------------------
+
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+#: A prompt: a string or token ids; a list of strings, or of id lists, is a
+#: batch (``adapt.completion_prompts`` sorts out which).
+CompletionPrompt = (
+    str
+    | Annotated[
+        list[str | TokenId | Annotated[list[TokenId], Meta(min_length=1)]], Meta(min_length=1)
+    ]
+)
+
+
+class CompletionRequest(msgspec.Struct, **_REQ):
+    """POST /v1/completions (OpenAI's legacy completions, as vLLM serves
+    them): the prompt goes to the text stage raw (no chat template).
+    ``logprobs`` is the number of alternatives per token (0-5).  The
+    sampling fields mean what they mean on chat; from ``top_k`` on they are
+    vLLM's extensions."""
+
+    prompt: CompletionPrompt
+    model: str = ""
+    suffix: str | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    best_of: Annotated[int, Meta(ge=1, le=128)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    echo: bool = False
+    stop: str | Annotated[list[str], Meta(max_length=16)] | None = None
+    seed: Seed | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+    sampling_params_list: SamplingParamsList | None = None
+    # vLLM's extras
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    """OpenAI's legacy ``choices[].logprobs`` (as vLLM writes it): per
+    token its text, logprob, the most likely alternatives (the token
+    itself first), and its offset in the choice's text."""
+
+    text_offset: list[int]
+    token_logprobs: list[float]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float]]
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """A ``text_completion`` object; streamed, each SSE event is one with
+    the text of that event (``usage`` as on chat chunks)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | UnsetType | None = UNSET
+    #: omnix: the request id behind each choice (whole responses only).
+    request_ids: list[str] | UnsetType = UNSET
+
+
+# --------------------------------------------------------------------------
 # Speech
 # --------------------------------------------------------------------------
 

@@ -23,10 +23,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from omnix.events.types import ChatMessage, RequestSpec
 from omnix.http.errors import ApiError
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import PipelineConfig, VllmArgs
+from omnix.transport.work import OPT_PROMPT_TOKEN_IDS, OPT_RAW_PROMPT
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -97,7 +100,16 @@ class PromptTokens:
         tok = await self.tokenizer()
         if tok is None:
             return
-        n = len(await asyncio.to_thread(self.prompt_ids, tok, spec.messages, spec.prompt))
+        if spec.options.get(OPT_RAW_PROMPT) == "1":
+            # A completion prompt goes raw (``InputPiece.raw``): its ids as
+            # given, or its text with the tokenizer's special tokens.
+            ids = spec.options.get(OPT_PROMPT_TOKEN_IDS)
+            if ids:
+                n = len(msgspec.json.decode(ids, type=list[int]))
+            else:
+                n = len(await asyncio.to_thread(tok.encode, spec.prompt, add_special_tokens=True))
+        else:
+            n = len(await asyncio.to_thread(self.prompt_ids, tok, spec.messages, spec.prompt))
         limit = self.max_model_len
         asked = spec.stage_params.get(self.stage)
         max_tokens = asked.max_tokens if asked is not None else None

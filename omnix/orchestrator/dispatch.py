@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import msgspec
 import numpy as np
 
 from omnix.events.blobs import BlobStore
@@ -37,7 +38,14 @@ from omnix.events.types import (
 from omnix.orchestrator.runtime import Runtime
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import merge_params
-from omnix.transport.work import InputPiece, PieceOutput, Resume, WorkItem
+from omnix.transport.work import (
+    OPT_PROMPT_TOKEN_IDS,
+    OPT_RAW_PROMPT,
+    InputPiece,
+    PieceOutput,
+    Resume,
+    WorkItem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +205,7 @@ class Dispatcher:
                 media = tuple(
                     self.blobs.get_array(part.blob) for m in ev.spec.messages for part in m.media
                 )
-                out.append(InputPiece(text=ev.spec.prompt, messages=ev.spec.messages, media=media))
+                out.append(_source_piece(ev.spec, media))
             elif isinstance(ev, Chunk):
                 if group and group[0].stage != ev.stage:
                     out.append(self._join(group))
@@ -217,6 +225,17 @@ class Dispatcher:
         if arrays:
             array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
         return InputPiece(text=text, token_ids=ids, array=array, modality=chunks[0].modality)
+
+
+def _source_piece(spec: RequestSpec, media: tuple[np.ndarray, ...]) -> InputPiece:
+    """A source stage's input: the request's prompt and messages; a raw
+    completion prompt (``OPT_RAW_PROMPT``) as is, as token ids when the
+    client gave ids (``OPT_PROMPT_TOKEN_IDS``)."""
+    if spec.options.get(OPT_RAW_PROMPT) != "1":
+        return InputPiece(text=spec.prompt, messages=spec.messages, media=media)
+    ids = spec.options.get(OPT_PROMPT_TOKEN_IDS)
+    token_ids = tuple(msgspec.json.decode(ids, type=list[int])) if ids else ()
+    return InputPiece(text=spec.prompt, token_ids=token_ids, raw=True)
 
 
 def continuation_seed(seed: int, resume: int) -> int:

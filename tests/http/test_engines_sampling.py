@@ -167,3 +167,131 @@ async def test_a_prompt_or_budget_over_the_context_is_400_before_admission(serve
         assert r.status == 400, err
     assert (err["code"], err["param"]) == ("context_length_exceeded", "max_tokens")
     assert len(server.omni.log) == before, "a refused request was admitted"
+
+
+# -- /v1/completions ---------------------------------------------------------------------
+
+PROMPT = "The sea is"
+
+
+async def _tokenize(http, url: str, **body) -> list[int]:
+    async with http.post(url + "/tokenize", json=body) as r:
+        assert r.status == 200, await r.text()
+        return (await r.json())["tokens"]
+
+
+async def test_completion_prompt_is_raw_as_text_and_as_token_ids(server, client, http):
+    raw_ids = await _tokenize(http, server.url, prompt=PROMPT)
+    chat_ids = await _tokenize(http, server.url, messages=[{"role": "user", "content": PROMPT}])
+    assert len(raw_ids) != len(chat_ids)
+    text = await client.completions.create(model=PIPELINE, prompt=PROMPT, max_tokens=6, temperature=0)
+    assert text.object == "text_completion" and text.id.startswith("cmpl-")
+    # The engine saw the prompt raw: no chat template around it.
+    assert text.usage.prompt_tokens == len(raw_ids)
+    assert text.choices[0].text and text.choices[0].finish_reason in ("stop", "length")
+    ids = await client.completions.create(model=PIPELINE, prompt=raw_ids, max_tokens=6, temperature=0)
+    assert ids.usage.prompt_tokens == len(raw_ids)
+    assert ids.choices[0].text == text.choices[0].text
+    # A batch of prompts (strings, or id lists): one choice each, in order.
+    for prompt in ([PROMPT, PROMPT], [raw_ids, raw_ids]):
+        batch = await client.completions.create(
+            model=PIPELINE, prompt=prompt, max_tokens=6, temperature=0
+        )
+        assert [c.index for c in batch.choices] == [0, 1]
+        assert [c.text for c in batch.choices] == [text.choices[0].text] * 2
+        assert batch.usage.prompt_tokens == 2 * len(raw_ids)
+    # The prompt-length check counts it raw too.
+    async with http.post(server.url + "/v1/completions", json={"prompt": raw_ids * 200}) as r:
+        err = (await r.json())["error"]
+        assert r.status == 400 and err["code"] == "context_length_exceeded", err
+
+
+async def test_completion_streams_echoes_and_samples_n_2(server, client):
+    whole = await client.completions.create(
+        model=PIPELINE, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=9
+    )
+    stream = await client.completions.create(
+        model=PIPELINE, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=9, stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, usage, finish = "", None, None
+    async for chunk in stream:
+        assert chunk.object == "text_completion"
+        for c in chunk.choices:
+            text += c.text
+            finish = c.finish_reason or finish
+        usage = chunk.usage or usage
+    assert text == whole.choices[0].text and finish == whole.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+    echo = await client.completions.create(
+        model=PIPELINE, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=9, echo=True
+    )
+    assert echo.choices[0].text == PROMPT + whole.choices[0].text
+    n2 = await client.completions.create(
+        model=PIPELINE, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=4, n=2
+    )
+    assert [c.index for c in n2.choices] == [0, 1] and all(c.text for c in n2.choices)
+    streamed = await client.completions.create(
+        model=PIPELINE, prompt=PROMPT, max_tokens=6, n=2, stream=True
+    )
+    texts: dict[int, str] = {0: "", 1: ""}
+    async for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts[0] and texts[1]
+
+
+async def test_completion_logprobs_are_vllms_and_replay_renders_the_same_bytes(server, client, http):
+    for k in (0, 3):
+        resp = await client.completions.create(
+            model=PIPELINE, prompt=PROMPT, max_tokens=8, seed=3, logprobs=k
+        )
+        lp = resp.choices[0].logprobs
+        assert lp is not None and len(lp.tokens) == resp.usage.completion_tokens
+        assert all(v <= 0.0 for v in lp.token_logprobs)
+        for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+            # the token itself, then the k most likely (a dict, as vLLM's: one
+            # key per text, so two tokens that decode alike share one)
+            assert tok in top and 1 <= len(top) <= k + 1
+            assert max(top.values()) >= v - 1e-6 or k == 0
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+        rid = resp.id.removeprefix("cmpl-")
+        logged = [x for e in server.omni.log.events_for(rid) if isinstance(e, Chunk) for x in e.logprobs]
+        assert [x.logprob for x in logged] == lp.token_logprobs
+    for stream in (False, True):
+        body = {"prompt": PROMPT, "max_tokens": 8, "seed": 5, "logprobs": 2, "stream": stream}
+        async with http.post(server.url + "/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            raw = await r.read()
+            rid = r.headers["X-Request-Id"]
+        events = server.omni.log.events_for(rid)
+        assert render_response(events, server.omni.blobs).body == raw
+        if stream:
+            assert b"\nid:" not in raw and not raw.startswith(b"id:")
+            assert raw.endswith(b"data: [DONE]\n\n")
+
+
+async def test_vllm_bench_serve_openai_completions_fails_no_request(server, tmp_path):
+    from omnix.models.paths import resolve_model
+
+    result = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, "-m", "omnix.bench.vllm_bench", "serve",
+        "--backend", "openai", "--base-url", server.url,
+        "--endpoint", "/v1/completions", "--model", PIPELINE,
+        "--tokenizer", str(resolve_model("thinker")),
+        "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "8",
+        "--num-prompts", "8", "--max-concurrency", "4",
+        "--save-result", "--result-dir", str(tmp_path), "--result-filename", result.name,
+        "--disable-tqdm",
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 600)
+    assert proc.returncode == 0, out.decode()[-4000:]
+    data = json.loads(result.read_text())
+    assert data["completed"] == 8, out.decode()[-4000:]
+    assert data.get("failed", 0) == 0, out.decode()[-4000:]
+    assert data["total_output_tokens"] > 0, out.decode()[-4000:]

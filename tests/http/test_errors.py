@@ -66,7 +66,7 @@ BAD = [
     ("speech speed", "POST", "/v1/audio/speech", b'{"input": "hi", "speed": 10}', 400, "speed", "invalid_value"),
     ("speech format", "POST", "/v1/audio/speech", b'{"input": "hi", "response_format": "ogg"}', 400, "response_format", "invalid_value"),
     ("speech stream format", "POST", "/v1/audio/speech", b'{"input": "hi", "stream_format": "websocket"}', 400, "stream_format", "invalid_value"),
-    ("no such route", "POST", "/v1/completions", chat(), 404, None, "not_found"),
+    ("no such route", "POST", "/v1/embeddings", chat(), 404, None, "not_found"),
     ("wrong method", "GET", "/v1/chat/completions", None, 405, None, "method_not_allowed"),
     ("body too large", "POST", "/v1/chat/completions", chat(pad="x" * (MAX_BODY + 1)), 413, None, "request_entity_too_large"),
     ("unknown request", "GET", "/v1/requests/req-nope", None, 404, "id", "request_not_found"),
