@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from omnix.events.types import Chunk
 from omnix.http.render import render_response
 
@@ -110,31 +112,6 @@ async def test_ignore_eos_and_min_tokens_are_honoured(server, client):
     )
     assert resp.usage.completion_tokens == 20
     assert resp.choices[0].finish_reason == "length"
-
-
-async def test_vllm_bench_serve_openai_chat_fails_no_request(server, tmp_path):
-    from omnix.models.paths import resolve_model
-
-    result = tmp_path / "bench.json"
-    cmd = [
-        sys.executable, "-m", "omnix.bench.vllm_bench", "serve",
-        "--backend", "openai-chat", "--base-url", server.url,
-        "--endpoint", "/v1/chat/completions", "--model", PIPELINE,
-        "--tokenizer", str(resolve_model("thinker")),
-        "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "8",
-        "--num-prompts", "8", "--max-concurrency", "4",
-        "--save-result", "--result-dir", str(tmp_path), "--result-filename", result.name,
-        "--disable-tqdm",
-    ]
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 600)
-    assert proc.returncode == 0, out.decode()[-4000:]
-    data = json.loads(result.read_text())
-    assert data["completed"] == 8, out.decode()[-4000:]
-    assert data.get("failed", 0) == 0, out.decode()[-4000:]
 
 
 async def test_tokenize_and_detokenize_agree_with_the_engine(server, client, http):
@@ -271,27 +248,55 @@ async def test_completion_logprobs_are_vllms_and_replay_renders_the_same_bytes(s
             assert raw.endswith(b"data: [DONE]\n\n")
 
 
-async def test_vllm_bench_serve_openai_completions_fails_no_request(server, tmp_path):
+#: A ShareGPT-shaped dataset (vLLM's ``--dataset-name sharegpt`` format).
+_SHAREGPT = [
+    {
+        "id": f"c{i}",
+        "conversations": [
+            {"from": "human", "value": f"Question {i}: what do you know about the sea and its tides?"},
+            {"from": "gpt", "value": "The sea rises and falls twice a day with the pull of the moon."},
+        ],
+    }
+    for i in range(12)
+]
+
+
+@pytest.mark.parametrize(
+    ("backend", "endpoint", "dataset"),
+    [
+        ("openai-chat", "/v1/chat/completions", "random"),
+        ("openai", "/v1/completions", "random"),
+        ("openai-chat", "/v1/chat/completions", "sharegpt"),
+        ("openai", "/v1/completions", "sharegpt"),
+    ],
+)
+async def test_vllm_bench_serve_fails_no_request(server, tmp_path, backend, endpoint, dataset):
+    """vLLM's own benchmark client against the live server (through the
+    CLI shim): every request completes."""
     from omnix.models.paths import resolve_model
 
+    if dataset == "random":
+        data = ["--random-input-len", "16", "--random-output-len", "8"]
+    else:
+        path = tmp_path / "sharegpt.json"
+        path.write_text(json.dumps(_SHAREGPT))
+        data = ["--dataset-path", str(path), "--sharegpt-output-len", "8"]
     result = tmp_path / "bench.json"
     cmd = [
         sys.executable, "-m", "omnix.bench.vllm_bench", "serve",
-        "--backend", "openai", "--base-url", server.url,
-        "--endpoint", "/v1/completions", "--model", PIPELINE,
-        "--tokenizer", str(resolve_model("thinker")),
-        "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "8",
+        "--backend", backend, "--base-url", server.url, "--endpoint", endpoint, "--model", PIPELINE,
+        "--tokenizer", str(resolve_model("thinker")), "--dataset-name", dataset, *data,
         "--num-prompts", "8", "--max-concurrency", "4",
         "--save-result", "--result-dir", str(tmp_path), "--result-filename", result.name,
         "--disable-tqdm",
-    ]
+    ]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-    )
+    )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), 600)
     assert proc.returncode == 0, out.decode()[-4000:]
-    data = json.loads(result.read_text())
-    assert data["completed"] == 8, out.decode()[-4000:]
-    assert data.get("failed", 0) == 0, out.decode()[-4000:]
-    assert data["total_output_tokens"] > 0, out.decode()[-4000:]
+    res = json.loads(result.read_text())
+    assert res["completed"] == 8, out.decode()[-4000:]
+    assert res.get("failed", 0) == 0, out.decode()[-4000:]
+    assert res["total_output_tokens"] > 0, out.decode()[-4000:]
