@@ -538,11 +538,49 @@ def _whole(members: list[Summary]) -> Rendered:
 # --------------------------------------------------------------------------
 
 
-class _ChatStream:
+class _StreamTail:
+    """What a chat and a completions stream end with: after the finish
+    chunk, the ``include_usage`` chunk (no choices, the totals) and
+    ``[DONE]`` (a member of an n > 1 group leaves both to the group); a
+    failed or cancelled request's error event and ``[DONE]``."""
+
+    #: the stream's chunk object (``chat.completion.chunk``, ``text_completion``)
+    _object: type[ChatCompletionChunk] | type[Completion]
+    s: Summary
+    id: str
+    model: str
+    member: bool
+    usage: bool
+
+    def _closing(self, out: list[bytes]) -> list[bytes]:
+        if self.member:
+            return out
+        if self.usage:
+            out.append(self.usage_chunk(*self.s.usage(), self.s.created))
+        out.append(SSE_DONE)
+        return out
+
+    @staticmethod
+    def _ended(ev: Event) -> list[bytes]:
+        if type(ev) is Failed or type(ev) is Cancelled:
+            err = terminal_error(ev)
+            assert err is not None
+            return [b"data: " + err[1] + b"\n\n", SSE_DONE]
+        return []
+
+    def usage_chunk(self, p: int, c: int, created: int) -> bytes:
+        """The last chunk of an ``include_usage`` stream: no choices, the totals."""
+        usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+        return _sse(self._object(id=self.id, created=created, model=self.model, choices=[], usage=usage))
+
+
+class _ChatStream(_StreamTail):
     """``chat.completion.chunk`` SSE: a role chunk at admission, content and
     audio deltas as chunks arrive, a finish chunk, an optional usage chunk,
     ``[DONE]``.  A request that fails or is cancelled mid-stream ends with
     an ``{"error": ...}`` event and ``[DONE]``."""
+
+    _object = ChatCompletionChunk
 
     def __init__(self, s: Summary, member: bool = False) -> None:
         self.s = s
@@ -612,36 +650,16 @@ class _ChatStream:
                 )
                 out.append(self._chunk(Delta(audio=audio)))
             out.append(self._chunk(Delta(), self.s.finish_reason()))
-            if self.member:
-                return out
-            if self.usage:
-                out.append(self.usage_chunk(*self.s.usage(), self.s.created))
-            out.append(SSE_DONE)
-            return out
-        if type(ev) is Failed or type(ev) is Cancelled:
-            err = terminal_error(ev)
-            assert err is not None
-            return [b"data: " + err[1] + b"\n\n", SSE_DONE]
-        return []
-
-    def usage_chunk(self, p: int, c: int, created: int) -> bytes:
-        """The last chunk of an ``include_usage`` stream: no choices, the totals."""
-        return _sse(
-            ChatCompletionChunk(
-                id=self.id,
-                created=created,
-                model=self.model,
-                choices=[],
-                usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c),
-            )
-        )
+            return self._closing(out)
+        return self._ended(ev)
 
 
-class _CompletionStream:
+class _CompletionStream(_StreamTail):
     """``text_completion`` SSE (vLLM's /v1/completions): a chunk per text
     chunk (the echoed prompt before the first), a finish chunk, an
-    optional usage chunk, ``[DONE]``; errors as on chat (``_ChatStream``,
-    whose ``member`` and ``usage_chunk`` it mirrors for n > 1 groups)."""
+    optional usage chunk, ``[DONE]``; errors as on chat (``_StreamTail``)."""
+
+    _object = Completion
 
     def __init__(self, s: Summary, member: bool = False) -> None:
         self.s = s
@@ -694,28 +712,8 @@ class _CompletionStream:
             return [self._chunk(self._text(ev.text))]
         if type(ev) is Finished:
             out = [self._chunk(self._text(""), self.s.finish_reason())]
-            if self.member:
-                return out
-            if self.usage:
-                out.append(self.usage_chunk(*self.s.usage(), self.s.created))
-            out.append(SSE_DONE)
-            return out
-        if type(ev) is Failed or type(ev) is Cancelled:
-            err = terminal_error(ev)
-            assert err is not None
-            return [b"data: " + err[1] + b"\n\n", SSE_DONE]
-        return []
-
-    def usage_chunk(self, p: int, c: int, created: int) -> bytes:
-        return _sse(
-            Completion(
-                id=self.id,
-                created=created,
-                model=self.model,
-                choices=[],
-                usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c),
-            )
-        )
+            return self._closing(out)
+        return self._ended(ev)
 
 
 class _ChatGroupStream:
