@@ -368,6 +368,36 @@ def _logit_bias(body: SamplingBody) -> dict[int, float] | None:
     return out or None
 
 
+
+def _text_params(
+    served: Served,
+    body: ChatCompletionRequest | CompletionRequest,
+    stage: str,
+    base: StageParams,
+) -> dict[str, StageParams]:
+    """Every stage's parameters: ``sampling_params_list``, the top-level
+    ones put on the text ``stage``; 400 for one a stage's engine cannot
+    honour."""
+    params = served.stage_params(body.sampling_params_list)
+    _put(params, stage, base)
+    served.check_engines(params)
+    return params
+
+
+def _stream_options(
+    body: ChatCompletionRequest | CompletionRequest, usage_stage: str, resumable: bool
+) -> dict[str, str]:
+    """The options a chat or completions response renders its stream from."""
+    opts = {
+        Opt.RENDER: RENDER_VERSION,
+        Opt.STREAM: "1" if body.stream else "0",
+        Opt.INCLUDE_USAGE: "1" if body.stream_options and body.stream_options.include_usage else "0",
+        Opt.USAGE_STAGE: usage_stage,
+    }
+    if resumable:
+        opts[Opt.SSE_IDS] = "1"
+    return opts
+
 def _sampling_extras(body: SamplingBody, default_max_tokens: int | None = None) -> StageParams:
     """The body's sampling fields (chat or completions) as the text stage's
     ``StageParams`` (``None``: not given, the stage's default)."""
@@ -499,20 +529,8 @@ def chat_plan(
         raise _bad("logprobs", 'logprobs are of the text answer: modalities must include "text".')
     outputs: tuple[Modality, ...] = modalities
     text_stage = served.output_stage("text") or served.source_stage(outputs)
-    params = served.stage_params(body.sampling_params_list)
-    _put(params, text_stage, base)
-    served.check_engines(params)
-
-    opts = {
-        Opt.RENDER: RENDER_VERSION,
-        Opt.STREAM: "1" if body.stream else "0",
-        Opt.INCLUDE_USAGE: "1"
-        if body.stream_options and body.stream_options.include_usage
-        else "0",
-        Opt.USAGE_STAGE: text_stage,
-    }
-    if resumable:
-        opts[Opt.SSE_IDS] = "1"
+    params = _text_params(served, body, text_stage, base)
+    opts = _stream_options(body, text_stage, resumable)
     if base.logprobs is not None:
         opts[Opt.LOGPROBS] = "1"
     if "text" in outputs:
@@ -702,22 +720,10 @@ def completion_plan(
             )
         entries.append((str(tokenizer.decode(p)) or " ", p))
     base = _sampling_extras(body, COMPLETION_MAX_TOKENS)
-    params = served.stage_params(body.sampling_params_list)
-    _put(params, stage, base)
-    served.check_engines(params)
-
-    opts = {
-        Opt.RENDER: RENDER_VERSION,
-        Opt.STREAM: "1" if body.stream else "0",
-        Opt.INCLUDE_USAGE: "1"
-        if body.stream_options and body.stream_options.include_usage
-        else "0",
-        Opt.USAGE_STAGE: stage,
-        Opt.TEXT_STAGE: stage,
-        OPT_RAW_PROMPT: "1",
-    }
-    if resumable:
-        opts[Opt.SSE_IDS] = "1"
+    params = _text_params(served, body, stage, base)
+    opts = _stream_options(body, stage, resumable)
+    opts[Opt.TEXT_STAGE] = stage
+    opts[OPT_RAW_PROMPT] = "1"
     if body.logprobs is not None:
         opts[Opt.LOGPROBS] = "1"
     if body.echo:
