@@ -546,11 +546,22 @@ class _StreamTail:
 
     #: the stream's chunk object (``chat.completion.chunk``, ``text_completion``)
     _object: type[ChatCompletionChunk] | type[Completion]
-    s: Summary
-    id: str
-    model: str
-    member: bool
-    usage: bool
+    _id_prefix: str
+
+    def __init__(self, s: Summary, member: bool) -> None:
+        self.s = s
+        spec = s.spec
+        assert spec is not None
+        #: one choice of an n > 1 group's stream: its index, and no usage
+        #: chunk or ``[DONE]`` of its own
+        self.member = member
+        self.index = int(spec.options.get(Opt.GROUP_INDEX, "0") or 0) if member else 0
+        group = spec.options.get(Opt.GROUP) if member else None
+        self.id = f"{self._id_prefix}-{group or s.request_id}"
+        self.model = spec.model
+        self.usage = _flag(spec, Opt.INCLUDE_USAGE)
+        self.logprobs = _flag(spec, Opt.LOGPROBS)
+        self.text_stage = spec.options.get(Opt.TEXT_STAGE, "")
 
     def _closing(self, out: list[bytes]) -> list[bytes]:
         if self.member:
@@ -581,21 +592,12 @@ class _ChatStream(_StreamTail):
     an ``{"error": ...}`` event and ``[DONE]``."""
 
     _object = ChatCompletionChunk
+    _id_prefix = "chatcmpl"
 
     def __init__(self, s: Summary, member: bool = False) -> None:
-        self.s = s
+        super().__init__(s, member)
         spec = s.spec
         assert spec is not None
-        #: one choice of an n > 1 group's stream (``_ChatGroupStream``):
-        #: its index, and no usage chunk or ``[DONE]`` of its own
-        self.member = member
-        self.index = int(spec.options.get(Opt.GROUP_INDEX, "0") or 0) if member else 0
-        group = spec.options.get(Opt.GROUP) if member else None
-        self.id = f"chatcmpl-{group or s.request_id}"
-        self.model = spec.model
-        self.usage = _flag(spec, Opt.INCLUDE_USAGE)
-        self.logprobs = _flag(spec, Opt.LOGPROBS)
-        self.text_stage = spec.options.get(Opt.TEXT_STAGE, "")
         self.audio_stage = spec.options.get(Opt.AUDIO_STAGE, "")
         self.audio_id = f"audio-{s.request_id}"
         self.encoder: StreamEncoder | None = None
@@ -660,19 +662,12 @@ class _CompletionStream(_StreamTail):
     optional usage chunk, ``[DONE]``; errors as on chat (``_StreamTail``)."""
 
     _object = Completion
+    _id_prefix = "cmpl"
 
     def __init__(self, s: Summary, member: bool = False) -> None:
-        self.s = s
+        super().__init__(s, member)
         spec = s.spec
         assert spec is not None
-        self.member = member
-        self.index = int(spec.options.get(Opt.GROUP_INDEX, "0") or 0) if member else 0
-        group = spec.options.get(Opt.GROUP) if member else None
-        self.id = f"cmpl-{group or s.request_id}"
-        self.model = spec.model
-        self.usage = _flag(spec, Opt.INCLUDE_USAGE)
-        self.logprobs = _flag(spec, Opt.LOGPROBS)
-        self.text_stage = spec.options.get(Opt.TEXT_STAGE, "")
         #: the prompt, until it went out before the first text
         self.echo = spec.prompt if _flag(spec, Opt.ECHO) else ""
         #: length of the text sent so far (logprobs' text_offset)
