@@ -539,10 +539,11 @@ def _whole(members: list[Summary]) -> Rendered:
 
 
 class _StreamTail:
-    """What a chat and a completions stream end with: after the finish
-    chunk, the ``include_usage`` chunk (no choices, the totals) and
-    ``[DONE]`` (a member of an n > 1 group leaves both to the group); a
-    failed or cancelled request's error event and ``[DONE]``."""
+    """What a chat and a completions stream share: their id, model, group
+    index and flags, and how they end: after the finish chunk, the
+    ``include_usage`` chunk (no choices, the totals) and ``[DONE]`` (a
+    member of an n > 1 group leaves both to the group); a failed or
+    cancelled request's error event and ``[DONE]``."""
 
     #: the stream's chunk object (``chat.completion.chunk``, ``text_completion``)
     _object: type[ChatCompletionChunk] | type[Completion]
