@@ -3,7 +3,8 @@ and vLLM's ``/tokenize`` and ``/detokenize``.
 
 Owns ``PromptTokens``: the tokenizer of the stage that reads a request's
 prompt (the pipeline's first stage, when it is a vLLM stage whose model
-folder has a tokenizer), loaded once, off the event loop, on first use;
+folder has a tokenizer), loaded once, off the event loop (the routes
+start loading it when the server starts);
 counting a chat's prompt as that stage's engine builds it (its chat
 template with the generation prompt for ``input_mode = "chat"``, the
 joined text otherwise); and the 400 a request gets when its prompt, or its
