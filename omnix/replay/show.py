@@ -304,6 +304,8 @@ def render_timeline(
     check = "re-folded, matches" if got == trace.digest else f"DOES NOT MATCH (re-folded: {got})"
     out.append(f"  state digest {trace.digest}: {check}")
     out.append(f"  events: {', '.join(f'{k} {v}' for k, v in kinds.most_common())}")
+    if trace.cut is not None:
+        out.append(f"  cut: {trace.cut.describe()}")
     out.append("")
     rids = requests or trace.request_ids
     for rid in rids:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from omnix.events.types import RequestSpec
 from omnix.replay.drive import drive
+from omnix.replay.show import render_timeline
 from omnix.testing.sim import start_sim
 from omnix.trace import export_trace, read_trace
 
@@ -49,6 +50,9 @@ async def test_a_never_idle_log_is_cut_and_the_trace_says_what_was_cut() -> None
     assert last in t.request_ids and "r0" not in t.request_ids
     assert len(t.events) < len(whole.events)
     assert "window cut at log position" in t.cut.describe()
+    # omnix replay says so in its header (a whole trace says nothing).
+    assert f"cut: {t.cut.describe()}" in render_timeline(t)
+    assert "cut:" not in render_timeline(whole)
     # It folds and verifies (read_trace checked the digests); the target's
     # own events are all there.
     assert [type(e) for e in t.events_for(last)] == [type(e) for e in log.events_for(last)]
