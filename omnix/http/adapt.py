@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -369,6 +369,23 @@ def _logit_bias(body: SamplingBody) -> dict[int, float] | None:
 
 
 
+
+_Item = TypeVar("_Item")
+
+
+def _samples(opts: dict[str, str], stream: bool, items: list[_Item], n: int) -> list[_Item]:
+    """``n`` > 1 samples of one prompt: ``n`` requests of a group (seeds
+    seed, seed+1...) whose choices are the group's (usage counts the prompt
+    once, as OpenAI's); streamed, their chunks interleave in log order in
+    one response, each with its member's choice index.  Marks ``opts`` so."""
+    if n <= 1:
+        return items
+    opts[Opt.CHOICES] = "1"
+    if stream:
+        opts[Opt.STREAM] = "0"
+        opts[Opt.GROUP_STREAM] = "1"
+    return items * n
+
 def _text_params(
     served: Served,
     body: ChatCompletionRequest | CompletionRequest,
@@ -547,16 +564,7 @@ def chat_plan(
             _put(params, st, StageParams(voice=voice))
 
     seed = body.seed if body.seed is not None else served.new_seed()
-    if n > 1:
-        # n samples of one conversation: n requests of a group, seeds
-        # seed, seed+1...; their choices are the group's (usage counts the
-        # prompt once, as OpenAI's); streamed, their chunks interleave in
-        # log order, each with its member's choice index.
-        opts[Opt.CHOICES] = "1"
-        if body.stream:
-            opts[Opt.STREAM] = "0"
-            opts[Opt.GROUP_STREAM] = "1"
-        convs = convs * n
+    convs = _samples(opts, body.stream, convs, n)
     gid, rids = _group_ids(served, len(convs))
     specs = tuple(
         (
@@ -729,13 +737,7 @@ def completion_plan(
     if body.echo:
         opts[Opt.ECHO] = "1"
     seed = body.seed if body.seed is not None else served.new_seed()
-    if n > 1:
-        # n samples of one prompt, as chat's n (``chat_plan``).
-        opts[Opt.CHOICES] = "1"
-        if body.stream:
-            opts[Opt.STREAM] = "0"
-            opts[Opt.GROUP_STREAM] = "1"
-        entries = entries * n
+    entries = _samples(opts, body.stream, entries, n)
     gid, rids = _group_ids(served, len(entries))
     specs = []
     for i, (rid, (text, ids)) in enumerate(zip(rids, entries, strict=True)):

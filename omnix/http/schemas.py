@@ -137,7 +137,28 @@ class AudioParams(msgspec.Struct, **_REQ):
     voice: Voice = "default"
 
 
-class ChatCompletionRequest(msgspec.Struct, **_REQ):
+class SamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The sampling fields chat and completions share: OpenAI's penalties,
+    ``logit_bias`` and ``response_format``; from ``top_k`` on, vLLM's
+    extensions.  Mapped onto the text stage (``adapt._sampling_extras``)."""
+
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's extras
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+
+
+class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True, kw_only=True):
     """POST /v1/chat/completions.
 
     ``messages`` is one conversation (a list of messages) or a batch (a list
@@ -156,7 +177,6 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
     audio: AudioParams | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     seed: Seed | None = None
@@ -166,22 +186,9 @@ class ChatCompletionRequest(msgspec.Struct, **_REQ):
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
-    response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
-    # vLLM's extras
-    ignore_eos: bool | None = None
-    min_tokens: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
-    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | None = None
-    include_stop_str_in_output: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
 
 
 #: OpenAI chat parameters omnix does not take, with the reason: sending one
@@ -298,7 +305,7 @@ CompletionPrompt = (
 )
 
 
-class CompletionRequest(msgspec.Struct, **_REQ):
+class CompletionRequest(SamplingFields, forbid_unknown_fields=True, kw_only=True):
     """POST /v1/completions (OpenAI's legacy completions, as vLLM serves
     them): the prompt goes to the text stage raw (no chat template).
     ``logprobs`` is the number of alternatives per token (0-5).  The
@@ -319,22 +326,8 @@ class CompletionRequest(msgspec.Struct, **_REQ):
     echo: bool = False
     stop: str | Annotated[list[str], Meta(max_length=16)] | None = None
     seed: Seed | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
-    response_format: ResponseFormat | None = None
     user: str | None = None
     sampling_params_list: SamplingParamsList | None = None
-    # vLLM's extras
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
-    ignore_eos: bool | None = None
-    min_tokens: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
-    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | None = None
-    include_stop_str_in_output: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
 
 
 class CompletionLogprobs(msgspec.Struct, kw_only=True):
