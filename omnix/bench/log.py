@@ -66,7 +66,7 @@ import msgspec
 
 from omnix.events.codec import decode_event, encode_event
 from omnix.events.disklog import DiskLog, LogConfig
-from omnix.events.log import MemoryLog
+from omnix.events.log import EventLog, MemoryLog
 from omnix.events.reducer import Fold, RequestState, fold
 from omnix.events.retention import Retention, RetentionPolicy
 from omnix.events.types import (
@@ -277,26 +277,31 @@ class _Timer:
         self.cpu += time.process_time() - self._c
 
 
-def bench_memory(n: int, concurrency: int) -> tuple[int, _Timer]:
-    log = MemoryLog()
+def _timed_appends(log: EventLog, n: int, concurrency: int, close: bool = False) -> _Timer:
+    """Append ``n`` events of the workload to ``log``, timing only the
+    appends (and the close, whose last group commit makes them durable)."""
     timer = _Timer()
     for batch in batches(n, concurrency):
         append = log.append
         with timer:
             for ev in batch:
                 append(ev)
+    if close:
+        with timer:
+            log.close()
+    return timer
+
+
+def bench_memory(n: int, concurrency: int) -> tuple[int, _Timer]:
+    log = MemoryLog()
+    timer = _timed_appends(log, n, concurrency)
     return len(log), timer
 
 
 def bench_memory_retention(n: int, concurrency: int) -> tuple[int, _Timer]:
     log = MemoryLog()
     Retention(log, RetentionPolicy())
-    timer = _Timer()
-    for batch in batches(n, concurrency):
-        append = log.append
-        with timer:
-            for ev in batch:
-                append(ev)
+    timer = _timed_appends(log, n, concurrency)
     return len(log), timer
 
 
@@ -305,28 +310,14 @@ def bench_disk_retained(root: Path, n: int, concurrency: int) -> tuple[int, _Tim
     log's length and the append timer (until close)."""
     log = DiskLog(root, LogConfig(fsync="batch"))
     Retention(log, RetentionPolicy())
-    timer = _Timer()
-    for batch in batches(n, concurrency):
-        append = log.append
-        with timer:
-            for ev in batch:
-                append(ev)
-    with timer:
-        log.close()
+    timer = _timed_appends(log, n, concurrency, close=True)
     return len(log), timer
 
 
 def bench_disk(root: Path, n: int, concurrency: int) -> tuple[int, _Timer, int]:
     # No snapshots: the append path and the full refold as before them.
     log = DiskLog(root, LogConfig(fsync="batch", snapshot_every=0))
-    timer = _Timer()
-    for batch in batches(n, concurrency):
-        append = log.append
-        with timer:
-            for ev in batch:
-                append(ev)
-    with timer:
-        log.close()  # the last group commit: everything durable
+    timer = _timed_appends(log, n, concurrency, close=True)
     return len(log), timer, sum(p.stat().st_size for p in log.segment_paths())
 
 
