@@ -366,6 +366,13 @@ class VllmEngine:
                         lps = () if top_lps is None else _token_logprobs(comp.logprobs, ids, top_lps)
                         if out.finished:
                             finish = _finish_reason(comp.finish_reason)
+                            if finish == "error":
+                                # vLLM ended this request on an error of its own: the
+                                # stage failed (and may be retried), it did not finish.
+                                raise RuntimeError(
+                                    f"vLLM ended sub-request {sub_id} with an error after "
+                                    f"{output_tokens} tokens (see the worker's log)"
+                                )
                             if finish == "aborted":  # aborted inside vLLM, not by us
                                 live.aborted = True
                             last = live.ended and not live.pieces

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -56,20 +57,8 @@ async def test_text_and_audio_streamed(server, client):
         audio={"voice": "alloy", "format": "pcm16"},
         stream=True,
     )
-    text, audio = [], []
-    rid = None
-    async for chunk in stream:
-        rid = rid or chunk.id.removeprefix("chatcmpl-")
-        delta = chunk.choices[0].delta if chunk.choices else None
-        if delta is None:
-            continue
-        if delta.content:
-            text.append(delta.content)
-        extra = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
-        if extra:
-            audio.append(extra["data"] if isinstance(extra, dict) else extra.data)
-    pcm = np.frombuffer(b"".join(base64.b64decode(a) for a in audio), dtype="<i2")
-    assert "".join(text) and len(pcm) > 2400
+    rid, text, pcm, _ = await _read_stream(stream)
+    assert text and len(pcm) > 2400
     # The bytes the client parsed are the log's rendering.
     events = server.omni.log.events_for(rid)
     assert render_response(events, server.omni.blobs).head.status == 200
@@ -144,20 +133,8 @@ async def test_chat_with_audio_and_image_streams_text_and_audio_back(server, cli
         stream_options={"include_usage": True},
         seed=3,
     )
-    text, audio, usage, rid = [], [], None, None
-    async for chunk in stream:
-        rid = rid or chunk.id.removeprefix("chatcmpl-")
-        usage = chunk.usage or usage
-        delta = chunk.choices[0].delta if chunk.choices else None
-        if delta is None:
-            continue
-        if delta.content:
-            text.append(delta.content)
-        extra = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
-        if extra:
-            audio.append(extra["data"] if isinstance(extra, dict) else extra.data)
-    pcm = np.frombuffer(b"".join(base64.b64decode(a) for a in audio), dtype="<i2")
-    assert "".join(text) and len(pcm) > 2400
+    rid, text, pcm, usage = await _read_stream(stream)
+    assert text and len(pcm) > 2400
     assert usage is not None and usage.prompt_tokens > 80
     (admitted, *_) = server.omni.log.events_for(rid)
     (message,) = admitted.spec.messages
@@ -175,3 +152,22 @@ async def test_the_same_image_sent_twice_is_stored_once(server, client):
     for _ in range(2):
         await _prompt_tokens(client, [image, {"type": "text", "text": "Again."}])
     assert len(set(server.omni.blobs.digests()) - before) == 1
+
+
+async def _read_stream(stream: Any) -> tuple[str, str, np.ndarray, Any]:
+    """A streamed chat's request id, text, pcm16 audio and usage, as the
+    openai client parsed them."""
+    text, audio, usage, rid = [], [], None, ""
+    async for chunk in stream:
+        rid = rid or chunk.id.removeprefix("chatcmpl-")
+        usage = chunk.usage or usage
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is None:
+            continue
+        if delta.content:
+            text.append(delta.content)
+        extra = getattr(delta, "audio", None) or (delta.model_extra or {}).get("audio")
+        if extra:
+            audio.append(extra["data"] if isinstance(extra, dict) else extra.data)
+    pcm = np.frombuffer(b"".join(base64.b64decode(a) for a in audio), dtype="<i2")
+    return rid, "".join(text), pcm, usage
