@@ -30,7 +30,7 @@ much each input piece had delivered: the pieces before the last one that
 delivered anything had finished and do not run again (their seeds' places
 are kept); that piece's prompt is its usual prompt (chat template and all)
 followed by its own resumed ids (codec codes mapped back into the model's
-vocabulary), sent as token ids; the budget is what the undisturbed
+vocabulary), sent as token ids with the piece's media, rendered once; the budget is what the undisturbed
 sub-request had left (``max_tokens`` minus its resumed count), and with
 nothing left it finishes at once with ``"length"``; later pieces run as in
 any request.  A text piece whose delivered ids end with an EOS id had
@@ -306,32 +306,26 @@ class VllmEngine:
                 if not prompt:
                     continue  # an empty piece (e.g. whitespace the upstream flushed)
                 media = self._media(piece) if piece.media else None
-                engine_input = None
-                n_prompt = len(prompt)
-                if media is not None:
-                    # The processor expands each placeholder into the item's
-                    # tokens: the prompt's length is known once rendered.
-                    engine_input = await self._render_media(prompt, media)
-                    n_prompt = len(engine_input["prompt_token_ids"])
-                budget = self._budget(request, n_prompt)
-                prompt_tokens += n_prompt
                 resume = plan.take(index, request)
+                resumed: tuple[int, ...] = ()
+                skip = False
                 if resume is not None:
                     output_tokens += len(resume.token_ids)
                     ended = bool(resume.token_ids) and resume.token_ids[-1] in self._eos_ids
-                    if resume.finished or (ended and not self._codec):
-                        # All its outputs were delivered before the move (a
-                        # text piece delivers the EOS it stopped on).
-                        seq += 1
-                        finish = "stop"
-                        continue
-                    prompt = prompt + self._resumed_ids(resume.token_ids)
-                    engine_input = None
-                    budget -= len(resume.token_ids)
-                    if budget <= 0:  # the lost replica had used the whole budget
-                        seq += 1
-                        finish = "length"
-                        continue
+                    # All its outputs were delivered before the move (a text
+                    # piece delivers the EOS it stopped on).
+                    skip = resume.finished or (ended and not self._codec)
+                    resumed = () if skip else resume.token_ids
+                engine_input, n_prompt = await self._render(prompt, resumed, media)
+                prompt_tokens += n_prompt
+                budget = self._budget(request, n_prompt) - len(resumed)
+                if skip or budget <= 0:
+                    # Nothing runs: with nothing left of the budget, the lost
+                    # replica had used it all.
+                    self._unsent(engine_input)
+                    seq += 1
+                    finish = "stop" if skip else "length"
+                    continue
                 sub_id = f"{request.request_id}#{seq}"
                 params = self._sampling(request, budget, seq)
                 seq += 1
@@ -342,11 +336,6 @@ class VllmEngine:
                     if resume is not None and not self._codec and self._tokenizer is not None
                     else None
                 )
-                # Rendered through vLLM's renderer (raw prompt dicts are deprecated).
-                if media is not None and engine_input is None:
-                    engine_input = await self._render_media(prompt, media)
-                elif engine_input is None:
-                    (engine_input,) = self._llm.renderer.render_cmpl([{"prompt_token_ids": prompt}])
                 stream = self._llm.generate(engine_input, params, sub_id)
                 try:
                     async for out in stream:
@@ -543,14 +532,37 @@ class VllmEngine:
                 data.setdefault("image", []).append(Image.fromarray(arr, mode="RGB"))
         return data
 
-    async def _render_media(self, prompt: list[int], media: dict[str, list[Any]]) -> Any:
-        """vLLM's engine input for a prompt with media; the multimodal
-        processor (mel features, image patches) runs off this loop in the
-        async renderer."""
-        (rendered,) = await self._llm.renderer.render_cmpl_async(
-            [{"prompt_token_ids": prompt, "multi_modal_data": media}]
-        )
-        return rendered
+    async def _render(
+        self, prompt: list[int], resumed: tuple[int, ...], media: dict[str, list[Any]] | None
+    ) -> tuple[Any, int]:
+        """vLLM's engine input for the piece's prompt followed by its resumed
+        ids, and the prompt's own length as the model sees it (with media,
+        each placeholder expanded into its item's tokens, which only the
+        processor knows).  Rendered once per sub-request: rendering media
+        records the items in vLLM's sender-side processor cache as sent, so
+        a second render of the same items would send only their hashes, and
+        the engine core, never having received them, ends the request with
+        ``finish_reason "error"`` (a cache miss).  The multimodal processor
+        (mel features, image patches) runs off this loop in the async
+        renderer."""
+        ids = prompt + self._resumed_ids(resumed) if resumed else prompt
+        renderer = self._llm.renderer
+        if media is None:
+            (rendered,) = renderer.render_cmpl([{"prompt_token_ids": ids}])
+            return rendered, len(prompt)
+        (rendered,) = await renderer.render_cmpl_async([{"prompt_token_ids": ids, "multi_modal_data": media}])
+        return rendered, len(rendered["prompt_token_ids"]) - len(ids) + len(prompt)
+
+    def _unsent(self, rendered: Any) -> None:
+        """Forgets a render that is not going to vLLM: its media items would
+        otherwise stay marked as sent in the sender-side processor cache,
+        and the next request with the same items would fail on a miss."""
+        cache = getattr(self._llm.renderer, "mm_processor_cache", None)
+        if cache is None or rendered.get("type") != "multimodal":
+            return
+        for hashes in rendered["mm_hashes"].values():
+            for h in hashes:
+                cache.invalidate(h)
 
     def _need_tokenizer(self, why: str) -> Any:
         if self._tokenizer is None:

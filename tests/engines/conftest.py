@@ -95,6 +95,27 @@ async def talker(vllm_engines):
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def omni_thinker(tiny_models):
+    """tiny-omni's multimodal thinker (audio and image input), started on
+    first use: only the media tests need it."""
+    from omnix.engines.vllm_engine import VllmEngine
+    from omnix.pipelines.config import VllmArgs
+
+    engine = VllmEngine(
+        VllmArgs(
+            model="omni_thinker",
+            max_num_seqs=4,
+            max_model_len=2048,
+            kv_cache_gib=0.25,
+            limit_mm_per_prompt={"audio": 1, "image": 1, "video": 0},
+        )
+    )
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def codec_engine(tiny_models):
     from omnix.engines.codec_engine import CodecEngine
     from omnix.pipelines.config import CodecArgs

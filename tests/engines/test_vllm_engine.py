@@ -11,7 +11,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from omnix.events.types import ChatMessage, StageParams
+from omnix.events.types import BlobRef, ChatMessage, MediaPart, StageParams
+from omnix.testing.media import gradient, tone
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, PieceOutput, Resume
 
 pytestmark = [
@@ -274,8 +275,7 @@ async def test_talker_codes_decode_exactly_through_the_codec_engine(talker, code
 async def _resume_after(engine, rid: str, piece: InputPiece, k: int, n: int, **params):
     """The outputs a replica delivered before it was lost after ``k`` tokens
     (a run with ``max_tokens=k``), then those of a fresh continuation with
-    the budget ``n``.  vLLM's prefix cache is emptied first: a continuation
-    runs on another replica, whose cache never saw this request."""
+    the budget ``n``, as another replica would run it."""
     before = await _run(engine, f"{rid}-before", piece, max_tokens=k, **params)
     delivered = [o for o in before if o.token_ids]
     resume = Resume(
@@ -283,9 +283,17 @@ async def _resume_after(engine, rid: str, piece: InputPiece, k: int, n: int, **p
         token_ids=tuple(_ids(delivered)),
         text="".join(o.text for o in delivered),
     )
-    await engine._llm.reset_prefix_cache()
+    await _as_another_replica(engine)
     after = await _run(engine, f"{rid}-after", piece, resume=resume, max_tokens=n, **params)
     return before, after
+
+
+async def _as_another_replica(engine) -> None:
+    """Empties vLLM's prefix cache and its multimodal processor caches (the
+    front end's record of items sent, the engine core's items): a
+    continuation runs on another replica, which never saw this request."""
+    await engine._llm.reset_prefix_cache()
+    await engine._llm.reset_mm_cache()
 
 
 async def test_continuation_equals_the_undisturbed_run(thinker) -> None:
@@ -464,3 +472,49 @@ async def test_thinker_continuation_of_several_pieces_keeps_each_pieces_text(thi
     after = await _run(thinker, "t-mp-eos", *pieces, resume=ended, max_tokens=6, temperature=0.0)
     assert _ids(after) == [t for o in payload if o.piece == 1 for t in o.token_ids]
     assert {o.piece for o in after if o.token_ids} == {1}
+
+
+def _media_piece(width: int) -> InputPiece:
+    """A chat piece with a 1 s tone and a ``width``-pixel-wide gradient
+    (another width, other image items for vLLM's caches)."""
+    audio, image = tone(1.0, 16_000), gradient(width, 224)
+    parts = (
+        MediaPart("audio", BlobRef("a", audio.nbytes, "float32", audio.shape), at=0, rate=16_000),
+        MediaPart("image", BlobRef(f"i{width}", image.nbytes, "uint8", image.shape), at=0),
+    )
+    return InputPiece(messages=(ChatMessage("user", "Describe them.", media=parts),), media=(audio, image))
+
+
+async def test_media_continuation_equals_the_undisturbed_run(omni_thinker) -> None:
+    """A continuation of a chat with audio and an image, on a replica that
+    never saw the items, equals the undisturbed run with the same prompt
+    count.  The prompt plus the resumed ids is rendered once: a second
+    render of the same items sends only their hashes, which the engine
+    core does not hold, and vLLM ends the request with an error."""
+    n = 8
+    piece = _media_piece(320)
+    whole = await _run(omni_thinker, "m-whole", piece, max_tokens=n, temperature=0.0)
+    ids = _ids(whole)
+    assert len(ids) == n and whole[-1].prompt_tokens > 80  # the items' tokens are in the prompt
+    for k in (1, n // 2):
+        before, after = await _resume_after(omni_thinker, f"m-res-{k}", piece, k, n, temperature=0.0)
+        assert _ids(before) + _ids(after) == ids, f"cut after {k} tokens"
+        assert (after[-1].prompt_tokens, after[-1].output_tokens, after[-1].finish_reason) == (
+            whole[-1].prompt_tokens, n, "length"
+        )
+
+
+async def test_a_finished_media_piece_is_not_sent_and_leaves_its_items_unsent(omni_thinker) -> None:
+    """A resumed piece that had finished (its delivered ids end with EOS)
+    does not run again; its items, rendered only to count the prompt, are
+    not recorded as sent, so the next request with them still works."""
+    eos = omni_thinker._tokenizer.eos_token_id
+    piece = _media_piece(288)  # items this engine has not sent before
+    await _as_another_replica(omni_thinker)
+    ended = Resume(chunks=1, token_ids=(5, 6, eos), pieces=(PieceOutput(1, 3, 0),))
+    after = await _run(omni_thinker, "m-eos", piece, resume=ended, max_tokens=8, temperature=0.0)
+    (only,) = after
+    assert not only.token_ids and only.finish_reason == "stop"
+    fresh = await _run(omni_thinker, "m-fresh", piece, max_tokens=8, temperature=0.0)
+    assert fresh[-1].finish_reason == "length" and len(_ids(fresh)) == 8
+    assert only.prompt_tokens == fresh[-1].prompt_tokens

@@ -325,13 +325,6 @@ async def test_a_vllm_worker_killed_mid_stream_is_continued_exactly(server, clie
     assert _lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the continuation on the other replica, fed the prompt plus the "
-    "delivered ids with the media, is ended by vLLM with finish_reason 'error' (so the "
-    "request fails instead of continuing); before the fix beside this test the client got "
-    "the truncated answer as a success",
-)
 async def test_a_thinker_killed_mid_answer_to_audio_and_image_is_continued_with_its_media(server, client):
     """The continuation on the other replica is fed the request's media
     again (from the blobs its admission references): the client's answer
