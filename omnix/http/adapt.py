@@ -156,7 +156,8 @@ class Served:
 
     def check_engines(self, params: dict[str, StageParams]) -> None:
         """400 for a sampling parameter a stage's engine cannot honour
-        (``ENGINE_PARAMS``), naming the parameter and the stage."""
+        (``ENGINE_PARAMS``, the diffusion fields, ``speed``), naming the
+        parameter and the stage."""
         for stage, p in params.items():
             kind = self.engine_of(stage)
             can = ENGINE_PARAMS.get(kind, frozenset())
@@ -182,6 +183,8 @@ class Served:
                             param=field,
                             code="unsupported_parameter",
                         )
+            if p.speed is not None and p.speed != 1.0:
+                _check_speech(self, "speed", (stage,))
 
     def stage_params(self, given: SamplingParamsList | None) -> dict[str, StageParams]:
         """``sampling_params_list`` as a map by stage name."""
@@ -807,9 +810,6 @@ def speech_plan(body: SpeechRequest, served: Served, *, traceparent: str = "") -
         _check_speech(served, "speed", speech_stages)
     if body.instructions:
         _check_speech(served, "instructions", speech_stages)
-    for st, p in params.items():
-        if p.speed is not None and p.speed != 1.0:
-            _check_speech(served, "speed", (st,))
     for st in speech_stages:
         _put(
             params,

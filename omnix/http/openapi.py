@@ -472,31 +472,20 @@ def _shape_completions(
     }
 
 
-def _speed_off(schema: Any) -> Any:
-    """``schema`` with every StageParams in it taking no speed but 1 (the
-    speech route refuses another: no engine honours it)."""
-    if isinstance(schema, list):
-        return [_speed_off(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    if schema.get("$ref") == "#/components/schemas/StageParams":
-        return {"allOf": [schema, {"properties": {"speed": _nullable({"const": 1.0})}}]}
-    return {k: _speed_off(v) for k, v in schema.items()}
-
-
 def _shape_speech_image(schemas: dict[str, Any], pipeline: PipelineConfig) -> None:
     """Speech and image fields as this pipeline takes them (``adapt``'s
     ``_check_speech``, ``_image_options``, ``_check_diffusion``)."""
+    stage_params = schemas["StageParams"]["properties"]
     if not any(engine_kind(st.engine) == "diffusers" for st in pipeline.stages):
-        stage_params = schemas["StageParams"]["properties"]
         for field in DIFFUSION_PARAMS:
             stage_params[field] = {"type": "null", "default": None}
+    # No engine honours a speaking rate, on any route (adapt.SPEECH_ENGINE_PARAMS).
+    stage_params["speed"] = _nullable({"const": 1.0})
     speech = schemas["SpeechRequest"]
     sp = speech["properties"]
     # No engine honours a speaking rate or voice instructions (adapt.SPEECH_ENGINE_PARAMS).
     sp["speed"] = {"const": 1.0, "default": 1.0}
     sp["instructions"] = _nullable({"const": ""})
-    sp["sampling_params_list"] = _speed_off(sp["sampling_params_list"])
     # stream: false contradicts a stream_format.
     speech["not"] = {
         "properties": {"stream": {"const": False}, "stream_format": {"enum": ["audio", "sse"]}},

@@ -79,7 +79,7 @@ async def test_parameters_reach_the_stages_and_the_seed_is_recorded(omni_server,
         "seed": 1234,
         "modalities": ["text", "audio"],
         "audio": {"format": "wav", "voice": "alloy"},
-        "sampling_params_list": [{"temperature": 0.1}, None, {"speed": 1.5}],
+        "sampling_params_list": [{"temperature": 0.1}, None, {"temperature": 0.7}],
     }
     async with http.post(omni_server.url + "/v1/chat/completions", json=req) as r:
         assert r.status == 200, await r.text()
@@ -91,10 +91,27 @@ async def test_parameters_reach_the_stages_and_the_seed_is_recorded(omni_server,
     # sampling_params_list is the more specific: it wins over temperature.
     assert spec.stage_params["thinker"] == StageParams(temperature=0.1, top_p=0.9, max_tokens=4, stop=("END",))
     assert spec.stage_params["talker"] == StageParams(voice="alloy")
-    assert spec.stage_params["code2wav"] == StageParams(voice="alloy", speed=1.5)
+    assert spec.stage_params["code2wav"] == StageParams(voice="alloy", temperature=0.7)
     # max_tokens=4 stops the scripted thinker after four chunks.
     assert body["choices"][0]["message"]["content"] == "t0 t1 t2 t3 "
     assert body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_speed_no_stage_honours_is_400_on_chat_too(omni_server, http):
+    """As on /v1/audio/speech: a speed in sampling_params_list would be
+    recorded and ignored, so it is refused, naming the stage."""
+    before = len(omni_server.omni.log)
+    req = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "modalities": ["text", "audio"],
+        "sampling_params_list": {"code2wav": {"speed": 1.5}},
+    }
+    async with http.post(omni_server.url + "/v1/chat/completions", json=req) as r:
+        assert r.status == 400, await r.text()
+        err = (await r.json())["error"]
+    assert (err["param"], err["code"]) == ("speed", "unsupported_parameter")
+    assert "'code2wav' (scripted)" in err["message"]
+    assert len(omni_server.omni.log) == before
 
 
 async def test_sampling_params_by_stage_name(omni_server, http):
