@@ -81,8 +81,8 @@ _AUDIO_FORMATS: Final[dict[str, str]] = {
     "webm": "matroska",
     "pcm16": "pcm16",
 }
-# data:/Content-Type media type -> the same names.
-_AUDIO_MEDIA_TYPES: Final[dict[str, str]] = {
+#: data:/Content-Type media type -> the same names.
+AUDIO_MEDIA_TYPES: Final[dict[str, str]] = {
     "audio/wav": "wav",
     "audio/wave": "wav",
     "audio/x-wav": "wav",
@@ -375,14 +375,14 @@ class MediaDecoder:
                     "unsupported_media_format",
                 )
         elif media_type:
-            if media_type not in _AUDIO_MEDIA_TYPES and media_type != "application/octet-stream":
+            if media_type not in AUDIO_MEDIA_TYPES and media_type != "application/octet-stream":
                 raise _bad(
                     param,
                     f"{param}: {media_type} is not an audio type this server decodes "
                     f"({_ACCEPTED_AUDIO}; e.g. data:audio/wav;base64,...).",
                     "unsupported_media_format",
                 )
-            hint = _AUDIO_MEDIA_TYPES.get(media_type, declared)
+            hint = AUDIO_MEDIA_TYPES.get(media_type, declared)
             for token in tokens[1:-1]:
                 name, _, value = token.partition("=")
                 if name.strip().lower() == "rate" and hint == "pcm16":
@@ -483,7 +483,7 @@ class MediaDecoder:
             data, content_type = fetched
             media_type = content_type.partition(";")[0].strip().lower()
             if source.kind == "audio":
-                hint = _AUDIO_MEDIA_TYPES.get(media_type, "") or _from_extension(source.url)
+                hint = AUDIO_MEDIA_TYPES.get(media_type, "") or _from_extension(source.url)
         else:
             data = _b64decode(param, source.b64, source.start)
         assert self.limits is not None

@@ -39,6 +39,7 @@ from msgspec import Meta
 from omnix.events.types import MediaPart
 from omnix.http import adapt
 from omnix.http.errors import ApiError, from_decode_error
+from omnix.http.media import AUDIO_MEDIA_TYPES
 from omnix.http.render import API_TRANSCRIPTION, Opt
 from omnix.http.schemas import (
     AudioUrl,
@@ -101,8 +102,9 @@ UNSUPPORTED_FORMATS: Final[dict[str, str]] = {
 }
 _TEXT_FIELDS: Final = frozenset(TranscriptionForm.__struct_fields__)
 
-# File name extension, then Content-Type -> ``input_audio.format``.  The
-# decoder trusts the bytes' own magic number over either.
+# File name extension -> ``input_audio.format`` (a Content-Type goes into
+# a data URL, read as chat's are).  The decoder trusts the bytes' own magic
+# number over either.
 _EXTENSIONS: Final[dict[str, str]] = {
     "wav": "wav",
     "wave": "wav",
@@ -117,26 +119,6 @@ _EXTENSIONS: Final[dict[str, str]] = {
     "m4a": "m4a",
     "mp4": "mp4",
     "webm": "webm",
-}
-_CONTENT_TYPES: Final[dict[str, str]] = {
-    "audio/wav": "wav",
-    "audio/wave": "wav",
-    "audio/x-wav": "wav",
-    "audio/vnd.wave": "wav",
-    "audio/mpeg": "mp3",
-    "audio/mp3": "mp3",
-    "audio/flac": "flac",
-    "audio/x-flac": "flac",
-    "audio/ogg": "ogg",
-    "audio/opus": "opus",
-    "audio/aac": "aac",
-    "audio/x-aac": "aac",
-    "audio/mp4": "mp4",
-    "audio/m4a": "m4a",
-    "audio/x-m4a": "m4a",
-    "audio/webm": "webm",
-    "video/webm": "webm",
-    "video/mp4": "mp4",
 }
 
 # ISO-639-1 codes and English names: ``language`` must be one of them, and
@@ -312,15 +294,17 @@ def _form(texts: dict[str, str]) -> TranscriptionForm:
 
 def audio_part(upload: Upload) -> MediaContentPart:
     """The upload as the chat content part the media decoder reads: an
-    ``input_audio`` part when its name or type says the format, else a data
-    URL of unknown type (the decoder tells the format from the bytes)."""
+    ``input_audio`` part when its file name says the format, else a data
+    URL of its audio Content-Type, or of unknown type (the decoder then
+    tells the format from the bytes)."""
     ext = posixpath.splitext(upload.filename.lower())[1].lstrip(".")
     ctype = upload.content_type.partition(";")[0].strip().lower()
-    fmt = _EXTENSIONS.get(ext) or _CONTENT_TYPES.get(ctype, "")
     data = base64.b64encode(upload.data).decode("ascii")
-    if fmt:
+    if fmt := _EXTENSIONS.get(ext):
         return InputAudioPart(input_audio=InputAudio(data=data, format=fmt))
-    return AudioUrlPart(audio_url=AudioUrl(url="data:application/octet-stream;base64," + data))
+    if ctype not in AUDIO_MEDIA_TYPES:
+        ctype = "application/octet-stream"
+    return AudioUrlPart(audio_url=AudioUrl(url=f"data:{ctype};base64,{data}"))
 
 
 # --------------------------------------------------------------------------
