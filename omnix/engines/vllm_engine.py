@@ -30,10 +30,10 @@ much each input piece had delivered: the pieces before the last one that
 delivered anything had finished and do not run again (their seeds' places
 are kept); that piece's prompt is its usual prompt (chat template and all)
 followed by its own resumed ids (codec codes mapped back into the model's
-vocabulary), sent as token ids with the piece's media, rendered once; the budget is what the undisturbed
-sub-request had left (``max_tokens`` minus its resumed count), and with
-nothing left it finishes at once with ``"length"``; later pieces run as in
-any request.  A text piece whose delivered ids end with an EOS id had
+vocabulary), sent as token ids with the piece's media, rendered once;
+the budget is what the undisturbed sub-request had left (``max_tokens``
+minus its resumed count), and with nothing left it finishes at once with
+``"length"``; later pieces run as in any request.  A text piece whose delivered ids end with an EOS id had
 finished too.  vLLM only streams what it generates, so nothing resumed is
 emitted again.  The continuation's text is decoded here
 (``_ContinuedText``), not taken from vLLM: vLLM primes its detokenizer with
@@ -327,7 +327,11 @@ class VllmEngine:
                     finish = "stop" if skip else "length"
                     continue
                 sub_id = f"{request.request_id}#{seq}"
-                params = self._sampling(request, budget, seq)
+                try:
+                    params = self._sampling(request, budget, seq)
+                except BaseException:
+                    self._unsent(engine_input)
+                    raise
                 seq += 1
                 live.sub_id = sub_id
                 carry: list[int] = []  # codec codes of an incomplete frame
