@@ -8,7 +8,8 @@ chat requests with audio output (``modalities: ["text", "audio"]``,
 non-streamed), then ``--requests`` more at ``--concurrency``, and reads the
 server process's RSS (psutil; the ``omnix serve`` process alone, not its
 worker processes: the engines' memory is theirs and vLLM's) before and
-after those.  The figure is the RSS growth per request over the measured
+after those (and after every ``--segment`` of them, to show where it
+flattens).  The figure is the RSS growth per request over the measured
 requests (target: at most 2 KB per request; before retention ~130 KB).
 ``retained_requests`` is ``omnix_requests_retained`` from ``/metrics`` at
 the end.  ``--json`` prints one JSON object on the last line.
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=500, help="requests before measuring (default 500)")
     parser.add_argument("--requests", type=int, default=2000, help="requests measured (default 2000)")
     parser.add_argument("--concurrency", type=int, default=10, help="requests in flight (default 10)")
+    parser.add_argument(
+        "--segment", type=int, default=500,
+        help="read the server's RSS after every this many measured requests (default 500)",
+    )
     parser.add_argument(
         "--retain-requests", type=int, default=200, help="the server's --retain-requests (default 200)"
     )
@@ -153,7 +158,14 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(1.0)  # the projection and the sweep catch up
         rss0 = server.memory_info().rss
         t1 = time.perf_counter()
-        ok, errors = await _load(url, args.requests, args.concurrency, args.max_tokens)
+        ok = errors = 0
+        curve: list[float] = []  # RSS (MB) after each segment: where it flattens
+        left = args.requests
+        while left > 0:
+            n = min(left, args.segment)
+            s_ok, s_err = await _load(url, n, args.concurrency, args.max_tokens)
+            ok, errors, left = ok + s_ok, errors + s_err, left - n
+            curve.append(round(server.memory_info().rss / 2**20, 1))
         elapsed = time.perf_counter() - t1
         await asyncio.sleep(1.0)
         rss1 = server.memory_info().rss
@@ -173,6 +185,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             "requests": args.requests,
             "rss_start_mb": round(rss0 / 2**20, 1),
             "rss_end_mb": round(rss1 / 2**20, 1),
+            "rss_mb_by_segment": curve,
+            "segment": args.segment,
             "retained_requests": None if retained is None else int(retained),
             "retain_requests": args.retain_requests,
             "warmup": args.warmup,
@@ -190,8 +204,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.warmup < 0 or args.requests < 1 or args.concurrency < 1:
-        raise SystemExit("omnix bench soak: --requests and --concurrency must be >= 1, --warmup >= 0")
+    if args.warmup < 0 or args.requests < 1 or args.concurrency < 1 or args.segment < 1:
+        raise SystemExit(
+            "omnix bench soak: --requests, --concurrency and --segment must be >= 1, --warmup >= 0"
+        )
     res = run_on_loop(_bench(args))
     if not args.json:
         print(
@@ -200,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
             f"{res['rss_growth_kb_per_request']} KB per request (target <= 2); "
             f"{res['retained_requests']} requests retained (--retain-requests {res['retain_requests']})"
         )
+        print(f"RSS after each {res['segment']} requests (MB): {res['rss_mb_by_segment']}")
         print(
             f"load average (1 min) {res['load_average_start']} at start, {res['load_average_end']} at end, "
             f"on {res['cpus']} CPUs"
