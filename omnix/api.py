@@ -223,7 +223,9 @@ class Omni:
         if retention is not None:
             # Through the sequencer: a release decided while a cascade runs
             # is queued after it, and is an input like any other.
-            self.retention = Retention(self.log, retention, self.blobs, append=self.sequencer.append)
+            self.retention = Retention(
+                self.log, retention, self.blobs, append=self.sequencer.append
+            )
         self.sweep_interval_s = sweep_interval_s
         self._sweeper: asyncio.Task[None] | None = None
         factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
@@ -266,7 +268,11 @@ class Omni:
 
         server.write_bytes(
             msgspec.json.encode(
-                _ServerInfo(omnix_version=__version__, schema_version=SCHEMA_VERSION, rules_version=self.rules)
+                _ServerInfo(
+                    omnix_version=__version__,
+                    schema_version=SCHEMA_VERSION,
+                    rules_version=self.rules,
+                )
             )
         )
         return log
@@ -388,7 +394,9 @@ class Omni:
         validate_request(self.graph, spec)
         rid = request_id or new_request_id()
         if rid in self.log.state.requests:
-            raise RequestError(f"request id {rid!r} is already in use", "request_id", "duplicate_id")
+            raise RequestError(
+                f"request id {rid!r} is already in use", "request_id", "duplicate_id"
+            )
         return self.sequencer.submit(rid, spec)
 
     def room(self, outputs: tuple[Modality, ...]) -> int:
@@ -457,7 +465,9 @@ class Omni:
             return self.retention.status(request_id)
         return "retained" if request_id in self.log.state.requests else "unknown"
 
-    async def profile(self, action: Literal["start", "stop"], stages: Sequence[str] = ()) -> list[ProfileReport]:
+    async def profile(
+        self, action: Literal["start", "stop"], stages: Sequence[str] = ()
+    ) -> list[ProfileReport]:
         """Start or stop the profiler of every ready replica of ``stages``
         (all stages when empty); each replica's answer.  Raises
         ``ProfilingOff`` unless the runtime was given a ``profile_dir``
@@ -565,7 +575,9 @@ class OmniSync:
 
     def __init__(self, pipeline: PipelineConfig | str, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="omnix-loop", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="omnix-loop", daemon=True
+        )
         self._thread.start()
         self.omni = Omni(pipeline, **kwargs)
         self._call(self.omni.start())

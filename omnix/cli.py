@@ -22,7 +22,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "trace": ("omnix.replay.trace_cli", "export a request's events as a replayable trace"),
     "replay": ("omnix.replay.cli", "replay a captured trace: show, drive, counterfactual, faults"),
     "telemetry": ("omnix.telemetry.cli", "re-emit the spans and metrics of a captured trace"),
-    "bench": ("omnix.bench.cli", "benchmarks that print figures (log, hop, engines, http, media, replay, telemetry, failover, serve, soak)"),
+    "bench": (
+        "omnix.bench.cli",
+        "benchmarks that print figures (log, hop, engines, http, media, replay, telemetry, failover, serve, soak)",
+    ),
 }
 
 

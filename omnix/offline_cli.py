@@ -17,14 +17,37 @@ from omnix.pipelines.registry import DEFAULT_PIPELINE
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the text prompt")
-    parser.add_argument("--pipeline", default=DEFAULT_PIPELINE, help=f"built-in name or config path (default {DEFAULT_PIPELINE})")
-    parser.add_argument("--outputs", default=None, help="comma-separated modalities (default: every output the pipeline has)")
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="max tokens for every AR stage")
-    parser.add_argument("--audio-out", type=Path, default=Path("omnix-out.wav"), help="where audio goes (WAV)")
-    parser.add_argument("--image-out", type=Path, default=Path("omnix-out.png"), help="where an image goes (PNG)")
-    parser.add_argument("--log-dir", type=Path, default=None, help="keep the event log here (for `omnix trace export`)")
-    parser.add_argument("--model-dir", type=Path, default=None, help="where the tiny models are (built if missing)")
+    parser.add_argument(
+        "--pipeline",
+        default=DEFAULT_PIPELINE,
+        help=f"built-in name or config path (default {DEFAULT_PIPELINE})",
+    )
+    parser.add_argument(
+        "--outputs",
+        default=None,
+        help="comma-separated modalities (default: every output the pipeline has)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="sampling seed (default: random, printed)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="max tokens for every AR stage"
+    )
+    parser.add_argument(
+        "--audio-out", type=Path, default=Path("omnix-out.wav"), help="where audio goes (WAV)"
+    )
+    parser.add_argument(
+        "--image-out", type=Path, default=Path("omnix-out.png"), help="where an image goes (PNG)"
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="keep the event log here (for `omnix trace export`)",
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, default=None, help="where the tiny models are (built if missing)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,9 +71,14 @@ async def _generate(args: argparse.Namespace) -> int:
     seed = new_seed() if args.seed is None else args.seed
     params = {}
     if args.max_tokens is not None:
-        params = {st.name: StageParams(max_tokens=args.max_tokens) for st in pipeline.stages
-                  if type(st.engine).__struct_config__.tag in ("vllm", "scripted")}
-    spec = RequestSpec(prompt=args.prompt, outputs=outputs, stage_params=params, seed=seed, api="offline")
+        params = {
+            st.name: StageParams(max_tokens=args.max_tokens)
+            for st in pipeline.stages
+            if type(st.engine).__struct_config__.tag in ("vllm", "scripted")
+        }
+    spec = RequestSpec(
+        prompt=args.prompt, outputs=outputs, stage_params=params, seed=seed, api="offline"
+    )
     print(f"pipeline {pipeline.name}, seed {seed}; starting workers...", file=sys.stderr)
     async with Omni(pipeline, log_dir=args.log_dir) as omni:
         try:
@@ -81,7 +109,10 @@ async def _generate(args: argparse.Namespace) -> int:
 
             sr = getattr(pipeline.stage(pipeline.outputs["audio"]).engine, "sample_rate", 24000)
             soundfile.write(args.audio_out, result.audio, sr)
-            print(f"audio: {args.audio_out} ({len(result.audio) / sr:.2f} s at {sr} Hz)", file=sys.stderr)
+            print(
+                f"audio: {args.audio_out} ({len(result.audio) / sr:.2f} s at {sr} Hz)",
+                file=sys.stderr,
+            )
         if image:
             args.image_out.write_bytes(image)
             print(f"image: {args.image_out}", file=sys.stderr)

@@ -109,6 +109,7 @@ _INF = 1 << 62
 #: Events carrying a ``cause`` that may point anywhere in the log.
 _CAUSED = (CancelRequested, Cancelled, Failed, Finished)
 
+
 class TraceError(ValueError):
     """A trace cannot be exported or read as asked (wrong request, missing
     blob, not a trace file, newer format)."""
@@ -140,7 +141,9 @@ class TraceCut(msgspec.Struct, frozen=True, kw_only=True):
                 "across it left out"
             )
         if self.released_positions:
-            parts.append(f"{self.released_positions} position(s) in the window released by retention")
+            parts.append(
+                f"{self.released_positions} position(s) in the window released by retention"
+            )
         if self.references:
             parts.append(f"{self.references} reference(s) to left-out events set to -1")
         return "; ".join(parts) + " (drive may diverge where those requests mattered)"
@@ -278,7 +281,11 @@ def export_trace(
     if last >= first:
         events.extend(log.read(first, last + 1))
     held = len(events)
-    if left_out or any(type(ev) is Released for ev in events) or held != len(prefix) + last + 1 - first:
+    if (
+        left_out
+        or any(type(ev) is Released for ev in events)
+        or held != len(prefix) + last + 1 - first
+    ):
         # Retention's bookkeeping is about no request of the trace, and a
         # released request's events are gone from the log: number what is
         # left densely, every reference through the map (a reference to
@@ -508,7 +515,9 @@ def export_from_dir(
             "the history with an archive (DIR/events/archive)"
         )
     # An archive holds the whole history: released requests are exported too.
-    log = MemoryLog(events=itertools.chain(() if first is None else (first,), events), keep_released=True)
+    log = MemoryLog(
+        events=itertools.chain(() if first is None else (first,), events), keep_released=True
+    )
     return export_trace(
         log, DiskBlobStore(root / "blobs"), pipeline, request_ids, rules_version=rules_version
     )
@@ -570,13 +579,17 @@ def read_trace(source: str | os.PathLike[str] | bytes, *, verify: bool = True) -
     try:
         body = _file_decoder.decode(memoryview(data)[_PREFIX.size :])
     except msgspec.DecodeError as exc:
-        raise TraceCorrupt(f"{where}: the trace body does not decode ({exc}); the file is damaged") from exc
+        raise TraceCorrupt(
+            f"{where}: the trace body does not decode ({exc}); the file is damaged"
+        ) from exc
     try:
         events = decode_events(body.events)
     except SchemaError as exc:
         raise TraceError(f"{where}: {exc}") from exc
     except msgspec.DecodeError as exc:
-        raise TraceCorrupt(f"{where}: the events do not decode ({exc}); the file is damaged") from exc
+        raise TraceCorrupt(
+            f"{where}: the events do not decode ({exc}); the file is damaged"
+        ) from exc
     try:
         pipeline = msgspec.msgpack.decode(body.pipeline, type=PipelineConfig)
     except msgspec.DecodeError as exc:

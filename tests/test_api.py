@@ -68,7 +68,9 @@ async def test_shutdown_cancels_what_does_not_finish_in_the_grace_period():
 
 
 async def test_generate_raises_overloaded_with_the_recorded_rejection():
-    cfg = omni_like(thinker='max_queue = 0\nengine = { kind = "scripted", capacity = 1, hang_at = 0 }')
+    cfg = omni_like(
+        thinker='max_queue = 0\nengine = { kind = "scripted", capacity = 1, hang_at = 0 }'
+    )
     async with Omni(cfg) as omni:
         omni.submit(RequestSpec(prompt="a"))
         with pytest.raises(Overloaded) as err:
@@ -78,7 +80,9 @@ async def test_generate_raises_overloaded_with_the_recorded_rejection():
 
 def test_sync_wrapper_generates_in_order():
     with OmniSync(parse_pipeline(OMNI_LIKE)) as omni:
-        results = omni.generate(["a", "b"], sampling_params_list={"thinker": {"max_tokens": 3}}, seed=1)
+        results = omni.generate(
+            ["a", "b"], sampling_params_list={"thinker": {"max_tokens": 3}}, seed=1
+        )
     assert [r.text for r in results] == ["t0 t1 t2 ", "t0 t1 t2 "]
     assert all(r.ok for r in results)
 
@@ -111,7 +115,9 @@ async def test_a_log_taken_over_keeps_the_rules_it_was_written_under(tmp_path):
         assert omni.rules == RULES_VERSION
         assert (await omni.collect(omni.submit(spec).request_id)).ok
     # As a server of rules v1 would have left it.
-    (tmp_path / "server.json").write_text('{"omnix_version": "0.1.0", "schema_version": 1, "rules_version": 1}')
+    (tmp_path / "server.json").write_text(
+        '{"omnix_version": "0.1.0", "schema_version": 1, "rules_version": 1}'
+    )
     async with Omni(cfg, log_dir=tmp_path, runtime_factory=InProcessRuntime) as again:
         assert again.rules == 1 and again.orchestrator.rules == 1
         assert again.recovered_events > 0

@@ -143,7 +143,7 @@ def test_no_modules_import_each_other_in_a_circle():
         stack.append(node)
         for nxt in graph[node]:
             if state.get(nxt) == 1:
-                circles.append(" -> ".join([*stack[stack.index(nxt):], nxt]))
+                circles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
             elif nxt not in state:
                 visit(nxt)
         stack.pop()

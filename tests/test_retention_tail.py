@@ -18,7 +18,11 @@ SPEC = RequestSpec(prompt="hi", outputs=("text",))
 async def test_a_tail_of_a_released_request_ends() -> None:
     omni, sim = await start_sim(omni_like())
     log = omni.log
-    Retention(log, RetentionPolicy(window_s=None, max_requests=1, max_bytes=None), append=omni.sequencer.append)
+    Retention(
+        log,
+        RetentionPolicy(window_s=None, max_requests=1, max_bytes=None),
+        append=omni.sequencer.append,
+    )
     first = omni.submit(SPEC, request_id="r0")
     sim.run_until_idle()
     assert log.state.requests["r0"].terminal

@@ -28,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, help_ in BENCHES.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--json", action="store_true", help="print figures as one JSON object on the last line")
+        p.add_argument(
+            "--json", action="store_true", help="print figures as one JSON object on the last line"
+        )
         importlib.import_module(f"omnix.bench.{name}").add_arguments(p)
 
 

@@ -86,45 +86,94 @@ TTFP_CUT = 0.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per tiny-text request (default %(default)s)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=48,
+        help="tokens per tiny-text request (default %(default)s)",
+    )
     # Many short rounds: the host's speed drifts over seconds (an engine
     # core's CPU per token moved 144-195 us between 2-second stretches of
     # one process), and finer alternation cancels more of it than a few
     # long rounds.
-    parser.add_argument("--rounds", type=int, default=16, help="alternating rounds per concurrency level (default %(default)s)")
     parser.add_argument(
-        "--requests", type=int, default=6, metavar="N",
+        "--rounds",
+        type=int,
+        default=16,
+        help="alternating rounds per concurrency level (default %(default)s)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=6,
+        metavar="N",
         help="requests per side per round at concurrency 1 (at c > 1: max(B, N // c) batches of c, "
         "B from --batches; default %(default)s)",
     )
     # A burst's TTFT p50 swings from batch to batch (20-60 ms at c=32: how
     # vLLM groups arrivals into prefill steps), so the pooled p50 needs many
     # batches (rounds x B) to hold still from run to run.
-    parser.add_argument("--batches", type=int, default=2, metavar="B",
-                        help="at least this many batches of c per side per round at concurrency > 1 "
-                        "(default %(default)s)")
-    parser.add_argument("--settle", type=float, default=0.3, metavar="S",
-                        help="pause between rounds, default %(default)s (use 1.2 with cpu_executor = "
-                        "\"mp\": vLLM's model process then busy-polls for 1 s after its last step)")
-    parser.add_argument("--ttfp-requests", type=int, default=16, help="tiny-omni requests per variant (default %(default)s)")
-    parser.add_argument("--thinker-tokens", type=int, default=96, help="tiny-omni thinker max_tokens (default %(default)s)")
-    parser.add_argument("--talker-tokens", type=int, default=64, help="tiny-omni talker max_tokens per piece (default %(default)s)")
     parser.add_argument(
-        "--talker-cpus", default="", metavar="LIST",
+        "--batches",
+        type=int,
+        default=2,
+        metavar="B",
+        help="at least this many batches of c per side per round at concurrency > 1 "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.3,
+        metavar="S",
+        help="pause between rounds, default %(default)s (use 1.2 with cpu_executor = "
+        '"mp": vLLM\'s model process then busy-polls for 1 s after its last step)',
+    )
+    parser.add_argument(
+        "--ttfp-requests",
+        type=int,
+        default=16,
+        help="tiny-omni requests per variant (default %(default)s)",
+    )
+    parser.add_argument(
+        "--thinker-tokens",
+        type=int,
+        default=96,
+        help="tiny-omni thinker max_tokens (default %(default)s)",
+    )
+    parser.add_argument(
+        "--talker-tokens",
+        type=int,
+        default=64,
+        help="tiny-omni talker max_tokens per piece (default %(default)s)",
+    )
+    parser.add_argument(
+        "--talker-cpus",
+        default="",
+        metavar="LIST",
         help="pin tiny-omni's talker worker (and its vLLM processes) to these CPUs, e.g. 1, "
         "instead of the runtime's placement (docs/runtime.md)",
     )
     parser.add_argument(
-        "--vllm-cpu-placement", choices=("spread", "vllm"), default="spread",
+        "--vllm-cpu-placement",
+        choices=("spread", "vllm"),
+        default="spread",
         help="the runtime's placement on CPU (docs/runtime.md), applied to both sides: spread "
         "(default: vLLM engine cores on CPUs of their own, this process and the workers on the "
         "rest) or vllm (no placement: vLLM's and the OS's own choice)",
     )
     parser.add_argument("--skip-text", action="store_true", help="only the TTFP part")
     parser.add_argument("--skip-ttfp", action="store_true", help="only the tiny-text part")
-    parser.add_argument("--model-dir", default=None, help="tiny model dir (default $OMNIX_MODEL_DIR)")
-    parser.add_argument("--start-timeout", type=float, default=300.0, metavar="S",
-                        help="bound on engine start-up (slow on a busy 2-core machine)")
+    parser.add_argument(
+        "--model-dir", default=None, help="tiny model dir (default $OMNIX_MODEL_DIR)"
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="bound on engine start-up (slow on a busy 2-core machine)",
+    )
 
 
 def _say(msg: str) -> None:
@@ -255,12 +304,16 @@ class DirectSide:
         p = self.sampling
         text = self.tok.apply_chat_template(
             [{"role": "user", "content": PROMPTS[index % len(PROMPTS)]}],
-            tokenize=False, add_generation_prompt=True,
+            tokenize=False,
+            add_generation_prompt=True,
         )
         prompt = self.tok.encode(text, add_special_tokens=False)
         kw: dict[str, Any] = {
-            "n": 1, "max_tokens": max_tokens, "seed": SEED0 + index,
-            "output_kind": RequestOutputKind.DELTA, "skip_clone": True,  # as omnix's engine
+            "n": 1,
+            "max_tokens": max_tokens,
+            "seed": SEED0 + index,
+            "output_kind": RequestOutputKind.DELTA,
+            "skip_clone": True,  # as omnix's engine
         }
         for f in ("temperature", "top_p", "top_k"):
             if getattr(p, f) is not None:
@@ -299,18 +352,21 @@ class OmnixSide:
         spec = RequestSpec(
             prompt=PROMPTS[index % len(PROMPTS)],
             stage_params={"thinker": StageParams(max_tokens=max_tokens)},
-            seed=SEED0 + index, api="bench",
+            seed=SEED0 + index,
+            api="bench",
         )
         return await self._run(index, spec, t0)
 
     async def one_omni(self, index: int, thinker_tokens: int, talker_tokens: int) -> Sample:
         spec = RequestSpec(
-            prompt=PROMPTS[index % len(PROMPTS)], outputs=("text", "audio"),
+            prompt=PROMPTS[index % len(PROMPTS)],
+            outputs=("text", "audio"),
             stage_params={
                 "thinker": StageParams(max_tokens=thinker_tokens),
                 "talker": StageParams(max_tokens=talker_tokens),
             },
-            seed=SEED0 + index, api="bench",
+            seed=SEED0 + index,
+            api="bench",
         )
         # Cancelled at its first audio chunk: TTFP is measured by then, and
         # the rest (every thinker sentence spoken, up to talker_tokens codes
@@ -345,8 +401,13 @@ class OmnixSide:
             status, reason = (rs.status, rs.reason) if rs is not None else ("?", "")
             raise RuntimeError(f"request {rid} ended {status}: {reason}")
         return Sample(
-            index, first - t0, len(ids), tuple(ids),
-            ttfp=first_audio - t0 if first_audio else 0.0, rid=rid, submit_ns=wall0,
+            index,
+            first - t0,
+            len(ids),
+            tuple(ids),
+            ttfp=first_audio - t0 if first_audio else 0.0,
+            rid=rid,
+            submit_ns=wall0,
         )
 
     def annotate(self, samples: list[Sample]) -> None:
@@ -394,6 +455,7 @@ async def _batch(
 
 
 # -- the tiny-text comparison ------------------------------------------------------
+
 
 def _freeze_heap() -> None:
     """Take what the start-up left on the heap out of the collector's reach
@@ -459,7 +521,9 @@ async def _text_phase(
                 await _batch(c, 900_000, _one(s, n))
         out: dict[int, dict[str, list[Batch]]] = {}
         for c in LEVELS:
-            per_round = max(args.batches if c > 1 else 1, args.requests // c)  # batches of c per side per round
+            per_round = max(
+                args.batches if c > 1 else 1, args.requests // c
+            )  # batches of c per side per round
             batches: dict[str, list[Batch]] = {"direct": [], "omnix": []}
             _say(f"concurrency {c}: {args.rounds} rounds x {per_round} batches of {c} per side")
             for r in range(args.rounds):
@@ -470,7 +534,9 @@ async def _text_phase(
                         # The same request indices on both sides: same prompt, same seed.
                         start = (c * 10_000) + (r * per_round + b) * c
                         annotate = s.annotate if isinstance(s, OmnixSide) else None
-                        batches[s.name].append(await _batch(c, start, _one(s, n), s.meter, annotate))
+                        batches[s.name].append(
+                            await _batch(c, start, _one(s, n), s.meter, annotate)
+                        )
             out[c] = batches
         return out
     finally:
@@ -612,7 +678,9 @@ class OmniVariant(OmnixSide):
         self.name = name
         self.meter = None
         self.omni = Omni(
-            pipeline, blobs=shared.blobs, runtime_factory=lambda p, e, b: _RuntimeView(shared.runtime)
+            pipeline,
+            blobs=shared.blobs,
+            runtime_factory=lambda p, e, b: _RuntimeView(shared.runtime),
         )
         self._shared = shared
         shared.attach(name, self.omni.sequencer.emit)
@@ -629,7 +697,9 @@ class OmniVariant(OmnixSide):
         return f"{self.name}-{self._n}"
 
 
-async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str, Any]) -> dict[str, Any]:
+async def _ttfp_phase(
+    args: argparse.Namespace, pipeline: Any, options: dict[str, Any]
+) -> dict[str, Any]:
     opts = dict(options)
     if args.talker_cpus:
         opts["worker_cpus"] = {"talker": args.talker_cpus}
@@ -656,7 +726,7 @@ async def _ttfp_phase(args: argparse.Namespace, pipeline: Any, options: dict[str
         per_round = max(1, args.ttfp_requests // rounds)
         _say(f"TTFP: {rounds} rounds x {per_round} sequential requests per variant")
         for r in range(rounds):
-            for s in (sides if r % 2 == 0 else sides[::-1]):
+            for s in sides if r % 2 == 0 else sides[::-1]:
                 await asyncio.sleep(args.settle)
                 for k in range(per_round):
                     samples[s.name].append(await s.one_omni(50_000 + r * per_round + k, tt, ta))
@@ -709,8 +779,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     # pin_server: this process is omnix's server (and the direct client):
     # the runtime puts it on the frontend CPUs as ``omnix serve`` does.
     options = {
-        "start_timeout_s": args.start_timeout, "lost_after_s": 10.0,
-        "vllm_cpu_placement": args.vllm_cpu_placement, "pin_server": True,
+        "start_timeout_s": args.start_timeout,
+        "lost_after_s": 10.0,
+        "vllm_cpu_placement": args.vllm_cpu_placement,
+        "pin_server": True,
     }
     res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
     if not args.skip_text:
@@ -726,44 +798,72 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 def _table(res: dict[str, Any]) -> None:
     if "ttft_p50_ratio_c1" in res:
         print(f"tiny-text, {res['max_tokens']} tokens per request, omnix vs vLLM AsyncLLM direct")
-        print(f"{'c':>3} {'TTFT p50 direct':>16} {'omnix':>9} {'ratio':>7} {'target':>8}"
-              f" {'tok/s direct':>13} {'omnix':>9} {'ratio':>7}  same tokens")
+        print(
+            f"{'c':>3} {'TTFT p50 direct':>16} {'omnix':>9} {'ratio':>7} {'target':>8}"
+            f" {'tok/s direct':>13} {'omnix':>9} {'ratio':>7}  same tokens"
+        )
         for c in LEVELS:
             d, o = res[f"ttft_p50_ms_direct_c{c}"], res[f"ttft_p50_ms_omnix_c{c}"]
             target = TTFT_RATIO * d + TTFT_SLACK_MS
             ok_t = "ok" if res[f"ttft_ok_c{c}"] else "MISSED"
             ok_r = "ok" if res[f"tokens_per_s_ok_c{c}"] else "MISSED"
-            print(f"{c:>3} {d:>13.1f} ms {o:>6.1f} ms {res[f'ttft_p50_ratio_c{c}']:>7.3f} "
-                  f"{target:>5.1f} ms {res[f'tokens_per_s_direct_c{c}']:>13.0f} "
-                  f"{res[f'tokens_per_s_omnix_c{c}']:>9.0f} {res[f'tokens_per_s_ratio_c{c}']:>7.3f}  "
-                  f"{res[f'same_tokens_c{c}']}/{res[f'requests_c{c}']}   TTFT {ok_t}, tok/s {ok_r}")
-        print("omnix TTFT split (p50, from log stamps): submit -> worker Started in the log / "
-              "-> first Chunk in the log")
+            print(
+                f"{c:>3} {d:>13.1f} ms {o:>6.1f} ms {res[f'ttft_p50_ratio_c{c}']:>7.3f} "
+                f"{target:>5.1f} ms {res[f'tokens_per_s_direct_c{c}']:>13.0f} "
+                f"{res[f'tokens_per_s_omnix_c{c}']:>9.0f} {res[f'tokens_per_s_ratio_c{c}']:>7.3f}  "
+                f"{res[f'same_tokens_c{c}']}/{res[f'requests_c{c}']}   TTFT {ok_t}, tok/s {ok_r}"
+            )
+        print(
+            "omnix TTFT split (p50, from log stamps): submit -> worker Started in the log / "
+            "-> first Chunk in the log"
+        )
         for c in LEVELS:
-            print(f"{c:>3} {res[f'omnix_to_started_p50_ms_c{c}']:>8.2f} ms / "
-                  f"{res[f'omnix_to_first_chunk_p50_ms_c{c}']:.2f} ms")
-        print("CPU per output token (us; moves far less with load than wall time), by process: bench = this process "
-              "(direct: the AsyncLLM client; omnix: orchestrator, log, client); host steal = time "
-              "the hypervisor took from this machine's CPUs")
+            print(
+                f"{c:>3} {res[f'omnix_to_started_p50_ms_c{c}']:>8.2f} ms / "
+                f"{res[f'omnix_to_first_chunk_p50_ms_c{c}']:.2f} ms"
+            )
+        print(
+            "CPU per output token (us; moves far less with load than wall time), by process: bench = this process "
+            "(direct: the AsyncLLM client; omnix: orchestrator, log, client); host steal = time "
+            "the hypervisor took from this machine's CPUs"
+        )
         for c in LEVELS:
             parts = []
             for side in ("direct", "omnix"):
-                roles = [("bench", "bench"), ("omnix_worker", "worker"), ("engine_core", "engine core"),
-                         ("model", "model"), ("steal", "host steal")]
-                vals = [f"{label} {res[k]:.0f}" for key, label in roles
-                        if (k := f"cpu_us_per_token_{key}_{side}_c{c}") in res]
+                roles = [
+                    ("bench", "bench"),
+                    ("omnix_worker", "worker"),
+                    ("engine_core", "engine core"),
+                    ("model", "model"),
+                    ("steal", "host steal"),
+                ]
+                vals = [
+                    f"{label} {res[k]:.0f}"
+                    for key, label in roles
+                    if (k := f"cpu_us_per_token_{key}_{side}_c{c}") in res
+                ]
                 parts.append(f"{side}: " + ", ".join(vals))
             print(f"{c:>3} " + " | ".join(parts))
     if "ttfp_ms_chunked" in res:
-        print(f"tiny-omni TTFP p50 over {res['ttfp_requests']} sequential requests (thinker "
-              f"max_tokens {res['ttfp_thinker_tokens']}, talker {res['ttfp_talker_tokens']} per "
-              f"piece, talker CPUs: {res['talker_cpus']}, vLLM workers placed: {res['vllm_cpus']})")
-        print(f"  async chunk on  {res['ttfp_ms_chunked']:8.1f} ms   (TTFT {res['ttft_ms_chunked']:.1f} ms)")
-        print(f"  async chunk off {res['ttfp_ms_unchunked']:8.1f} ms   (TTFT {res['ttft_ms_unchunked']:.1f} ms)")
-        print(f"  on/off {res['ttfp_cut']:.3f} (target <= {TTFP_CUT}): "
-              f"{'ok' if res['ttfp_ok'] else 'MISSED'}")
-    print(f"load average (1 min) {res['load_average_start']} at start, {res['load_average_end']} "
-          f"at end, on {res['cpus']} CPUs")
+        print(
+            f"tiny-omni TTFP p50 over {res['ttfp_requests']} sequential requests (thinker "
+            f"max_tokens {res['ttfp_thinker_tokens']}, talker {res['ttfp_talker_tokens']} per "
+            f"piece, talker CPUs: {res['talker_cpus']}, vLLM workers placed: {res['vllm_cpus']})"
+        )
+        print(
+            f"  async chunk on  {res['ttfp_ms_chunked']:8.1f} ms   (TTFT {res['ttft_ms_chunked']:.1f} ms)"
+        )
+        print(
+            f"  async chunk off {res['ttfp_ms_unchunked']:8.1f} ms   (TTFT {res['ttft_ms_unchunked']:.1f} ms)"
+        )
+        print(
+            f"  on/off {res['ttfp_cut']:.3f} (target <= {TTFP_CUT}): "
+            f"{'ok' if res['ttfp_ok'] else 'MISSED'}"
+        )
+    print(
+        f"load average (1 min) {res['load_average_start']} at start, {res['load_average_end']} "
+        f"at end, on {res['cpus']} CPUs"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

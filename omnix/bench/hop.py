@@ -47,10 +47,14 @@ from omnix.transport.work import InputPiece, WorkItem
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hops", type=int, default=3000, help="sequential hops to time")
     parser.add_argument("--chunks", type=int, default=100_000, help="chunks streamed for the rate")
-    parser.add_argument("--endpoint", default=None, help="tcp://127.0.0.1:0 to measure tcp (default ipc)")
+    parser.add_argument(
+        "--endpoint", default=None, help="tcp://127.0.0.1:0 to measure tcp (default ipc)"
+    )
     parser.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop")
     parser.add_argument(
-        "--pin", choices=("auto", "off"), default="off",
+        "--pin",
+        choices=("auto", "off"),
+        default="off",
         help="auto: with 2+ CPUs, pin this process to the first CPU and the worker to the "
         "second (docs/runtime.md: helps an idle small machine, can hurt a busy one); "
         "off (default): no pinning",
@@ -90,7 +94,9 @@ async def _zmq_floor(n: int, endpoint: str | None, worker_cpu: str | None) -> tu
     ctx = zmq.Context()
     sock, endpoint = make_router(ctx, endpoint)
     pin = None if worker_cpu is None else (lambda: os.sched_setaffinity(0, {int(worker_cpu)}))
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _ECHO, endpoint, preexec_fn=pin)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _ECHO, endpoint, preexec_fn=pin
+    )
     loop = asyncio.get_running_loop()
     waiter: list[asyncio.Future[None]] = []
 
@@ -162,16 +168,25 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         os.sched_setaffinity(0, {cpus[0]})  # before ZMQ starts its I/O thread
         worker_cpus = {"one": str(cpus[1]), "stream": str(cpus[1])}
     runtime = StageRuntime(
-        _pipeline(args.chunks), emit, MemoryBlobStore(), endpoint=args.endpoint,
-        forward_worker_output=False, worker_cpus=worker_cpus,
+        _pipeline(args.chunks),
+        emit,
+        MemoryBlobStore(),
+        endpoint=args.endpoint,
+        forward_worker_output=False,
+        worker_cpus=worker_cpus,
     )
     await runtime.start()
     loop = asyncio.get_running_loop()
     piece = (InputPiece(text="go"),)
     try:
+
         async def run_one(rid: str, stage: str) -> float:
-            log.append(Admitted(request_id=rid, pipeline="bench-hop", spec=RequestSpec(prompt="go")))
-            log.append(Routed(request_id=rid, stage=stage, replica=0, seq=0, sources=(0,), last=True))
+            log.append(
+                Admitted(request_id=rid, pipeline="bench-hop", spec=RequestSpec(prompt="go"))
+            )
+            log.append(
+                Routed(request_id=rid, stage=stage, replica=0, seq=0, sources=(0,), last=True)
+            )
             fut = done[rid] = loop.create_future()
             t0 = time.perf_counter_ns()
             runtime.send(WorkItem(rid, stage, 0, 0, True, piece))
@@ -192,7 +207,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         rate = chunks / elapsed
     finally:
         await runtime.shutdown()
-    floor50, floor99 = await _zmq_floor(args.hops, args.endpoint, worker_cpus["one"] if worker_cpus else None)
+    floor50, floor99 = await _zmq_floor(
+        args.hops, args.endpoint, worker_cpus["one"] if worker_cpus else None
+    )
     return {
         "hop_p50_us": round(p50, 1),
         "hop_p99_us": round(p99, 1),
@@ -209,10 +226,16 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     res = run_on_loop(_bench(args), uvloop=not args.no_uvloop)
     if not getattr(args, "json", False):
-        print(f"hop p50 {res['hop_p50_us']:.0f} us, p99 {res['hop_p99_us']:.0f} us "
-              f"({res['hops']} hops over {res['transport']}, {'pinned' if res['pinned'] else 'not pinned'})")
-        print(f"chunk events/s through one worker: {res['chunk_events_per_s']:,} ({res['chunks']} chunks)")
-        print(f"floor, a bare ZMQ round trip on the same sockets: p50 {res['zmq_rtt_p50_us']:.0f} us, "
-              f"p99 {res['zmq_rtt_p99_us']:.0f} us")
+        print(
+            f"hop p50 {res['hop_p50_us']:.0f} us, p99 {res['hop_p99_us']:.0f} us "
+            f"({res['hops']} hops over {res['transport']}, {'pinned' if res['pinned'] else 'not pinned'})"
+        )
+        print(
+            f"chunk events/s through one worker: {res['chunk_events_per_s']:,} ({res['chunks']} chunks)"
+        )
+        print(
+            f"floor, a bare ZMQ round trip on the same sockets: p50 {res['zmq_rtt_p50_us']:.0f} us, "
+            f"p99 {res['zmq_rtt_p99_us']:.0f} us"
+        )
     print(json.dumps(res))
     return 0

@@ -35,10 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="streams in flight")
     parser.add_argument("--chunks", type=int, default=16, help="text chunks per stream")
     parser.add_argument(
-        "--runtime", choices=("inproc", "workers"), default="inproc", help="where the scripted stage runs"
+        "--runtime",
+        choices=("inproc", "workers"),
+        default="inproc",
+        help="where the scripted stage runs",
     )
     parser.add_argument("--telemetry", action="store_true", help="run the telemetry projection too")
-    parser.add_argument("--no-uvloop", action="store_true", help="serve on the default asyncio loop")
+    parser.add_argument(
+        "--no-uvloop", action="store_true", help="serve on the default asyncio loop"
+    )
 
 
 def _pipeline(chunks: int) -> PipelineConfig:
@@ -128,12 +133,16 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.testing.serving import serve_scripted
 
     cfg = _pipeline(args.chunks)
-    async with serve_scripted(cfg, processes=args.runtime == "workers", telemetry=args.telemetry) as server:
+    async with serve_scripted(
+        cfg, processes=args.runtime == "workers", telemetry=args.telemetry
+    ) as server:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
         url = server.url + "/v1/chat/completions"
         proc = ctx.Process(
-            target=_client_main, args=(url, args.streams, args.seconds, args.concurrency, out), daemon=True
+            target=_client_main,
+            args=(url, args.streams, args.seconds, args.concurrency, out),
+            daemon=True,
         )
         proc.start()
         # Wait on a thread: the server must keep serving on this loop.
@@ -146,7 +155,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "sse_streams_per_s": round(streams_per_s, 1),
         "sse_events_per_s": round(res["events"] / elapsed, 1),
         "omni_streams_per_s": round(baseline, 1),
-        "http_overhead_us_per_stream": round(1e6 / streams_per_s - 1e6 / baseline, 1) if streams_per_s else None,
+        "http_overhead_us_per_stream": round(1e6 / streams_per_s - 1e6 / baseline, 1)
+        if streams_per_s
+        else None,
         "streams": res["streams"],
         "errors": res["errors"],
         "events_per_stream": round(res["events"] / max(1, res["streams"] + res["errors"]), 2),

@@ -70,7 +70,9 @@ audio = "code2wav"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=1_000_000, help="trace size (events)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (best kept)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each measurement (best kept)"
+    )
     parser.add_argument("--no-cache", action="store_true", help="rebuild the synthetic trace")
     parser.add_argument("--trace", default=None, help="benchmark this trace file instead")
 
@@ -109,7 +111,11 @@ async def _generate(n_events: int) -> bytes:
         for rep in range(st.replicas):
             seq.append(
                 WorkerJoined(
-                    worker_id=f"{st.name}/{rep}", stage=st.name, replica=rep, engine="scripted", capacity=cap
+                    worker_id=f"{st.name}/{rep}",
+                    stage=st.name,
+                    replica=rep,
+                    engine="scripted",
+                    capacity=cap,
                 )
             )
     i = 0
@@ -131,7 +137,10 @@ def _cache_path(n_events: int) -> Path:
     from omnix.orchestrator.decide import RULES_VERSION
     from omnix.trace import TRACE_FORMAT_VERSION
 
-    return base / f"replay-{n_events}-f{TRACE_FORMAT_VERSION}-r{RULES_VERSION}-{omnix.__version__}.trace"
+    return (
+        base
+        / f"replay-{n_events}-f{TRACE_FORMAT_VERSION}-r{RULES_VERSION}-{omnix.__version__}.trace"
+    )
 
 
 def _best(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -198,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
         "cpus": os.cpu_count(),
         "generate_s": round(gen_s, 2),
     }
-    print(f"trace   {path} ({len(data) / 1e6:.1f} MB, {n:,} events, {figures['requests']:,} requests)")
+    print(
+        f"trace   {path} ({len(data) / 1e6:.1f} MB, {n:,} events, {figures['requests']:,} requests)"
+    )
     print(f"read    {figures['read_events_per_s']:>12,} events/s  (decode, no verify)")
     print(
         f"fold    {figures['fold_events_per_s']:>12,} events/s  (target >= 300,000; "

@@ -36,21 +36,36 @@ from omnix.bench.loop import run_on_loop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--warmup", type=int, default=500, help="requests before measuring (default 500)")
-    parser.add_argument("--requests", type=int, default=2000, help="requests measured (default 2000)")
-    parser.add_argument("--concurrency", type=int, default=10, help="requests in flight (default 10)")
     parser.add_argument(
-        "--segment", type=int, default=500,
+        "--warmup", type=int, default=500, help="requests before measuring (default 500)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=2000, help="requests measured (default 2000)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=10, help="requests in flight (default 10)"
+    )
+    parser.add_argument(
+        "--segment",
+        type=int,
+        default=500,
         help="read the server's RSS after every this many measured requests (default 500)",
     )
     parser.add_argument(
-        "--retain-requests", type=int, default=200, help="the server's --retain-requests (default 200)"
+        "--retain-requests",
+        type=int,
+        default=200,
+        help="the server's --retain-requests (default 200)",
     )
-    parser.add_argument("--pipeline", default=None, help="pipeline to serve (default: omnix serve's)")
+    parser.add_argument(
+        "--pipeline", default=None, help="pipeline to serve (default: omnix serve's)"
+    )
     parser.add_argument(
         "--max-tokens", type=int, default=16, help="max_completion_tokens per request (default 16)"
     )
-    parser.add_argument("--model-dir", default=None, help="tiny model dir (default $OMNIX_MODEL_DIR)")
+    parser.add_argument(
+        "--model-dir", default=None, help="tiny model dir (default $OMNIX_MODEL_DIR)"
+    )
     parser.add_argument(
         "--start-timeout", type=float, default=900.0, help="seconds the server gets to be ready"
     )
@@ -146,9 +161,13 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     # Builds what is missing and exports OMNIX_MODEL_DIR (the server inherits it).
     prepare_models(
-        load_pipeline(args.pipeline or DEFAULT_PIPELINE), Path(args.model_dir) if args.model_dir else None
+        load_pipeline(args.pipeline or DEFAULT_PIPELINE),
+        Path(args.model_dir) if args.model_dir else None,
     )
-    res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+    res: dict[str, Any] = {
+        "load_average_start": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+    }
     t0 = time.perf_counter()
     proc, url, drain = await _start_server(args)
     res["server_ready_s"] = round(time.perf_counter() - t0, 1)

@@ -52,10 +52,10 @@ _T0 = 1_700_000_000_000_000_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=100, help="requests per pass (default 100)")
     parser.add_argument(
-        "--requests", type=int, default=100, help="requests per pass (default 100)"
+        "--rounds", type=int, default=300, help="pairs of on/off passes (default 300)"
     )
-    parser.add_argument("--rounds", type=int, default=300, help="pairs of on/off passes (default 300)")
     parser.add_argument(
         "--yield-every", type=int, default=4,
         help="the producer yields to the event loop every N requests (default 4)",

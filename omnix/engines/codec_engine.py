@@ -133,10 +133,14 @@ class CodecEngine:
             if skip:
                 log.warning(
                     "request %s: resumed after %d samples but its input decodes to %d",
-                    rid, request.resume.samples if request.resume else 0, stream.samples_out,
+                    rid,
+                    request.resume.samples if request.resume else 0,
+                    stream.samples_out,
                 )
             if stream.dropped_codes:
-                log.debug("request %s: dropped a partial frame of %d codes", rid, stream.dropped_codes)
+                log.debug(
+                    "request %s: dropped a partial frame of %d codes", rid, stream.dropped_codes
+                )
             yield EngineOutput(
                 modality="audio",
                 finish_reason="stop",

@@ -16,5 +16,7 @@ def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for but torch sees no CUDA GPU: use 'auto' or 'cpu'")
+        raise RuntimeError(
+            f"device {device!r} asked for but torch sees no CUDA GPU: use 'auto' or 'cpu'"
+        )
     return device

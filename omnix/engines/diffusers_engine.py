@@ -290,7 +290,11 @@ class DiffusersEngine:
         return {k: v for k, v in kwargs.items() if k in self._accepts or k == "prompt"}, steps
 
     def _run(
-        self, rid: str, kwargs: dict[str, Any], fmt: str, flag: threading.Event,
+        self,
+        rid: str,
+        kwargs: dict[str, Any],
+        fmt: str,
+        flag: threading.Event,
         post: Callable[[str, Any], None],
     ) -> None:
         """In the pipeline thread: run one call, post progress and the result."""

@@ -108,10 +108,14 @@ class ScriptedEngine:
         if self.args.leave_child:
             import multiprocessing
 
-            child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,), daemon=True)
+            child = multiprocessing.get_context("spawn").Process(
+                target=time.sleep, args=(3600,), daemon=True
+            )
             child.start()
             self._note("child", child_pid=child.pid or 0)
-        return EngineInfo(engine="scripted", capacity=self.args.capacity, device="cpu", model="scripted")
+        return EngineInfo(
+            engine="scripted", capacity=self.args.capacity, device="cpu", model="scripted"
+        )
 
     async def generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]

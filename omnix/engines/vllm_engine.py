@@ -89,9 +89,9 @@ DEFAULT_MAX_TOKENS = 128
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-
 class _NeverRaised(Exception):
     """Stands for vLLM's EngineDeadError until vLLM is imported."""
+
 
 class VocabLayout(msgspec.Struct, frozen=True, kw_only=True):
     """What the model's ``omnix.json`` says about its vocabulary (all
@@ -285,8 +285,10 @@ class VllmEngine:
         # middle of them (measured at concurrency 32: the burst reached the
         # engine core ~2 ms later).
         await _take_first(inputs, live)
-        pump = None if live.ended else asyncio.create_task(
-            _pump(inputs, live), name=f"vllm-inputs-{request.request_id}"
+        pump = (
+            None
+            if live.ended
+            else asyncio.create_task(_pump(inputs, live), name=f"vllm-inputs-{request.request_id}")
         )
         prompt_tokens = output_tokens = 0
         finish = ""
@@ -356,7 +358,9 @@ class VllmEngine:
                             text = continued.delta(ids, stop)
                         else:
                             text = comp.text
-                        lps = () if top_lps is None else _token_logprobs(comp.logprobs, ids, top_lps)
+                        lps = (
+                            () if top_lps is None else _token_logprobs(comp.logprobs, ids, top_lps)
+                        )
                         if out.finished:
                             finish = _finish_reason(comp.finish_reason)
                             if finish == "error":
@@ -512,7 +516,9 @@ class VllmEngine:
 
     def _placeholder(self, kind: str, i: int) -> str:
         if self._model_cls is None:
-            raise ValueError(f"{self.folder} is not a multimodal model: it cannot take {kind} input")
+            raise ValueError(
+                f"{self.folder} is not a multimodal model: it cannot take {kind} input"
+            )
         ph = self._model_cls.get_placeholder_str(kind, i)
         if not ph:
             raise ValueError(f"{self.folder} has no placeholder for {kind} input")
@@ -554,7 +560,9 @@ class VllmEngine:
         if media is None:
             (rendered,) = renderer.render_cmpl([{"prompt_token_ids": ids}])
             return rendered, len(prompt)
-        (rendered,) = await renderer.render_cmpl_async([{"prompt_token_ids": ids, "multi_modal_data": media}])
+        (rendered,) = await renderer.render_cmpl_async(
+            [{"prompt_token_ids": ids, "multi_modal_data": media}]
+        )
         return rendered, len(rendered["prompt_token_ids"]) - len(ids) + len(prompt)
 
     def _unsent(self, rendered: Any) -> None:
@@ -903,7 +911,9 @@ def engine_args(args: VllmArgs, folder: Path, profile_dir: Path | None = None) -
         # budget on blanks (a weak or random-weight one does) and end with
         # JSON that does not parse.  llguidance: the backend that takes that
         # option and the widest range of JSON Schema.
-        structured_outputs_config=StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True),
+        structured_outputs_config=StructuredOutputsConfig(
+            backend="guidance", disable_any_whitespace=True
+        ),
         profiler_config=(
             ProfilerConfig(profiler="torch", torch_profiler_dir=str(profile_dir))
             if profile_dir is not None

@@ -187,5 +187,9 @@ def array_ref(arr: np.ndarray, media_type: str = "") -> BlobRef:
     keep it (media decoded for a request that may still be refused)."""
     view, dtype, shape = _array_view(arr)
     return BlobRef(
-        digest=blob_digest(view), nbytes=view.nbytes, dtype=dtype, shape=shape, media_type=media_type
+        digest=blob_digest(view),
+        nbytes=view.nbytes,
+        dtype=dtype,
+        shape=shape,
+        media_type=media_type,
     )

@@ -203,7 +203,9 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.write_buffer_bytes < 1:
             raise ValueError(f"write_buffer_bytes must be >= 1, got {self.write_buffer_bytes}")
         if self.snapshot_every < 0:
-            raise ValueError(f"snapshot_every must be >= 0 (0: no snapshots), got {self.snapshot_every}")
+            raise ValueError(
+                f"snapshot_every must be >= 0 (0: no snapshots), got {self.snapshot_every}"
+            )
         if self.keep_snapshots < 1:
             raise ValueError(f"keep_snapshots must be >= 1, got {self.keep_snapshots}")
 
@@ -314,7 +316,9 @@ def _iter_records(f: BinaryIO, size: int, start: int) -> Iterator[tuple[int, int
             if avail == 0:
                 return
             if avail < REC_HEADER_SIZE:
-                raise _BadRecord(base + i, f"record header cut short ({avail} bytes at end of file)")
+                raise _BadRecord(
+                    base + i, f"record header cut short ({avail} bytes at end of file)"
+                )
             n = unpack(data, i)[0]
             raise _BadRecord(
                 base + i, f"record of {n} bytes cut short ({avail - 8} bytes at end of file)"
@@ -582,12 +586,16 @@ class DiskLog(EventLog):
             try:
                 snap = decode_snapshot(cand.read_bytes(), cand)
                 if snap.next_pos != int(cand.name.split(".")[0]):
-                    raise ValueError(f"{cand}: holds position {snap.next_pos}, not the one in its name")
+                    raise ValueError(
+                        f"{cand}: holds position {snap.next_pos}, not the one in its name"
+                    )
                 report = self._recover_from(paths, snap, str(cand))
             except (OSError, ValueError, _Unusable) as exc:
                 if isinstance(exc, SchemaError):
                     raise  # a record from a newer omnix: no older snapshot reads it either
-                log.warning("ignoring snapshot %s: %s; trying an older one, or the segments", cand, exc)
+                log.warning(
+                    "ignoring snapshot %s: %s; trying an older one, or the segments", cand, exc
+                )
                 ignored.append(f"{cand.name}: {exc}")
                 self._reset_indexes()
                 continue
@@ -597,7 +605,9 @@ class DiskLog(EventLog):
             )
         if paths and int(paths[0].name[: -len(".seg")]) != 0:
             raise CorruptLog(
-                paths[0], 0, 0,
+                paths[0],
+                0,
+                0,
                 f"the log starts at position {int(paths[0].name[: -len('.seg')])}: retention "
                 "deleted the segments before it, and no valid snapshot covers them"
                 + (f" ({'; '.join(ignored)})" if ignored else "")
@@ -608,7 +618,9 @@ class DiskLog(EventLog):
             report, seconds=time.perf_counter() - t0, snapshots_ignored=tuple(ignored)
         )
 
-    def _kept_snapshots(self, snap_dir: Path, used: Path, snap: SnapshotFile) -> list[tuple[int, int]]:
+    def _kept_snapshots(
+        self, snap_dir: Path, used: Path, snap: SnapshotFile
+    ) -> list[tuple[int, int]]:
         """(position, index_from) of every snapshot file, oldest first: what
         each needs bounds which segments may go.  A file that does not
         verify needs nothing (it will never be used) and is rotated out
@@ -638,7 +650,9 @@ class DiskLog(EventLog):
         self.loaded_retention = None
         self.snapshot_pos = 0
 
-    def _recover_from(self, paths: list[Path], snap: SnapshotFile | None, snap_name: str) -> RecoveryReport:
+    def _recover_from(
+        self, paths: list[Path], snap: SnapshotFile | None, snap_name: str
+    ) -> RecoveryReport:
         """Fold the segments from ``snap`` (or from position 0) on."""
         k0 = 0
         fold_from = 0
@@ -698,7 +712,9 @@ class DiskLog(EventLog):
                 expected = snap.index_segment if (snap is not None and k == k0) else pos
                 if first != expected or int(p.name[:-4]) != first:
                     raise CorruptLog(
-                        p, 0, pos,
+                        p,
+                        0,
+                        pos,
                         f"segment starts at position {first}, expected {expected}: a segment "
                         "is missing or misnamed",
                     )
@@ -712,7 +728,9 @@ class DiskLog(EventLog):
                         apply_all(self._segment_events(f, p, size, at, start, fold_from))
                     except IllegalTransition as exc:
                         raise CorruptLog(
-                            p, at[0], exc.event.pos,
+                            p,
+                            at[0],
+                            exc.event.pos,
                             f"the stored event is illegal for this omnix's reducer ({exc})",
                         ) from exc
                     indexed += at[1] - pos
@@ -725,7 +743,9 @@ class DiskLog(EventLog):
                     follow = _valid_record_after(f, size, bad.offset)
                     if follow >= 0:
                         raise CorruptLog(
-                            p, bad.offset, pos,
+                            p,
+                            bad.offset,
+                            pos,
                             f"{bad.reason}, and a valid record follows at byte {follow}",
                         ) from None
                     # A torn tail: the last append(s) before a crash, never
@@ -736,7 +756,10 @@ class DiskLog(EventLog):
                     truncated_reason = bad.reason
                     log.warning(
                         "truncating torn tail of %s at byte %d (%d bytes: %s)",
-                        p, end, truncated, bad.reason,
+                        p,
+                        end,
+                        truncated,
+                        bad.reason,
                     )
                     f.truncate(end)
                     f.flush()
@@ -888,7 +911,9 @@ class DiskLog(EventLog):
         if self._since_snap >= self._snap_every > 0:
             self._maint_due = True
         buf = self._buf
-        buf += _REC_V.pack(rec_len - REC_HEADER_SIZE, zlib.crc32(body, _VERSION_CRC), SCHEMA_VERSION)
+        buf += _REC_V.pack(
+            rec_len - REC_HEADER_SIZE, zlib.crc32(body, _VERSION_CRC), SCHEMA_VERSION
+        )
         buf += body
         self._buffered_pos = pos + 1
         if self._always:

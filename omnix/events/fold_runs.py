@@ -57,7 +57,16 @@ class _Run:
     """One streaming stage of one request: its counters as validated so
     far, ahead of the state they will fold into."""
 
-    __slots__ = ("chunks", "index", "input_closed", "last_chunk", "last_ts", "modality", "pieces", "replica")
+    __slots__ = (
+        "chunks",
+        "index",
+        "input_closed",
+        "last_chunk",
+        "last_ts",
+        "modality",
+        "pieces",
+        "replica",
+    )
 
     def __init__(self, st: StageState, index: int, first: Chunk) -> None:
         self.index = index  # the stage's place in RequestState.stages
@@ -211,8 +220,13 @@ def _close_runs(fold: FoldTarget, rr: _Runs) -> None:
         end = run.last_chunk
         if end is not None:
             new_st = replace(
-                st, chunks=run.chunks, pieces=run.pieces, input_closed=run.input_closed,
-                last_chunk_ts=end.ts_ns, last_chunk_pos=end.pos, last_activity_ts=run.last_ts,
+                st,
+                chunks=run.chunks,
+                pieces=run.pieces,
+                input_closed=run.input_closed,
+                last_chunk_ts=end.ts_ns,
+                last_chunk_pos=end.pos,
+                last_activity_ts=run.last_ts,
             )
         else:
             new_st = replace(
@@ -246,7 +260,12 @@ def _run_can_open(rs: RequestState, ev: Chunk) -> int:
     i = 0
     for st in rs.stages:
         if st.name == name:
-            if st.first_chunk_pos >= 0 and st.first_chunk_ts and st.started_ts and st.status == "running":
+            if (
+                st.first_chunk_pos >= 0
+                and st.first_chunk_ts
+                and st.started_ts
+                and st.status == "running"
+            ):
                 return i
             return -1
         i += 1

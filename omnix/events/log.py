@@ -426,7 +426,11 @@ class MemoryLog(EventLog):
     """
 
     def __init__(
-        self, clock: Clock | None = None, events: Iterable[Event] = (), *, keep_released: bool = False
+        self,
+        clock: Clock | None = None,
+        events: Iterable[Event] = (),
+        *,
+        keep_released: bool = False,
     ) -> None:
         super().__init__(clock)
         # ``keep_released``: an offline reader of a whole history (an

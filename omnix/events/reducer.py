@@ -220,9 +220,12 @@ def _reduce_chunk(rs: RequestState, ev: Chunk) -> RequestState:
     m = ev.modality
     # _first_output_ts(rs, m), inlined: this runs for every chunk.
     first = (
-        rs.first_token_ts if m == "text"
-        else rs.first_audio_ts if m == "audio"
-        else rs.first_image_ts if m == "image"
+        rs.first_token_ts
+        if m == "text"
+        else rs.first_audio_ts
+        if m == "audio"
+        else rs.first_image_ts
+        if m == "image"
         else 1
     )
     if first and rs.status != "admitted":
@@ -284,10 +287,14 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
         st = rs.stage(ev.stage)
         if st is None:
             if ev.seq != 0:
-                raise IllegalTransition(rid, ev, f"first piece for stage {ev.stage!r} has seq {ev.seq}")
+                raise IllegalTransition(
+                    rid, ev, f"first piece for stage {ev.stage!r} has seq {ev.seq}"
+                )
             if ev.resume:
                 raise IllegalTransition(
-                    rid, ev, f"stage {ev.stage!r} never ran; it cannot resume after chunk {ev.resume}"
+                    rid,
+                    ev,
+                    f"stage {ev.stage!r} never ran; it cannot resume after chunk {ev.resume}",
                 )
             if rs.status == "cancelling":
                 raise IllegalTransition(rid, ev, "request is cancelling")
@@ -409,7 +416,9 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
             cancel_pos=ev.pos,
             cancel_ts=ev.ts_ns,
             stages=tuple(
-                msgspec.structs.replace(st, abort_sent=True) if st.status in ACTIVE_STAGE_STATUSES else st
+                msgspec.structs.replace(st, abort_sent=True)
+                if st.status in ACTIVE_STAGE_STATUSES
+                else st
                 for st in rs.stages
             ),
             last_pos=ev.pos,
@@ -423,7 +432,9 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
         return _terminate(rs, ev, "cancelled", ev.reason)
     if type(ev) is Failed:
         stages = tuple(
-            msgspec.structs.replace(st, abort_sent=True) if st.status in ACTIVE_STAGE_STATUSES else st
+            msgspec.structs.replace(st, abort_sent=True)
+            if st.status in ACTIVE_STAGE_STATUSES
+            else st
             for st in rs.stages
         )
         return msgspec.structs.replace(_terminate(rs, ev, "failed", ev.reason), stages=stages)
@@ -437,7 +448,9 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
             )
         return _terminate(rs, ev, "finished", "")
     if type(ev) is Admitted or type(ev) is Rejected:
-        raise IllegalTransition(rid, ev, "request id already admitted", f"admitted at pos {rs.admitted_pos}")
+        raise IllegalTransition(
+            rid, ev, "request id already admitted", f"admitted at pos {rs.admitted_pos}"
+        )
     raise IllegalTransition(rid, ev, "unknown request event type")
 
 
@@ -595,8 +608,9 @@ class Fold:
             rs = self.requests.get(rid)
             if rs is not None and rs.status not in TERMINAL_STATUSES:
                 raise IllegalTransition(
-                    rid, ev, f"request is still in flight ({rs.status}): only ended requests "
-                    "are released"
+                    rid,
+                    ev,
+                    f"request is still in flight ({rs.status}): only ended requests are released",
                 )
 
     def _release(self, ev: Released) -> None:

@@ -25,7 +25,9 @@ __all__ = [
     "WorkerState",
 ]
 
-RequestStatus = Literal["admitted", "running", "cancelling", "finished", "cancelled", "failed", "rejected"]
+RequestStatus = Literal[
+    "admitted", "running", "cancelling", "finished", "cancelled", "failed", "rejected"
+]
 StageStatus = Literal["routed", "running", "finished", "failed", "aborted", "lost"]
 TERMINAL_STATUSES = frozenset({"finished", "cancelled", "failed", "rejected"})
 #: A stage in one of these still has its replica working on the request.

@@ -95,9 +95,7 @@ class ChatMessage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     media: tuple[MediaPart, ...] = ()  # schema v3
 
 
-class StageParams(
-    msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True
-):
+class StageParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """Sampling / generation parameters for one stage.
 
     Every field is optional: ``None`` means "use the stage's default".  The

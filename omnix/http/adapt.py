@@ -371,8 +371,6 @@ def _logit_bias(body: SamplingBody) -> dict[int, float] | None:
     return out or None
 
 
-
-
 _Item = TypeVar("_Item")
 
 
@@ -388,6 +386,7 @@ def _samples(opts: dict[str, str], stream: bool, items: list[_Item], n: int) -> 
         opts[Opt.STREAM] = "0"
         opts[Opt.GROUP_STREAM] = "1"
     return items * n
+
 
 def _text_params(
     served: Served,
@@ -411,12 +410,15 @@ def _stream_options(
     opts = {
         Opt.RENDER: RENDER_VERSION,
         Opt.STREAM: "1" if body.stream else "0",
-        Opt.INCLUDE_USAGE: "1" if body.stream_options and body.stream_options.include_usage else "0",
+        Opt.INCLUDE_USAGE: "1"
+        if body.stream_options and body.stream_options.include_usage
+        else "0",
         Opt.USAGE_STAGE: usage_stage,
     }
     if resumable:
         opts[Opt.SSE_IDS] = "1"
     return opts
+
 
 def _sampling_extras(body: SamplingBody, default_max_tokens: int | None = None) -> StageParams:
     """The body's sampling fields (chat or completions) as the text stage's
@@ -727,7 +729,8 @@ def completion_plan(
         vocab = len(tokenizer)
         if max(p) >= vocab:
             raise _bad(
-                where(i), f"{where(i)}: token id {max(p)} is outside the vocabulary (0..{vocab - 1})."
+                where(i),
+                f"{where(i)}: token id {max(p)} is outside the vocabulary (0..{vocab - 1}).",
             )
         entries.append((str(tokenizer.decode(p)) or " ", p))
     base = _sampling_extras(body, COMPLETION_MAX_TOKENS)
@@ -771,7 +774,10 @@ def completion_plan(
 #: today (the vLLM talker samples codec codes from the text alone, the
 #: codec decoder turns codes into samples): a request that needs either is
 #: refused, naming the stages, rather than answered as if it were honoured.
-SPEECH_ENGINE_PARAMS: dict[str, frozenset[str]] = {"speed": frozenset(), "instructions": frozenset()}
+SPEECH_ENGINE_PARAMS: dict[str, frozenset[str]] = {
+    "speed": frozenset(),
+    "instructions": frozenset(),
+}
 _SPEECH_WHAT = {
     "speed": "can change the speaking rate; omit speed (or send 1.0)",
     "instructions": "takes voice instructions; omit instructions",

@@ -96,6 +96,8 @@ def completions_served(pipeline: PipelineConfig) -> bool:
     except ApiError:
         return False
     return True
+
+
 #: Routes served but not (yet) described here: a multipart form; the
 #: files of url image responses (content-addressed: a client only ever
 #: follows a url it was given, and no valid example exists before an image
@@ -653,7 +655,9 @@ def _paths() -> dict[str, Any]:
         "/v1/images/generations": _post(
             "Image generation (OpenAI-compatible)",
             ImageRequest,
-            _json(ImagesResponse, "Generated images: base64 files, or URLs of GET /v1/files/{digest}"),
+            _json(
+                ImagesResponse, "Generated images: base64 files, or URLs of GET /v1/files/{digest}"
+            ),
             "n > 1 submits n requests, admitted together or not at all.",
         ),
         "/v1/models": _get("The served pipeline as a model", _json(ModelList, "Model list")),

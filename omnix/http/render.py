@@ -583,7 +583,9 @@ class _StreamTail:
     def usage_chunk(self, p: int, c: int, created: int) -> bytes:
         """The last chunk of an ``include_usage`` stream: no choices, the totals."""
         usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
-        return _sse(self._object(id=self.id, created=created, model=self.model, choices=[], usage=usage))
+        return _sse(
+            self._object(id=self.id, created=created, model=self.model, choices=[], usage=usage)
+        )
 
 
 class _ChatStream(_StreamTail):

@@ -182,6 +182,8 @@ def _files_url(request: web.Request) -> str:
     if not host or not _HOST.match(host):
         return ""
     return f"{request.scheme}://{host}/v1/files/"
+
+
 _EVENT_ID = re.compile(r"^[0-9]{1,18}([.][0-9]{1,4})?$")
 
 
@@ -316,7 +318,9 @@ class Routes:
         self.tokens = PromptTokens(omni.pipeline)
         self._tokenizer_load: asyncio.Task[object] | None = None
         self.media = MediaDecoder(
-            omni.pipeline.input_media, allowed_domains=options.allowed_media_domains, pipeline=omni.pipeline.name
+            omni.pipeline.input_media,
+            allowed_domains=options.allowed_media_domains,
+            pipeline=omni.pipeline.name,
         )
         self.started_at = int(time.time())
         #: "starting" until the runtime is ready, "serving", then "stopping".
@@ -386,9 +390,7 @@ class Routes:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, CompletionRequest)
         adapt.completion_stage(self.served)  # a pipeline that cannot: 400 before anything
-        ids = not isinstance(body.prompt, str) and any(
-            not isinstance(p, str) for p in body.prompt
-        )
+        ids = not isinstance(body.prompt, str) and any(not isinstance(p, str) for p in body.prompt)
         plan = adapt.completion_plan(
             body,
             self.served,
@@ -418,7 +420,9 @@ class Routes:
         """Decode and check every media part (off the event loop), and
         reference each array by its content digest; stored on admission."""
         decoded = await self.media.decode(parts)
-        refs = await asyncio.to_thread(lambda: [array_ref(d.array, _MEDIA_TYPES[d.kind]) for d in decoded])
+        refs = await asyncio.to_thread(
+            lambda: [array_ref(d.array, _MEDIA_TYPES[d.kind]) for d in decoded]
+        )
         media = {
             d.param: MediaPart(kind=d.kind, blob=ref, rate=d.rate)
             for d, ref in zip(decoded, refs, strict=True)
@@ -645,7 +649,11 @@ class Routes:
         # The prompt fits the first stage's context, before anything is admitted.
         checked: set[tuple[object, str]] = set()
         for _, spec in plan.specs:
-            prompt = (spec.prompt, spec.options.get(OPT_PROMPT_TOKEN_IDS), spec.options.get(OPT_RAW_PROMPT))
+            prompt = (
+                spec.prompt,
+                spec.options.get(OPT_PROMPT_TOKEN_IDS),
+                spec.options.get(OPT_RAW_PROMPT),
+            )
             key = (spec.messages or prompt, repr(spec.stage_params.get(self.tokens.stage)))
             if key not in checked:
                 checked.add(key)
@@ -876,16 +884,27 @@ class Routes:
         body = await self._body(request, TokenizeRequest)
         self.served.check_model(body.model or "")
         if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "Give a prompt or messages (one of them).", param="prompt", code="invalid_value")
+            raise ApiError(
+                400,
+                "Give a prompt or messages (one of them).",
+                param="prompt",
+                code="invalid_value",
+            )
         tok = await self._tokenizer()
         if body.messages is not None:
-            messages = tuple(_text_message(f"messages[{i}]", m) for i, m in enumerate(body.messages))
+            messages = tuple(
+                _text_message(f"messages[{i}]", m) for i, m in enumerate(body.messages)
+            )
             ids = await asyncio.to_thread(self.tokens.prompt_ids, tok, messages)
         else:
             special = True if body.add_special_tokens is None else body.add_special_tokens
             ids = await asyncio.to_thread(tok.encode, body.prompt, add_special_tokens=special)
         strs = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
-        return _json(TokenizeResponse(count=len(ids), max_model_len=self.tokens.max_model_len, tokens=ids, token_strs=strs))
+        return _json(
+            TokenizeResponse(
+                count=len(ids), max_model_len=self.tokens.max_model_len, tokens=ids, token_strs=strs
+            )
+        )
 
     async def detokenize(self, request: web.Request) -> web.Response:
         """vLLM's ``POST /detokenize``."""
@@ -907,14 +926,21 @@ class Routes:
         profiler of the workers of ``stages`` (every stage by default);
         404 unless the server was started with ``--profile-dir``."""
         # An empty body (curl -X POST) profiles every stage.
-        body = await self._body(request, ProfileRequest) if (await request.read()).strip() else ProfileRequest()
+        body = (
+            await self._body(request, ProfileRequest)
+            if (await request.read()).strip()
+            else ProfileRequest()
+        )
         try:
             reports = await self.omni.profile(action, body.stages)
         except ProfilingOff as exc:
             raise ApiError(404, str(exc), code="profiling_off") from None
         except ValueError as exc:
             raise ApiError(400, str(exc), param="stages", code="invalid_value") from None
-        workers = [WorkerProfile(stage=r.stage, replica=r.replica, ok=r.ok, detail=r.detail) for r in reports]
+        workers = [
+            WorkerProfile(stage=r.stage, replica=r.replica, ok=r.ok, detail=r.detail)
+            for r in reports
+        ]
         return _json(Profiles(workers=workers), 200 if all(w.ok for w in workers) else 500)
 
     def is_ready(self) -> bool:

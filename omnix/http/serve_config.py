@@ -24,9 +24,7 @@ class ConfigError(ValueError):
 def defaults_of(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """The verb's options by destination (what a config key may name)."""
     return {
-        a.dest: a
-        for a in parser._actions
-        if a.option_strings and a.dest not in ("help", "config")
+        a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config")
     }
 
 
@@ -46,15 +44,21 @@ def read_config(path: str | Path) -> dict[str, Any]:
         else:
             data = tomllib.loads(text)
     except Exception as exc:
-        raise ConfigError(f"--config {p}: not valid {p.suffix.lstrip('.') or 'TOML'} ({exc})") from None
+        raise ConfigError(
+            f"--config {p}: not valid {p.suffix.lstrip('.') or 'TOML'} ({exc})"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {p}: the file must hold a table of options, not {type(data).__name__}")
+        raise ConfigError(
+            f"--config {p}: the file must hold a table of options, not {type(data).__name__}"
+        )
     return data
 
 
-def apply_config(args: argparse.Namespace, options: dict[str, argparse.Action], path: str | Path) -> None:
+def apply_config(
+    args: argparse.Namespace, options: dict[str, argparse.Action], path: str | Path
+) -> None:
     """Set ``args`` from the file at ``path`` where the command line left
     an option at its default."""
     for key, value in read_config(path).items():
@@ -71,7 +75,9 @@ def apply_config(args: argparse.Namespace, options: dict[str, argparse.Action], 
 def _value(path: str | Path, key: str, action: argparse.Action, value: Any) -> Any:
     if isinstance(action, argparse._StoreTrueAction):
         if not isinstance(value, bool):
-            raise ConfigError(f"--config {path}: {key} is a switch: give true or false, not {value!r}")
+            raise ConfigError(
+                f"--config {path}: {key} is a switch: give true or false, not {value!r}"
+            )
         return value
     if isinstance(value, (dict, list)) or isinstance(value, bool):
         raise ConfigError(f"--config {path}: {key} takes one value, not {value!r}")

@@ -134,5 +134,3 @@ class PromptTokens:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-
-

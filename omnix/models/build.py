@@ -133,7 +133,9 @@ def _write_lm(
     from safetensors.torch import save_file
 
     config.save_pretrained(str(out))
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps(generation, indent=2, sort_keys=True) + "\n"
+    )
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -171,7 +173,9 @@ def build_talker(out: Path, seed: int) -> ModelInfo:
     and the padding rows), so either thinker feeds it: the plain thinker's
     ids are the same trained vocabulary.
     """
-    n_text = build_omni_tokenizer(out / "text_tokenizer", model_max_length=LM_MAX_POSITIONS).vocab_size
+    n_text = build_omni_tokenizer(
+        out / "text_tokenizer", model_max_length=LM_MAX_POSITIONS
+    ).vocab_size
     vocab = TEXT_OFFSET + n_text
     config = _qwen2_config(vocab, eos=CODEC_EOS, bos=CODEC_BOS, pad=CODEC_EOS)
     _write_lm(
@@ -212,8 +216,12 @@ def build_code2wav(out: Path, seed: int) -> ModelInfo:
     return ModelInfo(
         name="code2wav",
         seed=seed,
-        layout={"num_codebooks": config.num_codebooks, "codebook_size": config.codebook_size,
-                "hop": config.hop, "sample_rate": config.sample_rate},
+        layout={
+            "num_codebooks": config.num_codebooks,
+            "codebook_size": config.codebook_size,
+            "hop": config.hop,
+            "sample_rate": config.sample_rate,
+        },
     )
 
 
@@ -391,8 +399,9 @@ def build_model(name: str, model_dir: Path, seed: int = 0) -> Path:
     return final
 
 
-def missing_models(model_dir: Path | None = None, seed: int | None = None,
-                   names: Iterable[str] = TINY_MODELS) -> list[str]:
+def missing_models(
+    model_dir: Path | None = None, seed: int | None = None, names: Iterable[str] = TINY_MODELS
+) -> list[str]:
     """Names not (completely) built in ``model_dir``; with ``seed``, also
     those built from another seed."""
     root = Path(model_dir) if model_dir is not None else default_model_dir()

@@ -17,13 +17,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from omnix.models.paths import TINY_MODELS
 
     sub = parser.add_subparsers(dest="models_cmd", metavar="COMMAND")
-    init = sub.add_parser("init", help="build the tiny models that are missing (or all with --force)")
-    init.add_argument("--dir", type=Path, default=None,
-                      help="model folder (default: $OMNIX_MODEL_DIR or ~/.cache/omnix/models)")
+    init = sub.add_parser(
+        "init", help="build the tiny models that are missing (or all with --force)"
+    )
+    init.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="model folder (default: $OMNIX_MODEL_DIR or ~/.cache/omnix/models)",
+    )
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     init.add_argument("--force", action="store_true", help="rebuild models that already exist")
-    init.add_argument("--only", nargs="+", choices=TINY_MODELS, default=list(TINY_MODELS),
-                      metavar="NAME", help=f"build only these ({', '.join(TINY_MODELS)})")
+    init.add_argument(
+        "--only",
+        nargs="+",
+        choices=TINY_MODELS,
+        default=list(TINY_MODELS),
+        metavar="NAME",
+        help=f"build only these ({', '.join(TINY_MODELS)})",
+    )
     ls = sub.add_parser("list", help="show the tiny models, where they are and their digests")
     ls.add_argument("--dir", type=Path, default=None)
 
@@ -44,13 +56,17 @@ def run(args: argparse.Namespace) -> int:
             for name in names:
                 info = read_info(root / name)
                 if name not in todo and info is not None and info.seed != args.seed:
-                    print(f"{name} was built with seed {info.seed}, kept: --force rebuilds it "
-                          f"with seed {args.seed}")
+                    print(
+                        f"{name} was built with seed {info.seed}, kept: --force rebuilds it "
+                        f"with seed {args.seed}"
+                    )
         ensure_models(root, seed=args.seed, names=names, force=args.force, progress=True)
     for name in TINY_MODELS:
         info = read_info(root / name)
         if info is None:
             print(f"{name:9s} missing    {root / name}")
         else:
-            print(f"{name:9s} seed={info.seed:<5d} {folder_digest(root / name)[:16]}  {root / name}")
+            print(
+                f"{name:9s} seed={info.seed:<5d} {folder_digest(root / name)[:16]}  {root / name}"
+            )
     return 0

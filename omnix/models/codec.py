@@ -163,8 +163,10 @@ def _frames(codes: ArrayLike, k: int, c: int) -> np.ndarray:
     arr = arr[: n * k]
     if arr.size and (arr.min() < 0 or arr.max() >= c):
         bad = arr[(arr < 0) | (arr >= c)][0]
-        raise ValueError(f"codec code {int(bad)} is outside [0, {c}): is the talker's codec layout "
-                         "the same as the decoder's config.json?")
+        raise ValueError(
+            f"codec code {int(bad)} is outside [0, {c}): is the talker's codec layout "
+            "the same as the decoder's config.json?"
+        )
     return arr.reshape(n, k).T  # (K, frames)
 
 
@@ -237,7 +239,9 @@ def save_codec(decoder: CodecDecoder, folder: Path) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_NAME).write_bytes(msgspec.json.format(msgspec.json.encode(decoder.config)) + b"\n")
+    (folder / CONFIG_NAME).write_bytes(
+        msgspec.json.format(msgspec.json.encode(decoder.config)) + b"\n"
+    )
     state = {k: v.detach().contiguous().cpu() for k, v in sorted(decoder.state_dict().items())}
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
 

@@ -370,7 +370,6 @@ def thinker_weights(
     (varied sampled tokens, as omnix's text thinker), the rest N(0, std)."""
     import torch
 
-
     out: dict[str, torch.Tensor] = {}
     for name, shape in sorted(_hub_shapes(config).items()):
         if name.endswith(".bias"):

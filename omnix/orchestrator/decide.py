@@ -159,7 +159,9 @@ class Orchestrator:
         return len(self._replicas[stage])
 
     # -- admission --------------------------------------------------------
-    def admit(self, state: Fold, request_id: str, spec: RequestSpec, ts_ns: int = 0) -> Admitted | Rejected:
+    def admit(
+        self, state: Fold, request_id: str, spec: RequestSpec, ts_ns: int = 0
+    ) -> Admitted | Rejected:
         """Admit ``spec`` or refuse it; the caller appends the result.
 
         The spec must already be valid for the pipeline

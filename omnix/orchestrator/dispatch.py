@@ -220,7 +220,11 @@ class Dispatcher:
         ids: tuple[int, ...] = ()
         for c in chunks:
             ids += c.token_ids
-        arrays = [self.blobs.get_array(c.blob) for c in chunks if c.blob is not None and c.blob.dtype != "bytes"]
+        arrays = [
+            self.blobs.get_array(c.blob)
+            for c in chunks
+            if c.blob is not None and c.blob.dtype != "bytes"
+        ]
         array = None
         if arrays:
             array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)

@@ -103,7 +103,9 @@ def recover_log(orchestrator: Orchestrator, log: EventLog) -> Recovered:
                 start = s
             max_end = max(max_end, e)
     fold = Fold()
-    shown = _show_workers(orchestrator, fold, [log.get(p) for p in log.worker_positions_before(start)])
+    shown = _show_workers(
+        orchestrator, fold, [log.get(p) for p in log.worker_positions_before(start)]
+    )
     if start >= n:
         return Recovered(shown=shown, start=start)
     window = list(log.read(start))

@@ -81,7 +81,10 @@ class DeadlineTimer:
         events, and for every live request of a log taken over at start."""
         due = self.orchestrator.due_times(rid, self.sequencer.log.state)
         if not due:
-            if self._armed.pop(rid, None) is not None and len(self._heap) > 2 * len(self._armed) + 1024:
+            if (
+                self._armed.pop(rid, None) is not None
+                and len(self._heap) > 2 * len(self._armed) + 1024
+            ):
                 self._compact()
             return
         t = due[0][0]

@@ -20,9 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.add_parser("list", help="list the built-in pipelines")
     show = sub.add_parser("show", help="print a pipeline's stages, edges and outputs")
-    show.add_argument("pipeline", nargs="?", default=DEFAULT_PIPELINE, help="built-in name or config path")
+    show.add_argument(
+        "pipeline", nargs="?", default=DEFAULT_PIPELINE, help="built-in name or config path"
+    )
     show.add_argument("--json", action="store_true", help="print the decoded config as JSON")
-    val = sub.add_parser("validate", help="check config files (all of them); exit 1 if any is invalid")
+    val = sub.add_parser(
+        "validate", help="check config files (all of them); exit 1 if any is invalid"
+    )
     val.add_argument("pipelines", nargs="+", help="built-in names or config paths")
 
 
@@ -48,16 +52,23 @@ def run(args: argparse.Namespace) -> int:
             kind = engine_kind(st.engine)
             model = engine_model(st.engine) or ""
             out = stage_output_modality(cfg, st.name) or "?"
-            print(f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={st.replicas} "
-                  f"timeout={st.timeout_s:g}s retry={'yes, up to ' + str(st.max_retries) if st.retries else 'no'}")
+            print(
+                f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={st.replicas} "
+                f"timeout={st.timeout_s:g}s retry={'yes, up to ' + str(st.max_retries) if st.retries else 'no'}"
+            )
         media = cfg.input_media
         if media is not None:
             kinds = [k for k, on in (("audio", media.audio), ("image", media.image)) if on]
-            print(f"  input text+{'+'.join(kinds)}: up to {media.max_part_bytes / 2**20:g} MB a part, "
-                  f"{media.max_audio_seconds:g} s of audio, {media.max_pixels:,} pixels")
+            print(
+                f"  input text+{'+'.join(kinds)}: up to {media.max_part_bytes / 2**20:g} MB a part, "
+                f"{media.max_audio_seconds:g} s of audio, {media.max_pixels:,} pixels"
+            )
         for e in cfg.edges:
-            how = f"every {e.every} chunks" if e.forward == "chunk" else (
-                "at sentence ends" if e.forward == "sentence" else "when the source finishes")
+            how = (
+                f"every {e.every} chunks"
+                if e.forward == "chunk"
+                else ("at sentence ends" if e.forward == "sentence" else "when the source finishes")
+            )
             print(f"  edge  {e.source} -> {e.target}: forward {how}")
         for m, s in cfg.outputs.items():
             print(f"  output {m}: {s}")

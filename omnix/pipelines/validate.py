@@ -101,9 +101,13 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
     for i, e in enumerate(cfg.edges):
         where = f"edge #{i + 1} ({e.source} -> {e.target})"
         if e.source not in seen:
-            problems.append(f"{where}: unknown source stage {e.source!r} (stages: {', '.join(names)})")
+            problems.append(
+                f"{where}: unknown source stage {e.source!r} (stages: {', '.join(names)})"
+            )
         if e.target not in seen:
-            problems.append(f"{where}: unknown target stage {e.target!r} (stages: {', '.join(names)})")
+            problems.append(
+                f"{where}: unknown target stage {e.target!r} (stages: {', '.join(names)})"
+            )
         if e.source == e.target:
             problems.append(f"{where}: a stage cannot feed itself")
         if e.every < 1:
@@ -120,14 +124,16 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
             if streaming:
                 problems.append(
                     f"stage {target!r} has several inputs ({', '.join(sources)}); fan-in waits "
-                    f"for every input to finish, so those edges need forward = \"finish\" "
+                    f'for every input to finish, so those edges need forward = "finish" '
                     f"(edge from {streaming[0]!r} streams)"
                 )
     cycle = _find_cycle(names, cfg)
     if cycle:
         problems.append(f"the edges form a cycle: {' -> '.join(cycle)}; a pipeline must be acyclic")
     if not cfg.outputs:
-        problems.append("no [outputs]: say which stage produces each final modality, e.g. text = \"thinker\"")
+        problems.append(
+            'no [outputs]: say which stage produces each final modality, e.g. text = "thinker"'
+        )
     for modality, stage in cfg.outputs.items():
         if stage not in seen:
             problems.append(
@@ -156,10 +162,18 @@ def _media_problems(cfg: PipelineConfig) -> list[str]:
             continue
         where = f"stage {st.name!r}: media"
         if st.name in targets:
-            problems.append(f"{where}: only a source stage (no incoming edge) takes media from the request")
+            problems.append(
+                f"{where}: only a source stage (no incoming edge) takes media from the request"
+            )
             continue
         declared.append((st.name, m))
-        for field in ("max_part_bytes", "max_pixels", "max_audio_parts", "max_image_parts", "sample_rate"):
+        for field in (
+            "max_part_bytes",
+            "max_pixels",
+            "max_audio_parts",
+            "max_image_parts",
+            "sample_rate",
+        ):
             if getattr(m, field) < (0 if field.endswith("_parts") else 1):
                 problems.append(f"{where}.{field} must be positive, got {getattr(m, field)}")
         if m.max_audio_seconds <= 0:
@@ -167,8 +181,13 @@ def _media_problems(cfg: PipelineConfig) -> list[str]:
         eng = st.engine
         if isinstance(eng, VllmArgs):
             if eng.input_mode != "chat":
-                problems.append(f"{where}: media input needs input_mode = \"chat\", got {eng.input_mode!r}")
-            for kind, on, most in (("audio", m.audio, m.max_audio_parts), ("image", m.image, m.max_image_parts)):
+                problems.append(
+                    f'{where}: media input needs input_mode = "chat", got {eng.input_mode!r}'
+                )
+            for kind, on, most in (
+                ("audio", m.audio, m.max_audio_parts),
+                ("image", m.image, m.max_image_parts),
+            ):
                 limit = eng.limit_mm_per_prompt.get(kind)
                 if on and limit is not None and limit < most:
                     problems.append(
@@ -177,7 +196,9 @@ def _media_problems(cfg: PipelineConfig) -> list[str]:
                     )
     if len({m for _, m in declared}) > 1:
         names = ", ".join(n for n, _ in declared)
-        problems.append(f"source stages {names} declare different media: the request's media go to all of them")
+        problems.append(
+            f"source stages {names} declare different media: the request's media go to all of them"
+        )
     return problems
 
 

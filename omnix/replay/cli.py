@@ -45,33 +45,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "`python -m omnix.testing.corpus --out replay/` recaptures the corpus (docs/replay.md)."
     )
     parser.add_argument("trace", metavar="TRACE", help="a trace file")
-    parser.add_argument("--request", action="append", default=None, metavar="ID",
-                        help="show only this request (repeatable); picks the request for --client-bytes")
+    parser.add_argument(
+        "--request",
+        action="append",
+        default=None,
+        metavar="ID",
+        help="show only this request (repeatable); picks the request for --client-bytes",
+    )
     parser.add_argument("--events", action="store_true", help="also list every event")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip the digest checks on read (forensics on a damaged trace)")
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the digest checks on read (forensics on a damaged trace)",
+    )
     parser.add_argument("--width", type=int, default=56, help="waterfall width in columns")
-    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML page of the trace")
-    parser.add_argument("--drive", action="store_true",
-                        help="run the orchestrator against the recorded inputs; fail at the first divergent decision")
-    parser.add_argument("--config", metavar="PIPELINE",
-                        help="counterfactual: drive the recorded inputs under this pipeline (file or built-in name)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
-                        help="counterfactual: change one setting, e.g. edges.1.every=4 or "
-                        "stages.talker.timeout_s=1 (repeatable)")
-    parser.add_argument("--rules", type=int, default=None,
-                        help="orchestrator rules version to drive under (default: the trace's)")
-    parser.add_argument("--timers", action="store_true",
-                        help="counterfactual: re-derive deadline/timeout expiries in virtual time "
-                        "instead of feeding the recorded ones")
-    parser.add_argument("--inject", action="append", default=[], metavar="FAULT",
-                        help="fault injection (repeatable): worker-lost@POS[:STAGE/REPLICA], "
-                        "slow-stage@POS:STAGE:MS, cancel@POS[:REQUEST]")
-    parser.add_argument("--ack-aborts-ms", type=float, default=1.0,
-                        help="fault runs: how long a worker takes to acknowledge an abort")
-    parser.add_argument("--client-bytes", action="store_true",
-                        help="regenerate the exact response body (SSE stream) the client received")
-    parser.add_argument("-o", "--output", metavar="FILE", help="--client-bytes: write the body here")
+    parser.add_argument(
+        "--html", metavar="FILE", help="write a self-contained HTML page of the trace"
+    )
+    parser.add_argument(
+        "--drive",
+        action="store_true",
+        help="run the orchestrator against the recorded inputs; fail at the first divergent decision",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PIPELINE",
+        help="counterfactual: drive the recorded inputs under this pipeline (file or built-in name)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="counterfactual: change one setting, e.g. edges.1.every=4 or "
+        "stages.talker.timeout_s=1 (repeatable)",
+    )
+    parser.add_argument(
+        "--rules",
+        type=int,
+        default=None,
+        help="orchestrator rules version to drive under (default: the trace's)",
+    )
+    parser.add_argument(
+        "--timers",
+        action="store_true",
+        help="counterfactual: re-derive deadline/timeout expiries in virtual time "
+        "instead of feeding the recorded ones",
+    )
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="FAULT",
+        help="fault injection (repeatable): worker-lost@POS[:STAGE/REPLICA], "
+        "slow-stage@POS:STAGE:MS, cancel@POS[:REQUEST]",
+    )
+    parser.add_argument(
+        "--ack-aborts-ms",
+        type=float,
+        default=1.0,
+        help="fault runs: how long a worker takes to acknowledge an abort",
+    )
+    parser.add_argument(
+        "--client-bytes",
+        action="store_true",
+        help="regenerate the exact response body (SSE stream) the client received",
+    )
+    parser.add_argument(
+        "-o", "--output", metavar="FILE", help="--client-bytes: write the body here"
+    )
 
 
 def _fail(msg: str) -> int:
@@ -127,7 +170,9 @@ def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig
         new = msgspec.convert(data, PipelineConfig)
         validate_pipeline(new, "<--set>")
     except (msgspec.ValidationError, PipelineError) as exc:
-        raise ValueError(f"--set {' '.join(overrides)}: the result is not a valid pipeline: {exc}") from None
+        raise ValueError(
+            f"--set {' '.join(overrides)}: the result is not a valid pipeline: {exc}"
+        ) from None
     return new
 
 
@@ -181,7 +226,9 @@ def _modes(trace: Trace, args: argparse.Namespace) -> int:
     if not args.html or args.events or args.request:
         from omnix.replay.show import render_timeline
 
-        sys.stdout.write(render_timeline(trace, requests=args.request, events=args.events, width=args.width))
+        sys.stdout.write(
+            render_timeline(trace, requests=args.request, events=args.events, width=args.width)
+        )
     return 0
 
 
@@ -213,7 +260,11 @@ def _faults(trace: Trace, args: argparse.Namespace, pipeline: PipelineConfig | N
 
     try:
         res = inject(
-            trace, args.inject, pipeline=pipeline, rules=args.rules, ack_aborts_ms=args.ack_aborts_ms
+            trace,
+            args.inject,
+            pipeline=pipeline,
+            rules=args.rules,
+            ack_aborts_ms=args.ack_aborts_ms,
         )
     except (FaultError, ValueError) as exc:
         return _fail(str(exc))

@@ -73,7 +73,9 @@ class Counterfactual:
             out.append(f"request {rd.request_id}: {change}")
             out.extend(f"  {line}" for line in rd.lines)
         if self.run.dropped:
-            out.append(f"inputs dropped as illegal under the new decisions ({len(self.run.dropped)}):")
+            out.append(
+                f"inputs dropped as illegal under the new decisions ({len(self.run.dropped)}):"
+            )
             for d in self.run.dropped[:50]:
                 out.append(f"  {describe(d.event, t0)}  -- {d.reason}")
             if len(self.run.dropped) > 50:
@@ -93,9 +95,7 @@ def counterfactual(
 ) -> Counterfactual:
     """Drive the recorded inputs under another config or rules and compare
     the decisions with the recording, request by request."""
-    run = free_run(
-        trace, pipeline=pipeline, rules=rules, orchestrator=orchestrator, timers=timers
-    )
+    run = free_run(trace, pipeline=pipeline, rules=rules, orchestrator=orchestrator, timers=timers)
     events = trace.events
 
     def rec_ident(p: int) -> str:

@@ -206,7 +206,9 @@ def _state_line(rs: RequestState) -> str:
         f"{', input closed' if st.input_closed else ''})"
         for st in rs.stages
     )
-    return f"{rs.request_id} {rs.status}" + (f"; stages: {stages}" if stages else "; no stage routed")
+    return f"{rs.request_id} {rs.status}" + (
+        f"; stages: {stages}" if stages else "; no stage routed"
+    )
 
 
 @dataclass
@@ -270,9 +272,20 @@ def drive(
     i = 0
     div: Divergence | None = None
 
-    def diverge(pos: int, expected: Event | None, actual: Event | None, kind: str, trig: int) -> Divergence:
+    def diverge(
+        pos: int, expected: Event | None, actual: Event | None, kind: str, trig: int
+    ) -> Divergence:
         return _divergence(
-            trace, log, pos, expected, actual, kind, trig, rv, cfg is not trace.pipeline, context_inputs
+            trace,
+            log,
+            pos,
+            expected,
+            actual,
+            kind,
+            trig,
+            rv,
+            cfg is not trace.pipeline,
+            context_inputs,
         )
 
     while i < n:
@@ -373,7 +386,9 @@ def _divergence(
     while j < len(events) and is_decision(events[j]):
         recorded.append(events[j])
         j += 1
-    produced: list[Event] = [ev for ev in log.read(trigger_pos + 1) if is_decision(ev)] if trigger else []
+    produced: list[Event] = (
+        [ev for ev in log.read(trigger_pos + 1) if is_decision(ev)] if trigger else []
+    )
     # Causes of the expected event (else the actual one), through the recording.
     chain: list[Event] = []
     probe = expected if expected is not None else actual

@@ -251,9 +251,13 @@ class FaultResult:
                 )
         for ev in self.run.synthesized:
             if type(ev) is StageStarted:
-                out.append(f"  continued      {describe(ev, t0)}  (simulated start of the continuation)")
+                out.append(
+                    f"  continued      {describe(ev, t0)}  (simulated start of the continuation)"
+                )
             else:
-                out.append(f"  abort acked    {describe(ev, t0)}  (simulated worker acknowledgement)")
+                out.append(
+                    f"  abort acked    {describe(ev, t0)}  (simulated worker acknowledgement)"
+                )
         for ev in log_events:
             if type(ev) in TERMINAL_TYPES:
                 out.append(f"  ended          {describe(ev, t0)}")
@@ -278,7 +282,9 @@ class FaultResult:
             for v in bad[:10]:
                 where = f" at #{v.position}" if v.position >= 0 else ""
                 out.append(f"       {v.subject}{where}: {v.detail}")
-        out.append("all invariants hold" if self.ok else f"{len(self.violations)} invariant violation(s)")
+        out.append(
+            "all invariants hold" if self.ok else f"{len(self.violations)} invariant violation(s)"
+        )
         return "\n".join(out) + "\n"
 
 
@@ -290,7 +296,9 @@ def _anchor(events: list[Event], pos: int) -> int:
     return j
 
 
-def plan(trace: Trace, specs: list[FaultSpec]) -> tuple[list[Injection], dict[str, list[tuple[int, int]]], list[PlannedFault]]:
+def plan(
+    trace: Trace, specs: list[FaultSpec]
+) -> tuple[list[Injection], dict[str, list[tuple[int, int]]], list[PlannedFault]]:
     """Injections, per-stage delays ``[(from_pos, ns)]`` and descriptions."""
     events = trace.events
     n = len(events)
@@ -301,7 +309,9 @@ def plan(trace: Trace, specs: list[FaultSpec]) -> tuple[list[Injection], dict[st
     stages = {st.name: st for st in trace.pipeline.stages}
     for spec in specs:
         if not 0 <= spec.position < n:
-            raise FaultError(f"fault {spec}: position {spec.position} is outside the trace (0..{n - 1})")
+            raise FaultError(
+                f"fault {spec}: position {spec.position} is outside the trace (0..{n - 1})"
+            )
         ev = events[spec.position]
         at = f"right after #{spec.position} ({describe(ev)})"
         if spec.kind == "worker-lost":
@@ -339,7 +349,9 @@ def plan(trace: Trace, specs: list[FaultSpec]) -> tuple[list[Injection], dict[st
             if rid not in trace.fold().requests:
                 raise FaultError(f"fault {spec}: no request {rid!r} in this trace")
             cancel = CancelRequested(request_id=rid, reason="client", ts_ns=ev.ts_ns)
-            injections.append(Injection(cancel, _anchor(events, spec.position), str(spec), ev.ts_ns))
+            injections.append(
+                Injection(cancel, _anchor(events, spec.position), str(spec), ev.ts_ns)
+            )
             planned.append(PlannedFault(spec, f"the client cancels {rid} {at}"))
         else:
             if spec.target not in stages:
@@ -418,7 +430,9 @@ def inject(
     notes = []
     if not trace.targets:
         notes.append("whole-log trace: every request is replayed")
-    return FaultResult(run=run, faults=planned, violations=violations, outcomes=outcomes, notes=notes)
+    return FaultResult(
+        run=run, faults=planned, violations=violations, outcomes=outcomes, notes=notes
+    )
 
 
 def _outcome(rs: RequestState | None) -> str:

@@ -272,7 +272,9 @@ class _FreeRunner:
             else:
                 self._feed(moved, ("in", ev.pos))
         else:
-            self._feed(msgspec.structs.replace(ev, ts_ns=ts) if ts != ev.ts_ns else ev, ("in", ev.pos))
+            self._feed(
+                msgspec.structs.replace(ev, ts_ns=ts) if ts != ev.ts_ns else ev, ("in", ev.pos)
+            )
             if type(ev) is WorkerJoined:
                 self.dead.discard(ev.worker_id)
         self._inject_after(ev.pos)
@@ -293,7 +295,9 @@ class _FreeRunner:
         if f"{st.name}/{st.replica}" in self.dead:
             return None
         if st.status == "routed" and type(ev) is not StageStarted:
-            started = StageStarted(request_id=ev.request_id, stage=st.name, replica=st.replica, ts_ns=ts)
+            started = StageStarted(
+                request_id=ev.request_id, stage=st.name, replica=st.replica, ts_ns=ts
+            )
             at = self._feed(started, _ACK)
             if at >= 0:
                 self.synthesized.append(self.log.get(at))

@@ -57,7 +57,11 @@ def _svg(tm: RequestTiming, end_ns: int, width: int = 820) -> str:
         parts.append(
             f'<text x="4" y="{y + 15}" font-size="12" fill="#1d2430">{escape(s.name)}/{s.replica}</text>'
         )
-        end = s.ended if s.ended is not None else (s.last_chunk if s.last_chunk is not None else end_ns)
+        end = (
+            s.ended
+            if s.ended is not None
+            else (s.last_chunk if s.last_chunk is not None else end_ns)
+        )
         routed = s.routed or 0
         started = s.started if s.started is not None else end
         first = s.first_chunk if s.first_chunk is not None else end
@@ -86,7 +90,11 @@ def _svg(tm: RequestTiming, end_ns: int, width: int = 820) -> str:
         f'<text x="{label_w + plot_w}" y="{base + 18}" font-size="11" fill="#5b6474" '
         f'text-anchor="end">{span / MS:.3f} ms</text>'
     )
-    for label, ns, color in (("TTFT", tm.ttft, "#137333"), ("TTFP", tm.ttfp, "#8a5a00"), ("E2EL", tm.e2el, "#b3261e")):
+    for label, ns, color in (
+        ("TTFT", tm.ttft, "#137333"),
+        ("TTFP", tm.ttfp, "#8a5a00"),
+        ("E2EL", tm.e2el, "#b3261e"),
+    ):
         if ns is None:
             continue
         parts.append(
@@ -139,7 +147,9 @@ def render_html(trace: Trace, *, requests: list[str] | None = None, max_events: 
         if tm.stages:
             end = tm.e2el
             if end is None:
-                end = max((s.ended or s.last_chunk or s.started or s.routed or 0) for s in tm.stages)
+                end = max(
+                    (s.ended or s.last_chunk or s.started or s.routed or 0) for s in tm.stages
+                )
             body.append(_svg(tm, end))
             body.append(
                 "<table><tr><th>stage</th><th>routed</th><th>started</th><th>first output</th>"
@@ -169,9 +179,13 @@ def render_html(trace: Trace, *, requests: list[str] | None = None, max_events: 
     more = len(trace.events) - max_events
     if more > 0:
         lines.append(f"… {more} more events (omnix replay TRACE --events prints them all)")
-    body.append("<h2>events</h2><div class=\"meta\">decisions in blue</div><pre>" + "\n".join(lines) + "</pre>")
+    body.append(
+        '<h2>events</h2><div class="meta">decisions in blue</div><pre>'
+        + "\n".join(lines)
+        + "</pre>"
+    )
     return (
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
         + "\n".join(body)
         + "</body></html>\n"

@@ -97,7 +97,9 @@ def describe(ev: Event, t0: int | None = None) -> str:
                 body = _short(ev.text)
             else:
                 body = f"ids={list(ev.token_ids)}"
-            return f"{head} {ev.request_id} {ev.stage}/{ev.replica} [{ev.index}] {ev.modality} {body}"
+            return (
+                f"{head} {ev.request_id} {ev.stage}/{ev.replica} [{ev.index}] {ev.modality} {body}"
+            )
         case StageFinished():
             return (
                 f"{head} {ev.request_id} {ev.stage}/{ev.replica} chunks={ev.chunks} "
@@ -238,7 +240,11 @@ def waterfall(timing: RequestTiming, end_ns: int, width: int = 56) -> list[str]:
         routed = s.routed or 0
         started = s.started if s.started is not None else None
         first = s.first_chunk
-        end = s.ended if s.ended is not None else (s.last_chunk if s.last_chunk is not None else end_ns)
+        end = (
+            s.ended
+            if s.ended is not None
+            else (s.last_chunk if s.last_chunk is not None else end_ns)
+        )
         a = col(routed)
         b = col(started) if started is not None else col(end)
         c = col(first) if first is not None else col(end)
@@ -342,9 +348,7 @@ def _request_block(trace: Trace, rs: RequestState, width: int) -> list[str]:
     out.append(f"  TTFT {_opt(tm.ttft)} ms · TTFP {_opt(tm.ttfp)} ms · E2EL {_opt(tm.e2el)} ms")
     if not tm.stages:
         return out
-    out.append(
-        "  stage         routed   started  1st out  last out     ended  chunks  status"
-    )
+    out.append("  stage         routed   started  1st out  last out     ended  chunks  status")
     for s in tm.stages:
         retry = f" attempt {s.attempt}" if s.attempt > 1 else ""
         reason = f" ({s.finish_reason})" if s.finish_reason else ""
@@ -363,8 +367,10 @@ def _request_block(trace: Trace, rs: RequestState, width: int) -> list[str]:
     if end is None:
         last = max((s.ended or s.last_chunk or s.started or s.routed or 0) for s in tm.stages)
         end = last
-    out.append(f"  where time went (ms from admission; {WAIT} routed, waiting  {IDLE} started, "
-               f"no output yet  {BUSY} producing; T TTFT, P TTFP, E E2EL)")
+    out.append(
+        f"  where time went (ms from admission; {WAIT} routed, waiting  {IDLE} started, "
+        f"no output yet  {BUSY} producing; T TTFT, P TTFP, E E2EL)"
+    )
     out.extend(waterfall(tm, end, width))
     busiest = max(tm.stages, key=lambda s: s.busy_ns + s.wait_ns)
     out.append(

@@ -18,14 +18,29 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_cmd", metavar="COMMAND", required=True)
     ex = sub.add_parser("export", help="write a trace of one or more requests")
-    ex.add_argument("--log-dir", required=True, metavar="DIR",
-                    help="the server's --log-dir (holds events/, blobs/, pipeline.json)")
-    ex.add_argument("--request", action="append", default=[], metavar="ID",
-                    help="request to export (repeatable)")
+    ex.add_argument(
+        "--log-dir",
+        required=True,
+        metavar="DIR",
+        help="the server's --log-dir (holds events/, blobs/, pipeline.json)",
+    )
+    ex.add_argument(
+        "--request",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="request to export (repeatable)",
+    )
     ex.add_argument("--all", action="store_true", help="export the whole log")
-    ex.add_argument("--rules", type=int, default=None,
-                    help="decision rules the server ran (default: what the server recorded in DIR/server.json)")
-    ex.add_argument("-o", "--output", metavar="FILE", help="output file (default: ID.trace; - for stdout)")
+    ex.add_argument(
+        "--rules",
+        type=int,
+        default=None,
+        help="decision rules the server ran (default: what the server recorded in DIR/server.json)",
+    )
+    ex.add_argument(
+        "-o", "--output", metavar="FILE", help="output file (default: ID.trace; - for stdout)"
+    )
     info = sub.add_parser("info", help="print a trace's versions, requests and size")
     info.add_argument("trace", metavar="TRACE")
 
@@ -74,7 +89,9 @@ def _info(args: argparse.Namespace) -> int:
     print(f"rules         v{t.rules_version}")
     print(f"pipeline      {t.pipeline.name}: {' -> '.join(s.name for s in t.pipeline.stages)}")
     print(f"targets       {', '.join(t.targets) or '(whole log)'}")
-    print(f"requests      {len(f.requests)}: {', '.join(t.request_ids[:8])}{' ...' if len(f.requests) > 8 else ''}")
+    print(
+        f"requests      {len(f.requests)}: {', '.join(t.request_ids[:8])}{' ...' if len(f.requests) > 8 else ''}"
+    )
     print(f"events        {len(t.events)} ({t.decisions} decisions)")
     print(f"blobs         {len(t.blobs.digests())}")
     print(f"digest        {t.digest} (verified)")

@@ -57,8 +57,7 @@ class Engine(Protocol):
         """Stop work for ``request_id`` now; idempotent, unknown ids ignored."""
         ...
 
-    async def close(self) -> None:
-        ...
+    async def close(self) -> None: ...
 
 
 @runtime_checkable

@@ -70,7 +70,8 @@ def cpu_plan(
     workers = [
         f"{st.name}/{r}"
         for st in pipeline.stages
-        if isinstance(st.engine, VllmArgs) and st.engine.cpu_executor == "uni"
+        if isinstance(st.engine, VllmArgs)
+        and st.engine.cpu_executor == "uni"
         and st.name not in pinned
         for r in range(st.replicas)
         if f"{st.name}/{r}" not in pinned

@@ -41,7 +41,9 @@ class WorkerProfiler:
 
     def start(self) -> None:
         if self._prof is not None:
-            raise ProfileError(f"already profiling into {self.root}: stop it first (POST /stop_profile)")
+            raise ProfileError(
+                f"already profiling into {self.root}: stop it first (POST /stop_profile)"
+            )
         import torch
         from torch.profiler import ProfilerActivity, profile
 

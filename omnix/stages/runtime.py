@@ -154,9 +154,28 @@ class _Run:
 
 class _Slot:
     __slots__ = (
-        "active", "capacity", "config", "deferred", "engine", "expected_token", "failures", "identity",
-        "joined_at", "last_failure", "last_seen", "outbox", "pid", "proc", "replica", "restart_handle", "stage",
-        "started_at", "state", "token", "welcomed_at", "worker_id",
+        "active",
+        "capacity",
+        "config",
+        "deferred",
+        "engine",
+        "expected_token",
+        "failures",
+        "identity",
+        "joined_at",
+        "last_failure",
+        "last_seen",
+        "outbox",
+        "pid",
+        "proc",
+        "replica",
+        "restart_handle",
+        "stage",
+        "started_at",
+        "state",
+        "token",
+        "welcomed_at",
+        "worker_id",
     )
 
     def __init__(self, config: StageConfig, replica: int) -> None:
@@ -251,7 +270,8 @@ class StageRuntime:
             if unknown := sorted(spawned - set(names)):
                 raise RuntimeConfigError(
                     f"spawn names {', '.join(map(repr, unknown))}, which pipeline {pipeline.name!r} "
-                    f"does not have (stages: {', '.join(names)})")
+                    f"does not have (stages: {', '.join(names)})"
+                )
         # The stages whose workers this runtime starts (and restarts); the
         # others wait for `omnix worker --connect`.
         self.spawned_stages = frozenset(spawned)
@@ -271,13 +291,17 @@ class StageRuntime:
         # or no placement ("vllm": vLLM's and the OS's own choice).
         # worker_cpus and VLLM_CPU_OMP_THREADS_BIND win.
         if vllm_cpu_placement not in ("spread", "vllm"):
-            raise ValueError(f"vllm_cpu_placement must be 'spread' or 'vllm', not {vllm_cpu_placement!r}")
+            raise ValueError(
+                f"vllm_cpu_placement must be 'spread' or 'vllm', not {vllm_cpu_placement!r}"
+            )
         self.cpu_plan: CpuPlan | None = None
         if vllm_cpu_placement == "spread" and BIND_ENV not in {**os.environ, **self.worker_env}:
             self.cpu_plan = cpu_plan(pipeline, available_cpus(), set(self.worker_cpus))
         self.pin_server = pin_server
         if shutdown_grace_s < 0:
-            raise ValueError(f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)")
+            raise ValueError(
+                f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)"
+            )
         self.shutdown_grace_s = shutdown_grace_s
         # Where workers write profiler traces (DIR/<stage>/<replica>); None:
         # profiling is off and PROFILE is never sent.
@@ -290,7 +314,8 @@ class StageRuntime:
             raise RuntimeConfigError(
                 f"workers endpoint {endpoint} accepts connections from other hosts: set a shared "
                 "worker token (--worker-token or OMNIX_WORKER_TOKEN on the server and on every "
-                "worker), or bind a loopback address such as tcp://127.0.0.1:PORT")
+                "worker), or bind a loopback address such as tcp://127.0.0.1:PORT"
+            )
         self._endpoint = endpoint
         # Check often enough that silence is judged within the bound.
         self._tick_s = min(heartbeat_interval_s, lost_after_s / 8)
@@ -356,16 +381,27 @@ class StageRuntime:
             pin_process(self.cpu_plan.frontend)
         self._ctx = zmq.Context()
         self._sock, self._endpoint = make_router(self._ctx, self._endpoint)
-        self._inbox = Inbox(loop, self._sock, m.SERVER_BOUND, self._routes(), routed=True, log=log,
-                            unknown_hint="a newer worker?")
+        self._inbox = Inbox(
+            loop,
+            self._sock,
+            m.SERVER_BOUND,
+            self._routes(),
+            routed=True,
+            log=log,
+            unknown_hint="a newer worker?",
+        )
         self._tick_due = time.monotonic() + self._tick_s
         self._tick_handle = loop.call_later(self._tick_s, self._tick)
         by_hand = [n for n in self._slots if n not in self.spawned_stages]
         log.info(
-            "workers endpoint %s; spawned here: %s%s", self._endpoint,
+            "workers endpoint %s; spawned here: %s%s",
+            self._endpoint,
             ", ".join(n for n in self._slots if n in self.spawned_stages) or "none",
             f"; waiting for {', '.join(by_hand)}: omnix worker --connect {self._endpoint} --stage NAME"
-            f"{' --worker-token TOKEN' if self.worker_token else ''}" if by_hand else "")
+            f"{' --worker-token TOKEN' if self.worker_token else ''}"
+            if by_hand
+            else "",
+        )
         for slot in self._all_slots():
             if slot.stage in self.spawned_stages:
                 self._spawn(slot)
@@ -374,8 +410,10 @@ class StageRuntime:
         if wait:
             self._starting = True
             try:
-                await self._wait(self.start_timeout_s, [s for s in self._all_slots()
-                                                        if s.stage in self.spawned_stages])
+                await self._wait(
+                    self.start_timeout_s,
+                    [s for s in self._all_slots() if s.stage in self.spawned_stages],
+                )
             except BaseException:
                 await self.shutdown()
                 raise
@@ -424,12 +462,18 @@ class StageRuntime:
             return
         if work.seq == 0:
             if run is not None:
-                raise StageRuntimeError(f"request {rid} already runs on {slot.where()}; seq 0 sent twice")
+                raise StageRuntimeError(
+                    f"request {rid} already runs on {slot.where()}; seq 0 sent twice"
+                )
             if len(slot.active) >= slot.capacity:
                 draining = sum(1 for r in slot.active.values() if r.released)
                 if len(slot.active) - draining >= slot.capacity:
-                    log.error("over-capacity send refused: %s has %d/%d in flight", slot.where(),
-                              len(slot.active), slot.capacity)
+                    log.error(
+                        "over-capacity send refused: %s has %d/%d in flight",
+                        slot.where(),
+                        len(slot.active),
+                        slot.capacity,
+                    )
                     raise CapacityExceeded(
                         f"{slot.where()} has capacity {slot.capacity} and {len(slot.active)} requests "
                         f"in flight; request {rid} must wait for a StageFinished/StageFailed there "
@@ -439,7 +483,9 @@ class StageRuntime:
                 return
             slot.active[rid] = _Run()
         elif run is None or run.aborted:
-            log.debug("dropping piece %d of request %s: not running on %s", work.seq, rid, slot.where())
+            log.debug(
+                "dropping piece %d of request %s: not running on %s", work.seq, rid, slot.where()
+            )
             return
         else:
             run.next_seq = work.seq + 1
@@ -456,9 +502,16 @@ class StageRuntime:
             # Never reached the worker: acknowledge for it, after the caller's
             # cascade (emit is never called from inside abort).
             assert self._loop is not None
-            self._loop.call_soon(self._emit, StageFinished(
-                request_id=request_id, stage=stage, replica=replica, chunks=0,
-                finish_reason="aborted"))
+            self._loop.call_soon(
+                self._emit,
+                StageFinished(
+                    request_id=request_id,
+                    stage=stage,
+                    replica=replica,
+                    chunks=0,
+                    finish_reason="aborted",
+                ),
+            )
             return
         run = slot.active.get(request_id)
         if run is None or run.aborted or slot.state != "ready":
@@ -498,7 +551,9 @@ class StageRuntime:
         # A worker still loading its engine runs no request and cannot stop
         # before its load ends (a vLLM load takes 15-30 s on CPU): it gets
         # no grace.  Ctrl-C during start-up then takes seconds, not a load.
-        loading = {s.proc.pid for s in slots if s.state in ("starting", "joining") and s.proc is not None}
+        loading = {
+            s.proc.pid for s in slots if s.state in ("starting", "joining") and s.proc is not None
+        }
         for slot in slots:
             if slot.restart_handle is not None:
                 slot.restart_handle.cancel()
@@ -509,8 +564,14 @@ class StageRuntime:
                         self._enc.encode(m.SHUTDOWN, m.Shutdown("server shutdown"), slot.identity)
                     )
             if slot.state == "ready":
-                self._emit(WorkerLost(worker_id=slot.worker_id, stage=slot.stage,
-                                      replica=slot.replica, reason="shutdown"))
+                self._emit(
+                    WorkerLost(
+                        worker_id=slot.worker_id,
+                        stage=slot.stage,
+                        replica=slot.replica,
+                        reason="shutdown",
+                    )
+                )
             slot.state = "down"
             slot.active.clear()
         self._by_identity.clear()
@@ -520,10 +581,16 @@ class StageRuntime:
         procs = [p for p in procs if p.poll() is None]
         for p in procs:
             if p.pid in loading:
-                log.info("worker %s (pid %d) is still loading its engine; terminating", p.label, p.pid)
+                log.info(
+                    "worker %s (pid %d) is still loading its engine; terminating", p.label, p.pid
+                )
             else:
-                log.warning("worker %s (pid %d) did not exit within %.1f s of shutdown; terminating",
-                            p.label, p.pid, self.shutdown_grace_s)
+                log.warning(
+                    "worker %s (pid %d) did not exit within %.1f s of shutdown; terminating",
+                    p.label,
+                    p.pid,
+                    self.shutdown_grace_s,
+                )
             p.terminate()
         stuck = await _exited(procs, 2.0)
         for p in stuck:
@@ -580,11 +647,22 @@ class StageRuntime:
         else:
             env.pop(AUTH_ENV, None)
         argv = [
-            self.python, "-m", "omnix.stages.worker_cli",
-            "--connect", self._endpoint, "--stage", slot.stage, "--replica", str(slot.replica),
+            self.python,
+            "-m",
+            "omnix.stages.worker_cli",
+            "--connect",
+            self._endpoint,
+            "--stage",
+            slot.stage,
+            "--replica",
+            str(slot.replica),
         ]
         proc = WorkerProcess(
-            argv, env, slot.worker_id, self._loop, self._on_proc_exit,
+            argv,
+            env,
+            slot.worker_id,
+            self._loop,
+            self._on_proc_exit,
             forward_output=self.forward_worker_output,
         )
         self._procs[:] = [p for p in self._procs if p.returncode is None]
@@ -630,7 +708,12 @@ class StageRuntime:
         assert self._loop is not None
         delay = _RESTART_BACKOFF_S[min(slot.failures, len(_RESTART_BACKOFF_S) - 1)]
         if delay:
-            log.warning("restarting %s in %.1f s (%d failed starts in a row)", slot.worker_id, delay, slot.failures)
+            log.warning(
+                "restarting %s in %.1f s (%d failed starts in a row)",
+                slot.worker_id,
+                delay,
+                slot.failures,
+            )
         slot.restart_handle = self._loop.call_later(delay, self._spawn, slot)
 
     # -- loss -----------------------------------------------------------------
@@ -659,8 +742,11 @@ class StageRuntime:
             slot.proc.kill()
         if was_ready:
             log.warning("lost %s: %s", slot.worker_id, reason)
-            self._emit(WorkerLost(worker_id=slot.worker_id, stage=slot.stage,
-                                  replica=slot.replica, reason=reason))
+            self._emit(
+                WorkerLost(
+                    worker_id=slot.worker_id, stage=slot.stage, replica=slot.replica, reason=reason
+                )
+            )
             slot.failures = 0
         else:
             slot.failures += 1
@@ -675,7 +761,8 @@ class StageRuntime:
         if self._starting and not was_ready and slot.failures >= self.start_attempts:
             self._start_errors.append(
                 f"{slot.where()} did not come up ({slot.failures} failed starts in a row); the last: "
-                f"{slot.last_failure}")
+                f"{slot.last_failure}"
+            )
             return
         if not was_ready:
             log.error("%s failed to start: %s", slot.worker_id, slot.last_failure)
@@ -713,15 +800,28 @@ class StageRuntime:
                 # spawned is watched through its process (its death is seen
                 # at once) while it loads: the load can starve its heartbeat
                 # thread on a loaded machine, and slow to load is not dead.
-                log.error("%s went silent for %.1f s while loading its engine; dropping it",
-                          slot.worker_id, silent)
+                log.error(
+                    "%s went silent for %.1f s while loading its engine; dropping it",
+                    slot.worker_id,
+                    silent,
+                )
                 self._lose(slot, f"no heartbeat for {silent:.1f} s while loading")
-            elif st == "joining" and proc is not None and now - slot.welcomed_at > self.load_timeout_s:
-                self._lose(slot, f"did not finish loading its engine within {self.load_timeout_s:.0f} s "
-                                 "(load_timeout_s); killed it")
+            elif (
+                st == "joining"
+                and proc is not None
+                and now - slot.welcomed_at > self.load_timeout_s
+            ):
+                self._lose(
+                    slot,
+                    f"did not finish loading its engine within {self.load_timeout_s:.0f} s "
+                    "(load_timeout_s); killed it",
+                )
             elif st == "starting" and now - slot.started_at > self.load_timeout_s:
-                self._lose(slot, f"worker process {slot.pid} did not say hello within "
-                                 f"{self.load_timeout_s:.0f} s (load_timeout_s); killed it")
+                self._lose(
+                    slot,
+                    f"worker process {slot.pid} did not say hello within "
+                    f"{self.load_timeout_s:.0f} s (load_timeout_s); killed it",
+                )
 
     # -- receiving ------------------------------------------------------------
     def _routes(self) -> list[Route[Any]]:
@@ -765,9 +865,20 @@ class StageRuntime:
                     blob = self.blobs.put_array(rec.array, rec.media_type)
                 elif rec.data:
                     blob = self.blobs.put(rec.data, rec.media_type)
-                emit(Chunk(request_id=rid, stage=stage, replica=replica, index=rec.index,
-                           modality=rec.modality, text=rec.text, token_ids=rec.token_ids, blob=blob,
-                           piece=rec.piece, logprobs=rec.logprobs))
+                emit(
+                    Chunk(
+                        request_id=rid,
+                        stage=stage,
+                        replica=replica,
+                        index=rec.index,
+                        modality=rec.modality,
+                        text=rec.text,
+                        token_ids=rec.token_ids,
+                        blob=blob,
+                        piece=rec.piece,
+                        logprobs=rec.logprobs,
+                    )
+                )
             else:
                 if type(rec) is m.Done or type(rec) is m.Error:
                     active.pop(rid, None)
@@ -778,14 +889,33 @@ class StageRuntime:
                 if type(rec) is m.Started:
                     emit(StageStarted(request_id=rid, stage=stage, replica=replica))
                 elif type(rec) is m.ProgressRec:
-                    emit(Progress(request_id=rid, stage=stage, replica=replica, step=rec.step,
-                                  total=rec.total))
+                    emit(
+                        Progress(
+                            request_id=rid,
+                            stage=stage,
+                            replica=replica,
+                            step=rec.step,
+                            total=rec.total,
+                        )
+                    )
                 elif type(rec) is m.Done:
-                    emit(StageFinished(request_id=rid, stage=stage, replica=replica, chunks=rec.chunks,
-                                       finish_reason=rec.finish_reason, prompt_tokens=rec.prompt_tokens,
-                                       output_tokens=rec.output_tokens))
+                    emit(
+                        StageFinished(
+                            request_id=rid,
+                            stage=stage,
+                            replica=replica,
+                            chunks=rec.chunks,
+                            finish_reason=rec.finish_reason,
+                            prompt_tokens=rec.prompt_tokens,
+                            output_tokens=rec.output_tokens,
+                        )
+                    )
                 elif type(rec) is m.Error:
-                    emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=rec.message))
+                    emit(
+                        StageFailed(
+                            request_id=rid, stage=stage, replica=replica, message=rec.message
+                        )
+                    )
             if slot.state != "ready":
                 return  # an event listener shut us down or lost the slot
 
@@ -803,9 +933,14 @@ class StageRuntime:
         slot = self._by_token.get(hb.token)
         assert self._sock is not None
         if slot is None:
-            msg = self._enc.encode(m.REFUSED, m.Refused(
-                "this server does not know the worker (it was declared lost or the server "
-                "restarted); start it again"), identity)
+            msg = self._enc.encode(
+                m.REFUSED,
+                m.Refused(
+                    "this server does not know the worker (it was declared lost or the server "
+                    "restarted); start it again"
+                ),
+                identity,
+            )
         else:
             slot.last_seen = time.monotonic()
             msg = self._enc.encode(m.HEARTBEAT_ACK, m.HeartbeatAck(), identity)
@@ -813,7 +948,11 @@ class StageRuntime:
             self._sock.send_multipart(msg)
 
     def _refuse(self, identity: bytes, reason: str, hello: m.Hello | None = None) -> None:
-        who = f" (stage {hello.stage!r}, pid {hello.pid} on {hello.host or 'an unnamed host'})" if hello else ""
+        who = (
+            f" (stage {hello.stage!r}, pid {hello.pid} on {hello.host or 'an unnamed host'})"
+            if hello
+            else ""
+        )
         log.warning("refused a worker%s: %s", who, reason)
         assert self._sock is not None
         with contextlib.suppress(zmq.ZMQError):
@@ -821,14 +960,23 @@ class StageRuntime:
 
     def _on_hello(self, identity: bytes, hello: m.Hello) -> None:
         if hello.protocol != m.PROTOCOL_VERSION:
-            return self._refuse(identity, (
-                f"protocol version {hello.protocol} differs from the server's "
-                f"{m.PROTOCOL_VERSION}; run the same omnix version on both sides"), hello)
+            return self._refuse(
+                identity,
+                (
+                    f"protocol version {hello.protocol} differs from the server's "
+                    f"{m.PROTOCOL_VERSION}; run the same omnix version on both sides"
+                ),
+                hello,
+            )
         if self.worker_token is not None and not hmac.compare_digest(
-                hello.auth.encode(), self.worker_token.encode()):
-            return self._refuse(identity, (
-                "wrong worker token" if hello.auth else "this server requires a worker token") +
-                "; pass the server's with --worker-token or OMNIX_WORKER_TOKEN", hello)
+            hello.auth.encode(), self.worker_token.encode()
+        ):
+            return self._refuse(
+                identity,
+                ("wrong worker token" if hello.auth else "this server requires a worker token")
+                + "; pass the server's with --worker-token or OMNIX_WORKER_TOKEN",
+                hello,
+            )
         known = self._by_token.get(hello.token)
         if known is not None:
             if known.state != "joining" or known.stage != hello.stage:
@@ -842,31 +990,59 @@ class StageRuntime:
             return self._welcome(known)
         slots = self._slots.get(hello.stage)
         if slots is None:
-            return self._refuse(identity, (
-                f"pipeline {self.pipeline.name!r} has no stage {hello.stage!r} "
-                f"(stages: {', '.join(self._slots)})"), hello)
+            return self._refuse(
+                identity,
+                (
+                    f"pipeline {self.pipeline.name!r} has no stage {hello.stage!r} "
+                    f"(stages: {', '.join(self._slots)})"
+                ),
+                hello,
+            )
         slot: _Slot | None
         if hello.stage in self.spawned_stages:
-            slot = next((s for s in slots if s.expected_token == hello.token and s.state == "starting"), None)
+            slot = next(
+                (s for s in slots if s.expected_token == hello.token and s.state == "starting"),
+                None,
+            )
             if slot is None:
-                return self._refuse(identity, (
-                    f"the workers of stage {hello.stage!r} are spawned by this server itself; "
-                    "hand-started workers join the stages it does not spawn (omnix serve --spawn)"), hello)
+                return self._refuse(
+                    identity,
+                    (
+                        f"the workers of stage {hello.stage!r} are spawned by this server itself; "
+                        "hand-started workers join the stages it does not spawn (omnix serve --spawn)"
+                    ),
+                    hello,
+                )
         elif hello.replica >= 0:
             if hello.replica >= len(slots):
-                return self._refuse(identity, (
-                    f"stage {hello.stage!r} has replicas 0..{len(slots) - 1}, not {hello.replica}"), hello)
+                return self._refuse(
+                    identity,
+                    (
+                        f"stage {hello.stage!r} has replicas 0..{len(slots) - 1}, not {hello.replica}"
+                    ),
+                    hello,
+                )
             slot = slots[hello.replica]
             if slot.state != "down":
-                return self._refuse(identity, (
-                    f"replica {hello.replica} of stage {hello.stage!r} already has a worker "
-                    f"(pid {slot.pid}, {slot.state}); pick another --replica or omit it"), hello)
+                return self._refuse(
+                    identity,
+                    (
+                        f"replica {hello.replica} of stage {hello.stage!r} already has a worker "
+                        f"(pid {slot.pid}, {slot.state}); pick another --replica or omit it"
+                    ),
+                    hello,
+                )
         else:
             slot = next((s for s in slots if s.state == "down"), None)
             if slot is None:
-                return self._refuse(identity, (
-                    f"all {len(slots)} replicas of stage {hello.stage!r} have workers; raise "
-                    "`replicas` in the pipeline config to add more"), hello)
+                return self._refuse(
+                    identity,
+                    (
+                        f"all {len(slots)} replicas of stage {hello.stage!r} have workers; raise "
+                        "`replicas` in the pipeline config to add more"
+                    ),
+                    hello,
+                )
         assert self._sock is not None
         slot.state = "joining"
         slot.token = hello.token
@@ -885,7 +1061,9 @@ class StageRuntime:
             pipeline=self.pipeline.name,
             heartbeat_interval_s=self.heartbeat_interval_s,
             server_lost_after_s=max(10.0, 5 * self.lost_after_s),
-            profile_dir=str(self.profile_dir / slot.stage / str(slot.replica)) if self.profile_dir else "",
+            profile_dir=str(self.profile_dir / slot.stage / str(slot.replica))
+            if self.profile_dir
+            else "",
         )
         self._send_to(slot, m.WELCOME, welcome)
 
@@ -908,7 +1086,8 @@ class StageRuntime:
         if unknown := [n for n in names if n not in known]:
             raise RuntimeConfigError(
                 f"pipeline {self.pipeline.name!r} has no stage {', '.join(map(repr, unknown))} "
-                f"(stages: {', '.join(sorted(known))})")
+                f"(stages: {', '.join(sorted(known))})"
+            )
         assert self._loop is not None
         asked: list[tuple[_Slot, asyncio.Future[m.Profiled]]] = []
         for name in names:
@@ -929,20 +1108,34 @@ class StageRuntime:
             else:
                 if slot.token is not None:
                     self._profile_waits.pop(slot.token, None)
-                reports.append(ProfileReport(slot.stage, slot.replica, False, f"no answer within {timeout_s:g} s"))
+                reports.append(
+                    ProfileReport(
+                        slot.stage, slot.replica, False, f"no answer within {timeout_s:g} s"
+                    )
+                )
         return reports
 
     def _on_ready(self, identity: bytes, ready: m.Ready) -> None:
         slot = self._by_identity.get(identity)
         if slot is None or slot.token != ready.token or slot.state != "joining":
-            return self._refuse(identity, "READY from a worker that is not joining; say HELLO first")
+            return self._refuse(
+                identity, "READY from a worker that is not joining; say HELLO first"
+            )
         slot.state = "ready"
         slot.capacity = ready.capacity
         slot.engine = ready.engine
         slot.last_seen = slot.joined_at = time.monotonic()
         slot.failures = 0
-        self._emit(WorkerJoined(worker_id=slot.worker_id, stage=slot.stage, replica=slot.replica,
-                                engine=ready.engine, capacity=ready.capacity, pid=slot.pid))
+        self._emit(
+            WorkerJoined(
+                worker_id=slot.worker_id,
+                stage=slot.stage,
+                replica=slot.replica,
+                engine=ready.engine,
+                capacity=ready.capacity,
+                pid=slot.pid,
+            )
+        )
         self._changed_state()
 
     def _on_start_failed(self, identity: bytes, msg: m.StartFailed) -> None:
@@ -1028,15 +1221,21 @@ class StageRuntime:
             if s.state == "down" and s.stage not in self.spawned_stages:
                 lines.append(
                     f"{s.where()}: no worker joined within {timeout:.0f} s; start one with "
-                    f"`omnix worker --connect {self._endpoint} --stage {s.stage}`")
+                    f"`omnix worker --connect {self._endpoint} --stage {s.stage}`"
+                )
             elif s.state == "starting":
-                lines.append(f"{s.where()}: the worker (pid {s.pid}) never said hello within {timeout:.0f} s")
+                lines.append(
+                    f"{s.where()}: the worker (pid {s.pid}) never said hello within {timeout:.0f} s"
+                )
             elif s.state == "joining":
                 lines.append(
                     f"{s.where()}: the worker (pid {s.pid}) was still loading its engine after "
-                    f"{timeout:.0f} s; raise start_timeout_s if its model loads slowly")
+                    f"{timeout:.0f} s; raise start_timeout_s if its model loads slowly"
+                )
             elif s.state == "down" and s.failures:
-                lines.append(f"{s.where()}: {s.failures} failed starts in a row; the last: {s.last_failure}")
+                lines.append(
+                    f"{s.where()}: {s.failures} failed starts in a row; the last: {s.last_failure}"
+                )
                 continue
             else:
                 lines.append(f"{s.where()}: not ready ({s.state})")
@@ -1059,7 +1258,7 @@ def _private_endpoint(endpoint: str) -> bool:
     """Whether only this host can connect: ipc, or tcp on a loopback address."""
     if not endpoint.startswith("tcp://"):
         return True
-    host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
+    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
     if host == "localhost":
         return True
     try:

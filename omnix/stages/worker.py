@@ -130,7 +130,17 @@ class _Inputs:
 
 
 class _Req:
-    __slots__ = ("aborted", "chunks", "done", "inputs", "last", "next_seq", "rid", "started", "task")
+    __slots__ = (
+        "aborted",
+        "chunks",
+        "done",
+        "inputs",
+        "last",
+        "next_seq",
+        "rid",
+        "started",
+        "task",
+    )
 
     def __init__(self, rid: str) -> None:
         self.rid = rid
@@ -210,8 +220,15 @@ class Worker:
         self._stopped = asyncio.Event()
         self._ctx = zmq.Context()
         self._sock = make_dealer(self._ctx, self.connect, b"w" + self.token.encode())
-        self._inbox = Inbox(loop, self._sock, m.WORKER_BOUND, self._routes(), routed=False, log=log,
-                            unknown_hint="protocol mismatch?")
+        self._inbox = Inbox(
+            loop,
+            self._sock,
+            m.WORKER_BOUND,
+            self._routes(),
+            routed=False,
+            log=log,
+            unknown_hint="protocol mismatch?",
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig)
@@ -320,24 +337,36 @@ class Worker:
         self._drop_requests()
         if self._hb_thread is not None:
             await asyncio.to_thread(self._hb_thread.join, 2.0)  # it returned after reporting
-        self.token = secrets.token_hex(8)  # a new incarnation: the server's records of the old one are void
+        self.token = secrets.token_hex(
+            8
+        )  # a new incarnation: the server's records of the old one are void
         deadline = time.monotonic() + self.reconnect_for_s
         while True:
             self._new_socket()
             try:
-                welcome = await self._handshake(max(0.1, min(_REJOIN_ATTEMPT_S, deadline - time.monotonic())))
+                welcome = await self._handshake(
+                    max(0.1, min(_REJOIN_ATTEMPT_S, deadline - time.monotonic()))
+                )
                 break
             except WorkerExit as exc:
                 if exc.code != EXIT_NO_SERVER:
                     raise
                 if time.monotonic() >= deadline:
-                    raise WorkerExit(EXIT_SERVER_LOST, (
-                        f"{reason}; no server answered at {self.connect} within "
-                        f"{self.reconnect_for_s:.0f} s (--reconnect-for); exiting")) from None
+                    raise WorkerExit(
+                        EXIT_SERVER_LOST,
+                        (
+                            f"{reason}; no server answered at {self.connect} within "
+                            f"{self.reconnect_for_s:.0f} s (--reconnect-for); exiting"
+                        ),
+                    ) from None
         if welcome.config != self.config:
-            raise WorkerExit(EXIT_SERVER_LOST, (
-                f"the server at {self.connect} runs stage {self.stage!r} with another config than "
-                "the one this worker loaded; exiting, so that a process manager starts it again"))
+            raise WorkerExit(
+                EXIT_SERVER_LOST,
+                (
+                    f"the server at {self.connect} runs stage {self.stage!r} with another config than "
+                    "the one this worker loaded; exiting, so that a process manager starts it again"
+                ),
+            )
         self.replica = welcome.replica
         self._lost_reason = self._hb_lost = None
         self._server_gone = False
@@ -370,8 +399,15 @@ class Worker:
         if self._sock is not None:
             self._sock.close(linger=0)
         self._sock = make_dealer(self._ctx, self.connect, b"w" + self.token.encode())
-        self._inbox = Inbox(self._loop, self._sock, m.WORKER_BOUND, self._routes(), routed=False, log=log,
-                            unknown_hint="protocol mismatch?")
+        self._inbox = Inbox(
+            self._loop,
+            self._sock,
+            m.WORKER_BOUND,
+            self._routes(),
+            routed=False,
+            log=log,
+            unknown_hint="protocol mismatch?",
+        )
 
     async def _load_engine(self) -> None:
         cfg = self.config
@@ -388,7 +424,9 @@ class Worker:
             # check what it really returned.
             info: object = await engine.start()
             if not isinstance(info, EngineInfo) or info.capacity < 1:
-                raise TypeError(f"engine {kind!r} start() returned {info!r}, not an EngineInfo with capacity >= 1")
+                raise TypeError(
+                    f"engine {kind!r} start() returned {info!r}, not an EngineInfo with capacity >= 1"
+                )
         except Exception as exc:
             log.exception("engine %r for stage %r failed to start", kind, self.stage)
             self._send(m.START_FAILED, m.StartFailed(self.token, f"{type(exc).__name__}: {exc}"))
@@ -404,10 +442,16 @@ class Worker:
     def _send_ready(self) -> None:
         info = self._info
         assert info is not None
-        self._send(m.READY, m.Ready(self.token, info.engine, info.capacity, info.device, info.model))
+        self._send(
+            m.READY, m.Ready(self.token, info.engine, info.capacity, info.device, info.model)
+        )
         log.info(
             "worker %s/%d ready: engine %s, capacity %d, pid %d",
-            self.stage, self.replica, info.engine, info.capacity, os.getpid(),
+            self.stage,
+            self.replica,
+            info.engine,
+            info.capacity,
+            os.getpid(),
         )
 
     async def _teardown(self) -> None:
@@ -424,7 +468,12 @@ class Worker:
                 await asyncio.wait_for(self.engine.close(), _ENGINE_CLOSE_S)
             except Exception:
                 log.exception("engine close failed")
-        if self._sock is not None and not self._server_gone and self._welcome is not None and self._welcome.done():
+        if (
+            self._sock is not None
+            and not self._server_gone
+            and self._welcome is not None
+            and self._welcome.done()
+        ):
             try:
                 self._send(m.GOODBYE, m.Goodbye(self.token, self._exit_reason or "exiting"))
             except zmq.ZMQError:
@@ -472,8 +521,13 @@ class Worker:
             sock.close(0)
 
     def _heartbeat_loop(
-        self, sock: zmq.Socket[bytes], enc: FrameEncoder, ack_dec: dict[bytes, FrameDecoder[Any]],
-        interval: float, server_lost_after: float, last_ack: float,
+        self,
+        sock: zmq.Socket[bytes],
+        enc: FrameEncoder,
+        ack_dec: dict[bytes, FrameDecoder[Any]],
+        interval: float,
+        server_lost_after: float,
+        last_ack: float,
     ) -> None:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -499,14 +553,19 @@ class Worker:
                     self._server_lost(f"the server disowned this worker: {reason}")
                     return
             if self.parent_pid and os.getppid() != self.parent_pid:
-                self._fatal(EXIT_SERVER_LOST, f"the runtime that spawned this worker (pid {self.parent_pid}) is gone")
+                self._fatal(
+                    EXIT_SERVER_LOST,
+                    f"the runtime that spawned this worker (pid {self.parent_pid}) is gone",
+                )
                 return
             silent = time.monotonic() - last_ack
             # A spawned worker dies with its parent (checked above); only
             # a hand-started one needs the server's silence to give up, so
             # a server loop blocked for a while does not kill its children.
             if not self.parent_pid and silent > server_lost_after:
-                self._server_lost(f"the server at {self.connect} has not answered heartbeats for {silent:.1f} s")
+                self._server_lost(
+                    f"the server at {self.connect} has not answered heartbeats for {silent:.1f} s"
+                )
                 return
 
     def _server_lost(self, reason: str) -> None:
@@ -516,10 +575,14 @@ class Worker:
             self._fatal(EXIT_SERVER_LOST, reason)  # its runtime starts another if it still runs
             return
         if self.reconnect_for_s <= 0:
-            self._fatal(EXIT_SERVER_LOST, f"{reason}; exiting so a process manager can restart this worker")
+            self._fatal(
+                EXIT_SERVER_LOST, f"{reason}; exiting so a process manager can restart this worker"
+            )
             return
-        _say(f"omnix worker {self.stage}/{self.replica}: {reason}; trying to join a server at "
-             f"{self.connect} for up to {self.reconnect_for_s:.0f} s")
+        _say(
+            f"omnix worker {self.stage}/{self.replica}: {reason}; trying to join a server at "
+            f"{self.connect} for up to {self.reconnect_for_s:.0f} s"
+        )
         self._hb_lost = reason
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -562,11 +625,13 @@ class Worker:
     def _on_bad_welcome(self, exc: msgspec.DecodeError) -> bool:
         if self._welcome is None or self._welcome.done():
             return False
-        self._welcome.set_exception(WorkerExit(
-            EXIT_REFUSED,
-            f"cannot read the server's stage config ({exc}); run the same omnix "
-            "version on the server and the workers",
-        ))
+        self._welcome.set_exception(
+            WorkerExit(
+                EXIT_REFUSED,
+                f"cannot read the server's stage config ({exc}); run the same omnix "
+                "version on the server and the workers",
+            )
+        )
         return True
 
     def _on_refused(self, _: bytes, msg: m.Refused) -> None:
@@ -582,8 +647,15 @@ class Worker:
 
     def _on_profile(self, _: bytes, msg: m.Profile) -> None:
         if self._profiling is not None and not self._profiling.done():
-            self._send(m.PROFILED, m.Profiled(
-                self.token, msg.action, False, "the previous start or stop is still in progress; retry"))
+            self._send(
+                m.PROFILED,
+                m.Profiled(
+                    self.token,
+                    msg.action,
+                    False,
+                    "the previous start or stop is still in progress; retry",
+                ),
+            )
             return
         assert self._loop is not None
         self._profiling = self._loop.create_task(self._profile(msg.action))
@@ -595,7 +667,9 @@ class Worker:
         prof, engine = self._profiler, self.engine
         try:
             if prof is None:
-                raise ProfileError("the server did not enable profiling (omnix serve --profile-dir DIR)")
+                raise ProfileError(
+                    "the server did not enable profiling (omnix serve --profile-dir DIR)"
+                )
             if isinstance(engine, ProfilingEngine):
                 await (engine.start_profile() if action == "start" else engine.stop_profile())
                 detail = str(prof.root)
@@ -607,7 +681,9 @@ class Worker:
                 detail = str(await asyncio.to_thread(prof.write, ended))
             ok = True
         except Exception as exc:
-            log.warning("worker %s/%d: profile %s failed: %s", self.stage, self.replica, action, exc)
+            log.warning(
+                "worker %s/%d: profile %s failed: %s", self.stage, self.replica, action, exc
+            )
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         if self._sock is not None:
             self._send(m.PROFILED, m.Profiled(self.token, action, ok, detail))
@@ -634,11 +710,13 @@ class Worker:
                 return
             if len(self._active) >= self.capacity:
                 log.error("request %s: over capacity (%d running); refused", rid, len(self._active))
-                self._record(m.Error(
-                    rid,
-                    f"worker {self.stage}/{self.replica} is at its capacity of {self.capacity} "
-                    "requests; the runtime should not have sent more (credit accounting bug)",
-                ))
+                self._record(
+                    m.Error(
+                        rid,
+                        f"worker {self.stage}/{self.replica} is at its capacity of {self.capacity} "
+                        "requests; the runtime should not have sent more (credit accounting bug)",
+                    )
+                )
                 return
             req = _Req(rid)
             if item.resume is not None:
@@ -653,10 +731,17 @@ class Worker:
             return
         if req is None or req.aborted:
             if rid not in self._aborted:
-                log.debug("request %s: piece %d for a request not running here; dropped", rid, item.seq)
+                log.debug(
+                    "request %s: piece %d for a request not running here; dropped", rid, item.seq
+                )
             return
         if item.seq != req.next_seq:
-            log.error("request %s: piece seq %d, expected %d (pieces out of order)", rid, item.seq, req.next_seq)
+            log.error(
+                "request %s: piece seq %d, expected %d (pieces out of order)",
+                rid,
+                item.seq,
+                req.next_seq,
+            )
         req.next_seq = item.seq + 1
         req.inputs.push(item.pieces, item.last)
 
@@ -701,10 +786,20 @@ class Worker:
             async for out in gen:
                 req.last = out
                 if out.text or out.token_ids or out.data or out.array is not None:
-                    record(m.Output(
-                        rid, req.chunks, out.modality, out.text, out.token_ids,
-                        out.array, out.data, out.media_type, out.piece, out.logprobs,
-                    ))
+                    record(
+                        m.Output(
+                            rid,
+                            req.chunks,
+                            out.modality,
+                            out.text,
+                            out.token_ids,
+                            out.array,
+                            out.data,
+                            out.media_type,
+                            out.piece,
+                            out.logprobs,
+                        )
+                    )
                     req.chunks += 1
                 elif out.total > 0:
                     record(m.ProgressRec(rid, out.step, out.total))
@@ -724,12 +819,18 @@ class Worker:
             if req.aborted:  # some engines raise when aborted: that is the ack
                 record(self._done(req, "aborted"))
                 return
-            log.warning("request %s failed on stage %s: %s: %s", rid, self.stage, type(exc).__name__, exc)
+            log.warning(
+                "request %s failed on stage %s: %s: %s", rid, self.stage, type(exc).__name__, exc
+            )
             record(m.Error(rid, f"{type(exc).__name__}: {exc}"))
             return
         self._finished(req)
         last = req.last
-        reason = "aborted" if req.aborted else ((last.finish_reason if last is not None else "") or "stop")
+        reason = (
+            "aborted"
+            if req.aborted
+            else ((last.finish_reason if last is not None else "") or "stop")
+        )
         record(self._done(req, reason))
         # The end of a request is latency-critical (the next stage or the
         # client waits on it): send now rather than one loop turn later.
@@ -767,7 +868,9 @@ class Worker:
                 # Report it, or the request would wait for its stage forever.
                 if not req.started:
                     self._record(m.Started(req.rid))
-                self._record(m.Error(req.rid, "the engine's generate() was cancelled without an abort"))
+                self._record(
+                    m.Error(req.rid, "the engine's generate() was cancelled without an abort")
+                )
             # else: cancelled by this worker's shutdown; the server is going away
             return
         exc = task.exception()

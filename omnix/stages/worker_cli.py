@@ -28,30 +28,44 @@ CPUS_ENV = "OMNIX_WORKER_CPUS"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--connect", required=True, metavar="ENDPOINT",
+        "--connect",
+        required=True,
+        metavar="ENDPOINT",
         help="the stage runtime's endpoint: tcp://HOST:PORT (or ipc://PATH on the same host)",
     )
     parser.add_argument("--stage", required=True, help="the pipeline stage this worker serves")
     parser.add_argument(
-        "--replica", type=int, default=-1,
+        "--replica",
+        type=int,
+        default=-1,
         help="which replica to be (default: the server assigns a free one)",
     )
     parser.add_argument(
-        "--hello-timeout", type=float, default=60.0, metavar="S",
+        "--hello-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
         help="give up if the server does not answer the handshake within S seconds",
     )
     parser.add_argument(
-        "--worker-token", default=None, metavar="TOKEN",
+        "--worker-token",
+        default=None,
+        metavar="TOKEN",
         help="the shared secret the server was started with (omnix serve --worker-token); "
         "default: $OMNIX_WORKER_TOKEN",
     )
     parser.add_argument(
-        "--reconnect-for", type=float, default=300.0, metavar="S",
+        "--reconnect-for",
+        type=float,
+        default=300.0,
+        metavar="S",
         help="when the server stops answering (it died or restarted), keep trying to join one "
         "at the same address for S seconds before exiting with code 5 (default 300; 0: exit at once)",
     )
     parser.add_argument(
-        "--cpus", default=os.environ.get(CPUS_ENV, ""), metavar="LIST",
+        "--cpus",
+        default=os.environ.get(CPUS_ENV, ""),
+        metavar="LIST",
         help="pin this worker (and every thread it starts) to these CPUs, e.g. 1 or 2-3 or 0,2 "
         f"(default: ${CPUS_ENV}, else no pinning)",
     )

@@ -187,9 +187,7 @@ class EndedRequests:
             if status == "finished":
                 ps.rtf((end - adm) / seconds)
 
-    def _learn(
-        self, rs: RequestState, st: StageState, ss: StageSeries, event_at: EventAt
-    ) -> None:
+    def _learn(self, rs: RequestState, st: StageState, ss: StageSeries, event_at: EventAt) -> None:
         # A stage's output modality is its engine's: learned once, from its
         # first chunk; a text stage then gets TPOT, from this request on.
         first = event_at(rs.request_id, st.first_chunk_pos)

@@ -309,7 +309,11 @@ class Projection:
         spans = self.spans
         # The terminal event is read back only when something needs more
         # than the state has: a span, or the stage a Failed names.
-        ev = src.event(rs.request_id, rs.terminal_pos) if spans is not None or status == "failed" else None
+        ev = (
+            src.event(rs.request_id, rs.terminal_pos)
+            if spans is not None or status == "failed"
+            else None
+        )
         if status == "rejected":
             self._c_rejected.add((rs.pipeline, rs.reason))
             if spans is not None and isinstance(ev, Rejected):
@@ -372,8 +376,10 @@ class Projection:
         own = self._own
         held = 0
         if own is not None:
-            held += len(own.kept) + len(own.fold.audio_samples) + sum(
-                1 for rs in own.fold.requests.values() if rs.status not in TERMINAL_STATUSES
+            held += (
+                len(own.kept)
+                + len(own.fold.audio_samples)
+                + sum(1 for rs in own.fold.requests.values() if rs.status not in TERMINAL_STATUSES)
             )
         return held
 

@@ -73,7 +73,16 @@ class LogSource:
 # Request events a span or a counter reads back by position (see
 # ``SpanWriter``): the admission, the cancel, stage failures, deadlines and
 # the terminal event.
-_KEEP = (Admitted, CancelRequested, StageFailed, DeadlineExpired, Finished, Cancelled, Failed, Rejected)
+_KEEP = (
+    Admitted,
+    CancelRequested,
+    StageFailed,
+    DeadlineExpired,
+    Finished,
+    Cancelled,
+    Failed,
+    Rejected,
+)
 
 
 class BufferSource:

@@ -63,7 +63,11 @@ def media_messages() -> list[dict[str, object]]:
     """One user message with a 2 s clip, a small image and a question."""
     from omnix.testing.media import audio_part, image_part
 
-    parts = [audio_part(2.0), image_part(64, 48), {"type": "text", "text": "What do you hear and see?"}]
+    parts = [
+        audio_part(2.0),
+        image_part(64, 48),
+        {"type": "text", "text": "What do you hear and see?"},
+    ]
     return [{"role": "user", "content": parts}]
 
 
@@ -98,6 +102,7 @@ def scripted_omni(**changes: object) -> PipelineConfig:
 def _variant(cfg: PipelineConfig, case: str) -> PipelineConfig:
     """The per-case server config: a full thinker for ``rejected``, two
     talkers for ``busy`` and ``worker-lost`` (a migration needs a spare)."""
+
     def with_stage(name: str, **kw: object) -> PipelineConfig:
         stages = tuple(
             msgspec.structs.replace(st, **kw) if st.name == name else st for st in cfg.stages
@@ -107,7 +112,9 @@ def _variant(cfg: PipelineConfig, case: str) -> PipelineConfig:
     if case == "rejected":
         eng = cfg.stage("thinker").engine
         if isinstance(eng, ScriptedArgs):
-            return with_stage("thinker", max_queue=0, engine=msgspec.structs.replace(eng, capacity=1))
+            return with_stage(
+                "thinker", max_queue=0, engine=msgspec.structs.replace(eng, capacity=1)
+            )
         return with_stage("thinker", max_queue=0)
     if case in ("busy", "worker-lost"):
         # worker-lost: the lost talker's stage continues on the other one.
@@ -241,7 +248,9 @@ def _kill_worker(omni: Omni, wid: str) -> None:
 
 async def _run_case(omni: Omni, server: HttpServer, case: str) -> tuple[list[str], bytes | None]:
     """Run one case; the target request ids and the HTTP client's bytes."""
-    spec = RequestSpec(messages=(), prompt="Tell me about the sea.", outputs=("text", "audio"), seed=7)
+    spec = RequestSpec(
+        messages=(), prompt="Tell me about the sea.", outputs=("text", "audio"), seed=7
+    )
     if case == "cancel":
         _on_chunk(
             omni,
@@ -274,7 +283,9 @@ async def _run_case(omni: Omni, server: HttpServer, case: str) -> tuple[list[str
             # capacity) in one go, so none can free up in between; the
             # thinker has no queue, so the next request is refused.
             cap = sum(
-                ws.capacity for ws in omni.log.state.workers.values() if ws.stage == "thinker" and ws.alive
+                ws.capacity
+                for ws in omni.log.state.workers.values()
+                if ws.stage == "thinker" and ws.alive
             )
             for i in range(cap):
                 omni.submit(spec, request_id=f"fill-{i}")
@@ -308,7 +319,11 @@ async def _capture_sim_case(cfg: PipelineConfig, case: str, out: Path) -> Captur
     spec = RequestSpec(prompt="Tell me about the sea.", outputs=("text", "audio"), seed=7)
     targets: list[str]
     if case == "deadline":
-        targets = [omni.submit(msgspec.structs.replace(spec, deadline_ms=20), request_id="deadline-1").request_id]
+        targets = [
+            omni.submit(
+                msgspec.structs.replace(spec, deadline_ms=20), request_id="deadline-1"
+            ).request_id
+        ]
     elif case == "rejected":
         omni.submit(spec, request_id="rejected-0")
         ev = omni.submit(spec, request_id="rejected-1")
@@ -328,7 +343,9 @@ async def _capture_sim_case(cfg: PipelineConfig, case: str, out: Path) -> Captur
                 assert sim.step()
             omni.cancel(targets[0], "client")
         elif case == "worker-lost":
-            while not any(type(e) is Chunk and e.stage == "talker" and e.index == 2 for e in omni.log.read()):
+            while not any(
+                type(e) is Chunk and e.stage == "talker" and e.index == 2 for e in omni.log.read()
+            ):
                 assert sim.step()
             sim.kill("talker", 0)
     sim.run_until_idle()
@@ -386,11 +403,16 @@ def run_capture(
 ) -> int:
     def report(c: Captured) -> None:
         body = f", client body {len(c.body)} bytes" if c.body is not None else ""
-        print(f"wrote {c.path} ({c.events} events, target {', '.join(c.targets)}{body}): drives clean")
+        print(
+            f"wrote {c.path} ({c.events} events, target {', '.join(c.targets)}{body}): drives clean"
+        )
 
     unknown = sorted(set(cases or ()) - set(CASES))
     if unknown:
-        print(f"omnix capture-corpus: unknown case(s) {unknown}; cases: {', '.join(CASES)}", file=sys.stderr)
+        print(
+            f"omnix capture-corpus: unknown case(s) {unknown}; cases: {', '.join(CASES)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         asyncio.run(
@@ -405,7 +427,9 @@ def run_capture(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m omnix.testing.corpus", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m omnix.testing.corpus", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--out", default="replay")
     p.add_argument("--runtime", choices=("all", "workers", "sim"), default="all")
     p.add_argument("--pipeline", default=None)

@@ -188,7 +188,13 @@ class InProcessRuntime:
                     ex.chunks += 1
                 elif out.total > 0:
                     self.emit(
-                        Progress(request_id=rid, stage=stage, replica=replica, step=out.step, total=out.total)
+                        Progress(
+                            request_id=rid,
+                            stage=stage,
+                            replica=replica,
+                            step=out.step,
+                            total=out.total,
+                        )
                     )
         except asyncio.CancelledError:
             ex.done = True
@@ -202,7 +208,10 @@ class InProcessRuntime:
             else:
                 self.emit(
                     StageFailed(
-                        request_id=rid, stage=stage, replica=replica, message=f"{type(exc).__name__}: {exc}"
+                        request_id=rid,
+                        stage=stage,
+                        replica=replica,
+                        message=f"{type(exc).__name__}: {exc}",
                     )
                 )
             return
@@ -224,7 +233,11 @@ class InProcessRuntime:
     @staticmethod
     def _aborted(ex: _Exec) -> StageFinished:
         return StageFinished(
-            request_id=ex.rid, stage=ex.stage, replica=ex.replica, chunks=ex.chunks, finish_reason="aborted"
+            request_id=ex.rid,
+            stage=ex.stage,
+            replica=ex.replica,
+            chunks=ex.chunks,
+            finish_reason="aborted",
         )
 
 

@@ -233,7 +233,9 @@ class SimRuntime:
         rid, stage, replica = ex.request_id, ex.stage, ex.replica
         if a.output_modality == "audio":
             ref = self.blobs.put_array(np.full(320, n, dtype=np.float32))
-            return Chunk(request_id=rid, stage=stage, replica=replica, index=n, modality="audio", blob=ref)
+            return Chunk(
+                request_id=rid, stage=stage, replica=replica, index=n, modality="audio", blob=ref
+            )
         if a.output_modality == "codec":
             return Chunk(
                 request_id=rid,
@@ -287,7 +289,9 @@ class SimRuntime:
         return not self._queue and (self.timer is None or self.timer.next_due() is None)
 
 
-async def start_sim(pipeline: PipelineConfig, *, abort_delay_ms: float = 1.0) -> tuple[Omni, SimRuntime]:
+async def start_sim(
+    pipeline: PipelineConfig, *, abort_delay_ms: float = 1.0
+) -> tuple[Omni, SimRuntime]:
     """An ``Omni`` on a memory log and a ``SimRuntime``, started, with the
     deadline timer driven in virtual time by the simulation."""
     from omnix.api import Omni
@@ -295,10 +299,14 @@ async def start_sim(pipeline: PipelineConfig, *, abort_delay_ms: float = 1.0) ->
 
     clock = ManualClock()
 
-    def simulate(pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore) -> SimRuntime:
+    def simulate(
+        pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore
+    ) -> SimRuntime:
         return SimRuntime(pipeline, emit, blobs, clock, abort_delay_ms=abort_delay_ms)
 
-    omni = Omni(pipeline, log=MemoryLog(clock), clock=clock, runtime_factory=simulate, virtual_time=True)
+    omni = Omni(
+        pipeline, log=MemoryLog(clock), clock=clock, runtime_factory=simulate, virtual_time=True
+    )
     sim = omni.runtime
     assert isinstance(sim, SimRuntime)
     sim.timer = omni.timer

@@ -177,8 +177,19 @@ def _build_np_of_torch() -> dict[Any, str]:
     if torch is None:
         return {}
     out = {}
-    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
-                 "complex64", "complex128"):
+    for name in (
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+        "complex64",
+        "complex128",
+    ):
         tdt = getattr(torch, name)
         out[tdt] = np.dtype(name if name != "bool" else np.bool_).str
     return out
@@ -199,7 +210,7 @@ _NP_OF_TORCH = _LazyTorchDtypes()
 
 def _torch_dtype(torch: Any, dtype: str) -> Any:
     if dtype.startswith(_TORCH_PREFIX):
-        tdt = getattr(torch, dtype[len(_TORCH_PREFIX):], None)
+        tdt = getattr(torch, dtype[len(_TORCH_PREFIX) :], None)
     else:
         try:
             tdt = torch.from_numpy(np.empty(0, dtype=dtype)).dtype

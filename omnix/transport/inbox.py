@@ -84,7 +84,16 @@ class Inbox:
     ``close()`` before closing the socket.
     """
 
-    __slots__ = ("_closed", "_log", "_reader", "_routed", "_routes", "_sock", "_unknown_hint", "kick")
+    __slots__ = (
+        "_closed",
+        "_log",
+        "_reader",
+        "_routed",
+        "_routes",
+        "_sock",
+        "_unknown_hint",
+        "kick",
+    )
 
     def __init__(
         self,
@@ -146,7 +155,9 @@ class Inbox:
                 return  # the socket was closed under us (teardown)
             entry = routes.get(mtype)
             if entry is None:
-                self._log.error("ignoring a message of unknown type %r (%s)", mtype, self._unknown_hint)
+                self._log.error(
+                    "ignoring a message of unknown type %r (%s)", mtype, self._unknown_hint
+                )
                 continue
             decode, handler, on_malformed = entry
             try:

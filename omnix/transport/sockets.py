@@ -105,7 +105,9 @@ def check_endpoint(endpoint: str) -> None:
         )
 
 
-def make_router(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> tuple[zmq.Socket[bytes], str]:
+def make_router(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str
+) -> tuple[zmq.Socket[bytes], str]:
     """Bind the server's ROUTER; returns it and the bound endpoint (tcp port 0 resolved)."""
     check_endpoint(endpoint)
     sock = ctx.socket(zmq.ROUTER)
@@ -130,7 +132,11 @@ def make_router(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> tuple[zmq
 
 
 def make_dealer(
-    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, routing_id: bytes, *, hwm: int = 0,
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    routing_id: bytes,
+    *,
+    hwm: int = 0,
     linger_ms: int = 1000,
 ) -> zmq.Socket[bytes]:
     check_endpoint(endpoint)
@@ -204,7 +210,10 @@ class LoopReader:
     __slots__ = ("_fd", "_loop", "_on_readable", "_pending", "_sock")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, sock: zmq.Socket[bytes], on_readable: Callable[[], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: zmq.Socket[bytes],
+        on_readable: Callable[[], None],
     ) -> None:
         self._loop = loop
         self._sock = sock

@@ -82,7 +82,9 @@ class EngineOutput(msgspec.Struct):
 
     @property
     def is_progress(self) -> bool:
-        return self.total > 0 and not (self.text or self.token_ids or self.data) and self.array is None
+        return (
+            self.total > 0 and not (self.text or self.token_ids or self.data) and self.array is None
+        )
 
 
 class EngineInfo(msgspec.Struct, frozen=True):

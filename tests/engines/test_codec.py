@@ -102,10 +102,17 @@ async def test_engine_streams_exact_pcm_per_piece(codec_engine) -> None:
         req = GenerateRequest(f"codec-{trial}", "code2wav", StageParams())
         outs = [o async for o in codec_engine.generate(req, _pieces(chunks))]
         audio = [o for o in outs if o.array is not None]
-        assert all(o.modality == "audio" and o.array.dtype == np.float32 and o.array.ndim == 1 for o in audio)
+        assert all(
+            o.modality == "audio" and o.array.dtype == np.float32 and o.array.ndim == 1
+            for o in audio
+        )
         np.testing.assert_array_equal(np.concatenate([o.array for o in audio]), ref)
         last = outs[-1]
-        assert (last.finish_reason, last.prompt_tokens, last.output_tokens) == ("stop", codes.size, 120)
+        assert (last.finish_reason, last.prompt_tokens, last.output_tokens) == (
+            "stop",
+            codes.size,
+            120,
+        )
         assert last.array is None
 
 
@@ -129,7 +136,9 @@ async def test_engine_refuses_text_input(codec_engine) -> None:
         yield InputPiece(text="hello")
 
     with pytest.raises(ValueError, match="codec codes"):
-        async for _ in codec_engine.generate(GenerateRequest("codec-text", "code2wav", StageParams()), text()):
+        async for _ in codec_engine.generate(
+            GenerateRequest("codec-text", "code2wav", StageParams()), text()
+        ):
             pass
 
 

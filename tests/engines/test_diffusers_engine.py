@@ -20,13 +20,17 @@ async def _feed(*pieces: InputPiece):
         yield p
 
 
-async def _run(engine, rid: str, *pieces: InputPiece, seed: int = 0, **params) -> list[EngineOutput]:
+async def _run(
+    engine, rid: str, *pieces: InputPiece, seed: int = 0, **params
+) -> list[EngineOutput]:
     req = GenerateRequest(rid, "image", StageParams(**params), seed=seed)
     return [o async for o in engine.generate(req, _feed(*pieces))]
 
 
 async def test_png_and_progress(image_engine) -> None:
-    outs = await _run(image_engine, "i-png", InputPiece(text="a red circle"), seed=1, num_inference_steps=5)
+    outs = await _run(
+        image_engine, "i-png", InputPiece(text="a red circle"), seed=1, num_inference_steps=5
+    )
     progress = [o for o in outs if o.is_progress]
     assert [(o.step, o.total) for o in progress] == [(i, 5) for i in range(1, 6)]
     assert outs[-1] is not progress[-1]
@@ -40,11 +44,23 @@ async def test_png_and_progress(image_engine) -> None:
 
 
 async def test_seed_size_and_prompt(image_engine) -> None:
-    a = await _run(image_engine, "i-a", InputPiece(text="a blue lake"), seed=3, num_inference_steps=2)
-    b = await _run(image_engine, "i-b", InputPiece(text="a blue ", modality="text"), InputPiece(text="lake"),
-                   seed=3, num_inference_steps=2)
-    c = await _run(image_engine, "i-c", InputPiece(text="a blue lake"), seed=4, num_inference_steps=2)
-    d = await _run(image_engine, "i-d", InputPiece(text="a green forest"), seed=3, num_inference_steps=2)
+    a = await _run(
+        image_engine, "i-a", InputPiece(text="a blue lake"), seed=3, num_inference_steps=2
+    )
+    b = await _run(
+        image_engine,
+        "i-b",
+        InputPiece(text="a blue ", modality="text"),
+        InputPiece(text="lake"),
+        seed=3,
+        num_inference_steps=2,
+    )
+    c = await _run(
+        image_engine, "i-c", InputPiece(text="a blue lake"), seed=4, num_inference_steps=2
+    )
+    d = await _run(
+        image_engine, "i-d", InputPiece(text="a green forest"), seed=3, num_inference_steps=2
+    )
     # Streamed text pieces join into one prompt; same seed, same bytes.
     assert a[-1].data == b[-1].data
     assert a[-1].data != c[-1].data  # the seed matters
@@ -53,8 +69,14 @@ async def test_seed_size_and_prompt(image_engine) -> None:
     req = GenerateRequest("i-e", "image", StageParams(seed=3, num_inference_steps=2), seed=99)
     e = [o async for o in image_engine.generate(req, _feed(InputPiece(text="a blue lake")))]
     assert e[-1].data == a[-1].data
-    wide = await _run(image_engine, "i-wide", InputPiece(messages=(ChatMessage("user", "a wide view"),)),
-                      num_inference_steps=1, width=96, height=64)
+    wide = await _run(
+        image_engine,
+        "i-wide",
+        InputPiece(messages=(ChatMessage("user", "a wide view"),)),
+        num_inference_steps=1,
+        width=96,
+        height=64,
+    )
     assert Image.open(io.BytesIO(wide[-1].data)).size == (96, 64)
 
 

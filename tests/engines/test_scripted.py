@@ -20,12 +20,18 @@ async def _feed(*pieces: InputPiece):
         yield p
 
 
-async def _collect(engine: ScriptedEngine, *pieces: InputPiece, params: StageParams = StageParams(), rid: str = "r") -> list[EngineOutput]:
+async def _collect(
+    engine: ScriptedEngine, *pieces: InputPiece, params: StageParams = StageParams(), rid: str = "r"
+) -> list[EngineOutput]:
     return [o async for o in engine.generate(GenerateRequest(rid, "s", params), _feed(*pieces))]
 
 
 def _payload(outs: list[EngineOutput]) -> list[EngineOutput]:
-    return [o for o in outs if not o.is_progress and (o.text or o.token_ids or o.data or o.array is not None)]
+    return [
+        o
+        for o in outs
+        if not o.is_progress and (o.text or o.token_ids or o.data or o.array is not None)
+    ]
 
 
 async def test_text_outputs_and_finish_metadata():
@@ -41,17 +47,43 @@ async def test_text_outputs_and_finish_metadata():
 
 
 async def test_modalities_echo_progress_and_max_tokens():
-    codec = _payload(await _collect(ScriptedEngine(ScriptedArgs(chunks_per_piece=2, output_modality="codec")), InputPiece()))
+    codec = _payload(
+        await _collect(
+            ScriptedEngine(ScriptedArgs(chunks_per_piece=2, output_modality="codec")), InputPiece()
+        )
+    )
     assert [o.token_ids for o in codec] == [(0,), (1,)]
-    audio = _payload(await _collect(ScriptedEngine(ScriptedArgs(chunks_per_piece=2, output_modality="audio")), InputPiece()))
+    audio = _payload(
+        await _collect(
+            ScriptedEngine(ScriptedArgs(chunks_per_piece=2, output_modality="audio")), InputPiece()
+        )
+    )
     assert audio[1].array.dtype == np.float32 and np.all(audio[1].array == 1.0)
-    image = _payload(await _collect(ScriptedEngine(ScriptedArgs(chunks_per_piece=1, output_modality="image")), InputPiece()))
+    image = _payload(
+        await _collect(
+            ScriptedEngine(ScriptedArgs(chunks_per_piece=1, output_modality="image")), InputPiece()
+        )
+    )
     assert image[0].data and image[0].media_type
-    echo = _payload(await _collect(ScriptedEngine(ScriptedArgs(echo=True)), InputPiece(text="hello"), InputPiece(token_ids=(5, 6))))
+    echo = _payload(
+        await _collect(
+            ScriptedEngine(ScriptedArgs(echo=True)),
+            InputPiece(text="hello"),
+            InputPiece(token_ids=(5, 6)),
+        )
+    )
     assert [(o.text, o.token_ids) for o in echo] == [("hello", ()), ("", (5, 6))]
-    prog = await _collect(ScriptedEngine(ScriptedArgs(chunks_per_piece=1)), InputPiece(), params=StageParams(num_inference_steps=3))
+    prog = await _collect(
+        ScriptedEngine(ScriptedArgs(chunks_per_piece=1)),
+        InputPiece(),
+        params=StageParams(num_inference_steps=3),
+    )
     assert [(o.step, o.total) for o in prog if o.is_progress] == [(1, 3), (2, 3), (3, 3)]
-    capped = await _collect(ScriptedEngine(ScriptedArgs(chunks_per_piece=10)), InputPiece(), params=StageParams(max_tokens=4))
+    capped = await _collect(
+        ScriptedEngine(ScriptedArgs(chunks_per_piece=10)),
+        InputPiece(),
+        params=StageParams(max_tokens=4),
+    )
     assert len(_payload(capped)) == 4 and capped[-1].finish_reason == "length"
 
 
@@ -84,7 +116,11 @@ async def test_hang_at_stops_until_cancelled_and_journal_records_abort(tmp_path,
         await task
     assert eng.aborted == ["r1"]
     lines = [json.loads(ln) for ln in journal.read_text().splitlines()]
-    assert [(ln["event"], ln["request_id"]) for ln in lines] == [("start", ""), ("generate", "r1"), ("abort", "r1")]
+    assert [(ln["event"], ln["request_id"]) for ln in lines] == [
+        ("start", ""),
+        ("generate", "r1"),
+        ("abort", "r1"),
+    ]
 
 
 async def test_streaming_input_is_consumed_as_it_arrives():

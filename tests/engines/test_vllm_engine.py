@@ -63,7 +63,9 @@ async def test_streams_deltas_whose_text_is_the_decode_of_their_ids(thinker) -> 
     assert [o for o in outs if o.finish_reason] == [last]  # counts reported once
     assert last.output_tokens == len(ids) <= 40
     chat = tok.apply_chat_template(
-        [{"role": "user", "content": "Tell me a story about a cat."}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "Tell me a story about a cat."}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
     assert last.prompt_tokens == len(tok.encode(chat, add_special_tokens=False))
 
@@ -78,7 +80,9 @@ async def test_same_seed_same_tokens_other_seed_other_tokens(thinker) -> None:
     assert _ids(a) == _ids(b)
     assert _ids(a) != _ids(c)
     # StageParams.seed overrides the request's seed.
-    req = GenerateRequest("t-seed-p", "s", StageParams(seed=5, temperature=1.0, max_tokens=32), seed=12345)
+    req = GenerateRequest(
+        "t-seed-p", "s", StageParams(seed=5, temperature=1.0, max_tokens=32), seed=12345
+    )
     d = [o async for o in thinker.generate(req, _feed(piece))]
     assert _ids(d) == _ids(a)
 
@@ -97,7 +101,9 @@ async def test_sampling_params_apply(thinker) -> None:
     text = "".join(o.text for o in full)
     stop = next((text[i : i + 2] for i in range(4, len(text) - 2) if text[i : i + 2].strip()), None)
     if stop is not None:
-        cut = await _run(thinker, "t-stop", piece, seed=3, temperature=1.0, max_tokens=48, stop=(stop,))
+        cut = await _run(
+            thinker, "t-stop", piece, seed=3, temperature=1.0, max_tokens=48, stop=(stop,)
+        )
         assert "".join(o.text for o in cut) == text[: text.index(stop)]
         assert cut[-1].finish_reason == "stop"
 
@@ -110,10 +116,14 @@ async def test_input_modes_text_and_token_ids(thinker) -> None:
     chat = await _run(thinker, "t-mode-chat", InputPiece(text=text), max_tokens=4)
     old = _mode(thinker, "text")
     try:
-        plain = await _run(thinker, "t-mode-text", InputPiece(text=text), max_tokens=4, temperature=0.0)
+        plain = await _run(
+            thinker, "t-mode-text", InputPiece(text=text), max_tokens=4, temperature=0.0
+        )
         assert plain[-1].prompt_tokens == len(ids) < chat[-1].prompt_tokens
         _mode(thinker, "token_ids")  # no layout in the thinker's omnix.json: ids as they are
-        by_ids = await _run(thinker, "t-mode-ids", InputPiece(token_ids=tuple(ids)), max_tokens=4, temperature=0.0)
+        by_ids = await _run(
+            thinker, "t-mode-ids", InputPiece(token_ids=tuple(ids)), max_tokens=4, temperature=0.0
+        )
         assert _ids(by_ids) == _ids(plain)
     finally:
         _mode(thinker, old)
@@ -243,10 +253,14 @@ async def test_talker_text_mode_maps_text_into_its_vocabulary(talker) -> None:
     token_ids mode, so both give the same codes."""
     text = "Hello there."
     ids = talker._tokenizer.encode(text, add_special_tokens=False)
-    by_ids = await _run(talker, "k-ids", InputPiece(token_ids=tuple(ids)), seed=2, temperature=1.0, max_tokens=16)
+    by_ids = await _run(
+        talker, "k-ids", InputPiece(token_ids=tuple(ids)), seed=2, temperature=1.0, max_tokens=16
+    )
     old = _mode(talker, "text")
     try:
-        by_text = await _run(talker, "k-text", InputPiece(text=text), seed=2, temperature=1.0, max_tokens=16)
+        by_text = await _run(
+            talker, "k-text", InputPiece(text=text), seed=2, temperature=1.0, max_tokens=16
+        )
     finally:
         _mode(talker, old)
     assert _ids(by_text) == _ids(by_ids) and _ids(by_ids)
@@ -263,7 +277,12 @@ async def test_talker_codes_decode_exactly_through_the_codec_engine(talker, code
                 all_codes.extend(out.token_ids)
 
     all_codes: list[int] = []
-    outs = [o async for o in codec_engine.generate(GenerateRequest("c-k", "code2wav", StageParams()), codec_pieces())]
+    outs = [
+        o
+        async for o in codec_engine.generate(
+            GenerateRequest("c-k", "code2wav", StageParams()), codec_pieces()
+        )
+    ]
     pcm = np.concatenate([o.array for o in outs if o.array is not None])
     assert pcm.size == len(all_codes) // 2 * 320 > 0
     np.testing.assert_array_equal(pcm, codec_engine.decoder.decode(all_codes))
@@ -308,7 +327,9 @@ async def test_continuation_equals_the_undisturbed_run(thinker) -> None:
     piece = InputPiece(messages=(ChatMessage("user", "Tell me a story about a cat."),))
     whole = await _run(thinker, "t-res-whole", piece, max_tokens=n, temperature=0.0)
     ids, text = _ids(whole), "".join(o.text for o in whole)
-    assert len(ids) == n and whole[-1].finish_reason == "length"  # the tiny model rarely stops early
+    assert (
+        len(ids) == n and whole[-1].finish_reason == "length"
+    )  # the tiny model rarely stops early
     for k in range(1, n + 1):
         before, after = await _resume_after(thinker, f"t-res-{k}", piece, k, n, temperature=0.0)
         assert _ids(before) == ids[:k]
@@ -318,7 +339,9 @@ async def test_continuation_equals_the_undisturbed_run(thinker) -> None:
         last = after[-1]
         assert [o for o in after if o.finish_reason] == [last]
         assert (last.prompt_tokens, last.output_tokens, last.finish_reason) == (
-            whole[-1].prompt_tokens, n, "length"
+            whole[-1].prompt_tokens,
+            n,
+            "length",
         )
     # Nothing left of the budget: finished at once, nothing emitted.
     (only,) = after
@@ -387,8 +410,13 @@ async def test_continuation_of_several_pieces_is_refused(talker) -> None:
     resume = Resume(chunks=1, token_ids=(1, 2))
     with pytest.raises(ValueError, match="more than one input piece"):
         await _run(
-            talker, "k-res-pieces", InputPiece(token_ids=(1, 2, 3)), InputPiece(token_ids=(4, 5)),
-            resume=resume, max_tokens=8, temperature=0.0,
+            talker,
+            "k-res-pieces",
+            InputPiece(token_ids=(1, 2, 3)),
+            InputPiece(token_ids=(4, 5)),
+            resume=resume,
+            max_tokens=8,
+            temperature=0.0,
         )
     assert "k-res-pieces" not in talker._requests
 
@@ -405,7 +433,9 @@ def _resume_of(delivered: list[EngineOutput]) -> Resume:
     for o in delivered:
         pieces += [PieceOutput()] * (o.piece + 1 - len(pieces))
         p = pieces[o.piece]
-        pieces[o.piece] = PieceOutput(p.chunks + 1, p.token_ids + len(o.token_ids), p.text + len(o.text))
+        pieces[o.piece] = PieceOutput(
+            p.chunks + 1, p.token_ids + len(o.token_ids), p.text + len(o.text)
+        )
     return Resume(
         chunks=len(delivered),
         token_ids=tuple(_ids(delivered)),
@@ -433,7 +463,9 @@ async def test_talker_continuation_of_several_pieces_at_every_cut(talker) -> Non
     for k in range(1, len(payload) + 1):
         resume = _resume_of(payload[:k])
         await talker._llm.reset_prefix_cache()
-        after = await _run(talker, f"k-mp-{k}", *pieces, resume=resume, max_tokens=8, temperature=0.0)
+        after = await _run(
+            talker, f"k-mp-{k}", *pieces, resume=resume, max_tokens=8, temperature=0.0
+        )
         rest = [o for o in after if o.token_ids]
         assert _ids(payload[:k]) + _ids(rest) == _ids(payload), f"cut after chunk {k}"
         # Per code, not per chunk: vLLM may group a continuation's first
@@ -442,7 +474,9 @@ async def test_talker_continuation_of_several_pieces_at_every_cut(talker) -> Non
         last = after[-1]
         assert [o for o in after if o.finish_reason] == [last]
         assert (last.prompt_tokens, last.output_tokens, last.finish_reason) == (
-            whole[-1].prompt_tokens, whole[-1].output_tokens, whole[-1].finish_reason
+            whole[-1].prompt_tokens,
+            whole[-1].output_tokens,
+            whole[-1].finish_reason,
         ), f"cut after chunk {k}"
 
 
@@ -458,7 +492,12 @@ async def test_thinker_continuation_of_several_pieces_keeps_each_pieces_text(thi
     for k in range(1, len(payload) + 1):
         await thinker._llm.reset_prefix_cache()
         after = await _run(
-            thinker, f"t-mp-{k}", *pieces, resume=_resume_of(payload[:k]), max_tokens=6, temperature=0.0
+            thinker,
+            f"t-mp-{k}",
+            *pieces,
+            resume=_resume_of(payload[:k]),
+            max_tokens=6,
+            temperature=0.0,
         )
         assert _ids(payload[:k]) + _ids(after) == _ids(payload), f"cut after chunk {k}"
         got = "".join(o.text for o in payload[:k]) + "".join(o.text for o in after)
@@ -482,7 +521,9 @@ def _media_piece(width: int) -> InputPiece:
         MediaPart("audio", BlobRef("a", audio.nbytes, "float32", audio.shape), at=0, rate=16_000),
         MediaPart("image", BlobRef(f"i{width}", image.nbytes, "uint8", image.shape), at=0),
     )
-    return InputPiece(messages=(ChatMessage("user", "Describe them.", media=parts),), media=(audio, image))
+    return InputPiece(
+        messages=(ChatMessage("user", "Describe them.", media=parts),), media=(audio, image)
+    )
 
 
 async def test_media_continuation_equals_the_undisturbed_run(omni_thinker) -> None:
@@ -497,10 +538,14 @@ async def test_media_continuation_equals_the_undisturbed_run(omni_thinker) -> No
     ids = _ids(whole)
     assert len(ids) == n and whole[-1].prompt_tokens > 80  # the items' tokens are in the prompt
     for k in (1, n // 2):
-        before, after = await _resume_after(omni_thinker, f"m-res-{k}", piece, k, n, temperature=0.0)
+        before, after = await _resume_after(
+            omni_thinker, f"m-res-{k}", piece, k, n, temperature=0.0
+        )
         assert _ids(before) + _ids(after) == ids, f"cut after {k} tokens"
         assert (after[-1].prompt_tokens, after[-1].output_tokens, after[-1].finish_reason) == (
-            whole[-1].prompt_tokens, n, "length"
+            whole[-1].prompt_tokens,
+            n,
+            "length",
         )
 
 

@@ -34,7 +34,14 @@ def lifecycle(rid: str, chunks: int):
     yield Routed(request_id=rid, stage="thinker", replica=0, seq=0, sources=(), last=True)
     yield StageStarted(request_id=rid, stage="thinker", replica=0)
     for i in range(chunks):
-        yield Chunk(request_id=rid, stage="thinker", replica=0, index=i, modality="text", text="tok" * (i % 7))
+        yield Chunk(
+            request_id=rid,
+            stage="thinker",
+            replica=0,
+            index=i,
+            modality="text",
+            text="tok" * (i % 7),
+        )
     yield StageFinished(request_id=rid, stage="thinker", replica=0, chunks=chunks)
     yield Finished(request_id=rid)
 

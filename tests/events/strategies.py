@@ -140,7 +140,12 @@ class _Req:
             closed = last or stage == self.plan[0]
             self.stages[stage] = _Stage(self.replicas[stage], pieces=1, closed=closed)
             return Routed(
-                request_id=rid, stage=stage, replica=self.replicas[stage], seq=0, sources=(), last=closed
+                request_id=rid,
+                stage=stage,
+                replica=self.replicas[stage],
+                seq=0,
+                sources=(),
+                last=closed,
             )
         s = self.stages[stage]
         r = s.replica
@@ -157,7 +162,12 @@ class _Req:
             s.status = "running"
             s.chunks += 1
             return Chunk(
-                request_id=rid, stage=stage, replica=r, index=s.chunks - 1, modality=MODALITY[stage], text="x"
+                request_id=rid,
+                stage=stage,
+                replica=r,
+                index=s.chunks - 1,
+                modality=MODALITY[stage],
+                text="x",
             )
         if name == "progress":
             s.status = "running"
@@ -240,10 +250,14 @@ def event_streams(draw: st.DrawFn, *, inject: bool = True, max_requests: int = 6
         stage = draw(st.sampled_from(STAGES))
         replica = draw(st.sampled_from(REPLICAS))
         if kind == "ghost":
-            ev: Event = Chunk(request_id="ghost", stage=stage, replica=replica, index=0, modality="text")
+            ev: Event = Chunk(
+                request_id="ghost", stage=stage, replica=replica, index=0, modality="text"
+            )
             steps.insert(at, Step(ev, "ghost", kind))
         elif kind == "bad_chunk":
-            ev = Chunk(request_id=target, stage=stage, replica=replica, index=10_000, modality="text")
+            ev = Chunk(
+                request_id=target, stage=stage, replica=replica, index=10_000, modality="text"
+            )
             steps.insert(at, Step(ev, target, kind))
         elif kind == "after_terminal":
             ev = draw(
@@ -258,15 +272,23 @@ def event_streams(draw: st.DrawFn, *, inject: bool = True, max_requests: int = 6
             )
             steps.insert(at, Step(ev, target, kind))
         elif kind == "readmit":
-            steps.insert(at, Step(Admitted(request_id=target, pipeline="sim", spec=SPEC), target, kind))
+            steps.insert(
+                at, Step(Admitted(request_id=target, pipeline="sim", spec=SPEC), target, kind)
+            )
         elif kind == "cancelled_early":
             steps.insert(at, Step(Cancelled(request_id=target, reason="client"), target, kind))
         elif kind == "worker_lost":
-            ev = WorkerLost(worker_id=f"{stage}/{replica}", stage=stage, replica=replica, reason="killed")
+            ev = WorkerLost(
+                worker_id=f"{stage}/{replica}", stage=stage, replica=replica, reason="killed"
+            )
             steps.insert(at, Step(ev, None, kind))
         elif kind == "rejoin":
             ev = WorkerJoined(
-                worker_id=f"{stage}/{replica}", stage=stage, replica=replica, engine="scripted", capacity=4
+                worker_id=f"{stage}/{replica}",
+                stage=stage,
+                replica=replica,
+                engine="scripted",
+                capacity=4,
             )
             steps.insert(at, Step(ev, None, kind))
     return steps

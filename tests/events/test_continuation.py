@@ -28,18 +28,26 @@ from omnix.events.types import (
 def _log_with_lost_stage(chunks: int = 3) -> MemoryLog:
     log = MemoryLog()
     for rep in (0, 1):
-        log.append(WorkerJoined(worker_id=f"s/{rep}", stage="s", replica=rep, engine="scripted", capacity=1))
+        log.append(
+            WorkerJoined(
+                worker_id=f"s/{rep}", stage="s", replica=rep, engine="scripted", capacity=1
+            )
+        )
     log.append(Admitted(request_id="r", pipeline="p", spec=RequestSpec(prompt="x")))
     log.append(Routed(request_id="r", stage="s", replica=0, seq=0, sources=(2,), last=True))
     log.append(StageStarted(request_id="r", stage="s", replica=0))
     for i in range(chunks):
-        log.append(Chunk(request_id="r", stage="s", replica=0, index=i, modality="text", text=f"t{i} "))
+        log.append(
+            Chunk(request_id="r", stage="s", replica=0, index=i, modality="text", text=f"t{i} ")
+        )
     log.append(WorkerLost(worker_id="s/0", stage="s", replica=0, reason="killed"))
     return log
 
 
 def _continue(log: MemoryLog, resume: int) -> None:
-    log.append(Routed(request_id="r", stage="s", replica=1, seq=0, sources=(2,), last=True, resume=resume))
+    log.append(
+        Routed(request_id="r", stage="s", replica=1, seq=0, sources=(2,), last=True, resume=resume)
+    )
 
 
 def test_a_continuation_keeps_the_chunks_and_counts_on_from_them():
@@ -61,7 +69,9 @@ def test_a_continuation_keeps_the_chunks_and_counts_on_from_them():
 @pytest.mark.parametrize("resume", [0, 2, 4])
 def test_a_continuation_must_resume_after_exactly_the_chunks_delivered(resume):
     log = _log_with_lost_stage(3)
-    with pytest.raises(IllegalTransition, match=r"after 3 chunks.*\(resume 3\), not " + str(resume)):
+    with pytest.raises(
+        IllegalTransition, match=r"after 3 chunks.*\(resume 3\), not " + str(resume)
+    ):
         _continue(log, resume)
 
 
@@ -72,9 +82,13 @@ def test_a_failed_stage_continues_too_and_only_a_first_piece_resumes():
     log.append(Routed(request_id="r", stage="s", replica=0, seq=0, sources=(1,), last=False))
     log.append(Chunk(request_id="r", stage="s", replica=0, index=0, modality="text", text="a"))
     log.append(StageFailed(request_id="r", stage="s", replica=0, message="boom"))
-    log.append(Routed(request_id="r", stage="s", replica=0, seq=0, sources=(1,), last=False, resume=1))
+    log.append(
+        Routed(request_id="r", stage="s", replica=0, seq=0, sources=(1,), last=False, resume=1)
+    )
     with pytest.raises(IllegalTransition, match="only a stage's first piece"):
-        log.append(Routed(request_id="r", stage="s", replica=0, seq=1, sources=(), last=True, resume=1))
+        log.append(
+            Routed(request_id="r", stage="s", replica=0, seq=1, sources=(), last=True, resume=1)
+        )
     assert log.state.requests["r"].stage("s").attempt == 2  # type: ignore[union-attr]
 
 
@@ -82,12 +96,16 @@ def test_a_stage_never_run_cannot_resume():
     log = MemoryLog()
     log.append(Admitted(request_id="r", pipeline="p", spec=RequestSpec(prompt="x")))
     with pytest.raises(IllegalTransition, match="never ran"):
-        log.append(Routed(request_id="r", stage="s", replica=0, seq=0, sources=(0,), last=True, resume=2))
+        log.append(
+            Routed(request_id="r", stage="s", replica=0, seq=0, sources=(0,), last=True, resume=2)
+        )
 
 
 def test_resume_is_schema_v2_and_round_trips():
     assert SCHEMA_VERSION >= 2
-    ev = Routed(pos=5, request_id="r", stage="s", replica=1, seq=0, sources=(2,), last=True, resume=7)
+    ev = Routed(
+        pos=5, request_id="r", stage="s", replica=1, seq=0, sources=(2,), last=True, resume=7
+    )
     (back,) = decode_events(encode_events([ev]))
     assert back == ev
     # An event written before the field existed reads resume = 0.
@@ -105,14 +123,20 @@ def test_a_v1_disk_log_takes_v2_records_and_reads_both(tmp_path):
     shutil.copytree(fixtures / "log_v1", tmp_path / "log")
     with DiskLog(tmp_path / "log") as log:
         before = list(log.read())
-        log.append(WorkerJoined(worker_id="s/0", stage="s", replica=0, engine="scripted", capacity=1))
+        log.append(
+            WorkerJoined(worker_id="s/0", stage="s", replica=0, engine="scripted", capacity=1)
+        )
         log.append(Admitted(request_id="m", pipeline="p", spec=RequestSpec(prompt="x")))
         at = log.next_pos - 1
         log.append(Routed(request_id="m", stage="s", replica=0, seq=0, sources=(at,), last=True))
         log.append(Chunk(request_id="m", stage="s", replica=0, index=0, modality="text", text="a"))
         log.append(WorkerLost(worker_id="s/0", stage="s", replica=0, reason="killed"))
-        log.append(WorkerJoined(worker_id="s/0", stage="s", replica=0, engine="scripted", capacity=1))
-        log.append(Routed(request_id="m", stage="s", replica=0, seq=0, sources=(at,), last=True, resume=1))
+        log.append(
+            WorkerJoined(worker_id="s/0", stage="s", replica=0, engine="scripted", capacity=1)
+        )
+        log.append(
+            Routed(request_id="m", stage="s", replica=0, seq=0, sources=(at,), last=True, resume=1)
+        )
         after = list(log.read())
     with DiskLog(tmp_path / "log") as log:
         assert list(log.read()) == after and after[: len(before)] == before

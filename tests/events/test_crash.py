@@ -91,7 +91,9 @@ def test_sigkill_loses_no_acknowledged_event(tmp_path: Path) -> None:
         with DiskLog(logdir) as log:
             n = len(log)
             missing = [p for p in acked if p >= n]
-            assert not missing, f"round {r}: acknowledged positions {missing[:5]} lost (log has {n})"
+            assert not missing, (
+                f"round {r}: acknowledged positions {missing[:5]} lost (log has {n})"
+            )
             for pos, crc in acked.items():
                 assert zlib.crc32(encode_event(log.get(pos))) == crc, f"event {pos} differs"
             # Recovery leaves whole records only: the next open is clean.
@@ -129,14 +131,18 @@ def test_sigkill_loses_no_acknowledged_event(tmp_path: Path) -> None:
 RETENTION_CHILD = Path(__file__).with_name("crash_retention_child.py")
 
 
-def run_retention_and_kill(logdir: Path, tag: str, rng: random.Random, phase: bytes) -> dict[int, tuple[int, str]]:
+def run_retention_and_kill(
+    logdir: Path, tag: str, rng: random.Random, phase: bytes
+) -> dict[int, tuple[int, str]]:
     """Start the retention writer; SIGKILL it shortly after it enters
     ``phase`` (``b"S"``: writing a snapshot, ``b"D"``: deleting segments);
     return its acks (position -> (crc, request id))."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, str(RETENTION_CHILD), str(logdir), tag],
-        stdout=subprocess.PIPE, env=env, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
     )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -189,8 +195,12 @@ def run_retention_and_kill(logdir: Path, tag: str, rng: random.Random, phase: by
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", [b"S", b"D"], ids=["during-snapshot-write", "during-segment-deletion"])
-def test_sigkill_during_snapshot_or_deletion_loses_nothing_retained(tmp_path: Path, phase: bytes) -> None:
+@pytest.mark.parametrize(
+    "phase", [b"S", b"D"], ids=["during-snapshot-write", "during-segment-deletion"]
+)
+def test_sigkill_during_snapshot_or_deletion_loses_nothing_retained(
+    tmp_path: Path, phase: bytes
+) -> None:
     from omnix.events.log import EventReleased
 
     rng = random.Random(int(os.environ.get("OMNIX_CRASH_SEED", "1")) + phase[0])
@@ -201,7 +211,9 @@ def test_sigkill_during_snapshot_or_deletion_loses_nothing_retained(tmp_path: Pa
         with DiskLog(logdir) as log:
             n = len(log)
             missing = [p for p in acked if p >= n]
-            assert not missing, f"round {r}: acknowledged positions {missing[:5]} lost (log has {n})"
+            assert not missing, (
+                f"round {r}: acknowledged positions {missing[:5]} lost (log has {n})"
+            )
             retained = log.state.requests
             for pos, (crc, rid) in acked.items():
                 if rid in retained:

@@ -136,7 +136,9 @@ def test_state_is_rebuilt_on_open(tmp_path: Path) -> None:
         assert again.state.requests["open-one"].status == "admitted"
         # ... and it keeps validating against the rebuilt state.
         with pytest.raises(IllegalTransition, match="req-3: illegal chunk"):
-            again.append(Chunk(request_id="req-3", stage="thinker", replica=0, index=3, modality="text"))
+            again.append(
+                Chunk(request_id="req-3", stage="thinker", replica=0, index=3, modality="text")
+            )
         again.append(request_events("open-one")[1])
         assert again.recovery.events == n
 
@@ -260,7 +262,9 @@ def test_damage_in_a_sealed_segment_is_refused(tmp_path: Path) -> None:
     first = segs(tmp_path)[0]
     off, length = records(first)[-1]  # even its very last record
     _flip(first, off + length - 1)
-    with pytest.raises(CorruptLog, match=r"00000000000000000000\.seg at byte \d+ \(position \d+\): record checksum"):
+    with pytest.raises(
+        CorruptLog, match=r"00000000000000000000\.seg at byte \d+ \(position \d+\): record checksum"
+    ):
         DiskLog(tmp_path, SMALL)
 
 
@@ -302,7 +306,9 @@ def test_always_is_durable_on_return(tmp_path: Path) -> None:
             assert log.durable_pos == log.written_pos == len(log)
 
 
-def test_always_group_commit_shares_one_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_always_group_commit_shares_one_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = []
     real = os.fdatasync
     monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(fd), real(fd))[1])
@@ -370,7 +376,9 @@ def test_write_failure_poisons_the_log(tmp_path: Path, monkeypatch: pytest.Monke
 def test_appends_reads_and_the_flusher_interleave_safely(tmp_path: Path) -> None:
     # A flusher ticking every 0.5 ms takes bytes off the buffer while appends
     # add to it and reads copy from it; small segments rotate underneath.
-    cfg = LogConfig(fsync="batch", batch_interval_ms=0.5, write_buffer_bytes=700, segment_bytes=8192)
+    cfg = LogConfig(
+        fsync="batch", batch_interval_ms=0.5, write_buffer_bytes=700, segment_bytes=8192
+    )
     events = interleaved(120, chunks=6)
     with DiskLog(tmp_path, cfg, clock=ManualClock()) as log:
         for i, ev in enumerate(events):
@@ -378,7 +386,9 @@ def test_appends_reads_and_the_flusher_interleave_safely(tmp_path: Path) -> None
             if i % 7 == 0:
                 assert log.get(stored.pos) == stored
             if i % 101 == 0:
-                assert [e.pos for e in log.read(max(0, i - 50))] == list(range(max(0, i - 50), i + 1))
+                assert [e.pos for e in log.read(max(0, i - 50))] == list(
+                    range(max(0, i - 50), i + 1)
+                )
         written = list(log.read())
     assert [e.pos for e in written] == list(range(len(events)))
     with DiskLog(tmp_path, cfg) as again:
@@ -396,7 +406,11 @@ def test_a_stored_event_the_reducer_refuses_is_corrupt_at_its_position(tmp_path:
         log.append(Routed(request_id=rid, stage="thinker", replica=0, seq=0, sources=(), last=True))
         log.append(StageStarted(request_id=rid, stage="thinker", replica=0))
         for i in range(6):
-            log.append(Chunk(request_id=rid, stage="thinker", replica=0, index=i, modality="text", text="x"))
+            log.append(
+                Chunk(
+                    request_id=rid, stage="thinker", replica=0, index=i, modality="text", text="x"
+                )
+            )
         events = list(log.read())
     bad = msgspec.structs.replace(events[-1], index=9, pos=len(events))
     payload = encode_event(bad)

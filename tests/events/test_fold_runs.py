@@ -27,7 +27,9 @@ def _chunk(rid: str, stage: str, index: int, modality: Modality = "text") -> Chu
 
 def _start(rid: str) -> list[Event]:
     return [
-        Admitted(request_id=rid, pipeline="p", spec=RequestSpec(prompt="hi", outputs=("text", "audio"))),
+        Admitted(
+            request_id=rid, pipeline="p", spec=RequestSpec(prompt="hi", outputs=("text", "audio"))
+        ),
         Routed(request_id=rid, stage="thinker", replica=0, seq=0, sources=(), last=True),
         StageStarted(request_id=rid, stage="thinker", replica=0),
         Routed(request_id=rid, stage="talker", replica=0, seq=0, sources=(), last=True),
@@ -62,10 +64,15 @@ def test_interleaved_stage_runs_fold_to_the_same_state() -> None:
 
 
 def test_a_modality_change_inside_a_stage_folds_its_first_stamp() -> None:
-    events = _stamp([
-        *_start("a"), _chunk("a", "thinker", 0), _chunk("a", "thinker", 1),
-        _chunk("a", "thinker", 2, "audio"), _chunk("a", "thinker", 3, "audio"),
-    ])
+    events = _stamp(
+        [
+            *_start("a"),
+            _chunk("a", "thinker", 0),
+            _chunk("a", "thinker", 1),
+            _chunk("a", "thinker", 2, "audio"),
+            _chunk("a", "thinker", 3, "audio"),
+        ]
+    )
     bulk = Fold()
     bulk.apply_all(events)
     assert bulk.requests == _one_by_one(events).requests
@@ -89,7 +96,9 @@ def test_pieces_and_audio_chunks_alternating_fold_as_one_run() -> None:
 
     def audio(i: int) -> Chunk:
         blob = BlobRef(digest=f"{i:032x}", nbytes=4 * 960, dtype="float32", shape=(960 + i,))
-        return Chunk(request_id="a", stage="code2wav", replica=0, index=i, modality="audio", blob=blob)
+        return Chunk(
+            request_id="a", stage="code2wav", replica=0, index=i, modality="audio", blob=blob
+        )
 
     events: list[Event] = [
         *_start("a")[:3],
@@ -99,7 +108,9 @@ def test_pieces_and_audio_chunks_alternating_fold_as_one_run() -> None:
     for i in range(12):
         events.append(audio(i))
         events.append(_chunk("a", "thinker", i))
-        events.append(Routed(request_id="a", stage="code2wav", replica=0, seq=i + 1, sources=(), last=i == 11))
+        events.append(
+            Routed(request_id="a", stage="code2wav", replica=0, seq=i + 1, sources=(), last=i == 11)
+        )
     events = _stamp(events)
     bulk = Fold()
     bulk.apply_all(events)

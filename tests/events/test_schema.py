@@ -92,10 +92,35 @@ def _t(pos: int) -> dict[str, int]:
 
 
 EXPECTED_V1 = [
-    WorkerJoined(**_t(0), worker_id="thinker/0", stage="thinker", replica=0, engine="vllm", capacity=8, pid=4242),
-    WorkerJoined(**_t(1), worker_id="talker/1", stage="talker", replica=1, engine="vllm", capacity=4, pid=4243),
+    WorkerJoined(
+        **_t(0),
+        worker_id="thinker/0",
+        stage="thinker",
+        replica=0,
+        engine="vllm",
+        capacity=8,
+        pid=4242,
+    ),
+    WorkerJoined(
+        **_t(1),
+        worker_id="talker/1",
+        stage="talker",
+        replica=1,
+        engine="vllm",
+        capacity=4,
+        pid=4243,
+    ),
     Admitted(**_t(2), request_id="req-a", pipeline="qwen3-omni", spec=_spec("hello")),
-    Routed(**_t(3), request_id="req-a", stage="thinker", replica=0, seq=0, sources=(2,), last=True, cause=2),
+    Routed(
+        **_t(3),
+        request_id="req-a",
+        stage="thinker",
+        replica=0,
+        seq=0,
+        sources=(2,),
+        last=True,
+        cause=2,
+    ),
     StageStarted(**_t(4), request_id="req-a", stage="thinker", replica=0),
     Progress(**_t(5), request_id="req-a", stage="thinker", replica=0, step=1, total=4),
     Chunk(
@@ -121,10 +146,24 @@ EXPECTED_V1 = [
     ),
     Finished(**_t(8), request_id="req-a", cause=7),
     Rejected(
-        **_t(9), request_id="req-b", pipeline="qwen3-omni", spec=_spec("busy?"), reason="overloaded", message="queue full"
+        **_t(9),
+        request_id="req-b",
+        pipeline="qwen3-omni",
+        spec=_spec("busy?"),
+        reason="overloaded",
+        message="queue full",
     ),
     Admitted(**_t(10), request_id="req-c", pipeline="qwen3-omni", spec=_spec("slow")),
-    Routed(**_t(11), request_id="req-c", stage="talker", replica=1, seq=0, sources=(10,), last=True, cause=10),
+    Routed(
+        **_t(11),
+        request_id="req-c",
+        stage="talker",
+        replica=1,
+        seq=0,
+        sources=(10,),
+        last=True,
+        cause=10,
+    ),
     DeadlineExpired(**_t(12), request_id="req-c", scope="request"),
     CancelRequested(**_t(13), request_id="req-c", reason="deadline", cause=12),
     StageFinished(
@@ -139,12 +178,34 @@ EXPECTED_V1 = [
     ),
     Cancelled(**_t(15), request_id="req-c", reason="deadline", cause=13),
     Admitted(**_t(16), request_id="req-d", pipeline="qwen3-omni", spec=_spec("boom")),
-    Routed(**_t(17), request_id="req-d", stage="thinker", replica=0, seq=0, sources=(16,), last=True, cause=16),
-    StageFailed(**_t(18), request_id="req-d", stage="thinker", replica=0, message="CUDA error: out of memory"),
-    Failed(
-        **_t(19), request_id="req-d", reason="stage_error", message="thinker failed", stage="thinker", cause=18
+    Routed(
+        **_t(17),
+        request_id="req-d",
+        stage="thinker",
+        replica=0,
+        seq=0,
+        sources=(16,),
+        last=True,
+        cause=16,
     ),
-    WorkerLost(**_t(20), worker_id="talker/1", stage="talker", replica=1, reason="missed heartbeats"),
+    StageFailed(
+        **_t(18),
+        request_id="req-d",
+        stage="thinker",
+        replica=0,
+        message="CUDA error: out of memory",
+    ),
+    Failed(
+        **_t(19),
+        request_id="req-d",
+        reason="stage_error",
+        message="thinker failed",
+        stage="thinker",
+        cause=18,
+    ),
+    WorkerLost(
+        **_t(20), worker_id="talker/1", stage="talker", replica=1, reason="missed heartbeats"
+    ),
 ]
 
 
@@ -267,7 +328,9 @@ def test_future_schema_record_in_a_log_is_refused_not_truncated(tmp_path: Path) 
     payload = bytes([SCHEMA_VERSION + 1]) + encode_event(EXPECTED_V1[3])[1:]
     with seg.open("ab") as f:
         f.write(struct.pack("<II", len(payload), zlib.crc32(payload)) + payload)
-    with pytest.raises(SchemaError, match=r"00000000000000000000\.seg at byte \d+ \(position 3\).*upgrade"):
+    with pytest.raises(
+        SchemaError, match=r"00000000000000000000\.seg at byte \d+ \(position 3\).*upgrade"
+    ):
         DiskLog(root)
     assert seg.stat().st_size == size + 8 + len(payload), "a newer record must never be cut off"
 

@@ -143,14 +143,26 @@ def test_illegal_transition_names_the_request_and_both_events(make_log) -> None:
     assert len(log) == n
 
     log.append(request_events("req-10")[0])
-    with pytest.raises(IllegalTransition, match=r"req-10: illegal admitted .*already admitted \(after admitted at pos \d+\)"):
+    with pytest.raises(
+        IllegalTransition,
+        match=r"req-10: illegal admitted .*already admitted \(after admitted at pos \d+\)",
+    ):
         log.append(request_events("req-10")[0])
-    with pytest.raises(IllegalTransition, match=r"req-10: illegal chunk .*stage 'talker' was never routed"):
+    with pytest.raises(
+        IllegalTransition, match=r"req-10: illegal chunk .*stage 'talker' was never routed"
+    ):
         log.append(Chunk(request_id="req-10", stage="talker", replica=0, index=0, modality="codec"))
-    log.append(Routed(request_id="req-10", stage="thinker", replica=0, seq=0, sources=(), last=True))
-    with pytest.raises(IllegalTransition, match=r"req-10: illegal finished .*stage 'thinker' is still routed"):
+    log.append(
+        Routed(request_id="req-10", stage="thinker", replica=0, seq=0, sources=(), last=True)
+    )
+    with pytest.raises(
+        IllegalTransition, match=r"req-10: illegal finished .*stage 'thinker' is still routed"
+    ):
         log.append(Finished(request_id="req-10"))
     w = WorkerJoined(worker_id="thinker/0", stage="thinker", replica=0, engine="x", capacity=1)
     log.append(w)
-    with pytest.raises(IllegalTransition, match=r"thinker/0: illegal worker_joined .*already joined \(after joined at pos \d+\)"):
+    with pytest.raises(
+        IllegalTransition,
+        match=r"thinker/0: illegal worker_joined .*already joined \(after joined at pos \d+\)",
+    ):
         log.append(w)

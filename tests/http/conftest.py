@@ -73,9 +73,7 @@ def use_processes() -> bool:
     return os.environ.get("OMNIX_HTTP_TEST_INPROC", "") != "1"
 
 
-async def _serve(
-    text: str, telemetry: bool = False, **options: Any
-) -> AsyncIterator[HttpServer]:
+async def _serve(text: str, telemetry: bool = False, **options: Any) -> AsyncIterator[HttpServer]:
     """A scripted server for ``text`` answering with ``HttpOptions(**options)``
     (bodies over ``MAX_BODY`` get 413)."""
     async with serve_scripted(
@@ -161,7 +159,9 @@ async def server(request, tmp_path_factory) -> AsyncIterator[HttpServer]:
     engines: one server per module (each loads its own vLLM engines)."""
     name = getattr(request.module, "PIPELINE", None)
     if name is None:
-        raise RuntimeError(f"{request.module.__name__} uses the server fixture but sets no PIPELINE")
+        raise RuntimeError(
+            f"{request.module.__name__} uses the server fixture but sets no PIPELINE"
+        )
     async for s in serve_builtin(name, tmp_path_factory):
         yield s
 
@@ -171,7 +171,9 @@ async def client(server: HttpServer):
     """The official ``openai`` client on ``server``."""
     import openai
 
-    c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    c = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
     yield c
     await c.close()
 
@@ -189,7 +191,11 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer
     # it starts.  These tests are about HTTP, not about that bound.
     omni = Omni(
         name,
-        runtime_options={"forward_worker_output": False, "lost_after_s": 20.0, "start_timeout_s": 600.0},
+        runtime_options={
+            "forward_worker_output": False,
+            "lost_after_s": 20.0,
+            "start_timeout_s": 600.0,
+        },
     )
     async with serve_omni(omni, grace_s=2.0, telemetry=False) as server:
         yield server

@@ -56,7 +56,17 @@ POLICY = RetentionPolicy(window_s=WINDOW_S, max_requests=KEEP, tombstones=1_000)
 #: censuses (18,000 in process, 4,000 with workers).
 GROWTH = 2_000
 
-_LEAVES = (str, bytes, int, float, bool, type, types.FunctionType, types.ModuleType, types.BuiltinFunctionType)
+_LEAVES = (
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    type,
+    types.FunctionType,
+    types.ModuleType,
+    types.BuiltinFunctionType,
+)
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque, bytearray)
 
 
@@ -133,7 +143,9 @@ async def _load(http: aiohttp.ClientSession, url: str, first: int, last: int) ->
 @pytest.mark.parametrize(
     ("runtime", "total", "warmup"), [("inproc", TOTAL, WARMUP), ("workers", 5_000, 1_000)]
 )
-async def test_twenty_thousand_requests_leave_nothing_behind(runtime: str, total: int, warmup: int) -> None:
+async def test_twenty_thousand_requests_leave_nothing_behind(
+    runtime: str, total: int, warmup: int
+) -> None:
     cfg = parse_pipeline(PIPELINE, "toml")
     async with (
         serve_scripted(

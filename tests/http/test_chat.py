@@ -71,7 +71,13 @@ async def test_whole_chat_completion(omni_server, http):
 
 async def test_parameters_reach_the_stages_and_the_seed_is_recorded(omni_server, http):
     req = {
-        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ],
         "temperature": 0.5,
         "top_p": 0.9,
         "max_completion_tokens": 4,
@@ -87,9 +93,14 @@ async def test_parameters_reach_the_stages_and_the_seed_is_recorded(omni_server,
         body = await r.json()
     spec = admitted(omni_server, rid).spec
     assert spec.seed == 1234
-    assert [(m.role, m.content) for m in spec.messages] == [("system", "be brief"), ("user", "a\nb")]
+    assert [(m.role, m.content) for m in spec.messages] == [
+        ("system", "be brief"),
+        ("user", "a\nb"),
+    ]
     # sampling_params_list is the more specific: it wins over temperature.
-    assert spec.stage_params["thinker"] == StageParams(temperature=0.1, top_p=0.9, max_tokens=4, stop=("END",))
+    assert spec.stage_params["thinker"] == StageParams(
+        temperature=0.1, top_p=0.9, max_tokens=4, stop=("END",)
+    )
     assert spec.stage_params["talker"] == StageParams(voice="alloy")
     assert spec.stage_params["code2wav"] == StageParams(voice="alloy", temperature=0.7)
     # max_tokens=4 stops the scripted thinker after four chunks.
@@ -124,13 +135,19 @@ async def test_sampling_params_by_stage_name(omni_server, http):
 async def test_seed_is_chosen_when_the_client_gives_none(omni_server, http):
     seeds = set()
     for _ in range(3):
-        async with http.post(omni_server.url + "/v1/chat/completions", json={"messages": USER}) as r:
+        async with http.post(
+            omni_server.url + "/v1/chat/completions", json={"messages": USER}
+        ) as r:
             seeds.add(admitted(omni_server, r.headers["X-Request-Id"]).spec.seed)
     assert len(seeds) == 3
 
 
 async def test_text_and_audio_whole(omni_server, http):
-    req = {"messages": USER, "modalities": ["text", "audio"], "audio": {"format": "wav", "voice": "x"}}
+    req = {
+        "messages": USER,
+        "modalities": ["text", "audio"],
+        "audio": {"format": "wav", "voice": "x"},
+    }
     async with http.post(omni_server.url + "/v1/chat/completions", json=req) as r:
         assert r.status == 200
         rid = r.headers["X-Request-Id"]
@@ -142,7 +159,11 @@ async def test_text_and_audio_whole(omni_server, http):
     assert audio["transcript"] == THINKER_TEXT
     assert audio["expires_at"] > json.loads(raw)["created"]
     pcm, rate = sf.read(io.BytesIO(base64.b64decode(audio["data"])), dtype="float32")
-    chunks = [e for e in omni_server.omni.log.events_for(rid) if isinstance(e, Chunk) and e.modality == "audio"]
+    chunks = [
+        e
+        for e in omni_server.omni.log.events_for(rid)
+        if isinstance(e, Chunk) and e.modality == "audio"
+    ]
     assert rate == 24000 and len(pcm) == sum(c.blob.shape[0] for c in chunks) > 0
     assert_replays(omni_server, rid, 200, raw)
 
@@ -157,12 +178,19 @@ async def test_streamed_text(omni_server, http):
     frames = parse_sse(raw)
     assert frames[-1] == {"data": "[DONE]"}
     chunks = [json.loads(f["data"]) for f in frames[:-1]]
-    assert all(c["id"] == f"chatcmpl-{rid}" and c["object"] == "chat.completion.chunk" for c in chunks)
+    assert all(
+        c["id"] == f"chatcmpl-{rid}" and c["object"] == "chat.completion.chunk" for c in chunks
+    )
     assert all("usage" not in c for c in chunks)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == THINKER_TEXT
-    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "stop", "logprobs": None}
+    assert chunks[-1]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "finish_reason": "stop",
+        "logprobs": None,
+    }
     assert_replays(omni_server, rid, 200, raw)
 
 
@@ -182,10 +210,18 @@ async def test_streamed_usage_and_audio(omni_server, http):
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == {"prompt_tokens": 1, "completion_tokens": 6, "total_tokens": 7}
     assert all(c["usage"] is None for c in chunks[:-1])
-    audio = [c["choices"][0]["delta"]["audio"] for c in chunks[:-1] if "audio" in c["choices"][0]["delta"]]
+    audio = [
+        c["choices"][0]["delta"]["audio"]
+        for c in chunks[:-1]
+        if "audio" in c["choices"][0]["delta"]
+    ]
     assert len(audio) >= 2 and all(a["id"] == f"audio-{rid}" for a in audio)
     pcm = np.frombuffer(b"".join(base64.b64decode(a["data"]) for a in audio), dtype="<i2")
-    blobs = [e.blob for e in omni_server.omni.log.events_for(rid) if isinstance(e, Chunk) and e.modality == "audio"]
+    blobs = [
+        e.blob
+        for e in omni_server.omni.log.events_for(rid)
+        if isinstance(e, Chunk) and e.modality == "audio"
+    ]
     expected = np.concatenate([omni_server.omni.blobs.get_array(b) for b in blobs])
     assert np.array_equal(pcm, (np.clip(expected, -1, 1) * 32767).astype("<i2"))
     assert audio[-1]["transcript"] == THINKER_TEXT
@@ -194,7 +230,12 @@ async def test_streamed_usage_and_audio(omni_server, http):
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "flac", "opus", "aac"])
 async def test_streamed_audio_in_every_format_decodes(omni_server, http, fmt):
-    req = {"messages": USER, "stream": True, "modalities": ["text", "audio"], "audio": {"format": fmt}}
+    req = {
+        "messages": USER,
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "audio": {"format": fmt},
+    }
     async with http.post(omni_server.url + "/v1/chat/completions", json=req) as r:
         rid = r.headers["X-Request-Id"]
         raw = await r.read()
@@ -214,7 +255,9 @@ async def test_streamed_audio_in_every_format_decodes(omni_server, http, fmt):
 
 async def test_batched_conversations_get_one_choice_each(omni_server, http):
     convs = [USER, [{"role": "user", "content": "second"}], [{"role": "user", "content": "third"}]]
-    async with http.post(omni_server.url + "/v1/chat/completions", json={"messages": convs, "seed": 7}) as r:
+    async with http.post(
+        omni_server.url + "/v1/chat/completions", json={"messages": convs, "seed": 7}
+    ) as r:
         assert r.status == 200
         header = r.headers["X-Request-Id"]
         raw = await r.read()
@@ -249,7 +292,10 @@ async def test_openai_client_whole_and_streamed(omni_server):
         assert "".join(text) == THINKER_TEXT
         assert usage is not None and usage.total_tokens == 7
         resp = await client.chat.completions.create(
-            model="http-omni", messages=USER, modalities=["text", "audio"], audio={"voice": "alloy", "format": "flac"}
+            model="http-omni",
+            messages=USER,
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "flac"},
         )
         audio = resp.choices[0].message.audio
         assert audio is not None and audio.transcript == THINKER_TEXT

@@ -32,7 +32,9 @@ _decode = msgspec.json.Decoder(CompletionRequest)
 
 def _served(name: str = "tiny-text") -> adapt.Served:
     ids = iter(range(10**6))
-    return adapt.Served(load_pipeline(name), new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 11)
+    return adapt.Served(
+        load_pipeline(name), new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 11
+    )
 
 
 def _plan(body: dict[str, Any], tokenizer: Any = None, name: str = "tiny-text") -> adapt.Plan:
@@ -115,7 +117,11 @@ def test_a_vllm_text_stage_publishes_the_route():
 PLAN_BAD: dict[str, tuple[dict[str, Any], str, str]] = {
     "suffix": ({"prompt": "hi", "suffix": "end"}, "suffix", "unsupported_parameter"),
     "best_of 2": ({"prompt": "hi", "best_of": 2}, "best_of", "unsupported_value"),
-    "echo with logprobs": ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo", "unsupported_value"),
+    "echo with logprobs": (
+        {"prompt": "hi", "echo": True, "logprobs": 1},
+        "echo",
+        "unsupported_value",
+    ),
     "a mixed prompt": ({"prompt": ["hi", 3]}, "prompt", "invalid_value"),
     "a streamed batch": ({"prompt": ["a", "b"], "stream": True}, "stream", "unsupported_value"),
     "n with a batch": ({"prompt": ["a", "b"], "n": 2}, "n", "unsupported_value"),
@@ -156,7 +162,7 @@ def test_token_ids_need_the_tokenizer():
 
 
 def test_the_plan_records_a_raw_prompt_and_the_shared_sampling_fields():
-    (_, spec), = _plan(
+    ((_, spec),) = _plan(
         {"prompt": "Once upon", "logprobs": 3, "ignore_eos": True, "top_k": 4, "stop": "x"}
     ).specs
     assert spec.api == "completions" and spec.prompt == "Once upon" and not spec.messages
@@ -164,7 +170,7 @@ def test_the_plan_records_a_raw_prompt_and_the_shared_sampling_fields():
     p = spec.stage_params["thinker"]
     # completions' default max_tokens (vLLM's and OpenAI's), logprobs as given
     assert (p.max_tokens, p.logprobs, p.ignore_eos, p.top_k, p.stop) == (16, 3, True, 4, ("x",))
-    (_, ids_spec), = _plan({"prompt": [5, 6], "max_tokens": 3}, tokenizer=_Tok()).specs
+    ((_, ids_spec),) = _plan({"prompt": [5, 6], "max_tokens": 3}, tokenizer=_Tok()).specs
     assert ids_spec.prompt == "<5><6>"
     assert json.loads(ids_spec.options[OPT_PROMPT_TOKEN_IDS]) == [5, 6]
     batch = _plan({"prompt": [[1], [2, 3]], "max_tokens": 3}, tokenizer=_Tok()).specs
@@ -176,13 +182,15 @@ def test_the_plan_records_a_raw_prompt_and_the_shared_sampling_fields():
 
 
 def test_the_dispatcher_hands_the_prompt_over_raw():
-    (_, spec), = _plan({"prompt": "Once"}).specs
+    ((_, spec),) = _plan({"prompt": "Once"}).specs
     piece = _source_piece(spec, ())
     assert piece.raw and piece.text == "Once" and not piece.messages and not piece.token_ids
-    (_, ids_spec), = _plan({"prompt": [7, 8]}, tokenizer=_Tok()).specs
+    ((_, ids_spec),) = _plan({"prompt": [7, 8]}, tokenizer=_Tok()).specs
     assert _source_piece(ids_spec, ()).token_ids == (7, 8)
-    (_, chat), = adapt.chat_plan(
-        msgspec.json.decode(b'{"messages": [{"role": "user", "content": "hi"}]}', type=adapt.ChatCompletionRequest),
+    ((_, chat),) = adapt.chat_plan(
+        msgspec.json.decode(
+            b'{"messages": [{"role": "user", "content": "hi"}]}', type=adapt.ChatCompletionRequest
+        ),
         _served(),
     ).specs
     assert not _source_piece(chat, ()).raw
@@ -197,28 +205,57 @@ def test_a_non_vllm_text_stage_is_named():
 # -- rendering from the log ------------------------------------------------------------
 
 
-def _events(rid: str, spec: Any, pieces: list[tuple[str, tuple[TokenLogprob, ...]]], pos: int = 0) -> list[Event]:
-    evs: list[Event] = [Admitted(request_id=rid, pipeline="tiny-text", spec=spec, pos=pos, ts_ns=2 * 10**9)]
+def _events(
+    rid: str, spec: Any, pieces: list[tuple[str, tuple[TokenLogprob, ...]]], pos: int = 0
+) -> list[Event]:
+    evs: list[Event] = [
+        Admitted(request_id=rid, pipeline="tiny-text", spec=spec, pos=pos, ts_ns=2 * 10**9)
+    ]
     for i, (text, lps) in enumerate(pieces):
         evs.append(
-            Chunk(request_id=rid, stage="thinker", replica=0, index=i, modality="text", text=text,
-                  token_ids=tuple(range(len(lps))), logprobs=lps, pos=pos + 1 + i)
+            Chunk(
+                request_id=rid,
+                stage="thinker",
+                replica=0,
+                index=i,
+                modality="text",
+                text=text,
+                token_ids=tuple(range(len(lps))),
+                logprobs=lps,
+                pos=pos + 1 + i,
+            )
         )
     k = pos + 1 + len(pieces)
-    evs.append(StageFinished(request_id=rid, stage="thinker", replica=0, chunks=len(pieces),
-                             finish_reason="length", prompt_tokens=4, output_tokens=3, pos=k))
+    evs.append(
+        StageFinished(
+            request_id=rid,
+            stage="thinker",
+            replica=0,
+            chunks=len(pieces),
+            finish_reason="length",
+            prompt_tokens=4,
+            output_tokens=3,
+            pos=k,
+        )
+    )
     evs.append(Finished(request_id=rid, pos=k + 1))
     return evs
 
 
 LPS = [
-    ("ab", (TokenLogprob("a", -0.5, (("a", -0.5), ("b", -1.0))), TokenLogprob("b", -2.0, (("c", -0.1), ("b", -2.0))))),
+    (
+        "ab",
+        (
+            TokenLogprob("a", -0.5, (("a", -0.5), ("b", -1.0))),
+            TokenLogprob("b", -2.0, (("c", -0.1), ("b", -2.0))),
+        ),
+    ),
     ("c", (TokenLogprob("c", -0.25, (("c", -0.25), ("d", -3.0))),)),
 ]
 
 
 def test_whole_with_logprobs_is_the_legacy_shape():
-    (rid, spec), = _plan({"prompt": "Hi", "logprobs": 2, "max_tokens": 3}).specs
+    ((rid, spec),) = _plan({"prompt": "Hi", "logprobs": 2, "max_tokens": 3}).specs
     r = render_response(_events(rid, spec, LPS), blobs=None)  # type: ignore[arg-type]
     data = json.loads(r.body)
     assert data["id"] == f"cmpl-{rid}" and data["object"] == "text_completion"
@@ -235,11 +272,12 @@ def test_whole_with_logprobs_is_the_legacy_shape():
 
 
 def test_echo_starts_the_text_whole_and_streamed():
-    (rid, spec), = _plan({"prompt": "Hi ", "echo": True}).specs
+    ((rid, spec),) = _plan({"prompt": "Hi ", "echo": True}).specs
     data = json.loads(render_response(_events(rid, spec, [("ab", ()), ("c", ())]), None).body)  # type: ignore[arg-type]
     assert data["choices"][0]["text"] == "Hi abc" and data["choices"][0]["logprobs"] is None
-    (rid, spec), = _plan({"prompt": "Hi ", "echo": True, "stream": True,
-                          "stream_options": {"include_usage": True}}).specs
+    ((rid, spec),) = _plan(
+        {"prompt": "Hi ", "echo": True, "stream": True, "stream_options": {"include_usage": True}}
+    ).specs
     body = b"".join(render_stream(_events(rid, spec, [("ab", ()), ("c", ())]), None))  # type: ignore[arg-type]
     frames = parse_sse(body)
     assert all("id" not in f for f in frames), "no id: lines unless resumable"
@@ -248,27 +286,38 @@ def test_echo_starts_the_text_whole_and_streamed():
     assert all(c["object"] == "text_completion" and c["id"] == f"cmpl-{rid}" for c in chunks)
     texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
     assert texts == ["Hi ab", "c", ""]
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]] == [None, None, "length"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]] == [
+        None,
+        None,
+        "length",
+    ]
     assert all(c["usage"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 7
 
 
 def test_streamed_logprobs_offsets_run_on_and_resumable_streams_carry_ids():
-    (rid, spec), = _plan({"prompt": "x", "logprobs": 1, "stream": True,
-                          "stream_options": {"resumable": True}}).specs
+    ((rid, spec),) = _plan(
+        {"prompt": "x", "logprobs": 1, "stream": True, "stream_options": {"resumable": True}}
+    ).specs
     body = b"".join(render_stream(_events(rid, spec, LPS), None))  # type: ignore[arg-type]
     frames = parse_sse(body)
     assert all("id" in f for f in frames[:-1])
     chunks = [json.loads(f["data"]) for f in frames[:-1]]
-    offsets = [c["choices"][0]["logprobs"]["text_offset"] for c in chunks if c["choices"][0]["logprobs"]]
+    offsets = [
+        c["choices"][0]["logprobs"]["text_offset"] for c in chunks if c["choices"][0]["logprobs"]
+    ]
     assert offsets == [[0, 1], [2]]
 
 
 def test_n_2_streams_as_one_response_and_whole_counts_the_prompt_once():
-    specs = _plan({"prompt": "x", "n": 2, "stream": True, "stream_options": {"include_usage": True}}).specs
+    specs = _plan(
+        {"prompt": "x", "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    ).specs
     (r0, s0), (r1, s1) = specs
-    evs = sorted(_events(r0, s0, [("a", ())], pos=0) + _events(r1, s1, [("b", ())], pos=100),
-                 key=lambda e: e.pos)
+    evs = sorted(
+        _events(r0, s0, [("a", ())], pos=0) + _events(r1, s1, [("b", ())], pos=100),
+        key=lambda e: e.pos,
+    )
     g = GroupStreamRenderer(None)  # type: ignore[arg-type]
     body = b"".join(p for ev in evs for p in g.feed(ev))
     assert g.done and body == b"".join(render_stream(evs, None))  # type: ignore[arg-type]

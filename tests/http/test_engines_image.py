@@ -16,10 +16,16 @@ pytestmark = real_engine_marks()
 
 
 async def test_images_decode_at_the_requested_size(server):
-    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300
+    )
     try:
         resp = await client.images.generate(
-            model="tiny-image", prompt="a red cube", n=2, size="64x64", response_format="b64_json",
+            model="tiny-image",
+            prompt="a red cube",
+            n=2,
+            size="64x64",
+            response_format="b64_json",
             extra_body={"seed": 5, "steps": 2},
         )
         assert len(resp.data) == 2
@@ -51,11 +57,15 @@ def _replays(server, rids: list[str], body: bytes) -> None:
 
 
 async def test_image_parameters_are_honoured(server, http):
-    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300
+    )
     try:
         # num_inference_steps: one Progress per step
         raw = await client.images.with_raw_response.generate(
-            model="tiny-image", prompt="a red cube", size="32x32",
+            model="tiny-image",
+            prompt="a red cube",
+            size="32x32",
             extra_body={"seed": 21, "num_inference_steps": 3},
         )
         rid = raw.headers["x-request-id"]
@@ -65,19 +75,28 @@ async def test_image_parameters_are_honoured(server, http):
 
         # seed: the same seed reproduces the bytes, another one does not
         again = await client.images.generate(
-            model="tiny-image", prompt="a red cube", size="32x32", quality="auto",
+            model="tiny-image",
+            prompt="a red cube",
+            size="32x32",
+            quality="auto",
             extra_body={"seed": 21, "num_inference_steps": 3, "background": "opaque"},
         )
         assert base64.b64decode(again.data[0].b64_json) == png
         other = await client.images.generate(
-            model="tiny-image", prompt="a red cube", size="32x32", extra_body={"seed": 22, "num_inference_steps": 3}
+            model="tiny-image",
+            prompt="a red cube",
+            size="32x32",
+            extra_body={"seed": 22, "num_inference_steps": 3},
         )
         assert base64.b64decode(other.data[0].b64_json) != png
 
         # output_format: JPEG and WebP files, said in the response
         for fmt, pil in (("jpeg", "JPEG"), ("webp", "WEBP"), ("png", "PNG")):
             r = await client.images.generate(
-                model="tiny-image", prompt="a red cube", size="32x32", output_format=fmt,
+                model="tiny-image",
+                prompt="a red cube",
+                size="32x32",
+                output_format=fmt,
                 extra_body={"seed": 21, "num_inference_steps": 3},
             )
             img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json)))
@@ -85,8 +104,15 @@ async def test_image_parameters_are_honoured(server, http):
 
         # negative_prompt with true CFG changes the image (and is recorded)
         neg = await client.images.with_raw_response.generate(
-            model="tiny-image", prompt="a red cube", size="32x32",
-            extra_body={"seed": 21, "num_inference_steps": 3, "negative_prompt": "blurry", "true_cfg_scale": 4.0},
+            model="tiny-image",
+            prompt="a red cube",
+            size="32x32",
+            extra_body={
+                "seed": 21,
+                "num_inference_steps": 3,
+                "negative_prompt": "blurry",
+                "true_cfg_scale": 4.0,
+            },
         )
         nrid = neg.headers["x-request-id"]
         spec = next(e for e in server.omni.log.events_for(nrid) if isinstance(e, Admitted)).spec
@@ -100,14 +126,23 @@ async def test_image_parameters_are_honoured(server, http):
 
 
 async def test_image_url_downloads_the_same_bytes(server, http):
-    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300
+    )
     try:
         b64 = await client.images.generate(
-            model="tiny-image", prompt="a blue ball", size="32x32", n=2,
+            model="tiny-image",
+            prompt="a blue ball",
+            size="32x32",
+            n=2,
             extra_body={"seed": 40, "num_inference_steps": 2},
         )
         raw = await client.images.with_raw_response.generate(
-            model="tiny-image", prompt="a blue ball", size="32x32", n=2, response_format="url",
+            model="tiny-image",
+            prompt="a blue ball",
+            size="32x32",
+            n=2,
+            response_format="url",
             extra_body={"seed": 40, "num_inference_steps": 2},
         )
         urls = raw.parse()
@@ -139,7 +174,9 @@ REFUSED = [
 async def test_image_parameters_the_pipeline_cannot_honour(server, http):
     for extra, param in REFUSED:
         before = len(server.omni.log)
-        async with http.post(server.url + "/v1/images/generations", json={"prompt": "x", **extra}) as r:
+        async with http.post(
+            server.url + "/v1/images/generations", json={"prompt": "x", **extra}
+        ) as r:
             assert r.status == 400, (extra, await r.text())
             err = (await r.json())["error"]
         assert err["param"] == param and err["code"] == "unsupported_parameter", err

@@ -325,13 +325,22 @@ async def test_a_vllm_worker_killed_mid_stream_is_continued_exactly(server, clie
     assert _lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
 
 
-async def test_a_thinker_killed_mid_answer_to_audio_and_image_is_continued_with_its_media(server, client):
+async def test_a_thinker_killed_mid_answer_to_audio_and_image_is_continued_with_its_media(
+    server, client
+):
     """The continuation on the other replica is fed the request's media
     again (from the blobs its admission references): the client's answer
     is the undisturbed one, token for token."""
-    media = [{"role": "user", "content": [audio_part(2.0), image_part(), {"type": "text", "text": "Describe them."}]}]
+    media = [
+        {
+            "role": "user",
+            "content": [audio_part(2.0), image_part(), {"type": "text", "text": "Describe them."}],
+        }
+    ]
     ref, _ = await _chat_text(client, messages=media)
-    assert ref.chunks >= 8, f"the undisturbed answer has {ref.chunks} chunks: too few to kill in the middle"
+    assert ref.chunks >= 8, (
+        f"the undisturbed answer has {ref.chunks} chunks: too few to kill in the middle"
+    )
     got, killed = await _chat_text(client, kill=(server, 3), messages=media)
     assert killed is not None
     replica, pid = killed
@@ -346,7 +355,9 @@ async def test_a_thinker_killed_mid_answer_to_audio_and_image_is_continued_with_
     assert _lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
 
 
-async def test_a_vllm_engine_core_killed_mid_stream_takes_its_worker_down_and_is_continued(server, client):
+async def test_a_vllm_engine_core_killed_mid_stream_takes_its_worker_down_and_is_continued(
+    server, client
+):
     # The engine core dying is the worker's death too: a worker whose vLLM
     # is gone would fail every request it is sent.  It exits, the replica
     # is recorded lost, and the request continues on the other one.

@@ -29,7 +29,9 @@ async def test_whole_and_streamed_text_agree(server, client):
     assert isinstance(text, str) and text
     assert whole.choices[0].finish_reason in ("stop", "length")
     assert whole.usage is not None and 0 < whole.usage.completion_tokens <= 16
-    stream = await client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    stream = await client.chat.completions.create(
+        **kw, stream=True, stream_options={"include_usage": True}
+    )
     pieces, usage = [], None
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -41,7 +43,10 @@ async def test_whole_and_streamed_text_agree(server, client):
 
 async def test_text_and_audio_whole(server, client):
     resp = await client.chat.completions.create(
-        model="tiny-omni", messages=USER, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}
+        model="tiny-omni",
+        messages=USER,
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"},
     )
     msg = resp.choices[0].message
     assert msg.audio is not None and msg.audio.transcript == msg.content
@@ -103,7 +108,10 @@ IMAGE = image_part(320, 224)
 
 async def _prompt_tokens(client, content) -> int:
     resp = await client.chat.completions.create(
-        model="tiny-omni", messages=[{"role": "user", "content": content}], temperature=0.0, max_tokens=4
+        model="tiny-omni",
+        messages=[{"role": "user", "content": content}],
+        temperature=0.0,
+        max_tokens=4,
     )
     assert resp.usage is not None
     return resp.usage.prompt_tokens

@@ -35,7 +35,9 @@ async def test_logprobs_are_vllms_and_in_the_log(server, client):
         assert all(t.logprob <= 0.0 for t in tok.top_logprobs)
         assert tok.bytes == list(tok.token.encode("utf-8", errors="replace"))
     rid = resp.id.removeprefix("chatcmpl-")
-    logged = [lp for e in server.omni.log.events_for(rid) if isinstance(e, Chunk) for lp in e.logprobs]
+    logged = [
+        lp for e in server.omni.log.events_for(rid) if isinstance(e, Chunk) for lp in e.logprobs
+    ]
     assert [lp.logprob for lp in logged] == [t.logprob for t in content]
 
 
@@ -55,7 +57,10 @@ async def test_json_schema_answer_parses_against_its_schema(server, client, http
         "seed": 1,
         "max_tokens": 200,
         "logprobs": True,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema},
+        },
     }
     async with http.post(server.url + "/v1/chat/completions", json=body) as r:
         assert r.status == 200, await r.text()
@@ -89,7 +94,13 @@ async def test_n_2_streamed_and_not(server, client):
     # Seeded as the first: unseeded, the tiny model may sample EOS first
     # and leave a choice empty.  The same seed, the same two answers.
     stream = await client.chat.completions.create(
-        model=PIPELINE, messages=USER, n=2, max_tokens=6, temperature=1.0, seed=4, stream=True,
+        model=PIPELINE,
+        messages=USER,
+        n=2,
+        max_tokens=6,
+        temperature=1.0,
+        seed=4,
+        stream=True,
         stream_options={"include_usage": True},
     )
     texts: dict[int, str] = {0: "", 1: ""}
@@ -108,10 +119,22 @@ async def test_n_2_streamed_and_not(server, client):
 
 async def test_ignore_eos_and_min_tokens_are_honoured(server, client):
     resp = await client.chat.completions.create(
-        model=PIPELINE, messages=USER, max_tokens=20, seed=2,
-        extra_body={"ignore_eos": True, "min_tokens": 20, "repetition_penalty": 1.1, "top_k": 5,
-                    "min_p": 0.01, "stop_token_ids": [], "skip_special_tokens": True},
-        frequency_penalty=0.2, presence_penalty=0.1, logit_bias={"5": 1.0},
+        model=PIPELINE,
+        messages=USER,
+        max_tokens=20,
+        seed=2,
+        extra_body={
+            "ignore_eos": True,
+            "min_tokens": 20,
+            "repetition_penalty": 1.1,
+            "top_k": 5,
+            "min_p": 0.01,
+            "stop_token_ids": [],
+            "skip_special_tokens": True,
+        },
+        frequency_penalty=0.2,
+        presence_penalty=0.1,
+        logit_bias={"5": 1.0},
     )
     assert resp.usage.completion_tokens == 20
     assert resp.choices[0].finish_reason == "length"
@@ -124,7 +147,9 @@ async def test_tokenize_and_detokenize_agree_with_the_engine(server, client, htt
     assert tokens["max_model_len"] == 512
     resp = await client.chat.completions.create(model=PIPELINE, messages=USER, max_tokens=2)
     assert tokens["count"] == len(tokens["tokens"]) == resp.usage.prompt_tokens
-    async with http.post(server.url + "/tokenize", json={"prompt": "the sea", "return_token_strs": True}) as r:
+    async with http.post(
+        server.url + "/tokenize", json={"prompt": "the sea", "return_token_strs": True}
+    ) as r:
         plain = await r.json()
     assert len(plain["token_strs"]) == plain["count"]
     async with http.post(server.url + "/detokenize", json={"tokens": plain["tokens"]}) as r:
@@ -164,12 +189,16 @@ async def test_completion_prompt_is_raw_as_text_and_as_token_ids(server, client,
     raw_ids = await _tokenize(http, server.url, prompt=PROMPT)
     chat_ids = await _tokenize(http, server.url, messages=[{"role": "user", "content": PROMPT}])
     assert len(raw_ids) != len(chat_ids)
-    text = await client.completions.create(model=PIPELINE, prompt=PROMPT, max_tokens=6, temperature=0)
+    text = await client.completions.create(
+        model=PIPELINE, prompt=PROMPT, max_tokens=6, temperature=0
+    )
     assert text.object == "text_completion" and text.id.startswith("cmpl-")
     # The engine saw the prompt raw: no chat template around it.
     assert text.usage.prompt_tokens == len(raw_ids)
     assert text.choices[0].text and text.choices[0].finish_reason in ("stop", "length")
-    ids = await client.completions.create(model=PIPELINE, prompt=raw_ids, max_tokens=6, temperature=0)
+    ids = await client.completions.create(
+        model=PIPELINE, prompt=raw_ids, max_tokens=6, temperature=0
+    )
     assert ids.usage.prompt_tokens == len(raw_ids)
     assert ids.choices[0].text == text.choices[0].text
     # A batch of prompts (strings, or id lists): one choice each, in order.
@@ -191,7 +220,12 @@ async def test_completion_streams_echoes_and_samples_n_2(server, client):
         model=PIPELINE, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=9
     )
     stream = await client.completions.create(
-        model=PIPELINE, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=9, stream=True,
+        model=PIPELINE,
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=1.0,
+        seed=9,
+        stream=True,
         stream_options={"include_usage": True},
     )
     text, usage, finish = "", None, None
@@ -221,7 +255,9 @@ async def test_completion_streams_echoes_and_samples_n_2(server, client):
     assert texts[0] and texts[1]
 
 
-async def test_completion_logprobs_are_vllms_and_replay_renders_the_same_bytes(server, client, http):
+async def test_completion_logprobs_are_vllms_and_replay_renders_the_same_bytes(
+    server, client, http
+):
     for k in (0, 3):
         resp = await client.completions.create(
             model=PIPELINE, prompt=PROMPT, max_tokens=8, seed=3, logprobs=k
@@ -236,7 +272,9 @@ async def test_completion_logprobs_are_vllms_and_replay_renders_the_same_bytes(s
             assert max(top.values()) >= v - 1e-6 or k == 0
         assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
         rid = resp.id.removeprefix("cmpl-")
-        logged = [x for e in server.omni.log.events_for(rid) if isinstance(e, Chunk) for x in e.logprobs]
+        logged = [
+            x for e in server.omni.log.events_for(rid) if isinstance(e, Chunk) for x in e.logprobs
+        ]
         assert [x.logprob for x in logged] == lp.token_logprobs
     for stream in (False, True):
         body = {"prompt": PROMPT, "max_tokens": 8, "seed": 5, "logprobs": 2, "stream": stream}
@@ -256,8 +294,14 @@ _SHAREGPT = [
     {
         "id": f"c{i}",
         "conversations": [
-            {"from": "human", "value": f"Question {i}: what do you know about the sea and its tides?"},
-            {"from": "gpt", "value": "The sea rises and falls twice a day with the pull of the moon."},
+            {
+                "from": "human",
+                "value": f"Question {i}: what do you know about the sea and its tides?",
+            },
+            {
+                "from": "gpt",
+                "value": "The sea rises and falls twice a day with the pull of the moon.",
+            },
         ],
     }
     for i in range(12)

@@ -26,7 +26,11 @@ async def test_streamed_text_is_the_decode_of_the_logged_token_ids(server, clien
     from omnix.models.paths import resolve_model
 
     stream = await client.chat.completions.create(
-        model="tiny-text", messages=USER, seed=5, max_tokens=24, stream=True,
+        model="tiny-text",
+        messages=USER,
+        seed=5,
+        max_tokens=24,
+        stream=True,
         stream_options={"include_usage": True},
     )
     text, rid, usage = [], None, None

@@ -38,12 +38,17 @@ GREEDY = {"seed": 3, "sampling_params_list": {"talker": {"temperature": 0.0}}}
 
 
 async def test_speech_in_every_format(server):
-    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
     lengths = {}
     try:
         for fmt in ("wav", "pcm", "flac", "mp3", "opus", "aac"):
             resp = await client.audio.speech.create(
-                model="tiny-tts", voice="alloy", input="Hello there.", response_format=fmt,
+                model="tiny-tts",
+                voice="alloy",
+                input="Hello there.",
+                response_format=fmt,
                 extra_body=GREEDY,
             )
             lengths[fmt] = seconds(fmt, resp.content)
@@ -82,17 +87,26 @@ from omnix.http.render import render_response  # noqa: E402
 
 
 async def test_speech_stream_true_with_the_openai_client(server):
-    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
     try:
         async with client.audio.speech.with_streaming_response.create(
-            model="tiny-tts", voice="alloy", input="Hello there.", response_format="pcm",
+            model="tiny-tts",
+            voice="alloy",
+            input="Hello there.",
+            response_format="pcm",
             extra_body={"stream": True, **GREEDY},
         ) as streamed:
             assert streamed.headers["content-type"] == "text/event-stream"
             rid = streamed.headers["x-request-id"]
             raw = b"".join([piece async for piece in streamed.iter_bytes()])
         whole = await client.audio.speech.create(
-            model="tiny-tts", voice="alloy", input="Hello there.", response_format="pcm", extra_body=GREEDY
+            model="tiny-tts",
+            voice="alloy",
+            input="Hello there.",
+            response_format="pcm",
+            extra_body=GREEDY,
         )
     finally:
         await client.close()

@@ -146,7 +146,9 @@ def test_stereo_44k_becomes_the_mean_of_its_channels(decoder: MediaDecoder) -> N
 def test_compressed_formats_decode(
     decoder: MediaDecoder, fmt: str, container: str, codec: str
 ) -> None:
-    y = audio(decoder, audio_part(encoded(tone(1.0, 48_000, amp=0.5), 48_000, container, codec), fmt))
+    y = audio(
+        decoder, audio_part(encoded(tone(1.0, 48_000, amp=0.5), 48_000, container, codec), fmt)
+    )
     assert abs(y.size - 16_000) < 0.1 * 16_000  # encoders pad a frame or so
     rms = float(np.sqrt(np.mean(y[2000:-2000] ** 2)))
     assert abs(rms - 0.5 / np.sqrt(2)) < 0.05

@@ -27,9 +27,12 @@ async def test_start_and_stop_profile_write_a_trace_per_worker_of_the_stages(htt
         async with http.post(server.url + "/start_profile", json={"stages": ["thinker"]}) as r:
             body = await r.json()
             assert r.status == 200, body
-        assert [(w["stage"], w["replica"], w["ok"]) for w in body["workers"]] == [("thinker", 0, True)]
+        assert [(w["stage"], w["replica"], w["ok"]) for w in body["workers"]] == [
+            ("thinker", 0, True)
+        ]
         async with http.post(
-            server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+            server.url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
         ) as r:
             assert r.status == 200
         async with http.post(server.url + "/stop_profile", json={"stages": ["thinker"]}) as r:
@@ -44,7 +47,9 @@ async def test_start_and_stop_profile_write_a_trace_per_worker_of_the_stages(htt
         async with http.post(server.url + "/start_profile") as r:
             body = await r.json()
             assert r.status == 200, body
-        assert {w["stage"] for w in body["workers"]} == {st.name for st in server.omni.pipeline.stages}
+        assert {w["stage"] for w in body["workers"]} == {
+            st.name for st in server.omni.pipeline.stages
+        }
         async with http.post(server.url + "/stop_profile") as r:
             assert r.status == 200
         async with http.post(server.url + "/start_profile", json={"stages": ["nope"]}) as r:

@@ -63,10 +63,19 @@ def speech_spec(fmt: str, stream_format: str) -> RequestSpec:
         Opt.SAMPLE_RATE: "16000",
         Opt.USAGE_STAGE: "voice",
     }
-    return RequestSpec(prompt="hi", outputs=("audio",), api=API_SPEECH, model="m", seed=1, options=options)
+    return RequestSpec(
+        prompt="hi", outputs=("audio",), api=API_SPEECH, model="m", seed=1, options=options
+    )
 
 
-def run(spec: RequestSpec, end: str = "finished", *, stage: str = "thinker", n: int = 3, t0: int = 10**18):
+def run(
+    spec: RequestSpec,
+    end: str = "finished",
+    *,
+    stage: str = "thinker",
+    n: int = 3,
+    t0: int = 10**18,
+):
     """The events of one request on one stage, through a real log."""
     log = MemoryLog(ManualClock(t0))
     blobs = MemoryBlobStore()
@@ -77,17 +86,29 @@ def run(spec: RequestSpec, end: str = "finished", *, stage: str = "thinker", n: 
     for i in range(n):
         if spec.outputs == ("audio",):
             ref = blobs.put_array(np.sin(np.arange(400, dtype=np.float32) * (i + 1) / 10))
-            log.append(Chunk(request_id=rid, stage=stage, replica=0, index=i, modality="audio", blob=ref))
+            log.append(
+                Chunk(request_id=rid, stage=stage, replica=0, index=i, modality="audio", blob=ref)
+            )
         else:
-            log.append(Chunk(request_id=rid, stage=stage, replica=0, index=i, modality="text", text=f"w{i} "))
+            log.append(
+                Chunk(
+                    request_id=rid, stage=stage, replica=0, index=i, modality="text", text=f"w{i} "
+                )
+            )
     if end == "finished":
-        log.append(StageFinished(request_id=rid, stage=stage, replica=0, chunks=n, prompt_tokens=2, output_tokens=n))
+        log.append(
+            StageFinished(
+                request_id=rid, stage=stage, replica=0, chunks=n, prompt_tokens=2, output_tokens=n
+            )
+        )
         log.append(Finished(request_id=rid, cause=log.next_pos - 1))
     elif end == "failed":
         log.append(Failed(request_id=rid, reason="stage_error", message="boom", stage=stage))
     elif end == "cancelled":
         ask = log.append(CancelRequested(request_id=rid, reason="deadline"))
-        log.append(StageFinished(request_id=rid, stage=stage, replica=0, chunks=n, finish_reason="aborted"))
+        log.append(
+            StageFinished(request_id=rid, stage=stage, replica=0, chunks=n, finish_reason="aborted")
+        )
         log.append(Cancelled(request_id=rid, reason="deadline", cause=ask.pos))
     return log.events_for(rid), blobs
 
@@ -101,8 +122,16 @@ def test_same_events_same_bytes_and_stream_pieces_join_to_the_body():
     assert a.head.streamed and a.head.header("x-request-id") == "req-1"
     frames = parse_sse(a.body)
     first = json.loads(frames[0]["data"])
-    assert first["created"] == 10**18 // 10**9 and first["id"] == "chatcmpl-req-1" and first["model"] == "m"
-    assert json.loads(frames[-2]["data"])["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    assert (
+        first["created"] == 10**18 // 10**9
+        and first["id"] == "chatcmpl-req-1"
+        and first["model"] == "m"
+    )
+    assert json.loads(frames[-2]["data"])["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 3,
+        "total_tokens": 5,
+    }
 
 
 def test_rendering_depends_on_the_admission_time_not_the_clock():
@@ -126,7 +155,8 @@ def test_incremental_rendering_matches_the_whole():
 
 
 @pytest.mark.parametrize(
-    ("end", "status", "code"), [("failed", 500, "stage_error"), ("cancelled", 504, "deadline_exceeded")]
+    ("end", "status", "code"),
+    [("failed", 500, "stage_error"), ("cancelled", 504, "deadline_exceeded")],
 )
 def test_a_failed_or_cancelled_stream_ends_with_an_error_and_done(end, status, code):
     events, blobs = run(chat_spec(), end)
@@ -142,11 +172,21 @@ def test_a_failed_or_cancelled_stream_ends_with_an_error_and_done(end, status, c
 
 def test_a_refusal_renders_429_or_503_with_retry_after():
     for reason, status, retry in [("overloaded", 429, "1"), ("not_ready", 503, "5")]:
-        ev = Rejected(request_id="r", pipeline="p", spec=chat_spec(), reason=reason, message="full", pos=0, ts_ns=1)
+        ev = Rejected(
+            request_id="r",
+            pipeline="p",
+            spec=chat_spec(),
+            reason=reason,
+            message="full",
+            pos=0,
+            ts_ns=1,
+        )
         r = render_response([ev], MemoryBlobStore())
         assert r.head.status == status and r.head.header("Retry-After") == retry
         body = json.loads(r.body)["error"]
-        assert body["code"] == reason and body["type"] == ("rate_limit_error" if status == 429 else "service_unavailable_error")
+        assert body["code"] == reason and body["type"] == (
+            "rate_limit_error" if status == 429 else "service_unavailable_error"
+        )
 
 
 def test_a_failed_raw_audio_stream_is_cut_not_completed():
@@ -179,7 +219,11 @@ def test_encoders_are_deterministic_and_streams_are_files():
 def test_events_and_states_as_objects():
     events, _ = run(chat_spec())
     obj = as_object(events[0])
-    assert obj["type"] == "admitted" and obj["request_id"] == "req-1" and obj["spec"]["options"]["stream"] == "1"
+    assert (
+        obj["type"] == "admitted"
+        and obj["request_id"] == "req-1"
+        and obj["spec"]["options"]["stream"] == "1"
+    )
     assert msgspec.json.decode(msgspec.json.encode(obj))["pos"] == 0
     log = MemoryLog(ManualClock(1))
     for ev in events:
@@ -190,7 +234,9 @@ def test_events_and_states_as_objects():
 
 def test_a_batch_renders_one_choice_per_member_and_needs_them_all():
     def member(i: int):
-        spec = chat_spec(**{Opt.STREAM: "0", Opt.GROUP: "g", Opt.GROUP_INDEX: str(i), Opt.GROUP_SIZE: "2"})
+        spec = chat_spec(
+            **{Opt.STREAM: "0", Opt.GROUP: "g", Opt.GROUP_INDEX: str(i), Opt.GROUP_SIZE: "2"}
+        )
         events, blobs = run(spec)
         return [msgspec.structs.replace(e, request_id=f"g-{i}") for e in events], blobs
 

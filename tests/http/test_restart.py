@@ -93,7 +93,9 @@ async def _stream_until_killed(http: aiohttp.ClientSession, served: ServeProcess
     return rid
 
 
-async def _events_to_the_end(http: aiohttp.ClientSession, url: str, rid: str) -> tuple[list[str], dict[str, object]]:
+async def _events_to_the_end(
+    http: aiohttp.ClientSession, url: str, rid: str
+) -> tuple[list[str], dict[str, object]]:
     """The request's event kinds, read until its terminal event (the stream
     of a live request would not end), and the last event's data."""
     async with asyncio.timeout(60):
@@ -121,13 +123,21 @@ async def test_server_killed_mid_stream_continues_the_request_on_restart(tmp_pat
             rid = await _stream_until_killed(http, first)
         async with omnix_serve(cfg, log_dir) as second:
             kinds, _ = await _events_to_the_end(http, second.url, rid)
-            assert kinds[-1] == "finished" and not [k for k in kinds if k in ("failed", "cancelled")]
+            assert kinds[-1] == "finished" and not [
+                k for k in kinds if k in ("failed", "cancelled")
+            ]
             trace = await _replayed_trace(http, second.url, rid)
             # One continuation, on the restarted worker, after the chunks the
             # dead server had logged; the text is the undisturbed run's.
-            (lost,) = [e for e in trace.events if isinstance(e, WorkerLost) and e.reason == RESTART_REASON]
+            (lost,) = [
+                e for e in trace.events if isinstance(e, WorkerLost) and e.reason == RESTART_REASON
+            ]
             (cont,) = [e for e in trace.events if isinstance(e, Routed) and e.resume]
-            rejoined = [e for e in trace.events if isinstance(e, WorkerJoined) and lost.pos < e.pos < cont.pos]
+            rejoined = [
+                e
+                for e in trace.events
+                if isinstance(e, WorkerJoined) and lost.pos < e.pos < cont.pos
+            ]
             assert cont.resume > 0 and [e.worker_id for e in rejoined] == ["thinker/0"]
             chunks = [e for e in trace.events if isinstance(e, Chunk) and e.request_id == rid]
             assert [c.index for c in chunks] == list(range(200))
@@ -136,8 +146,13 @@ async def test_server_killed_mid_stream_continues_the_request_on_restart(tmp_pat
 
 
 @in_session_loop
-async def test_server_killed_mid_stream_fails_a_request_whose_stage_does_not_retry(tmp_path: Path) -> None:
-    cfg, log_dir = _pipeline(tmp_path, PIPELINE.replace("[outputs]", "retry = false\n[outputs]")), tmp_path / "log"
+async def test_server_killed_mid_stream_fails_a_request_whose_stage_does_not_retry(
+    tmp_path: Path,
+) -> None:
+    cfg, log_dir = (
+        _pipeline(tmp_path, PIPELINE.replace("[outputs]", "retry = false\n[outputs]")),
+        tmp_path / "log",
+    )
     async with aiohttp.ClientSession() as http:
         async with omnix_serve(cfg, log_dir) as first:
             rid = await _stream_until_killed(http, first)
@@ -164,7 +179,9 @@ def test_a_corrupt_log_is_refused_in_one_line(tmp_path: Path) -> None:
     log_dir = tmp_path / "log"
     log = DiskLog(log_dir / "events")
     for i in range(200):
-        log.append(WorkerJoined(worker_id=f"w/{i}", stage="w", replica=i, engine="scripted", capacity=1))
+        log.append(
+            WorkerJoined(worker_id=f"w/{i}", stage="w", replica=i, engine="scripted", capacity=1)
+        )
     log.close()
     (segment,) = (log_dir / "events").glob("*.seg")
     data = bytearray(segment.read_bytes())

@@ -84,7 +84,9 @@ async def test_released_is_410_retained_is_200_unknown_is_404() -> None:
         values = {
             line.split("{")[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith(("omnix_requests_retained", "omnix_log_retained", "omnix_blobs_retained"))
+            if line.startswith(
+                ("omnix_requests_retained", "omnix_log_retained", "omnix_blobs_retained")
+            )
         }
         assert set(values) == {
             "omnix_requests_retained",

@@ -193,4 +193,3 @@ async def test_serve_takes_its_http_flags(tmp_path):
                 assert "media.example" in err["message"]
     finally:
         await served.close()
-

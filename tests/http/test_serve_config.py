@@ -20,10 +20,17 @@ def _serve_args(*argv: str) -> argparse.Namespace:
 
 def test_a_config_file_sets_flags_the_command_line_did_not(tmp_path):
     cfg = tmp_path / "serve.toml"
-    cfg.write_text('retain-requests = "200"\nretain = "30s"\nmax_batch = 8\naccess-log = true\nport = 9000\n')
+    cfg.write_text(
+        'retain-requests = "200"\nretain = "30s"\nmax_batch = 8\naccess-log = true\nport = 9000\n'
+    )
     args = _serve_args("--config", str(cfg), "--port", "8123")
     apply_config(args, args._serve_options, cfg)
-    assert (args.retain_requests, args.retain, args.max_batch, args.access_log) == ("200", "30s", 8, True)
+    assert (args.retain_requests, args.retain, args.max_batch, args.access_log) == (
+        "200",
+        "30s",
+        8,
+        True,
+    )
     assert args.port == 8123, "the command line wins"
     yml = tmp_path / "serve.yaml"
     yml.write_text("retain-bytes: 64MB\narchive: false\n")

@@ -21,11 +21,22 @@ from .conftest import parse_sse
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 CONTAINERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "wav": "wav", "flac": "flac"}
-MEDIA = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/pcm"}
+MEDIA = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "pcm": "audio/pcm",
+}
 
 
 def audio_samples(server, rid: str) -> np.ndarray:
-    blobs = [e.blob for e in server.omni.log.events_for(rid) if isinstance(e, Chunk) and e.modality == "audio"]
+    blobs = [
+        e.blob
+        for e in server.omni.log.events_for(rid)
+        if isinstance(e, Chunk) and e.modality == "audio"
+    ]
     return np.concatenate([server.omni.blobs.get_array(b) for b in blobs])
 
 
@@ -94,11 +105,17 @@ async def test_speech_sse_events(omni_server, http):
 async def test_speech_with_the_openai_client(omni_server):
     client = openai.AsyncOpenAI(base_url=omni_server.url + "/v1", api_key="unused", max_retries=0)
     try:
-        resp = await client.audio.speech.create(model="http-omni", voice="alloy", input="hi", response_format="wav")
+        resp = await client.audio.speech.create(
+            model="http-omni", voice="alloy", input="hi", response_format="wav"
+        )
         pcm, rate = sf.read(io.BytesIO(resp.content))
         assert rate == 24000 and len(pcm) > 0
         async with client.audio.speech.with_streaming_response.create(
-            model="http-omni", voice="alloy", input="hi", response_format="pcm", stream_format="audio"
+            model="http-omni",
+            voice="alloy",
+            input="hi",
+            response_format="pcm",
+            stream_format="audio",
         ) as streamed:
             data = b"".join([piece async for piece in streamed.iter_bytes()])
         assert len(data) == len(pcm) * 2
@@ -107,7 +124,14 @@ async def test_speech_with_the_openai_client(omni_server):
 
 
 async def test_images(image_server, http):
-    req = {"prompt": "a red cube", "n": 3, "size": "32x48", "seed": 11, "steps": 4, "guidance_scale": 2.5}
+    req = {
+        "prompt": "a red cube",
+        "n": 3,
+        "size": "32x48",
+        "seed": 11,
+        "steps": 4,
+        "guidance_scale": 2.5,
+    }
     async with http.post(image_server.url + "/v1/images/generations", json=req) as r:
         assert r.status == 200
         header = r.headers["X-Request-Id"]
@@ -118,9 +142,14 @@ async def test_images(image_server, http):
     # The scripted engine's "image" is opaque bytes; a diffusion stage's PNG
     # passes through the same way.
     assert [base64.b64decode(d["b64_json"]) for d in body["data"]] == [b"scripted-image-0"] * 3
-    specs = [next(e for e in image_server.omni.log.events_for(rid) if isinstance(e, Admitted)).spec for rid in rids]
+    specs = [
+        next(e for e in image_server.omni.log.events_for(rid) if isinstance(e, Admitted)).spec
+        for rid in rids
+    ]
     assert [s.seed for s in specs] == [11, 12, 13]
-    assert specs[0].stage_params["image"] == StageParams(num_inference_steps=4, guidance_scale=2.5, width=32, height=48)
+    assert specs[0].stage_params["image"] == StageParams(
+        num_inference_steps=4, guidance_scale=2.5, width=32, height=48
+    )
     events = [e for rid in rids for e in image_server.omni.log.events_for(rid)]
     assert render_response(events, image_server.omni.blobs).body == raw
 
@@ -128,7 +157,9 @@ async def test_images(image_server, http):
 async def test_images_with_the_openai_client(image_server):
     client = openai.AsyncOpenAI(base_url=image_server.url + "/v1", api_key="unused", max_retries=0)
     try:
-        resp = await client.images.generate(model="http-image", prompt="x", n=2, response_format="b64_json")
+        resp = await client.images.generate(
+            model="http-image", prompt="x", n=2, response_format="b64_json"
+        )
         assert len(resp.data) == 2 and resp.data[0].b64_json
     finally:
         await client.close()

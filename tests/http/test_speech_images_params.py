@@ -58,7 +58,9 @@ async def test_speech_stream_true_is_the_sse_stream(omni_server, http):
         rid = r.headers["X-Request-Id"]
         raw = await r.read()
     events = [json.loads(f["data"]) for f in parse_sse(raw)]
-    assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + ["speech.audio.done"]
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + [
+        "speech.audio.done"
+    ]
     opts = admitted(omni_server, rid).options
     assert (opts[Opt.STREAM], opts[Opt.STREAM_FORMAT]) == ("1", "sse")
     assert_replays(omni_server, rid, 200, raw)
@@ -79,13 +81,18 @@ async def test_speech_stream_with_the_openai_streaming_response(omni_server):
     client = openai.AsyncOpenAI(base_url=omni_server.url + "/v1", api_key="unused", max_retries=0)
     try:
         async with client.audio.speech.with_streaming_response.create(
-            model="http-omni", voice="alloy", input="hi", response_format="pcm",
+            model="http-omni",
+            voice="alloy",
+            input="hi",
+            response_format="pcm",
             extra_body={"stream": True},
         ) as streamed:
             assert streamed.headers["content-type"] == "text/event-stream"
             raw = b"".join([piece async for piece in streamed.iter_bytes()])
         events = [json.loads(f["data"]) for f in parse_sse(raw)]
-        pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+        pcm = b"".join(
+            base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
+        )
         whole = await client.audio.speech.create(
             model="http-omni", voice="alloy", input="hi", response_format="pcm"
         )
@@ -95,7 +102,13 @@ async def test_speech_stream_with_the_openai_streaming_response(omni_server):
 
 
 async def test_speech_neutral_values_are_accepted(omni_server, http):
-    req = {"input": "hi", "response_format": "wav", "speed": 1.0, "instructions": "", "stream": False}
+    req = {
+        "input": "hi",
+        "response_format": "wav",
+        "speed": 1.0,
+        "instructions": "",
+        "stream": False,
+    }
     async with http.post(omni_server.url + SPEECH, json=req) as r:
         assert r.status == 200, await r.text()
         rid = r.headers["X-Request-Id"]
@@ -117,7 +130,9 @@ SPEECH_BAD = [
 # fmt: on
 
 
-@pytest.mark.parametrize(("name", "extra", "param", "code"), SPEECH_BAD, ids=[b[0] for b in SPEECH_BAD])
+@pytest.mark.parametrize(
+    ("name", "extra", "param", "code"), SPEECH_BAD, ids=[b[0] for b in SPEECH_BAD]
+)
 async def test_bad_speech_parameter(omni_server, http, name, extra, param, code):
     before = len(omni_server.omni.log)
     async with http.post(omni_server.url + SPEECH, json={"input": "hi", **extra}) as r:
@@ -142,7 +157,9 @@ async def test_image_neutral_openai_options_are_accepted(image_server, http):
     assert "output_format" not in json.loads(raw)
     assert admitted(image_server, rid).seed == 4
     assert_replays(image_server, rid, 200, raw)
-    async with http.post(image_server.url + IMAGES, json={"prompt": "x", "quality": "standard", "background": "auto"}) as r:
+    async with http.post(
+        image_server.url + IMAGES, json={"prompt": "x", "quality": "standard", "background": "auto"}
+    ) as r:
         assert r.status == 200
 
 
@@ -170,7 +187,9 @@ IMAGE_BAD = [
 # fmt: on
 
 
-@pytest.mark.parametrize(("name", "extra", "param", "code"), IMAGE_BAD, ids=[b[0] for b in IMAGE_BAD])
+@pytest.mark.parametrize(
+    ("name", "extra", "param", "code"), IMAGE_BAD, ids=[b[0] for b in IMAGE_BAD]
+)
 async def test_bad_image_parameter(image_server, http, name, extra, param, code):
     before = len(image_server.omni.log)
     async with http.post(image_server.url + IMAGES, json={"prompt": "x", **extra}) as r:
@@ -205,7 +224,16 @@ async def test_files_serves_image_blobs_by_digest(image_server, http):
 
 @pytest.mark.parametrize(
     "name",
-    ["0" * 31, "0" * 33, "A" * 32, "g" * 32, "..%2F..%2Fetc%2Fpasswd", "%2e%2e", "ab" * 16 + ".png", "ab" * 16 + "%00"],
+    [
+        "0" * 31,
+        "0" * 33,
+        "A" * 32,
+        "g" * 32,
+        "..%2F..%2Fetc%2Fpasswd",
+        "%2e%2e",
+        "ab" * 16 + ".png",
+        "ab" * 16 + "%00",
+    ],
 )
 async def test_files_refuses_what_is_not_a_digest(image_server, http, name):
     async with http.get(f"{image_server.url}/v1/files/{name}") as r:
@@ -242,13 +270,18 @@ image = "image"
 
 
 def served() -> adapt.Served:
-    return adapt.Served(parse_pipeline(DIFFUSION), new_request_id=lambda: "req-1", new_seed=lambda: 7)
+    return adapt.Served(
+        parse_pipeline(DIFFUSION), new_request_id=lambda: "req-1", new_seed=lambda: 7
+    )
 
 
 async def test_url_is_absolute_from_the_host():
     ok = make_mocked_request("POST", IMAGES, headers={"Host": "omnix.example:8443"})
     assert _files_url(ok) == "http://omnix.example:8443/v1/files/"
-    assert _files_url(make_mocked_request("POST", IMAGES, headers={"Host": "[::1]:80"})) == "http://[::1]:80/v1/files/"
+    assert (
+        _files_url(make_mocked_request("POST", IMAGES, headers={"Host": "[::1]:80"}))
+        == "http://[::1]:80/v1/files/"
+    )
     for bad in ("evil.example/x?", "a b", "host:port:1", "@evil", ""):
         assert _files_url(make_mocked_request("POST", IMAGES, headers={"Host": bad})) == ""
 
@@ -261,8 +294,13 @@ async def test_url_needs_a_usable_host():
 
 async def test_diffusion_params_are_recorded_and_url_renders_from_the_log():
     body = ImageRequest(
-        prompt="a cube", response_format="url", output_format="jpeg", negative_prompt="blur",
-        true_cfg_scale=3.0, num_inference_steps=3, seed=9,
+        prompt="a cube",
+        response_format="url",
+        output_format="jpeg",
+        negative_prompt="blur",
+        true_cfg_scale=3.0,
+        num_inference_steps=3,
+        seed=9,
     )
     plan = adapt.image_plan(body, served(), files_url="https://h.example/v1/files/")
     ((rid, spec),) = plan.specs
@@ -313,7 +351,9 @@ async def test_refusal_rules_of_a_flux_model():
     assert refusal(schnell, StageParams(guidance_scale=3.5))[0] == "guidance_scale"
     assert refusal(dev, StageParams(guidance_scale=3.5)) is None
     assert refusal(dev, StageParams(negative_prompt="x"))[0] == "negative_prompt"
-    assert refusal(dev, StageParams(negative_prompt="x", true_cfg_scale=1.0))[0] == "negative_prompt"
+    assert (
+        refusal(dev, StageParams(negative_prompt="x", true_cfg_scale=1.0))[0] == "negative_prompt"
+    )
     assert refusal(dev, StageParams(true_cfg_scale=4.0))[0] == "true_cfg_scale"
     assert refusal(dev, StageParams(negative_prompt="x", true_cfg_scale=4.0)) is None
     assert refusal(dev, StageParams(output_format="gif"))[0] == "output_format"

@@ -52,9 +52,13 @@ async def chat(engine: Any, name: str, content: Any) -> dict[str, int]:
     from vllm import SamplingParams
     from vllm.renderers import ChatParams
 
-    _, (prompt,) = await engine.renderer.render_chat_async([[{"role": "user", "content": content}]], ChatParams())
+    _, (prompt,) = await engine.renderer.render_chat_async(
+        [[{"role": "user", "content": content}]], ChatParams()
+    )
     final = None
-    async for out in engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0), request_id=name):
+    async for out in engine.generate(
+        prompt, SamplingParams(max_tokens=8, temperature=0.0), request_id=name
+    ):
         final = out
     assert final is not None
     return {"prompt": len(final.prompt_token_ids or []), "output": len(final.outputs[0].token_ids)}

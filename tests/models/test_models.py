@@ -31,7 +31,9 @@ from omnix.models.paths import (
 pytestmark = pytest.mark.engines
 
 
-def test_init_cli_is_deterministic_and_seeded(tmp_path: Path, tiny_models: ModelPaths, capsys) -> None:
+def test_init_cli_is_deterministic_and_seeded(
+    tmp_path: Path, tiny_models: ModelPaths, capsys
+) -> None:
     from omnix.cli import main
 
     assert main(["models", "init", "--dir", str(tmp_path / "a"), "--seed", "0"]) == 0
@@ -119,7 +121,9 @@ def test_tokenizer_roundtrips_through_vllms_loader(tiny_models: ModelPaths) -> N
 def test_model_configs(tiny_models: ModelPaths) -> None:
     thinker = json.loads((tiny_models.path("thinker") / "config.json").read_text())
     assert thinker["model_type"] == "qwen2"
-    assert thinker["hidden_size"] // thinker["num_attention_heads"] == 64  # a CPU-supported head size
+    assert (
+        thinker["hidden_size"] // thinker["num_attention_heads"] == 64
+    )  # a CPU-supported head size
     text_vocab = read_info(tiny_models.path("thinker")).layout["text_vocab"]
     assert thinker["vocab_size"] >= text_vocab
     talker = json.loads((tiny_models.path("talker") / "config.json").read_text())
@@ -148,7 +152,10 @@ def test_model_configs(tiny_models: ModelPaths) -> None:
     ).read_bytes()
     codec = json.loads((tiny_models.path("code2wav") / "config.json").read_text())
     assert (codec["num_codebooks"], codec["codebook_size"]) == (NUM_CODEBOOKS, CODEC_SIZE)
-    assert json.loads((tiny_models.path("image") / "model_index.json").read_text())["_class_name"] == "FluxPipeline"
+    assert (
+        json.loads((tiny_models.path("image") / "model_index.json").read_text())["_class_name"]
+        == "FluxPipeline"
+    )
 
 
 def test_model_dir_env_is_where_the_session_built(tiny_models: ModelPaths) -> None:

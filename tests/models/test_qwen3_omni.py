@@ -18,7 +18,9 @@ from omnix.models.paths import ModelPaths, folder_digest
 HERE = Path(__file__).resolve().parent
 
 
-def test_the_omni_thinker_builds_the_same_folder_for_a_seed(tiny_models: ModelPaths, tmp_path: Path) -> None:
+def test_the_omni_thinker_builds_the_same_folder_for_a_seed(
+    tiny_models: ModelPaths, tmp_path: Path
+) -> None:
     again = build_model("omni_thinker", tmp_path / "a", seed=0)
     other = build_model("omni_thinker", tmp_path / "b", seed=1)
     built = Path(tiny_models.omni_thinker)
@@ -40,7 +42,11 @@ def test_a_spawned_vllm_engine_takes_audio_and_image_input(tiny_models: ModelPat
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
-    text, audio, image = counts["text"]["prompt"], counts["audio"]["prompt"], counts["image"]["prompt"]
+    text, audio, image = (
+        counts["text"]["prompt"],
+        counts["audio"]["prompt"],
+        counts["image"]["prompt"],
+    )
     # A 2 s clip is 26 audio placeholder tokens (+ start/end markers and a
     # newline); a 320x224 image 54 image tokens (+3): the thinker saw them.
     assert audio - text >= 26

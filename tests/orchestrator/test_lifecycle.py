@@ -101,7 +101,9 @@ def _finished_stages(omni, rid):
 async def test_cancel_reaches_every_active_stage_and_ends_after_acks(omni_cfg):
     omni, sim = await start_sim(omni_cfg)
     omni.submit(SPEC, request_id="r1")
-    while not any(isinstance(e, Chunk) and e.stage == "code2wav" for e in omni.log.events_for("r1")):
+    while not any(
+        isinstance(e, Chunk) and e.stage == "code2wav" for e in omni.log.events_for("r1")
+    ):
         assert sim.step()
     active = {(st.name, st.replica) for st in omni.state("r1").active_stages()}
     assert active == {("thinker", 0), ("talker", 0), ("code2wav", 0)}
@@ -117,7 +119,9 @@ async def test_cancel_reaches_every_active_stage_and_ends_after_acks(omni_cfg):
 
 
 async def test_stage_failure_fails_the_request_and_aborts_the_others():
-    cfg = omni_like(talker="engine = { kind = \"scripted\", chunks_per_piece = 3, delay_ms = 1, output_modality = \"codec\", fail_at = 4 }")
+    cfg = omni_like(
+        talker='engine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, output_modality = "codec", fail_at = 4 }'
+    )
     omni, sim = await start_sim(cfg)
     omni.submit(SPEC, request_id="r1")
     sim.run_until_idle()
@@ -150,7 +154,9 @@ async def test_lost_worker_before_output_retries_on_another_replica():
     sim.step()  # admitted, routed to thinker/0; nothing produced yet
     sim.kill("thinker", 0)
     sim.run_until_idle()
-    routes = [e for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.stage == "thinker"]
+    routes = [
+        e for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.stage == "thinker"
+    ]
     assert [(r.replica, r.seq) for r in routes] == [(0, 0), (1, 0)]
     assert isinstance(terminals(omni, "r1")[0], Finished)
     assert omni.state("r1").stage("thinker").attempt == 2
@@ -158,7 +164,9 @@ async def test_lost_worker_before_output_retries_on_another_replica():
 
 async def test_request_deadline_cancels_with_reason_deadline(omni_cfg):
     omni, sim = await start_sim(omni_cfg)
-    omni.submit(RequestSpec(prompt="hi", outputs=("text", "audio"), deadline_ms=10), request_id="r1")
+    omni.submit(
+        RequestSpec(prompt="hi", outputs=("text", "audio"), deadline_ms=10), request_id="r1"
+    )
     sim.run_until_idle()
     evs = omni.log.events_for("r1")
     exp = next(e for e in evs if isinstance(e, DeadlineExpired))
@@ -171,13 +179,19 @@ async def test_request_deadline_cancels_with_reason_deadline(omni_cfg):
 
 
 async def test_a_silent_stage_times_out_instead_of_hanging():
-    cfg = omni_like(talker="timeout_s = 0.5\nengine = { kind = \"scripted\", chunks_per_piece = 3, delay_ms = 1, output_modality = \"codec\", hang_at = 2 }")
+    cfg = omni_like(
+        talker='timeout_s = 0.5\nengine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, output_modality = "codec", hang_at = 2 }'
+    )
     omni, sim = await start_sim(cfg)
     omni.submit(SPEC, request_id="r1")
     sim.run_until_idle()
     (end,) = terminals(omni, "r1")
     assert isinstance(end, Failed) and end.reason == "stage_timeout" and end.stage == "talker"
-    last_talker = max(e.ts_ns for e in omni.log.events_for("r1") if isinstance(e, STAGE_EVENT_TYPES) and e.stage == "talker")
+    last_talker = max(
+        e.ts_ns
+        for e in omni.log.events_for("r1")
+        if isinstance(e, STAGE_EVENT_TYPES) and e.stage == "talker"
+    )
     assert end.ts_ns - last_talker == 500_000_000
     assert_released(omni, sim, "r1")
 
@@ -187,7 +201,9 @@ async def test_output_of_an_armed_request_costs_the_timer_no_due_time_computatio
     # skips it (computing due times per streamed token would be a quarter of
     # the server's work);
     # the stage still times out exactly timeout_s after its last output.
-    cfg = omni_like(talker="timeout_s = 0.5\nengine = { kind = \"scripted\", chunks_per_piece = 3, delay_ms = 1, output_modality = \"codec\", hang_at = 2 }")
+    cfg = omni_like(
+        talker='timeout_s = 0.5\nengine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, output_modality = "codec", hang_at = 2 }'
+    )
     omni, sim = await start_sim(cfg)
     seen: list[str] = []
     due_times = omni.orchestrator.due_times
@@ -203,7 +219,11 @@ async def test_output_of_an_armed_request_costs_the_timer_no_due_time_computatio
     assert "Chunk" not in seen and "Routed" in seen
     (end,) = terminals(omni, "r1")
     assert isinstance(end, Failed) and end.reason == "stage_timeout" and end.stage == "talker"
-    last_talker = max(e.ts_ns for e in omni.log.events_for("r1") if isinstance(e, STAGE_EVENT_TYPES) and e.stage == "talker")
+    last_talker = max(
+        e.ts_ns
+        for e in omni.log.events_for("r1")
+        if isinstance(e, STAGE_EVENT_TYPES) and e.stage == "talker"
+    )
     assert end.ts_ns - last_talker == 500_000_000
 
 
@@ -223,7 +243,9 @@ async def test_unacknowledged_aborts_end_after_the_abort_timeout(omni_cfg):
 
 
 async def test_full_queue_refuses_admission_and_queued_requests_run_in_order():
-    cfg = omni_like(thinker="max_queue = 2\nengine = { kind = \"scripted\", chunks_per_piece = 3, delay_ms = 1, capacity = 1 }")
+    cfg = omni_like(
+        thinker='max_queue = 2\nengine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, capacity = 1 }'
+    )
     omni, sim = await start_sim(cfg)
     results = [omni.submit(RequestSpec(prompt="x"), request_id=f"r{i}") for i in range(4)]
     assert [type(r).__name__ for r in results] == ["Admitted", "Admitted", "Admitted", "Rejected"]

@@ -93,13 +93,16 @@ async def test_killing_a_replica_at_every_position_migrates_and_changes_no_outpu
             ends = terminals(omni, "r1")
             assert len(ends) == 1 and isinstance(ends[0], Finished), f"{where}: {ends}"
             assert output(omni, "r1") == expected, where
-            continuations = [e for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.resume]
+            continuations = [
+                e for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.resume
+            ]
             migrated += bool(continuations)
             for c in continuations:
                 assert c.replica != killed[0], where
                 # The new replica's first chunk continues the numbering.
                 nxt = [
-                    e for e in omni.log.events_for("r1")
+                    e
+                    for e in omni.log.events_for("r1")
                     if isinstance(e, Chunk) and e.stage == c.stage and e.pos > c.pos
                 ]
                 if nxt:  # (none when the loss came after the last chunk)
@@ -118,7 +121,9 @@ async def test_a_continuation_is_sent_every_piece_and_where_to_resume():
         assert sim.step()
     routed = [e for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.stage == "talker"]
     sim.kill("talker", 0)
-    cont = [e for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.stage == "talker"][len(routed):]
+    cont = [e for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.stage == "talker"][
+        len(routed) :
+    ]
     assert [(e.seq, e.sources, e.replica) for e in cont] == [(e.seq, e.sources, 1) for e in routed]
     assert cont[0].resume == 4 and all(e.resume == 0 for e in cont[1:])
     work = next(w for w in sim.sent if w.stage == "talker" and w.replica == 1 and w.seq == 0)
@@ -130,7 +135,9 @@ async def test_a_continuation_is_sent_every_piece_and_where_to_resume():
     assert (st.chunks, st.attempt, st.replica, st.status) == (4, 2, 1, "routed")
     sim.run_until_idle()
     assert isinstance(terminals(omni, "r1")[0], Finished)
-    starts = [e for e in omni.log.events_for("r1") if isinstance(e, StageStarted) and e.stage == "talker"]
+    starts = [
+        e for e in omni.log.events_for("r1") if isinstance(e, StageStarted) and e.stage == "talker"
+    ]
     assert [e.replica for e in starts] == [0, 1]
 
 
@@ -138,7 +145,9 @@ async def test_a_continuation_of_audio_carries_the_samples_already_delivered():
     cfg = omni_like(**TWO_REPLICAS)
     omni, sim = await start_sim(cfg)
     omni.submit(SPEC, request_id="r1")
-    while omni.state("r1").stage("code2wav") is None or omni.state("r1").stage("code2wav").chunks < 2:
+    while (
+        omni.state("r1").stage("code2wav") is None or omni.state("r1").stage("code2wav").chunks < 2
+    ):
         assert sim.step()
     sim.kill("code2wav", 0)
     work = next(w for w in sim.sent if w.stage == "code2wav" and w.replica == 1 and w.seq == 0)
@@ -162,7 +171,11 @@ async def test_with_no_replica_left_the_continuation_waits_for_the_restarted_one
     assert not omni.state("r1").terminal
     assert omni.orchestrator.queue_length("thinker") == 1
     sim.dead.discard("thinker/0")
-    omni.sequencer.emit(WorkerJoined(worker_id="thinker/0", stage="thinker", replica=0, engine="scripted", capacity=8))
+    omni.sequencer.emit(
+        WorkerJoined(
+            worker_id="thinker/0", stage="thinker", replica=0, engine="scripted", capacity=8
+        )
+    )
     sim.run_until_idle()
     assert isinstance(terminals(omni, "r1")[0], Finished)
     assert output(omni, "r1") == output(base, "r1")
@@ -188,15 +201,21 @@ async def test_a_stage_whose_retries_are_exhausted_fails_as_before():
 
 async def test_a_failing_stage_continues_and_fails_once_its_retries_run_out():
     # fail_at fires again in every continuation (it is past the resume point).
-    cfg = omni_like(talker='engine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, '
-                    'output_modality = "codec", fail_at = 4 }\nreplicas = 2')
+    cfg = omni_like(
+        talker='engine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, '
+        'output_modality = "codec", fail_at = 4 }\nreplicas = 2'
+    )
     omni, sim = await start_sim(cfg)
     omni.submit(SPEC, request_id="r1")
     sim.run_until_idle()
     (end,) = terminals(omni, "r1")
     assert isinstance(end, Failed) and end.reason == "stage_error" and end.stage == "talker"
     assert omni.state("r1").stage("talker").attempt == 3  # max_retries = 2
-    resumes = [e.resume for e in omni.log.events_for("r1") if isinstance(e, Routed) and e.stage == "talker" and e.seq == 0]
+    resumes = [
+        e.resume
+        for e in omni.log.events_for("r1")
+        if isinstance(e, Routed) and e.stage == "talker" and e.seq == 0
+    ]
     assert resumes == [0, 4, 4]
 
 
@@ -210,7 +229,11 @@ async def test_a_cancel_during_a_migration_still_ends_cancelled(cancel_after):
     sim.kill("thinker", 0)
     if cancel_after:  # the replica is back and the continuation routed
         sim.dead.discard("thinker/0")
-        omni.sequencer.emit(WorkerJoined(worker_id="thinker/0", stage="thinker", replica=0, engine="scripted", capacity=8))
+        omni.sequencer.emit(
+            WorkerJoined(
+                worker_id="thinker/0", stage="thinker", replica=0, engine="scripted", capacity=8
+            )
+        )
     omni.cancel("r1")
     sim.run_until_idle()
     (end,) = terminals(omni, "r1")
@@ -252,6 +275,7 @@ async def test_a_continuation_says_how_the_delivered_chunks_split_over_the_input
     cut = 2 * per_piece + 1  # inside the third piece
     while omni.state("r1").stage("talker") is None or omni.state("r1").stage("talker").chunks < cut:
         assert sim.step()
+
     # The sim records no pieces: give its chunks the pieces a worker would
     # record (the scripted talker speaks per_piece chunks per input piece),
     # skipping piece 1 as an empty piece would be.
@@ -260,19 +284,25 @@ async def test_a_continuation_says_how_the_delivered_chunks_split_over_the_input
         return p if p == 0 else p + 1
 
     events = [
-        msgspec.structs.replace(e, piece=piece_of(e.index)) if isinstance(e, Chunk) and e.stage == "talker" else e
+        msgspec.structs.replace(e, piece=piece_of(e.index))
+        if isinstance(e, Chunk) and e.stage == "talker"
+        else e
         for e in omni.log.read()
     ]
     log = MemoryLog(events=events)
     talker = [e for e in log.events_for("r1") if isinstance(e, Chunk) and e.stage == "talker"][:cut]
-    routed = Routed(request_id="r1", stage="talker", replica=1, seq=0, sources=(), last=False, resume=cut)
+    routed = Routed(
+        request_id="r1", stage="talker", replica=1, seq=0, sources=(), last=False, resume=cut
+    )
     resume = Dispatcher(log, None, omni.blobs, cfg).resume(routed)  # resume() uses no runtime
     assert resume.chunks == cut
     assert resume.token_ids == tuple(i for e in talker for i in e.token_ids)
 
     def share(p: int) -> PieceOutput:
         mine = [e for e in talker if e.piece == p]
-        return PieceOutput(len(mine), sum(len(e.token_ids) for e in mine), sum(len(e.text) for e in mine))
+        return PieceOutput(
+            len(mine), sum(len(e.token_ids) for e in mine), sum(len(e.text) for e in mine)
+        )
 
     assert resume.pieces == (share(0), PieceOutput(), share(2), share(3))
     assert resume.pieces[3].chunks == 1 and resume.pieces[0].chunks == per_piece

@@ -84,7 +84,13 @@ async def test_restart_losses_migrate_the_running_requests_to_the_restarted_work
     assert not omni.state(rid).terminal  # type: ignore[union-attr]  # waits for a replica
     for ev in lost:  # the restarted server's workers join
         omni.sequencer.emit(
-            WorkerJoined(worker_id=ev.worker_id, stage=ev.stage, replica=ev.replica, engine="scripted", capacity=8)
+            WorkerJoined(
+                worker_id=ev.worker_id,
+                stage=ev.stage,
+                replica=ev.replica,
+                engine="scripted",
+                capacity=8,
+            )
         )
     sim.run_until_idle()
     evs = omni.log.events_for(rid)
@@ -128,16 +134,28 @@ async def test_a_restart_fails_requests_older_than_it_resumes() -> None:
     sim.step()
     clock.advance(200 * 10**9)  # old: 400 s, recent: 200 s
 
-    def simulate(pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore) -> SimRuntime:
+    def simulate(
+        pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore
+    ) -> SimRuntime:
         return SimRuntime(pipeline, emit, blobs, clock)
 
-    again = Omni(cfg, log=omni.log, clock=clock, runtime_factory=simulate, virtual_time=True, resume_within_s=300)
+    again = Omni(
+        cfg,
+        log=omni.log,
+        clock=clock,
+        runtime_factory=simulate,
+        virtual_time=True,
+        resume_within_s=300,
+    )
     sim2 = again.runtime
     assert isinstance(sim2, SimRuntime)
     sim2.timer = again.timer
     await again.start()
     sim2.run_until_idle()
-    ends = {rid: [e for e in again.log.events_for(rid) if isinstance(e, TERMINAL_TYPES)] for rid in (old, recent)}
+    ends = {
+        rid: [e for e in again.log.events_for(rid) if isinstance(e, TERMINAL_TYPES)]
+        for rid in (old, recent)
+    }
     (failed,) = ends[old]
     assert isinstance(failed, Failed) and failed.reason == "not_resumed"
     (done,) = ends[recent]

@@ -158,7 +158,9 @@ async def test_a_restart_fails_the_requests_it_cannot_resume() -> None:
     def simulate(pipeline, emit, blobs):
         return SimRuntime(pipeline, emit, blobs, sim.clock)
 
-    again = Omni(cfg, log=log, blobs=omni.blobs, clock=sim.clock, runtime_factory=simulate, virtual_time=True)
+    again = Omni(
+        cfg, log=log, blobs=omni.blobs, clock=sim.clock, runtime_factory=simulate, virtual_time=True
+    )
     await again.start()
     try:
         for rid in live:

@@ -31,10 +31,16 @@ async def test_downstream_stages_start_before_upstream_finishes(omni_cfg):
     sim.run_until_idle()
     events = list(omni.log.read())
 
-    assert first_pos(events, Routed, stage="talker") < first_pos(events, StageFinished, stage="thinker")
-    assert first_pos(events, Routed, stage="code2wav") < first_pos(events, StageFinished, stage="talker")
+    assert first_pos(events, Routed, stage="talker") < first_pos(
+        events, StageFinished, stage="thinker"
+    )
+    assert first_pos(events, Routed, stage="code2wav") < first_pos(
+        events, StageFinished, stage="talker"
+    )
     # The first audio chunk exists before the thinker has finished its text.
-    assert first_pos(events, Chunk, stage="code2wav") < first_pos(events, StageFinished, stage="thinker")
+    assert first_pos(events, Chunk, stage="code2wav") < first_pos(
+        events, StageFinished, stage="thinker"
+    )
     terminals = [ev for ev in events if isinstance(ev, TERMINAL_TYPES)]
     assert [type(t) for t in terminals] == [Finished]
     assert terminals[0] is events[-1]
@@ -51,7 +57,9 @@ async def test_outputs_arrive_in_order_and_complete(omni_cfg):
     # Every chunk the talker made reached code2wav, in order, exactly once.
     events = list(omni.log.read())
     talker = [e.pos for e in events if isinstance(e, Chunk) and e.stage == "talker"]
-    forwarded = [p for e in events if isinstance(e, Routed) and e.stage == "code2wav" for p in e.sources]
+    forwarded = [
+        p for e in events if isinstance(e, Routed) and e.stage == "code2wav" for p in e.sources
+    ]
     assert forwarded == talker
     result = await omni.collect("r1")
     assert result.ok and result.text.startswith("t0 t1 ") and result.audio is not None
@@ -75,7 +83,9 @@ async def _run_scenario() -> bytes:
     omni, sim = await start_sim(cfg)
     for i in range(4):
         omni.submit(
-            RequestSpec(prompt=f"p{i}", outputs=("text", "audio"), seed=i, deadline_ms=60 if i == 3 else 0),
+            RequestSpec(
+                prompt=f"p{i}", outputs=("text", "audio"), seed=i, deadline_ms=60 if i == 3 else 0
+            ),
             request_id=f"r{i}",
         )
     for _ in range(40):

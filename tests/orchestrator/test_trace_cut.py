@@ -23,7 +23,9 @@ async def _never_idle(n: int):
     """``n`` requests, each admitted while the one before it runs."""
     omni, sim = await start_sim(omni_like())
     for k in range(n):
-        omni.submit(RequestSpec(prompt=f"p{k}", outputs=("text", "audio"), seed=k), request_id=f"r{k}")
+        omni.submit(
+            RequestSpec(prompt=f"p{k}", outputs=("text", "audio"), seed=k), request_id=f"r{k}"
+        )
         for _ in range(6):
             sim.step()
     sim.run_until_idle()

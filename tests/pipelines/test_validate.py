@@ -76,12 +76,18 @@ BAD = {
         "stage 'a' is declared twice",
     ),
     "streaming fan-in": (
-        GOOD.replace("[outputs]", '[[stages]]\nname = "c"\nengine = { kind = "scripted" }\n'
-        '[[edges]]\nsource = "c"\ntarget = "b"\nforward = "chunk"\n[outputs]'),
+        GOOD.replace(
+            "[outputs]",
+            '[[stages]]\nname = "c"\nengine = { kind = "scripted" }\n'
+            '[[edges]]\nsource = "c"\ntarget = "b"\nforward = "chunk"\n[outputs]',
+        ),
         "fan-in waits for every input to finish",
     ),
     "no outputs": (GOOD.split("[outputs]")[0], "no [outputs]"),
-    "zero replicas": (GOOD.replace('name = "a"\n', 'name = "a"\nreplicas = 0\n'), "replicas must be >= 1"),
+    "zero replicas": (
+        GOOD.replace('name = "a"\n', 'name = "a"\nreplicas = 0\n'),
+        "replicas must be >= 1",
+    ),
     "not toml": ("name = [", "not valid TOML"),
     "negative max_retries": (
         GOOD.replace('name = "a"\n', 'name = "a"\nmax_retries = -1\n'),
@@ -130,10 +136,26 @@ def graph():
     [
         (RequestSpec(prompt="x", outputs=("image",)), "modalities", "cannot produce 'image'"),
         (RequestSpec(prompt=""), "messages", "no input"),
-        (RequestSpec(prompt="x", stage_params={"zz": StageParams()}), "sampling_params_list", "unknown stage 'zz'"),
-        (RequestSpec(prompt="x", stage_params={"a": StageParams(temperature=9.0)}), "temperature", "between 0 and 2"),
-        (RequestSpec(prompt="x", stage_params={"a": StageParams(max_tokens=0)}), "max_tokens", "positive"),
-        (RequestSpec(prompt="x", stage_params={"a": StageParams(width=13)}), "width", "multiple of 8"),
+        (
+            RequestSpec(prompt="x", stage_params={"zz": StageParams()}),
+            "sampling_params_list",
+            "unknown stage 'zz'",
+        ),
+        (
+            RequestSpec(prompt="x", stage_params={"a": StageParams(temperature=9.0)}),
+            "temperature",
+            "between 0 and 2",
+        ),
+        (
+            RequestSpec(prompt="x", stage_params={"a": StageParams(max_tokens=0)}),
+            "max_tokens",
+            "positive",
+        ),
+        (
+            RequestSpec(prompt="x", stage_params={"a": StageParams(width=13)}),
+            "width",
+            "multiple of 8",
+        ),
         (RequestSpec(prompt="x", deadline_ms=-1), "deadline_ms", ">= 0"),
     ],
 )
@@ -155,7 +177,9 @@ def test_needed_stages_follow_the_requested_outputs():
 
 
 MEDIA_ON_A = GOOD.replace(
-    'engine = { kind = "scripted" }', 'engine = { kind = "scripted" }\nmedia = { audio = true, image = true }', 1
+    'engine = { kind = "scripted" }',
+    'engine = { kind = "scripted" }\nmedia = { audio = true, image = true }',
+    1,
 )
 
 
@@ -171,10 +195,16 @@ def test_a_source_stage_declares_the_media_the_pipeline_takes():
     ("text", "says"),
     [
         (
-            GOOD.replace('output_modality = "audio" }', 'output_modality = "audio" }\nmedia = { audio = true }'),
+            GOOD.replace(
+                'output_modality = "audio" }',
+                'output_modality = "audio" }\nmedia = { audio = true }',
+            ),
             "only a source stage",
         ),
-        (MEDIA_ON_A.replace("image = true }", "image = true, max_pixels = 0 }"), "max_pixels must be positive"),
+        (
+            MEDIA_ON_A.replace("image = true }", "image = true, max_pixels = 0 }"),
+            "max_pixels must be positive",
+        ),
         (
             MEDIA_ON_A.replace(
                 'engine = { kind = "scripted" }',

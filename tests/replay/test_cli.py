@@ -63,7 +63,9 @@ async def test_drive_exit_status(trace_file, capsys):
 async def test_counterfactual_by_set_and_by_config(trace_file, tmp_path, capsys):
     code, out, _ = run(capsys, "replay", str(trace_file), "--set", "edges.1.every=1")
     assert code == 0 and "counterfactual replay" in out and re.search(r"\d+ differ", out)
-    code, out, _ = run(capsys, "replay", str(trace_file), "--set", "stages.talker.timeout_s=0.001", "--timers")
+    code, out, _ = run(
+        capsys, "replay", str(trace_file), "--set", "stages.talker.timeout_s=0.001", "--timers"
+    )
     assert code == 0 and "failed (stage_timeout)" in out
     code, _, err = run(capsys, "replay", str(trace_file), "--set", "edges.9.every=1")
     assert code == 2 and "no item '9'" in err
@@ -77,7 +79,11 @@ async def test_inject_prints_what_happened_and_the_invariants(trace_file, capsys
     from omnix.trace import read_trace
 
     t = read_trace(trace_file)
-    p = next(e.pos for e in t.events if isinstance(e, Chunk) and e.request_id == "r3" and e.stage == "talker")
+    p = next(
+        e.pos
+        for e in t.events
+        if isinstance(e, Chunk) and e.request_id == "r3" and e.stage == "talker"
+    )
     code, out, _ = run(capsys, "replay", str(trace_file), "--inject", f"worker-lost@{p}")
     assert code == 0 and "all invariants hold" in out and "injected" in out
     code, _, err = run(capsys, "replay", str(trace_file), "--inject", "meteor@3")

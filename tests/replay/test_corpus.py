@@ -29,7 +29,9 @@ def test_the_corpus_has_every_case():
     for prefix in ("sim-omni", "scripted-omni", "tiny-omni"):
         cases = CASES if prefix.startswith("sim") else CASES + HTTP_CASES
         missing = [c for c in cases if f"{prefix}-{c}" not in names]
-        assert not missing, f"replay/ lacks {prefix} traces for {missing}; recapture (docs/replay.md)"
+        assert not missing, (
+            f"replay/ lacks {prefix} traces for {missing}; recapture (docs/replay.md)"
+        )
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])

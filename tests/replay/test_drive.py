@@ -88,7 +88,11 @@ async def test_extra_decision_is_reported(busy, monkeypatch):
         if type(ev).__name__ == "StageStarted" and ev.stage == "talker":
             from omnix.events.types import CancelRequested
 
-            out.append(CancelRequested(request_id=ev.request_id, ts_ns=ev.ts_ns, reason="deadline", cause=ev.pos))
+            out.append(
+                CancelRequested(
+                    request_id=ev.request_id, ts_ns=ev.ts_ns, reason="deadline", cause=ev.pos
+                )
+            )
         return out
 
     monkeypatch.setattr(Orchestrator, "react", react)
@@ -136,10 +140,13 @@ async def test_counterfactual_drops_inputs_that_become_illegal():
     # With a queue of 0, r1 and r2 are refused: their recorded outputs
     # cannot be applied and are listed.
     stages = tuple(
-        msgspec.structs.replace(st, max_queue=0) if st.name == "thinker" else st for st in t.pipeline.stages
+        msgspec.structs.replace(st, max_queue=0) if st.name == "thinker" else st
+        for st in t.pipeline.stages
     )
     cf = counterfactual(t, pipeline=msgspec.structs.replace(t.pipeline, stages=stages))
     outcomes = {rd.request_id: (rd.recorded_outcome, rd.new_outcome) for rd in cf.requests}
     assert outcomes["r1"] == ("finished", "rejected (overloaded)")
-    assert cf.run.dropped and all(d.event.request_id in ("r1", "r2", "r4", "r5") for d in cf.run.dropped)
+    assert cf.run.dropped and all(
+        d.event.request_id in ("r1", "r2", "r4", "r5") for d in cf.run.dropped
+    )
     assert "inputs dropped as illegal" in cf.report(t)

@@ -37,7 +37,13 @@ def test_fault_syntax():
     assert parse_fault("slow-stage@12:talker:250") == FaultSpec("slow-stage", 12, "talker", 250.0)
     assert parse_fault("cancel@7:r9") == FaultSpec("cancel", 7, "r9")
     assert str(parse_fault("slow-stage@12:talker:250")) == "slow-stage@12:talker:250"
-    for bad in ("worker-lost", "lost@3", "slow-stage@3:talker", "slow-stage@3:talker:x", "worker-lost@3:talker"):
+    for bad in (
+        "worker-lost",
+        "lost@3",
+        "slow-stage@3:talker",
+        "slow-stage@3:talker:x",
+        "worker-lost@3:talker",
+    ):
         with pytest.raises(FaultError, match="cannot read fault"):
             parse_fault(bad)
 

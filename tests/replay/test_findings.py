@@ -58,16 +58,37 @@ def _early_stop_trace():
         seq.emit(type(ev)(**{**{f: getattr(ev, f) for f in ev.__struct_fields__}, "ts_ns": t}))
 
     for name in ("thinker", "talker"):
-        at(WorkerJoined(worker_id=f"{name}/0", stage=name, replica=0, engine="scripted", capacity=4))
+        at(
+            WorkerJoined(
+                worker_id=f"{name}/0", stage=name, replica=0, engine="scripted", capacity=4
+            )
+        )
     t += MS
     seq.submit("r1", RequestSpec(prompt="hi", outputs=("text", "codec")), t)
     at(StageStarted(request_id="r1", stage="thinker", replica=0))
     for i in range(12):
-        at(Chunk(request_id="r1", stage="thinker", replica=0, index=i, modality="text", text=f"t{i} "))
+        at(
+            Chunk(
+                request_id="r1", stage="thinker", replica=0, index=i, modality="text", text=f"t{i} "
+            )
+        )
         if i == 3:
             at(StageStarted(request_id="r1", stage="talker", replica=0))
-            at(Chunk(request_id="r1", stage="talker", replica=0, index=0, modality="codec", token_ids=(1,)))
-            at(StageFinished(request_id="r1", stage="talker", replica=0, chunks=1, finish_reason="length"))
+            at(
+                Chunk(
+                    request_id="r1",
+                    stage="talker",
+                    replica=0,
+                    index=0,
+                    modality="codec",
+                    token_ids=(1,),
+                )
+            )
+            at(
+                StageFinished(
+                    request_id="r1", stage="talker", replica=0, chunks=1, finish_reason="length"
+                )
+            )
     at(StageFinished(request_id="r1", stage="thinker", replica=0, chunks=12))
     return read_trace(export_trace(log, MemoryBlobStore(), cfg, ["r1"]))
 

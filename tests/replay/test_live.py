@@ -68,13 +68,18 @@ async def test_live_http_run_replays_in_every_mode(tmp_path, capsys):
         for rid, _ in results:
             api[rid] = export_trace(omni.log, omni.blobs, omni.pipeline, [rid])
         # Both talker replicas were used: the decisions are cross-request.
-        talkers = {e.replica for e in omni.log.read() if isinstance(e, Chunk) and e.stage == "talker"}
+        talkers = {
+            e.replica for e in omni.log.read() if isinstance(e, Chunk) and e.stage == "talker"
+        }
         assert talkers == {0, 1}
 
     for rid, received in results:
         assert served[rid] == api[rid]
         out = tmp_path / f"{rid}.trace"
-        assert main(["trace", "export", "--log-dir", str(log_dir), "--request", rid, "-o", str(out)]) == 0
+        assert (
+            main(["trace", "export", "--log-dir", str(log_dir), "--request", rid, "-o", str(out)])
+            == 0
+        )
         assert out.read_bytes() == api[rid], "CLI export differs from the API's"
 
         trace = read_trace(api[rid])

@@ -93,12 +93,14 @@ def _shallow(omni, rid: str) -> Trace:
     me = st.requests[rid]
     a, z = me.admitted_pos, me.terminal_pos
     live = {
-        r for r, rs in st.requests.items()
+        r
+        for r, rs in st.requests.items()
         if (rs.admitted_pos if rs.admitted_pos >= 0 else rs.terminal_pos) <= z
         and (rs.terminal_pos < 0 or rs.terminal_pos >= a)
     }
     keep = [
-        ev for ev in omni.log.read(0, z + 1)
+        ev
+        for ev in omni.log.read(0, z + 1)
         if isinstance(ev, (WorkerJoined, WorkerLost))
         or (isinstance(ev, RequestEvent) and ev.request_id in live)
     ]
@@ -112,9 +114,19 @@ def _shallow(omni, rid: str) -> Trace:
             kw["sources"] = tuple(new[s] for s in ev.sources)
         out.append(msgspec.structs.replace(ev, **kw))
     events = decode_events(encode_events(out))
-    t = Trace(events=events, blobs=omni.blobs, pipeline=omni.pipeline, format_version=1,
-              omnix_version="test", schema_version=1, rules_version=1, targets=(rid,),
-              digest="", request_digests={}, source="<shallow>")
+    t = Trace(
+        events=events,
+        blobs=omni.blobs,
+        pipeline=omni.pipeline,
+        format_version=1,
+        omnix_version="test",
+        schema_version=1,
+        rules_version=1,
+        targets=(rid,),
+        digest="",
+        request_digests={},
+        source="<shallow>",
+    )
     return t
 
 
@@ -159,7 +171,11 @@ async def test_missing_blob_is_refused(busy):
 async def test_a_tampered_event_is_caught_and_named(busy):
     data = export_trace(busy.log, busy.blobs, busy.pipeline, ["r3"])
     events = decode_events(_body(data).events)
-    i = next(k for k, ev in enumerate(events) if isinstance(ev, Chunk) and ev.request_id == "r3" and ev.text)
+    i = next(
+        k
+        for k, ev in enumerate(events)
+        if isinstance(ev, Chunk) and ev.request_id == "r3" and ev.text
+    )
     events[i] = msgspec.structs.replace(events[i], ts_ns=events[i].ts_ns + 1)
     bad = _rewrite(data, events=encode_events(events))
     with pytest.raises(TraceCorrupt, match=r"state digest mismatch.*request\(s\) r3 differs"):

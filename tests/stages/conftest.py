@@ -45,12 +45,19 @@ class Harness:
             self.illegal.append(str(exc))
         self._changed.set()
 
-    async def wait_for(self, pred: Callable[[], object], timeout: float = 10.0, what: str = "") -> object:  # noqa: ASYNC109
+    async def wait_for(
+        self,
+        pred: Callable[[], object],
+        timeout: float = 10.0,  # noqa: ASYNC109
+        what: str = "",
+    ) -> object:
         deadline = time.monotonic() + timeout
         while not (res := pred()):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"timed out waiting for {what or pred}; events: {self.kinds()}")
+                raise AssertionError(
+                    f"timed out waiting for {what or pred}; events: {self.kinds()}"
+                )
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), min(left, 0.05))
@@ -59,7 +66,11 @@ class Harness:
         return res
 
     def of(self, cls: type, rid: str | None = None) -> list:
-        return [e for _, e in self.events if isinstance(e, cls) and (rid is None or getattr(e, "request_id", None) == rid)]
+        return [
+            e
+            for _, e in self.events
+            if isinstance(e, cls) and (rid is None or getattr(e, "request_id", None) == rid)
+        ]
 
     def for_request(self, rid: str) -> list[Event]:
         return [e for _, e in self.events if getattr(e, "request_id", None) == rid]
@@ -71,15 +82,37 @@ class Harness:
     def joined_pids(self) -> list[int]:
         return [e.pid for e in self.of(WorkerJoined)]
 
-    def send(self, rid: str, stage: str, replica: int = 0, pieces: tuple[InputPiece, ...] = (InputPiece(text="hi"),),
-             last: bool = True, **kw) -> None:
+    def send(
+        self,
+        rid: str,
+        stage: str,
+        replica: int = 0,
+        pieces: tuple[InputPiece, ...] = (InputPiece(text="hi"),),
+        last: bool = True,
+        **kw,
+    ) -> None:
         """Append Admitted/Routed as the orchestrator would, then send."""
         seq = self._seq.get((rid, stage), 0)
         if rid not in self.log.state.requests:
-            self.log.append(Admitted(request_id=rid, pipeline="test", spec=RequestSpec(prompt="hi")))
-        self.log.append(Routed(request_id=rid, stage=stage, replica=replica, seq=seq, sources=(0,), last=last))
+            self.log.append(
+                Admitted(request_id=rid, pipeline="test", spec=RequestSpec(prompt="hi"))
+            )
+        self.log.append(
+            Routed(request_id=rid, stage=stage, replica=replica, seq=seq, sources=(0,), last=last)
+        )
         self._seq[(rid, stage)] = seq + 1
-        self.rt.send(WorkItem(rid, stage, replica, seq, last, pieces, kw.pop("params", WorkItem.__struct_defaults__[0]), 0))
+        self.rt.send(
+            WorkItem(
+                rid,
+                stage,
+                replica,
+                seq,
+                last,
+                pieces,
+                kw.pop("params", WorkItem.__struct_defaults__[0]),
+                0,
+            )
+        )
 
 
 def pid_alive(pid: int) -> bool:

@@ -34,10 +34,13 @@ def omni(talker_replicas: int = 1, talker_executor: str = "uni") -> PipelineConf
 
 
 def text_only() -> PipelineConfig:
-    return PipelineConfig(name="t", stages=(
-        StageConfig(name="thinker", engine=VllmArgs(model="thinker")),
-        StageConfig(name="s", engine=ScriptedArgs()),
-    ))
+    return PipelineConfig(
+        name="t",
+        stages=(
+            StageConfig(name="thinker", engine=VllmArgs(model="thinker")),
+            StageConfig(name="s", engine=ScriptedArgs()),
+        ),
+    )
 
 
 def test_engine_cores_get_the_last_cpus_and_the_frontend_keeps_the_first():
@@ -46,10 +49,12 @@ def test_engine_cores_get_the_last_cpus_and_the_frontend_keeps_the_first():
     # Two engine cores on 2 CPUs share the one that is not the frontend's.
     assert cpu_plan(omni(), [0, 1]) == CpuPlan("0", {"thinker/0": "1", "talker/0": "1"})
     assert cpu_plan(omni(), [0, 1, 2, 3, 4, 5]) == CpuPlan(
-        "0,1", {"thinker/0": "2,3", "talker/0": "4,5"})
+        "0,1", {"thinker/0": "2,3", "talker/0": "4,5"}
+    )
     # More engine cores than CPUs left: one CPU each, round robin.
     assert cpu_plan(omni(talker_replicas=2), [4, 5, 6]) == CpuPlan(
-        "4", {"thinker/0": "5", "talker/0": "6", "talker/1": "5"})
+        "4", {"thinker/0": "5", "talker/0": "6", "talker/1": "5"}
+    )
 
 
 def test_nothing_to_place_without_a_uni_vllm_stage_or_a_second_cpu():
@@ -63,7 +68,8 @@ def test_nothing_to_place_without_a_uni_vllm_stage_or_a_second_cpu():
 def test_workers_the_operator_pinned_take_no_share():
     assert cpu_plan(omni(), [0, 1], {"talker"}) == CpuPlan("0", {"thinker/0": "1"})
     assert cpu_plan(omni(talker_replicas=2), [0, 1, 2], {"talker/1"}) == CpuPlan(
-        "0", {"thinker/0": "1", "talker/0": "2"})
+        "0", {"thinker/0": "1", "talker/0": "2"}
+    )
 
 
 def test_spawned_vllm_workers_get_the_frontend_and_their_engine_cpus(monkeypatch):
@@ -101,7 +107,9 @@ def test_a_process_started_under_engine_affinity_keeps_it_and_threads_get_the_fr
     go, seen = threading.Event(), []
     helper = threading.Thread(target=lambda: (go.wait(), seen.append(os.sched_getaffinity(0))))
     with engine_affinity(str(cpus[-1])):
-        child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        child = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        )
         helper.start()  # like AsyncLLM's client threads, started while it spawns its engine
     go.set()
     helper.join()

@@ -16,17 +16,26 @@ from omnix.stages.runtime import RuntimeConfigError
 from .conftest import scripted_pipeline
 
 
-async def test_start_and_stop_write_a_trace_per_replica_of_the_stages_asked(harness_factory, tmp_path):
+async def test_start_and_stop_write_a_trace_per_replica_of_the_stages_asked(
+    harness_factory, tmp_path
+):
     h = harness_factory(
         scripted_pipeline(
-            text=(ScriptedArgs(chunks_per_piece=3), 2), audio=(ScriptedArgs(output_modality="audio"), 1)
+            text=(ScriptedArgs(chunks_per_piece=3), 2),
+            audio=(ScriptedArgs(output_modality="audio"), 1),
         ),
         profile_dir=tmp_path,
     )
     await h.rt.start()
     started = await h.rt.profile("start", ["text"])
-    assert sorted((r.stage, r.replica, r.ok) for r in started) == [("text", 0, True), ("text", 1, True)]
-    assert {r.detail for r in started} == {str(tmp_path / "text" / "0"), str(tmp_path / "text" / "1")}
+    assert sorted((r.stage, r.replica, r.ok) for r in started) == [
+        ("text", 0, True),
+        ("text", 1, True),
+    ]
+    assert {r.detail for r in started} == {
+        str(tmp_path / "text" / "0"),
+        str(tmp_path / "text" / "1"),
+    }
     h.send("a", "text", 0)
     await h.wait_for(lambda: h.of(StageFinished, "a"), what="a finished")
     again = await h.rt.profile("start", ["text"])

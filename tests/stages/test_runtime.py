@@ -46,10 +46,12 @@ def _finished(h, rid):
 
 
 async def test_replicas_join_and_stream_outputs(harness_factory):
-    h = harness_factory(scripted_pipeline(
-        text=(ScriptedArgs(chunks_per_piece=3), 2),
-        audio=(ScriptedArgs(chunks_per_piece=2, output_modality="audio"), 1),
-    ))
+    h = harness_factory(
+        scripted_pipeline(
+            text=(ScriptedArgs(chunks_per_piece=3), 2),
+            audio=(ScriptedArgs(chunks_per_piece=2, output_modality="audio"), 1),
+        )
+    )
     await h.rt.start()
     joined = h.of(WorkerJoined)
     assert sorted(e.worker_id for e in joined) == ["audio/0", "text/0", "text/1"]
@@ -65,9 +67,21 @@ async def test_replicas_join_and_stream_outputs(harness_factory):
     assert h.kinds("b") == ["StageStarted", "Chunk", "Chunk", "Chunk", "StageFinished"]
     assert [c.text for c in h.of(Chunk, "a")] == [f"t{n} " for n in range(6)]
     fin = h.of(StageFinished, "a")[0]
-    assert (fin.chunks, fin.finish_reason, fin.prompt_tokens, fin.output_tokens) == (6, "stop", 2, 6)
+    assert (fin.chunks, fin.finish_reason, fin.prompt_tokens, fin.output_tokens) == (
+        6,
+        "stop",
+        2,
+        6,
+    )
     # Progress outputs are events of their own and do not count as chunks.
-    assert h.kinds("c") == ["StageStarted", "Progress", "Progress", "Chunk", "Chunk", "StageFinished"]
+    assert h.kinds("c") == [
+        "StageStarted",
+        "Progress",
+        "Progress",
+        "Chunk",
+        "Chunk",
+        "StageFinished",
+    ]
     assert [(p.step, p.total) for p in h.of(Progress, "c")] == [(1, 2), (2, 2)]
     blob = h.of(Chunk, "c")[1].blob
     assert blob is not None and blob.dtype == "<f4"
@@ -76,8 +90,11 @@ async def test_replicas_join_and_stream_outputs(harness_factory):
 
 
 async def test_kill_9_mid_stream_is_lost_within_bound_and_replica_rejoins(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=500, delay_ms=5), 1)),
-                        heartbeat_interval_s=0.25, lost_after_s=1.0)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=500, delay_ms=5), 1)),
+        heartbeat_interval_s=0.25,
+        lost_after_s=1.0,
+    )
     await h.rt.start()
     pid = h.joined_pids()[0]
     h.send("r", "s")
@@ -106,7 +123,9 @@ async def test_kill_9_mid_stream_is_lost_within_bound_and_replica_rejoins(harnes
 
 
 async def test_silent_worker_is_lost_by_heartbeat_and_replaced(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(), 1)), heartbeat_interval_s=0.2, lost_after_s=1.0)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(), 1)), heartbeat_interval_s=0.2, lost_after_s=1.0
+    )
     await h.rt.start()
     pid = h.joined_pids()[0]
     t_stop = time.monotonic()
@@ -121,8 +140,10 @@ async def test_silent_worker_is_lost_by_heartbeat_and_replaced(harness_factory):
 
 async def test_abort_reaches_engine_and_acknowledges_once(harness_factory, tmp_path):
     journal = tmp_path / "journal.jsonl"
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=1000, delay_ms=5), 1)),
-                        worker_env={JOURNAL_ENV: str(journal)})
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=1000, delay_ms=5), 1)),
+        worker_env={JOURNAL_ENV: str(journal)},
+    )
     await h.rt.start()
     h.send("r", "s", last=False)
     await h.wait_for(lambda: len(h.of(Chunk, "r")) >= 2, what="2 chunks")
@@ -141,13 +162,17 @@ async def test_abort_reaches_engine_and_acknowledges_once(harness_factory, tmp_p
     await h.wait_for(lambda: _finished(h, "other"), what="other finished")
     assert len(h.for_request("r")) == n and h.kinds("r")[-1] == "StageFinished"
     lines = [json.loads(ln) for ln in journal.read_text().splitlines()]
-    assert {"event": "abort", "request_id": "r"}.items() <= next(ln for ln in lines if ln["event"] == "abort").items()
+    assert {"event": "abort", "request_id": "r"}.items() <= next(
+        ln for ln in lines if ln["event"] == "abort"
+    ).items()
     assert [ln["request_id"] for ln in lines if ln["event"] == "generate"] == ["r", "other"]
     assert h.illegal == []
 
 
 async def test_capacity_is_guarded_and_credits_return(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=3, capacity=2, hang_at=1), 1)))
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=3, capacity=2, hang_at=1), 1))
+    )
     await h.rt.start()
     h.send("a", "s")
     h.send("b", "s")
@@ -180,7 +205,9 @@ async def test_engine_failure_fails_request_worker_lives_on(harness_factory):
 
 
 async def test_no_restart_makes_replica_unavailable(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=100, crash_at=1), 1)), restart=False)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=100, crash_at=1), 1)), restart=False
+    )
     await h.rt.start()
     h.send("r", "s")  # the engine kills its worker at output 1
     await h.wait_for(lambda: h.of(WorkerLost), what="WorkerLost")
@@ -195,8 +222,11 @@ async def test_no_restart_makes_replica_unavailable(harness_factory):
 
 
 async def test_heartbeats_flow_while_engine_load_blocks(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=1200), 1)),
-                        heartbeat_interval_s=0.1, lost_after_s=0.5)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(start_delay_ms=1200), 1)),
+        heartbeat_interval_s=0.1,
+        lost_after_s=0.5,
+    )
     await h.rt.start()  # the load blocks the worker's loop 3x longer than the bound
     assert h.rt.ready_replicas("s") == 1 and not h.of(WorkerLost)
 
@@ -209,19 +239,31 @@ async def test_start_failure_names_the_stage_with_exit_code_and_output(harness_f
     with pytest.raises(WorkerStartError) as ei:
         await h.rt.start()
     msg = str(ei.value)
-    assert "stage 'talker' replica 0" in msg and "exited with code 3" in msg and "boom: cannot load weights" in msg
+    assert (
+        "stage 'talker' replica 0" in msg
+        and "exited with code 3" in msg
+        and "boom: cannot load weights" in msg
+    )
     # A worker that starts but whose engine cannot load says so in the error.
-    h3 = harness_factory(scripted_pipeline(decoder=(ScriptedArgs(), 1)),
-                         worker_env={FAIL_START_ENV: "no weights at /models/x"})
+    h3 = harness_factory(
+        scripted_pipeline(decoder=(ScriptedArgs(), 1)),
+        worker_env={FAIL_START_ENV: "no weights at /models/x"},
+    )
     with pytest.raises(WorkerStartError) as ei:
         await h3.rt.start()
     msg = str(ei.value)
-    assert "stage 'decoder' replica 0 could not load its engine" in msg and "no weights at /models/x" in msg
+    assert (
+        "stage 'decoder' replica 0 could not load its engine" in msg
+        and "no weights at /models/x" in msg
+    )
 
 
 async def test_shutdown_twice_leaves_no_child(harness_factory):
-    h = harness_factory(scripted_pipeline(a=(ScriptedArgs(chunks_per_piece=10_000, delay_ms=1), 2),
-                                          b=(ScriptedArgs(), 1)))
+    h = harness_factory(
+        scripted_pipeline(
+            a=(ScriptedArgs(chunks_per_piece=10_000, delay_ms=1), 2), b=(ScriptedArgs(), 1)
+        )
+    )
     # Other tests' session-scoped servers may own children too: only what
     # this runtime started must be gone.
     before = {c.pid for c in psutil.Process().children(recursive=True)}
@@ -243,17 +285,26 @@ async def _shut_down_slow_closer(harness_factory, tmp_path, close_delay_ms: floa
     the runtime down with ``grace_s``: (its pid, seconds the shutdown took,
     the engine's journal)."""
     journal = tmp_path / "journal.jsonl"
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=close_delay_ms), 1)),
-                        worker_env={JOURNAL_ENV: str(journal)}, shutdown_grace_s=grace_s)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(close_delay_ms=close_delay_ms), 1)),
+        worker_env={JOURNAL_ENV: str(journal)},
+        shutdown_grace_s=grace_s,
+    )
     await h.rt.start()
     (pid,) = h.joined_pids()
     t0 = time.monotonic()
     await h.rt.shutdown()
-    events = [json.loads(ln)["event"] for ln in journal.read_text().splitlines()] if journal.exists() else []
+    events = (
+        [json.loads(ln)["event"] for ln in journal.read_text().splitlines()]
+        if journal.exists()
+        else []
+    )
     return pid, time.monotonic() - t0, events
 
 
-async def test_a_worker_slow_to_close_gets_the_grace_to_exit_by_itself(harness_factory, tmp_path, caplog):
+async def test_a_worker_slow_to_close_gets_the_grace_to_exit_by_itself(
+    harness_factory, tmp_path, caplog
+):
     # vLLM's teardown takes seconds; a worker that is busy closing its
     # engine must not be signalled while it does (nor warned about).
     pid, _, journal = await _shut_down_slow_closer(harness_factory, tmp_path, 1500, grace_s=6.0)
@@ -262,13 +313,19 @@ async def test_a_worker_slow_to_close_gets_the_grace_to_exit_by_itself(harness_f
     assert "did not exit" not in caplog.text
 
 
-async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(harness_factory, tmp_path, caplog):
-    pid, took, journal = await _shut_down_slow_closer(harness_factory, tmp_path, 60_000, grace_s=0.3)
+async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(
+    harness_factory, tmp_path, caplog
+):
+    pid, took, journal = await _shut_down_slow_closer(
+        harness_factory, tmp_path, 60_000, grace_s=0.3
+    )
     # the grace, then SIGTERM: the stopping worker exits at once (SIGKILL 2 s later otherwise)
     assert took < 6.0
     assert not pid_alive(pid)
     assert "close" not in journal
-    assert f"worker s/0 (pid {pid}) did not exit within 0.3 s of shutdown; terminating" in caplog.text
+    assert (
+        f"worker s/0 (pid {pid}) did not exit within 0.3 s of shutdown; terminating" in caplog.text
+    )
 
 
 async def test_shutdown_during_start_up_does_not_wait_for_a_loading_engine(harness_factory, caplog):
@@ -292,15 +349,22 @@ async def test_shutdown_during_start_up_does_not_wait_for_a_loading_engine(harne
 
 def test_shutdown_grace_must_not_be_negative():
     with pytest.raises(ValueError, match="shutdown_grace_s=-1"):
-        StageRuntime(scripted_pipeline(s=(ScriptedArgs(), 1)), lambda ev: None, MemoryBlobStore(),
-                     shutdown_grace_s=-1)
+        StageRuntime(
+            scripted_pipeline(s=(ScriptedArgs(), 1)),
+            lambda ev: None,
+            MemoryBlobStore(),
+            shutdown_grace_s=-1,
+        )
 
 
 async def test_a_second_signal_stops_a_closing_worker_at_once(harness_factory):
     # Ctrl-C on a hand-started worker whose engine takes long to close,
     # then Ctrl-C again: it exits now (128 + SIGINT), not after the close.
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(close_delay_ms=60_000), 1)),
-                        endpoint="tcp://127.0.0.1:0", spawn=False)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(close_delay_ms=60_000), 1)),
+        endpoint="tcp://127.0.0.1:0",
+        spawn=False,
+    )
     await h.rt.start()
     cmd = [sys.executable, "-m", "omnix.cli", "worker", "--connect", h.rt.endpoint, "--stage", "s"]
     worker = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE)
@@ -323,8 +387,13 @@ async def test_a_second_signal_stops_a_closing_worker_at_once(harness_factory):
 
 
 async def test_hand_started_worker_joins_over_tcp(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=2), 1)),
-                        endpoint="tcp://127.0.0.1:0", spawn=False, heartbeat_interval_s=0.2, lost_after_s=1.0)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=2), 1)),
+        endpoint="tcp://127.0.0.1:0",
+        spawn=False,
+        heartbeat_interval_s=0.2,
+        lost_after_s=1.0,
+    )
     await h.rt.start()  # spawn=False: binds and returns
     assert h.rt.endpoint.startswith("tcp://127.0.0.1:") and not h.rt.endpoint.endswith(":0")
     cmd = [sys.executable, "-m", "omnix.cli", "worker", "--connect", h.rt.endpoint, "--stage", "s"]
@@ -356,7 +425,9 @@ async def test_hand_started_worker_joins_over_tcp(harness_factory):
 
 async def test_worker_cpus_pins_the_worker_and_its_threads(harness_factory):
     cpus = sorted(os.sched_getaffinity(0))
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(), 1)), worker_cpus={"s/0": str(cpus[-1])})
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(), 1)), worker_cpus={"s/0": str(cpus[-1])}
+    )
     await h.rt.start()
     proc = psutil.Process(h.joined_pids()[0])
     threads = [t.id for t in proc.threads()]
@@ -384,7 +455,9 @@ asyncio.run(main())
 
 
 async def test_workers_die_with_a_killed_server():
-    owner = await asyncio.create_subprocess_exec(sys.executable, "-c", _OWNER, stdout=asyncio.subprocess.PIPE)
+    owner = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _OWNER, stdout=asyncio.subprocess.PIPE
+    )
     try:
         line = await asyncio.wait_for(owner.stdout.readline(), 30)
         pids = [int(p) for p in line.split()]
@@ -401,7 +474,9 @@ async def test_workers_die_with_a_killed_server():
             await owner.wait()
 
 
-async def test_work_sent_in_one_loop_turn_leaves_as_one_message_and_aborts_follow_it(harness_factory):
+async def test_work_sent_in_one_loop_turn_leaves_as_one_message_and_aborts_follow_it(
+    harness_factory,
+):
     # A raw worker: it sees every message the runtime sends.
     h = harness_factory(scripted_pipeline(s=(ScriptedArgs(), 1)), spawn=False)
     await h.rt.start()
@@ -419,7 +494,9 @@ async def test_work_sent_in_one_loop_turn_leaves_as_one_message_and_aborts_follo
         raise AssertionError("nothing from the runtime")
 
     try:
-        sock.send_multipart(enc.encode(m.HELLO, m.Hello(m.PROTOCOL_VERSION, "s", -1, os.getpid(), "raw")))
+        sock.send_multipart(
+            enc.encode(m.HELLO, m.Hello(m.PROTOCOL_VERSION, "s", -1, os.getpid(), "raw"))
+        )
         assert (await recv())[0] == m.WELCOME
         sock.send_multipart(enc.encode(m.READY, m.Ready("raw", "scripted", 8)))
         await h.wait_for(lambda: h.rt.ready_replicas("s") == 1)
@@ -430,8 +507,10 @@ async def test_work_sent_in_one_loop_turn_leaves_as_one_message_and_aborts_follo
         # An abort in the same turn as new work never overtakes it.
         h.send("d", "s")
         h.rt.abort("d", "s", 0)
-        assert [(t, [w.request_id for w in msg] if t == m.WORK else msg) for t, msg in
-                [await recv(), await recv()]] == [(m.WORK, ["d"]), (m.ABORT, m.Abort("d"))]
+        assert [
+            (t, [w.request_id for w in msg] if t == m.WORK else msg)
+            for t, msg in [await recv(), await recv()]
+        ] == [(m.WORK, ["d"]), (m.ABORT, m.Abort("d"))]
     finally:
         sock.close(0)
         ctx.term()

@@ -34,11 +34,17 @@ async def test_a_hand_started_worker_slow_to_load_keeps_its_heartbeats(harness_f
     # A worker we did not spawn has only heartbeats; its load blocks its
     # event loop (time.sleep in start(), as a model load does) 3x longer
     # than the bound.  Its heartbeat thread must keep it alive.
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=1500), 1)), spawn=False,
-                        endpoint="tcp://127.0.0.1:0", heartbeat_interval_s=0.1, lost_after_s=0.5)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(start_delay_ms=1500), 1)),
+        spawn=False,
+        endpoint="tcp://127.0.0.1:0",
+        heartbeat_interval_s=0.1,
+        lost_after_s=0.5,
+    )
     await h.rt.start()
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "omnix.cli", "worker", "--connect", h.rt.endpoint, "--stage", "s")
+        sys.executable, "-m", "omnix.cli", "worker", "--connect", h.rt.endpoint, "--stage", "s"
+    )
     try:
         await h.rt.wait_ready(30)
         assert not h.of(WorkerLost) and len(h.of(WorkerJoined)) == 1
@@ -48,8 +54,13 @@ async def test_a_hand_started_worker_slow_to_load_keeps_its_heartbeats(harness_f
 
 
 async def test_a_spawned_worker_slow_to_load_is_not_lost_until_its_load_timeout(harness_factory):
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=60_000), 1)),
-                        heartbeat_interval_s=0.1, lost_after_s=0.5, load_timeout_s=2.5, start_attempts=1)
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(start_delay_ms=60_000), 1)),
+        heartbeat_interval_s=0.1,
+        lost_after_s=0.5,
+        load_timeout_s=2.5,
+        start_attempts=1,
+    )
     t0 = time.monotonic()
     with pytest.raises(WorkerStartError) as ei:
         await h.rt.start()
@@ -59,27 +70,43 @@ async def test_a_spawned_worker_slow_to_load_is_not_lost_until_its_load_timeout(
     assert "did not finish loading its engine within 2 s" in str(ei.value)
 
 
-async def test_a_replica_that_crashes_once_while_starting_is_restarted(harness_factory, tmp_path, caplog):
-    python = _fake_python(tmp_path, (
-        'if [ ! -e "$MARK" ]; then touch "$MARK"; echo "first start: out of memory" >&2; exit 7; fi\n'
-        'exec "$REAL" "$@"'))
+async def test_a_replica_that_crashes_once_while_starting_is_restarted(
+    harness_factory, tmp_path, caplog
+):
+    python = _fake_python(
+        tmp_path,
+        (
+            'if [ ! -e "$MARK" ]; then touch "$MARK"; echo "first start: out of memory" >&2; exit 7; fi\n'
+            'exec "$REAL" "$@"'
+        ),
+    )
     h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=2), 1)), python=python)
     await h.rt.start()
     assert h.rt.ready_replicas("s") == 1 and len(h.of(WorkerJoined)) == 1 and not h.of(WorkerLost)
-    assert "s/0 failed to start: worker process" in caplog.text and "exited with code 7" in caplog.text
+    assert (
+        "s/0 failed to start: worker process" in caplog.text and "exited with code 7" in caplog.text
+    )
     h.send("r", "s")
     await h.wait_for(lambda: h.of(StageFinished, "r"), what="r on the restarted replica")
     assert [c.text for c in h.of(Chunk, "r")] == ["t0 ", "t1 "]
 
 
-async def test_a_replica_that_always_crashes_fails_start_up_naming_the_cause(harness_factory, tmp_path):
-    python = _fake_python(tmp_path, (
-        'echo "loading weights from /models/talker" >&2\n'
-        'echo "RuntimeError: CUDA out of memory" >&2\n'
-        # the worker's own log lines say nothing about the death: left out
-        'echo "2026-12-04 17:00:00,123 INFO worker[talker/0] omnix.worker: worker talker/0 ready" >&2\n'
-        'exit 3'))
-    h = harness_factory(scripted_pipeline(talker=(ScriptedArgs(), 1)), python=python, start_attempts=3)
+async def test_a_replica_that_always_crashes_fails_start_up_naming_the_cause(
+    harness_factory, tmp_path
+):
+    python = _fake_python(
+        tmp_path,
+        (
+            'echo "loading weights from /models/talker" >&2\n'
+            'echo "RuntimeError: CUDA out of memory" >&2\n'
+            # the worker's own log lines say nothing about the death: left out
+            'echo "2026-12-04 17:00:00,123 INFO worker[talker/0] omnix.worker: worker talker/0 ready" >&2\n'
+            "exit 3"
+        ),
+    )
+    h = harness_factory(
+        scripted_pipeline(talker=(ScriptedArgs(), 1)), python=python, start_attempts=3
+    )
     with pytest.raises(WorkerStartError) as ei:
         await h.rt.start()
     msg = str(ei.value)
@@ -92,15 +119,20 @@ async def test_a_replica_that_always_crashes_fails_start_up_naming_the_cause(har
 async def test_a_replica_killed_by_a_signal_while_starting_says_which(harness_factory, tmp_path):
     python = _fake_python(tmp_path, 'echo "about to die" >&2\nkill -9 $$')
     h = harness_factory(scripted_pipeline(s=(ScriptedArgs(), 1)), python=python, start_attempts=2)
-    with pytest.raises(WorkerStartError, match=r"(?s)2 failed starts in a row.*was killed by SIGKILL.*about to die"):
+    with pytest.raises(
+        WorkerStartError, match=r"(?s)2 failed starts in a row.*was killed by SIGKILL.*about to die"
+    ):
         await h.rt.start()
 
 
 async def test_a_ready_replica_lost_while_others_load_is_restarted(harness_factory):
     # The reported failure: code2wav was ready, went silent while the
     # other stages loaded, and start-up then waited forever for it.
-    h = harness_factory(scripted_pipeline(fast=(ScriptedArgs(), 1), slow=(ScriptedArgs(start_delay_ms=3000), 1)),
-                        heartbeat_interval_s=0.1, lost_after_s=0.5)
+    h = harness_factory(
+        scripted_pipeline(fast=(ScriptedArgs(), 1), slow=(ScriptedArgs(start_delay_ms=3000), 1)),
+        heartbeat_interval_s=0.1,
+        lost_after_s=0.5,
+    )
     starting = asyncio.create_task(h.rt.start())
     await h.wait_for(lambda: h.of(WorkerJoined), timeout=20, what="fast joined")
     (pid,) = h.joined_pids()
@@ -169,8 +201,12 @@ def two_hosts():
 
 async def test_workers_on_another_host_need_the_worker_token(harness_factory, two_hosts, caplog):
     bind, connect, on_other_host = two_hosts
-    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=2), 1)), spawn=False,
-                        endpoint=f"tcp://{bind}:0", worker_token="s3cret")
+    h = harness_factory(
+        scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=2), 1)),
+        spawn=False,
+        endpoint=f"tcp://{bind}:0",
+        worker_token="s3cret",
+    )
     await h.rt.start()
     port = h.rt.endpoint.rsplit(":", 1)[1]
     endpoint = f"tcp://{connect}:{port}"
@@ -178,10 +214,26 @@ async def test_workers_on_another_host_need_the_worker_token(harness_factory, tw
     async def worker(*extra: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
         env = {k: v for k, v in os.environ.items() if k != "OMNIX_WORKER_TOKEN"} | (env or {})
         return await asyncio.create_subprocess_exec(
-            *on_other_host, sys.executable, "-m", "omnix.cli", "worker", "--connect", endpoint,
-            "--stage", "s", "--hello-timeout", "20", *extra, env=env, stderr=asyncio.subprocess.PIPE)
+            *on_other_host,
+            sys.executable,
+            "-m",
+            "omnix.cli",
+            "worker",
+            "--connect",
+            endpoint,
+            "--stage",
+            "s",
+            "--hello-timeout",
+            "20",
+            *extra,
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+        )
 
-    for extra, why in (((), "this server requires a worker token"), (("--worker-token", "guess"), "wrong worker token")):
+    for extra, why in (
+        ((), "this server requires a worker token"),
+        (("--worker-token", "guess"), "wrong worker token"),
+    ):
         refused = await worker(*extra)
         _, err = await asyncio.wait_for(refused.communicate(), 30)
         lines = err.decode().strip().splitlines()

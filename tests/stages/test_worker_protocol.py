@@ -46,7 +46,9 @@ class RawServer:
                 if mtype == m.HEARTBEAT:
                     self.heartbeats += 1
                     if self.ack_heartbeats:
-                        self.sock.send_multipart(self.enc.encode(m.HEARTBEAT_ACK, m.HeartbeatAck(), ident))
+                        self.sock.send_multipart(
+                            self.enc.encode(m.HEARTBEAT_ACK, m.HeartbeatAck(), ident)
+                        )
                     continue
                 if mtype == m.HELLO:
                     self.worker_id = ident
@@ -89,8 +91,18 @@ def server(tmp_path):
 
 def _worker(endpoint: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "omnix.stages.worker_cli", "--connect", endpoint, "--stage", "s", *extra],
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "omnix.stages.worker_cli",
+            "--connect",
+            endpoint,
+            "--stage",
+            "s",
+            *extra,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -118,7 +130,9 @@ def test_worker_guards_capacity_and_aborted_ids(server):
         assert recs[0] == m.Started("r1") and isinstance(recs[1], m.Output) and recs[1].index == 0
         server.send(m.WORK, [_work("r2")])  # over its capacity of 1
         [err] = server.records(1)
-        assert isinstance(err, m.Error) and err.request_id == "r2" and "capacity of 1" in err.message
+        assert (
+            isinstance(err, m.Error) and err.request_id == "r2" and "capacity of 1" in err.message
+        )
         server.send(m.ABORT, m.Abort("r1"))
         [done] = server.records(1)
         assert done == m.Done("r1", 1, "aborted", 0, 0)
@@ -183,8 +197,11 @@ def test_worker_clean_stop_leaves_no_engine_process(server, tmp_path, monkeypatc
     proc = _worker(server.endpoint)
     try:
         _welcome(server, ScriptedArgs(leave_child=True))
-        [child] = [e["child_pid"] for e in map(json.loads, journal.read_text().splitlines())
-                   if e["event"] == "child"]
+        [child] = [
+            e["child_pid"]
+            for e in map(json.loads, journal.read_text().splitlines())
+            if e["event"] == "child"
+        ]
         assert psutil.pid_exists(child)
         server.send(m.SHUTDOWN, m.Shutdown("test over"))
         assert proc.wait(20) == 0
@@ -217,7 +234,9 @@ def test_worker_exits_when_server_stops_answering(server):
         proc.wait()
 
 
-def test_worker_that_lost_its_server_joins_again_with_its_loaded_engine(server, tmp_path, monkeypatch):
+def test_worker_that_lost_its_server_joins_again_with_its_loaded_engine(
+    server, tmp_path, monkeypatch
+):
     journal = tmp_path / "journal.jsonl"
     monkeypatch.setenv(JOURNAL_ENV, str(journal))
     proc = _worker(server.endpoint, "--reconnect-for", "60")
@@ -227,7 +246,9 @@ def test_worker_that_lost_its_server_joins_again_with_its_loaded_engine(server, 
         server.send(m.WORK, [_work("old")])
         assert server.records(1)[0] == m.Started("old")
         server.ack_heartbeats = False  # the server "died": silence
-        while (got := server.recv(10))[0] == m.OUTPUTS:  # "old" streams until the worker gives up on us
+        while (got := server.recv(10))[
+            0
+        ] == m.OUTPUTS:  # "old" streams until the worker gives up on us
             pass
         mtype, hello = got  # it says hello again, as a new incarnation
         assert mtype == m.HELLO and hello.token != first.token and hello.replica == -1
@@ -256,7 +277,9 @@ def test_worker_gives_up_rejoining_after_reconnect_for(server):
         server.ack_heartbeats = False
         assert proc.wait(20) == 5
         err = proc.stderr.read()
-        assert "has not answered heartbeats" in err and "within 1 s (--reconnect-for); exiting" in err
+        assert (
+            "has not answered heartbeats" in err and "within 1 s (--reconnect-for); exiting" in err
+        )
     finally:
         proc.kill()
         proc.wait()

@@ -33,7 +33,9 @@ def no_pickle(monkeypatch):
         monkeypatch.setattr(pickle, name, refuse)
 
 
-def _roundtrip(router: zmq.Socket, dealer: zmq.Socket, obj: object, type_: type) -> tuple[object, list]:
+def _roundtrip(
+    router: zmq.Socket, dealer: zmq.Socket, obj: object, type_: type
+) -> tuple[object, list]:
     frames = FrameEncoder().encode(b"T", obj)
     dealer.send_multipart(frames, copy=False)
     assert router.poll(5000)
@@ -68,15 +70,25 @@ def test_bfloat16_and_shapes_and_small_arrays_inline(pair, no_pickle):
     out, frames = _roundtrip(router, dealer, Payload("s", small, torch.ones(3)), Payload)
     assert len(frames) == 2  # both inline: below the threshold
     assert np.array_equal(out.array, small) and torch.equal(out.tensor, torch.ones(3))
-    out, _ = _roundtrip(router, dealer, Payload("empty", np.zeros((0, 3)), torch.zeros(0, 2)), Payload)
+    out, _ = _roundtrip(
+        router, dealer, Payload("empty", np.zeros((0, 3)), torch.zeros(0, 2)), Payload
+    )
     assert out.array.shape == (0, 3) and tuple(out.tensor.shape) == (0, 2)
 
 
 def test_work_item_with_array_piece_roundtrips(pair, no_pickle):
     router, dealer = pair
     audio = np.linspace(-1, 1, 100_000, dtype=np.float32)
-    item = WorkItem("r1", "code2wav", 1, 3, True, (InputPiece(array=audio, modality="audio"), InputPiece(text="hi")),
-                    StageParams(temperature=0.5), 7)
+    item = WorkItem(
+        "r1",
+        "code2wav",
+        1,
+        3,
+        True,
+        (InputPiece(array=audio, modality="audio"), InputPiece(text="hi")),
+        StageParams(temperature=0.5),
+        7,
+    )
     out, frames = _roundtrip(router, dealer, item, WorkItem)
     assert len(frames) == 3
     assert out.pieces[0].array.tobytes() == audio.tobytes()
@@ -86,8 +98,13 @@ def test_work_item_with_array_piece_roundtrips(pair, no_pickle):
 
 def test_output_records_and_stage_config_decode_typed(no_pickle):
     enc = FrameEncoder()
-    recs = [m.Started("r"), m.Output("r", 0, "audio", array=np.ones(4, np.float32)),
-            m.ProgressRec("r", 1, 2), m.Done("r", 1, "stop", 3, 4), m.Error("q", "boom")]
+    recs = [
+        m.Started("r"),
+        m.Output("r", 0, "audio", array=np.ones(4, np.float32)),
+        m.ProgressRec("r", 1, 2),
+        m.Done("r", 1, "stop", 3, 4),
+        m.Error("q", "boom"),
+    ]
     frames = enc.encode(m.OUTPUTS, recs)
     dec = m.decoders(m.SERVER_BOUND)[m.OUTPUTS]
     out = dec.decode(frames[1])

@@ -29,15 +29,35 @@ def test_routes_must_cover_the_protocol_exactly(pair):
     loop = asyncio.new_event_loop()
     try:
         with pytest.raises(ValueError, match="no route for"):
-            Inbox(loop, router, PROTOCOL, [Route(m.ABORT, m.Abort, ignore)],
-                  routed=True, log=log, unknown_hint="")
+            Inbox(
+                loop,
+                router,
+                PROTOCOL,
+                [Route(m.ABORT, m.Abort, ignore)],
+                routed=True,
+                log=log,
+                unknown_hint="",
+            )
         with pytest.raises(ValueError, match="two routes"):
-            Inbox(loop, router, PROTOCOL, [Route(m.ABORT, m.Abort, ignore), Route(m.ABORT, m.Abort, ignore)],
-                  routed=True, log=log, unknown_hint="")
+            Inbox(
+                loop,
+                router,
+                PROTOCOL,
+                [Route(m.ABORT, m.Abort, ignore), Route(m.ABORT, m.Abort, ignore)],
+                routed=True,
+                log=log,
+                unknown_hint="",
+            )
         with pytest.raises(TypeError, match="decodes"):
-            Inbox(loop, router, PROTOCOL,
-                  [Route(m.ABORT, m.Shutdown, ignore), Route(m.SHUTDOWN, m.Shutdown, ignore)],
-                  routed=True, log=log, unknown_hint="")
+            Inbox(
+                loop,
+                router,
+                PROTOCOL,
+                [Route(m.ABORT, m.Shutdown, ignore), Route(m.SHUTDOWN, m.Shutdown, ignore)],
+                routed=True,
+                log=log,
+                unknown_hint="",
+            )
     finally:
         loop.close()
 
@@ -52,13 +72,21 @@ async def test_dispatches_in_order_with_the_sender_and_skips_bad_messages(pair, 
         return True
 
     inbox = Inbox(
-        asyncio.get_running_loop(), router, PROTOCOL,
+        asyncio.get_running_loop(),
+        router,
+        PROTOCOL,
         [
             Route(m.ABORT, m.Abort, lambda peer, msg: got.append((peer, msg))),
-            Route(m.SHUTDOWN, m.Shutdown, lambda peer, msg: got.append((peer, msg)),
-                  on_malformed=on_bad_shutdown),
+            Route(
+                m.SHUTDOWN,
+                m.Shutdown,
+                lambda peer, msg: got.append((peer, msg)),
+                on_malformed=on_bad_shutdown,
+            ),
         ],
-        routed=True, log=log, unknown_hint="a newer peer?",
+        routed=True,
+        log=log,
+        unknown_hint="a newer peer?",
     )
     enc = FrameEncoder()
     send_frames(dealer, enc.encode(m.ABORT, m.Abort("r1")))
@@ -85,10 +113,16 @@ async def test_a_dealer_gets_no_peer_and_a_flood_is_read_in_turns(pair):
     turns: list[int] = []
     loop = asyncio.get_running_loop()
     inbox = Inbox(
-        loop, dealer, PROTOCOL,
-        [Route(m.ABORT, m.Abort, lambda peer, msg: got.append((peer, msg.request_id))),
-         Route(m.SHUTDOWN, m.Shutdown, ignore)],
-        routed=False, log=log, unknown_hint="",
+        loop,
+        dealer,
+        PROTOCOL,
+        [
+            Route(m.ABORT, m.Abort, lambda peer, msg: got.append((peer, msg.request_id))),
+            Route(m.SHUTDOWN, m.Shutdown, ignore),
+        ],
+        routed=False,
+        log=log,
+        unknown_hint="",
     )
     enc = FrameEncoder()
     n = 2 * MAX_DRAIN + 10
@@ -119,9 +153,13 @@ async def test_a_handler_that_closes_the_inbox_stops_the_reading(pair):
         inbox.close()
 
     inbox = Inbox(
-        asyncio.get_running_loop(), router, PROTOCOL,
+        asyncio.get_running_loop(),
+        router,
+        PROTOCOL,
         [Route(m.ABORT, m.Abort, on_abort), Route(m.SHUTDOWN, m.Shutdown, ignore)],
-        routed=True, log=log, unknown_hint="",
+        routed=True,
+        log=log,
+        unknown_hint="",
     )
     enc = FrameEncoder()
     for rid in ("a", "b"):
