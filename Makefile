@@ -1,7 +1,7 @@
 # The two commands a newcomer needs (see README.md):
 #   make serve   set up .venv, build the tiny models if missing, serve tiny-omni
 #   make test    set up .venv and run the whole test suite
-#   make lint    ruff, and mypy (strict on events, orchestrator, transport, replay, trace)
+#   make lint    ruff (lint and format check), and mypy (strict on events, orchestrator, transport, replay, trace)
 .PHONY: setup serve test lint
 
 setup:
@@ -16,4 +16,5 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check omnix tests
+	.venv/bin/ruff format --check omnix tests
 	.venv/bin/mypy
