@@ -78,6 +78,32 @@ class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):
     sample_rate: int = 24000
 
 
+class TalkerArgs(msgspec.Struct, tag="qwen3_omni_talker", tag_field="kind", **_STRICT):
+    """Qwen3-Omni's talker (``omnix.engines.talker_engine``): the thinker's
+    context and text in, one frame of codec codes per step out.  ``model``
+    is a whole Qwen3-Omni folder (or the tiny ``omni``); ``max_batch``
+    requests decode together; ``voice`` names the speaker a request that
+    names none gets (empty: the checkpoint's first)."""
+
+    model: str
+    device: str = "auto"
+    dtype: str = "float32"
+    max_batch: int = 8
+    voice: str = ""
+
+
+class Code2WavArgs(msgspec.Struct, tag="code2wav", tag_field="kind", **_STRICT):
+    """Qwen3-Omni's Code2Wav (``omnix.engines.code2wav_engine``): code
+    frames in, PCM out, decoded ``chunk_frames`` new frames at a time with
+    ``context_frames`` frames of left context (vLLM-Omni streams 25 and 25)."""
+
+    model: str
+    device: str = "auto"
+    chunk_frames: int = 25
+    context_frames: int = 25
+    sample_rate: int = 24000
+
+
 class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     """A deterministic engine for tests of the runtime and orchestrator.
 
@@ -105,7 +131,9 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     echo: bool = False
 
 
-EngineArgs = VllmArgs | DiffusersArgs | CodecArgs | ScriptedArgs
+EngineArgs = VllmArgs | DiffusersArgs | CodecArgs | TalkerArgs | Code2WavArgs | ScriptedArgs
+#: Engines whose output is a waveform, and say at which rate.
+AudioEngineArgs = CodecArgs | Code2WavArgs
 
 
 def engine_kind(engine: EngineArgs) -> str:
@@ -121,7 +149,7 @@ def engine_model(engine: EngineArgs) -> str | None:
 
 
 #: Engines that can continue a stage from its logged output (``Resume``).
-CONTINUING_ENGINES = (VllmArgs, CodecArgs, ScriptedArgs)
+CONTINUING_ENGINES = (VllmArgs, CodecArgs, TalkerArgs, Code2WavArgs, ScriptedArgs)
 
 
 def retry_by_default(engine: EngineArgs) -> bool:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import msgspec
 
-from omnix.pipelines.config import CodecArgs, DiffusersArgs, PipelineConfig, ScriptedArgs, VllmArgs
+from omnix.pipelines.config import (
+    AudioEngineArgs,
+    DiffusersArgs,
+    PipelineConfig,
+    ScriptedArgs,
+    TalkerArgs,
+    VllmArgs,
+)
 from omnix.pipelines.engines import engine_kinds
 
 SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
@@ -209,8 +216,10 @@ def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:
         return eng.output_modality
     if isinstance(eng, DiffusersArgs):
         return "image"
-    if isinstance(eng, CodecArgs):
+    if isinstance(eng, AudioEngineArgs):
         return "audio"
+    if isinstance(eng, TalkerArgs):
+        return "codec"
     return None
 
 
