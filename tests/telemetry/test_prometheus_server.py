@@ -68,7 +68,7 @@ class Feeder:
     async def run(self) -> None:
         while True:
             self.one()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the feed's rate: Prometheus rates need a live series
 
 
 # Function-scoped loop: the fixtures' servers must run on the test's loop.
