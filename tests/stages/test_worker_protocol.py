@@ -169,6 +169,7 @@ def test_worker_runs_every_item_of_one_work_message_in_order(server):
         proc.wait()
 
 
+@pytest.mark.may_skip("vLLM brings triton on Linux x86-64 only; without it there is no leak to see")
 def test_worker_clean_stop_prints_no_leak_reports(server):
     # The worker freezes its heap after the engine load; objects left frozen
     # at exit made triton's bindings (imported by vLLM) print dozens of

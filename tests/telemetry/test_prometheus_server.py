@@ -1,7 +1,8 @@
 """A real Prometheus server scrapes omnix's /metrics; PromQL sees the data.
 
 Needs Debian's ``prometheus`` binary (``scripts/test-deps.sh`` installs it);
-skipped with the reason when it is absent.  Everything binds to loopback,
+skipped with the reason when it is absent, a failure under
+``OMNIX_REQUIRE_ALL=1`` (CI).  Everything binds to loopback,
 every wait is bounded, and the server is killed in teardown.
 """
 
