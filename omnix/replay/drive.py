@@ -289,7 +289,7 @@ def drive(
 
     while i < n:
         ev = events[i]
-        if type(ev) in _DECISIONS or (type(ev) is CancelRequested and ev.cause >= 0):
+        if is_decision(ev):
             # A recorded decision with no input before it in this cascade:
             # the previous cascade stopped short of it.
             div = diverge(i, ev, None, "missing", _input_before(events, i))
@@ -323,11 +323,6 @@ def drive(
     return result
 
 
-#: is_decision, inlined where it runs once per trace event (a CancelRequested
-#: is a decision when it has a cause)
-_DECISIONS = (Routed, Cancelled, Failed, Finished)
-
-
 def _compare_cascade(
     i: int, events: list[Event], stored: list[Event], diverge: _Diverge
 ) -> tuple[int, Divergence | None]:
@@ -339,7 +334,7 @@ def _compare_cascade(
     j = k = i + 1
     while j < n:
         nxt = events[j]
-        if not (type(nxt) in _DECISIONS or (type(nxt) is CancelRequested and nxt.cause >= 0)):
+        if not is_decision(nxt):
             break
         if k >= after:
             return j, diverge(j, nxt, None, "missing", i)
