@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
+from omnix.usage import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -224,9 +225,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.requests < 1 or args.concurrency < 1 or args.segment < 1:
-        raise SystemExit(
-            "omnix bench soak: --requests, --concurrency and --segment must be >= 1, --warmup >= 0"
-        )
+        raise UsageError("--requests, --concurrency and --segment must be >= 1, --warmup >= 0")
     res = run_on_loop(_bench(args))
     if not args.json:
         print(
