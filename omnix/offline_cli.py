@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-tokens",
-        type=int_in(1, 2**31 - 1, "a token count"),
+        type=int_in(1, what="a token count"),
         default=None,
         help="max tokens for every AR stage",
     )

@@ -54,15 +54,17 @@ def arg_type(check: Callable[[str], _T], name: str = "") -> Callable[[str], _T]:
     return convert
 
 
-def int_in(lo: int, hi: int, what: str = "a number") -> Callable[[str], int]:
-    """An argparse ``type=`` for a whole number in ``[lo, hi]``."""
+def int_in(lo: int, hi: int | None = None, what: str = "a number") -> Callable[[str], int]:
+    """An argparse ``type=`` for a whole number from ``lo`` (to ``hi``)."""
 
     def check(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise ValueError(f"{text!r} is not {what}: give a whole number") from None
-        if not lo <= value <= hi:
+        if hi is None and value < lo:
+            raise ValueError(f"{value} is too small: give {what} of at least {lo}")
+        if hi is not None and not lo <= value <= hi:
             raise ValueError(f"{value} is out of range: give {what} from {lo} to {hi}")
         return value
 
@@ -71,6 +73,8 @@ def int_in(lo: int, hi: int, what: str = "a number") -> Callable[[str], int]:
 
 #: a TCP port, 0 (any free one) included
 port_number = int_in(0, 65535, "a port")
+#: how many of something: 1 or more
+count = int_in(1, what="a count")
 
 
 def run_reporting(prog: str, run: Callable[[], int]) -> int:

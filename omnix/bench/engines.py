@@ -60,7 +60,7 @@ from omnix.events.types import (
     StageParams,
     StageStarted,
 )
-from omnix.usage import arg_type
+from omnix.usage import UsageError, arg_type, count
 
 if TYPE_CHECKING:
     from omnix.stages.runtime import StageRuntime
@@ -106,7 +106,7 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
     """The tiny-text comparison: tokens, rounds, batches, levels."""
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=count,
         default=48,
         help="tokens per tiny-text request (default %(default)s)",
     )
@@ -116,13 +116,13 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
     # long rounds.
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=count,
         default=16,
         help="alternating rounds per concurrency level (default %(default)s)",
     )
     parser.add_argument(
         "--requests",
-        type=int,
+        type=count,
         default=6,
         metavar="N",
         help="requests per side per round at concurrency 1 (at c > 1: max(B, N // c) batches of c, "
@@ -133,7 +133,7 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
     # batches (rounds x B) to hold still from run to run.
     parser.add_argument(
         "--batches",
-        type=int,
+        type=count,
         default=2,
         metavar="B",
         help="at least this many batches of c per side per round at concurrency > 1 "
@@ -160,19 +160,19 @@ def _ttfp_flags(parser: argparse.ArgumentParser) -> None:
     """The TTFP comparison: requests, tokens, the talker's CPUs, the pipeline."""
     parser.add_argument(
         "--ttfp-requests",
-        type=int,
+        type=count,
         default=16,
         help="tiny-omni requests per variant (default %(default)s)",
     )
     parser.add_argument(
         "--thinker-tokens",
-        type=int,
+        type=count,
         default=96,
         help="tiny-omni thinker max_tokens (default %(default)s)",
     )
     parser.add_argument(
         "--talker-tokens",
-        type=int,
+        type=count,
         default=64,
         help="tiny-omni talker max_tokens per piece (default %(default)s)",
     )
@@ -806,10 +806,13 @@ def describe_plan(plan: Any) -> str:
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.models.prepare import prepare_models
-    from omnix.pipelines.validate import load_pipeline
+    from omnix.pipelines.validate import PipelineError, load_pipeline
 
     text = load_pipeline("tiny-text")
-    omni = load_pipeline(args.ttfp_pipeline)
+    try:
+        omni = load_pipeline(args.ttfp_pipeline)
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
     from pathlib import Path
 
     for p in (text, omni):  # builds what is missing (seconds), exports OMNIX_MODEL_DIR

@@ -50,7 +50,7 @@ import msgspec
 from omnix.bench.loop import run_on_loop
 from omnix.events.types import RequestSpec, Routed, StageParams
 from omnix.pipelines.config import PipelineConfig, StageConfig, VllmArgs
-from omnix.pipelines.validate import load_pipeline, validate_pipeline
+from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
 from omnix.usage import UsageError
 
 PROMPT = "Tell me a story about a cat."
@@ -98,7 +98,10 @@ def _pipeline(args: argparse.Namespace, max_tokens: int, replicas: int = 2) -> P
         )
         cfg = PipelineConfig(name="bench-failover", stages=(stage,), outputs={"text": "thinker"})
     else:
-        cfg = load_pipeline(args.pipeline)
+        try:
+            cfg = load_pipeline(args.pipeline)
+        except PipelineError as exc:
+            raise UsageError(str(exc)) from None
         if len(cfg.stages) != 1 or list(cfg.outputs) != ["text"]:
             raise UsageError(
                 f"--pipeline {args.pipeline}: give a pipeline of one stage with a text output "
@@ -184,7 +187,8 @@ async def _migration(args: argparse.Namespace) -> dict[str, Any]:
         await _until_ready(omni, args.ready_timeout)
         _log(f"two replicas ready in {time.perf_counter() - t0:.1f} s")
         ids, text, arrivals, _ = await _stream(omni, "undisturbed")
-        status = omni.state("undisturbed").status
+        state = omni.state("undisturbed")
+        status = state.status if state is not None else "unknown"
         tokens = len(ids) or len(arrivals)
         if status != "finished" or tokens < 8:
             raise RuntimeError(

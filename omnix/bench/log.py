@@ -81,6 +81,7 @@ from omnix.events.types import (
     StageFinished,
     StageStarted,
 )
+from omnix.usage import UsageError, count
 
 TARGETS = {
     "memory_append_fold_events_per_s": (">=", 200_000),
@@ -121,17 +122,17 @@ class LogBenchResult(msgspec.Struct, frozen=True):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--events",
-        type=int,
+        type=count,
         default=1_000_000,
         help="events for the disk and fold runs (default 1M)",
     )
     parser.add_argument(
-        "--memory-events", type=int, default=300_000, help="events for the memory append run"
+        "--memory-events", type=count, default=300_000, help="events for the memory append run"
     )
-    parser.add_argument("--concurrency", type=int, default=256, help="requests in flight")
+    parser.add_argument("--concurrency", type=count, default=256, help="requests in flight")
     parser.add_argument(
         "--repeat",
-        type=int,
+        type=count,
         default=3,
         help="runs of each timed part; the best is reported (default 3)",
     )
@@ -501,6 +502,12 @@ def run(args: argparse.Namespace) -> int:
     n = args.events
     conc = args.concurrency
     tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="omnix-bench-log-"))
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--dir {tmp}: cannot write the disk log there ({exc.strerror or exc})"
+        ) from None
     root = tmp / "log"
     if root.exists():
         shutil.rmtree(root)

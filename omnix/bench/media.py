@@ -41,17 +41,21 @@ from typing import Any
 
 from omnix.bench.loop import run_on_loop
 from omnix.pipelines.config import MediaLimits, PipelineConfig, ScriptedArgs, StageConfig
-from omnix.pipelines.validate import load_pipeline, validate_pipeline
+from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.usage import UsageError, count, int_in
 
 PROMPT = "Describe what you were given in one short sentence."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--requests", type=int, default=60, help="text requests per phase (default 60)"
+        "--requests", type=count, default=60, help="text requests per phase (default 60)"
     )
     parser.add_argument(
-        "--media-requests", type=int, default=10, help="image and audio requests each, alone"
+        "--media-requests",
+        type=int_in(0, what="a count"),
+        default=10,
+        help="image and audio requests each, alone",
     )
     parser.add_argument(
         "--image-mb", type=float, default=5.0, help="size of each PNG sent (default 5 MB)"
@@ -247,7 +251,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.testing.serving import serve_scripted
 
     real = bool(args.pipeline)
-    cfg = load_pipeline(args.pipeline) if real else _scripted(args.delay_ms)
+    try:
+        cfg = load_pipeline(args.pipeline) if real else _scripted(args.delay_ms)
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
     async with serve_scripted(cfg, processes=real) as server:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()

@@ -158,13 +158,14 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.registry import DEFAULT_PIPELINE
-    from omnix.pipelines.validate import load_pipeline
+    from omnix.pipelines.validate import PipelineError, load_pipeline
 
     # Builds what is missing and exports OMNIX_MODEL_DIR (the server inherits it).
-    prepare_models(
-        load_pipeline(args.pipeline or DEFAULT_PIPELINE),
-        Path(args.model_dir) if args.model_dir else None,
-    )
+    try:
+        pipeline = load_pipeline(args.pipeline or DEFAULT_PIPELINE)
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
+    prepare_models(pipeline, Path(args.model_dir) if args.model_dir else None)
     res: dict[str, Any] = {
         "load_average_start": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),

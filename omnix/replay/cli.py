@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from omnix.pipelines.config import PipelineConfig
-from omnix.usage import UsageError
+from omnix.usage import UsageError, count
 
 if TYPE_CHECKING:  # the modes import what they use when they run
     from omnix.trace import Trace
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the digest checks on read (forensics on a damaged trace)",
     )
-    parser.add_argument("--width", type=int, default=56, help="waterfall width in columns")
+    parser.add_argument("--width", type=count, default=56, help="waterfall width in columns")
     parser.add_argument(
         "--html", metavar="FILE", help="write a self-contained HTML page of the trace"
     )
