@@ -323,11 +323,11 @@ def bench_disk(root: Path, n: int, concurrency: int) -> tuple[int, _Timer, int]:
     return len(log), timer, sum(p.stat().st_size for p in log.segment_paths())
 
 
-def state_sizes(concurrency: int) -> tuple[int, int, int]:
+def state_sizes(concurrency: int, n_req: int = 5_000) -> tuple[int, int, int]:
     """(bytes the fold retains per request, deep bytes of one finished
     request's state, its msgpack bytes).
 
-    The first is measured: fold 5,000 requests' events decoded from their
+    The first is measured: fold ``n_req`` requests' events decoded from their
     encoded form (as a reopened log does, so every string is the request's
     own copy) under tracemalloc, and divide what stays allocated by the
     number of requests: the state structs, their strings, the dict slot.
@@ -337,7 +337,6 @@ def state_sizes(concurrency: int) -> tuple[int, int, int]:
     assert rs.status == "finished" and len(rs.stages) == 3
     deep = deep_sizeof(rs)
     encoded = len(msgspec.msgpack.encode(rs))
-    n_req = 5_000
     blobs = [encode_event(ev) for ev in MemoryLog(events=workload(31 * n_req, concurrency)).read()]
     gc.collect()
     tracemalloc.start()
@@ -462,9 +461,10 @@ def _retained_phase(tmp: Path, n: int, conc: int, reps: int) -> dict[str, Any]:
     }
 
 
-def _sizes(conc: int) -> tuple[int, int, int]:
+def _sizes(conc: int, n: int) -> tuple[int, int, int]:
     """State bytes per request (printed): (retained, deep sizeof, msgpack)."""
-    per_req, deep, encoded = state_sizes(conc)
+    # 5,000 requests, fewer in a quick run (--events below 155,000).
+    per_req, deep, encoded = state_sizes(conc, min(5_000, max(100, n // 31)))
     print(
         f"  state per request             {per_req:12,d} bytes retained by the fold per "
         "request (tracemalloc, decoded events)"
@@ -526,7 +526,7 @@ def run(args: argparse.Namespace) -> int:
             f"(+ one dict entry per request); no event objects kept"
         )
         gc.collect()
-        per_req, deep, encoded = _sizes(conc)
+        per_req, deep, encoded = _sizes(conc, n)
         rss, load = _machine()
         result = LogBenchResult(
             memory_append_fold_events_per_s=round(mem_rate),
