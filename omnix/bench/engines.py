@@ -30,6 +30,10 @@ vLLM's ``mp`` layout its model process busy-polls for 1 s after its last
 step).  Each request's TTFT counts from its batch's start on both sides
 (``_batch``).  The load average is printed before and after.
 
+A quick run of the bench's own code (``tests/bench/test_smoke.py``):
+``--levels 1 --rounds 1 --requests 1`` and ``--ttfp-pipeline`` a scripted
+thinker -> talker -> code2wav (the figures then mean nothing).
+
 Does not own the engines, the runtime or the API it drives (it uses
 ``Omni`` and ``AsyncLLM`` as a user would), nor the HTTP layer (``omnix
 bench http``) or a hop's floor (``omnix bench hop``).

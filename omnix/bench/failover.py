@@ -25,6 +25,11 @@ must reproduce the undisturbed run exactly):
   length at the kill).  ``restart_ready_s`` (restart to "ready", the
   engine's load) is reported beside it: the target is ready + 2 s.
 
+``--pipeline`` runs both on another one-stage text pipeline (the bench
+gives its stage two replicas and retry for the migration): a scripted one
+with a per-chunk delay runs the bench's own code in seconds.  A chunk
+without token ids counts as one token.
+
 Does not decide anything (the orchestrator does, from the log) nor measure
 throughput (``omnix bench engines``).
 """
