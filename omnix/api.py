@@ -601,6 +601,9 @@ class Omni:
         """stage -> modality for the outputs the request asked for."""
         return {self.pipeline.outputs[m]: m for m in spec.outputs}
 
+    def to_output(self, ev: Chunk) -> Output:
+        return to_output(ev, self.blobs)
+
     async def stream(self, request_id: str) -> AsyncIterator[Output]:
         """Final outputs as they are produced; ends at the terminal event."""
         # The log's tail read directly (not through ``events``): this loop

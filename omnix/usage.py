@@ -4,7 +4,8 @@ Owns: ``UsageError``, the one error type every ``omnix`` verb raises for
 something its user must fix (a path that does not exist, a number out of
 range, a file that is not what it should be), ``arg_type``, which turns a
 checking function into an argparse ``type=`` so the check runs when the
-command line is parsed, and ``run_reporting``, which runs a verb and
+command line is parsed (``int_in``, ``port_number`` and ``count`` are
+such types), and ``run_reporting``, which runs a verb and
 prints a ``UsageError`` as argparse prints its own errors
 (``PROG: error: MESSAGE``) with a non-zero exit status.
 
