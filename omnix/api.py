@@ -25,7 +25,7 @@ import contextlib
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -85,6 +85,11 @@ class _ServerInfo(msgspec.Struct, frozen=True):
 
 class ShuttingDown(RuntimeError):
     pass
+
+
+class NotReady(TimeoutError):
+    """``Omni.wait_ready`` ran out of time; the message names the stages
+    that still had too few ready replicas."""
 
 
 class _Default:
@@ -148,6 +153,115 @@ def _stage_runtime(**options: Any) -> RuntimeFactory:
     return build
 
 
+def _open_log_dir(
+    log_dir: Path, pipeline: PipelineConfig, clock: Clock, config: LogConfig | None
+) -> tuple[EventLog, int]:
+    """The disk log in ``log_dir`` and the decision rules to run it under:
+    those it was written with when it holds events (a log from before
+    ``server.json`` said v1), else the current ones.  Records the pipeline
+    and what writes the log beside it (replay drives a trace with the
+    rules it was recorded under)."""
+    from omnix import __version__
+    from omnix.events.disklog import DiskLog
+    from omnix.events.types import SCHEMA_VERSION
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = DiskLog(log_dir / "events", config, clock=clock)
+    server = log_dir / "server.json"
+    rules = RULES_VERSION
+    if len(log) and server.is_file():
+        rules = msgspec.json.decode(server.read_bytes(), type=_ServerInfo).rules_version
+    (log_dir / "pipeline.json").write_bytes(msgspec.json.encode(pipeline))
+    info = _ServerInfo(
+        omnix_version=__version__, schema_version=SCHEMA_VERSION, rules_version=rules
+    )
+    server.write_bytes(msgspec.json.encode(info))
+    return log, rules
+
+
+def to_output(ev: Chunk, blobs: BlobStore) -> Output:
+    """The user-facing view of one output chunk (its blob read back)."""
+    array = None
+    data = b""
+    if ev.blob is not None:
+        if ev.blob.dtype == "bytes":
+            data = blobs.get(ev.blob)
+        else:
+            array = blobs.get_array(ev.blob)
+    return Output(
+        modality=ev.modality,
+        stage=ev.stage,
+        index=ev.index,
+        pos=ev.pos,
+        text=ev.text,
+        token_ids=ev.token_ids,
+        array=array,
+        data=data,
+        media_type=ev.blob.media_type if ev.blob is not None else "",
+    )
+
+
+def _takeover_inputs(
+    log: EventLog, live: tuple[str, ...], unresumable: tuple[str, ...], oldest_ns: int
+) -> Iterator[Event]:
+    """The inputs that end or continue the requests a log taken over left
+    in flight, each computed after the one before was appended (the
+    caller emits them as they come): requests admitted before
+    ``oldest_ns`` (the resume bound) or whose history was released end
+    (``DeadlineExpired``), before the losses of the replicas the log still
+    holds as joined, so they are not continued first."""
+    requests = log.state.requests
+    for rid in live:
+        if rid in unresumable:
+            # Its history was released: ended, never continued on a guess.
+            cancelling = requests[rid].status == "cancelling"
+            yield DeadlineExpired(request_id=rid, scope="abort" if cancelling else "resume")
+        elif requests[rid].admitted_ts < oldest_ns:
+            yield DeadlineExpired(request_id=rid, scope="resume")
+    yield from restart_inputs(log.state)
+
+
+async def _sweep_loop(retention: Retention, log: EventLog, interval_s: float) -> None:
+    """An idle server appends nothing, so retention's time bound would
+    never be compared: read the log clock once a second (``sweep``)."""
+    while not log.closed:
+        await asyncio.sleep(interval_s)
+        # Between awaits, so never inside a decision cascade.
+        try:
+            retention.sweep()
+        except LogClosed:
+            return
+
+
+async def _wait_ended(
+    events: Callable[[str], AsyncIterator[Event]], rids: tuple[str, ...], limit_s: float
+) -> None:
+    """Until each of ``rids`` has its terminal event, or ``limit_s`` passed."""
+
+    async def one(rid: str) -> None:
+        async for _ in events(rid):
+            pass
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(one(r) for r in rids)), limit_s)
+    except TimeoutError:
+        pass
+
+
+def _short_stages(
+    pipeline: PipelineConfig, orchestrator: Orchestrator, every_replica: bool
+) -> dict[str, tuple[int, int]]:
+    """Stages with fewer ready replicas than wanted (one, or ``every_replica``
+    of them), as the orchestrator sees the log: stage -> (ready, wanted)."""
+    out = {}
+    for st in pipeline.stages:
+        want = st.replicas if every_replica else 1
+        have = orchestrator.ready_replicas(st.name)
+        if have < want:
+            out[st.name] = (have, want)
+    return out
+
+
 class Omni:
     """One pipeline served in this process, with its workers.
 
@@ -155,8 +269,10 @@ class Omni:
     (``omnix.orchestrator.runtime.RuntimeFactory``); by default a
     ``StageRuntime`` with ``runtime_options`` as its keyword arguments,
     which spawns the pipeline's worker processes.  ``start`` starts the
-    runtime and ``shutdown`` shuts it down.  ``log_dir`` makes the log and
-    blobs durable (``DIR/events``, ``DIR/blobs``, ``DIR/pipeline.json``).
+    runtime, ``wait_ready`` waits until every stage can take work (call it
+    before submitting right after ``start``), ``shutdown`` shuts it down.
+    ``log_dir`` makes the log and blobs durable (``DIR/events``,
+    ``DIR/blobs``, ``DIR/pipeline.json``).
 
     ``retention``: how long ended requests' events, blobs and state are
     kept (``RetentionPolicy``; ``None``: keep everything).  Not given, a
@@ -209,8 +325,17 @@ class Omni:
         self.rules = RULES_VERSION
         own_log = log is None
         if log is None:
-            log = self._open_log(log_config)
+            if self.log_dir is None:
+                log = MemoryLog(self.clock)
+            else:
+                log, self.rules = _open_log_dir(self.log_dir, self.pipeline, self.clock, log_config)
         self.log = log
+        #: the log held events before this ``Omni`` existed (an earlier
+        #: process's, or one handed in): ``start`` rebuilds the orchestrator
+        #: from them.  Events a runtime reports between construction and
+        #: ``start`` (workers started beforehand, joining) went through the
+        #: sequencer already and are not an earlier run's.
+        self._taken_over = len(log) > 0
         if blobs is None:
             blobs = DiskBlobStore(self.log_dir / "blobs") if self.log_dir else MemoryBlobStore()
         self.blobs = blobs
@@ -247,42 +372,12 @@ class Omni:
         self.recovered_events = 0
         self.recovered_from = 0
 
-    def _open_log(self, config: LogConfig | None) -> EventLog:
-        if self.log_dir is None:
-            return MemoryLog(self.clock)
-        from omnix.events.disklog import DiskLog
-
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = DiskLog(self.log_dir / "events", config, clock=self.clock)
-        server = self.log_dir / "server.json"
-        if len(log) and server.is_file():
-            # Taking over a log: keep deciding under the rules it was
-            # written with (a log from before server.json said v1).
-            recorded = msgspec.json.decode(server.read_bytes(), type=_ServerInfo)
-            self.rules = recorded.rules_version
-        (self.log_dir / "pipeline.json").write_bytes(msgspec.json.encode(self.pipeline))
-        # What wrote this log: replay drives a trace with the decision rules
-        # it was recorded under.
-        from omnix import __version__
-        from omnix.events.types import SCHEMA_VERSION
-
-        server.write_bytes(
-            msgspec.json.encode(
-                _ServerInfo(
-                    omnix_version=__version__,
-                    schema_version=SCHEMA_VERSION,
-                    rules_version=self.rules,
-                )
-            )
-        )
-        return log
-
     # -- lifecycle ----------------------------------------------------------
     async def start(self) -> Omni:
         if self._started:
             return self
         self._started = True
-        resumed = len(self.log) > 0
+        resumed = self._taken_over
         unresumable: tuple[str, ...] = ()
         if resumed:
             # A log an earlier process wrote: its orchestrator's plans and
@@ -295,40 +390,58 @@ class Omni:
         self.log.add_listener(self.dispatcher)
         self.timer.attach(None if self.virtual_time else asyncio.get_running_loop())
         if resumed:
-            # Requests admitted longer ago than the resume bound end now;
-            # before the losses below, so they are not continued first.
             oldest = self.clock.now_ns() - int(self.resume_within_s * 1e9)
-            requests = self.log.state.requests
-            for rid in self.orchestrator.live_requests:
-                if rid in unresumable:
-                    # Its history was released: ended, never continued on a guess.
-                    cancelling = requests[rid].status == "cancelling"
-                    scope = "abort" if cancelling else "resume"
-                    self.sequencer.emit(DeadlineExpired(request_id=rid, scope=scope))
-                elif requests[rid].admitted_ts < oldest:
-                    self.sequencer.emit(DeadlineExpired(request_id=rid, scope="resume"))
-            for lost in restart_inputs(self.log.state):
-                self.sequencer.emit(lost)
+            live = self.orchestrator.live_requests
+            for ev in _takeover_inputs(self.log, live, unresumable, oldest):
+                self.sequencer.emit(ev)
             for rid in self.orchestrator.live_requests:
                 self.timer.track(rid)
         await self.runtime.start()
         if self.retention is not None and not self.virtual_time and self.sweep_interval_s > 0:
-            self._sweeper = asyncio.create_task(self._sweep_loop(), name="omnix-retention")
+            sweep = _sweep_loop(self.retention, self.log, self.sweep_interval_s)
+            self._sweeper = asyncio.create_task(sweep, name="omnix-retention")
         self._accepting = True
         return self
 
-    async def _sweep_loop(self) -> None:
-        """An idle server appends nothing, so retention's time bound would
-        never be compared: read the log clock once a second (``sweep``)."""
-        retention = self.retention
-        assert retention is not None
-        while not self.log.closed:
-            await asyncio.sleep(self.sweep_interval_s)
-            # Between awaits, so never inside a decision cascade.
-            try:
-                retention.sweep()
-            except LogClosed:
-                return
+    async def wait_ready(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 (the bound its error names)
+        *,
+        every_replica: bool = False,
+    ) -> dict[str, int]:
+        """Return once every stage can take work: a ready replica per stage
+        (``every_replica``: all it is configured with), as the log records
+        them, which is what admission decides from.  Returns ``ready()``.
+
+        A call of its own, not part of ``start``, because ``start`` must
+        return before some stages are ready: workers started by hand
+        (``omnix serve --spawn``, ``omnix worker --connect``) join whenever
+        they come, and the server listens (``/health``, ``/ready``)
+        meanwhile.  And readiness comes and goes while serving (a replica
+        dies and is restarted), so a caller may wait for it again.  Code
+        that submits right after ``start`` calls this first.  Raises
+        ``NotReady`` (a ``TimeoutError``) naming the stages still short
+        after ``timeout`` seconds, ``ShuttingDown`` if shutdown begins."""
+        if not self._started:
+            raise RuntimeError("wait_ready() before start(): start the pipeline first")
+        try:
+            async with asyncio.timeout(timeout):
+                while _short_stages(self.pipeline, self.orchestrator, every_replica):
+                    if self._stopped or self.log.closed:
+                        raise ShuttingDown("shut down before every stage was ready")
+                    await self.log.wait_for(self.log.next_pos)
+        except TimeoutError:
+            short = ", ".join(
+                f"{stage!r} {have} of {want}"
+                for stage, (have, want) in _short_stages(
+                    self.pipeline, self.orchestrator, every_replica
+                ).items()
+            )
+            raise NotReady(
+                f"pipeline {self.pipeline.name!r} not ready after {timeout:g} s: ready replicas "
+                f"of {short}"
+            ) from None
+        return self.ready()
 
     async def __aenter__(self) -> Omni:
         return await self.start()
@@ -346,12 +459,12 @@ class Omni:
         self._accepting = False
         live = self.orchestrator.live_requests
         if live:
-            await self._wait_terminal(live, grace_s)
+            await _wait_ended(self.events, live, grace_s)
         live = self.orchestrator.live_requests
         for rid in live:
             self.cancel(rid, "shutdown")
         if live:
-            await self._wait_terminal(live, self.pipeline.abort_timeout_s + 1.0)
+            await _wait_ended(self.events, live, self.pipeline.abort_timeout_s + 1.0)
         self.timer.close()
         await self.runtime.shutdown()
         if self._sweeper is not None:
@@ -362,16 +475,6 @@ class Omni:
         if self.retention is not None:
             self.retention.close()
         self.log.close()
-
-    async def _wait_terminal(self, rids: tuple[str, ...], limit_s: float) -> None:
-        async def one(rid: str) -> None:
-            async for _ in self.events(rid):
-                pass
-
-        try:
-            await asyncio.wait_for(asyncio.gather(*(one(r) for r in rids)), limit_s)
-        except TimeoutError:
-            pass
 
     # -- requests -------------------------------------------------------------
     @property
@@ -499,24 +602,7 @@ class Omni:
         return {self.pipeline.outputs[m]: m for m in spec.outputs}
 
     def to_output(self, ev: Chunk) -> Output:
-        array = None
-        data = b""
-        if ev.blob is not None:
-            if ev.blob.dtype == "bytes":
-                data = self.blobs.get(ev.blob)
-            else:
-                array = self.blobs.get_array(ev.blob)
-        return Output(
-            modality=ev.modality,
-            stage=ev.stage,
-            index=ev.index,
-            pos=ev.pos,
-            text=ev.text,
-            token_ids=ev.token_ids,
-            array=array,
-            data=data,
-            media_type=ev.blob.media_type if ev.blob is not None else "",
-        )
+        return to_output(ev, self.blobs)
 
     async def stream(self, request_id: str) -> AsyncIterator[Output]:
         """Final outputs as they are produced; ends at the terminal event."""
@@ -527,7 +613,7 @@ class Omni:
         async for ev in self.log.tail(0, request_id=request_id):
             if type(ev) is Chunk:
                 if wanted.get(ev.stage) == ev.modality:
-                    yield self.to_output(ev)
+                    yield to_output(ev, self.blobs)
             elif type(ev) is Admitted:
                 wanted = self.output_stages(ev.spec)
             elif type(ev) in TERMINAL_TYPES:

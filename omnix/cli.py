@@ -1,9 +1,13 @@
 """The ``omnix`` command line: one verb per capability.
 
-Owns: the top-level parser and lazy dispatch.  Each verb lives in the module
-that owns the capability and exposes ``add_arguments(parser)`` and
-``run(args) -> int``; importing them lazily keeps ``omnix --help`` fast and
-keeps a codec worker from importing vLLM.
+Owns: the top-level parser, lazy dispatch and how a verb's user error
+ends: one line, ``omnix VERB: error: MESSAGE``, exit status 2 (argparse's
+own style, for errors found after parsing too: ``omnix.usage``), and
+Ctrl-C ends with status 130 and no traceback.  Each verb lives in the
+module that owns the capability and exposes ``add_arguments(parser)`` and
+``run(args) -> int``, raising ``UsageError`` for what its user must fix;
+importing them lazily keeps ``omnix --help`` fast and keeps a codec worker
+from importing vLLM.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from omnix.usage import run_reporting
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -39,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb, (module, help_) in VERBS.items():
         p = sub.add_parser(verb, help=help_, description=help_)
-        p.set_defaults(_module=module)
+        # _prog: what a UsageError is reported as (a verb with sub-verbs
+        # sets its own, e.g. "omnix bench engines").
+        p.set_defaults(_module=module, _prog=p.prog)
         # Only the chosen verb's module is imported to add its arguments.
         if verb in _requested_verb():
             importlib.import_module(module).add_arguments(p)
@@ -67,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help()
         return 0
-    return int(importlib.import_module(args._module).run(args) or 0)
+    module = importlib.import_module(args._module)
+    try:
+        return run_reporting(args._prog, lambda: int(module.run(args) or 0))
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -498,14 +498,23 @@ def export_from_dir(
             f"{root} is not an omnix log directory (expected {root}/events and "
             f"{root}/pipeline.json, as `omnix serve --log-dir DIR` writes)"
         )
-    pipeline = msgspec.json.decode(cfg_path.read_bytes(), type=PipelineConfig)
+    try:
+        pipeline = msgspec.json.decode(cfg_path.read_bytes(), type=PipelineConfig)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise TraceError(f"{cfg_path} is not a pipeline config omnix can read ({exc})") from None
     if rules_version is None:
         server = root / "server.json"
-        rules_version = (
-            int(msgspec.json.decode(server.read_bytes()).get("rules_version", RULES_VERSION))
-            if server.is_file()
-            else RULES_VERSION
-        )
+        try:
+            rules_version = (
+                int(msgspec.json.decode(server.read_bytes()).get("rules_version", RULES_VERSION))
+                if server.is_file()
+                else RULES_VERSION
+            )
+        except (msgspec.DecodeError, AttributeError, TypeError, ValueError) as exc:
+            raise TraceError(
+                f"{server} does not say which rules the server ran ({exc}); "
+                "give them with --rules N"
+            ) from None
     events = iter_log(root / "events")
     first = next(events, None)
     if first is not None and first.pos != 0:
@@ -565,6 +574,8 @@ def read_trace(source: str | os.PathLike[str] | bytes, *, verify: bool = True) -
             data = Path(source).read_bytes()
         except FileNotFoundError:
             raise TraceError(f"{where}: no such trace file") from None
+        except OSError as exc:  # a directory, no permission
+            raise TraceError(f"{where}: cannot read it ({exc.strerror or exc})") from None
     if len(data) < _PREFIX.size or data[:8] != TRACE_MAGIC:
         raise TraceError(
             f"{where}: not an omnix trace (no {TRACE_MAGIC.decode()} header); traces come from "

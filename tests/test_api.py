@@ -7,8 +7,15 @@ import os
 
 import pytest
 
-from omnix.api import Omni, OmniSync, Overloaded, ShuttingDown
-from omnix.events.types import TERMINAL_TYPES, Cancelled, Chunk, RequestSpec, WorkerJoined
+from omnix.api import NotReady, Omni, OmniSync, Overloaded, ShuttingDown
+from omnix.events.types import (
+    TERMINAL_TYPES,
+    Cancelled,
+    Chunk,
+    Rejected,
+    RequestSpec,
+    WorkerJoined,
+)
 from omnix.pipelines.plan import RequestError
 from omnix.pipelines.validate import parse_pipeline
 
@@ -127,3 +134,132 @@ async def test_a_log_taken_over_keeps_the_rules_it_was_written_under(tmp_path):
     fresh = Omni(cfg, log_dir=tmp_path / "new", runtime_factory=InProcessRuntime)
     assert fresh.rules == RULES_VERSION
     fresh.log.close()
+
+
+class _JoinsLater:
+    """A runtime whose replicas join when the test says (``join``), as
+    workers started by hand or shared with another ``Omni`` do."""
+
+    def __init__(self, pipeline, emit, blobs):
+        from omnix.testing.serving import InProcessRuntime
+
+        self.inner = InProcessRuntime(pipeline, self._join_only_when_asked, blobs)
+        self.emit = emit
+        self.held: list[WorkerJoined] = []
+
+    def _join_only_when_asked(self, ev):
+        if isinstance(ev, WorkerJoined):
+            self.held.append(ev)
+        else:
+            self.emit(ev)
+
+    def join(self, stage: str) -> None:
+        for ev in [e for e in self.held if e.stage == stage]:
+            self.held.remove(ev)
+            self.emit(ev)
+
+    async def start(self):
+        await self.inner.start()
+
+    async def shutdown(self):
+        await self.inner.shutdown()
+
+    def send(self, work):
+        self.inner.send(work)
+
+    def abort(self, request_id, stage, replica):
+        self.inner.abort(request_id, stage, replica)
+
+    def release(self, request_id):
+        self.inner.release(request_id)
+
+
+async def test_wait_ready_returns_once_every_stage_has_a_ready_replica():
+    import asyncio
+
+    omni = Omni(omni_like(), runtime_factory=_JoinsLater)
+    rt = omni.runtime
+    assert isinstance(rt, _JoinsLater)
+    await omni.start()
+    try:
+        spec = RequestSpec(prompt="hi", outputs=("text", "audio"))
+        assert isinstance(omni.submit(spec), Rejected)  # nothing joined: not_ready
+        waiting = asyncio.ensure_future(omni.wait_ready(5))
+        rt.join("thinker")
+        rt.join("talker")
+        await asyncio.sleep(0)
+        assert not waiting.done()  # code2wav has not joined
+        rt.join("code2wav")
+        assert await waiting == {"thinker": 1, "talker": 1, "code2wav": 1}
+        assert (await omni.collect(omni.submit(spec).request_id)).ok
+    finally:
+        await omni.shutdown()
+
+
+async def test_wait_ready_names_the_stages_it_timed_out_on():
+    omni = Omni(omni_like(), runtime_factory=_JoinsLater)
+    rt = omni.runtime
+    assert isinstance(rt, _JoinsLater)
+    await omni.start()
+    try:
+        rt.join("thinker")
+        with pytest.raises(NotReady, match=r"'talker' 0 of 1, 'code2wav' 0 of 1"):
+            await omni.wait_ready(0.05)
+        with pytest.raises(TimeoutError):  # NotReady is one
+            await omni.wait_ready(0.01)
+    finally:
+        await omni.shutdown()
+
+
+async def test_wait_ready_every_replica_waits_for_all_of_them():
+    from omnix.testing.serving import InProcessRuntime
+
+    cfg = omni_like(thinker="replicas = 2")
+    async with Omni(cfg, runtime_factory=InProcessRuntime) as omni:
+        ready = await omni.wait_ready(5, every_replica=True)
+        assert ready["thinker"] == 2
+
+
+async def test_replicas_that_joined_before_start_stay_ready():
+    """Workers started before ``Omni.start`` (shared by two ``Omni``, as
+    ``omnix bench engines`` does) join through the sequencer: ``start`` does
+    not take them for an earlier process's and record them lost."""
+    from omnix.testing.serving import InProcessRuntime
+
+    inner: list[InProcessRuntime] = []
+
+    def factory(pipeline, emit, blobs):
+        inner.append(InProcessRuntime(pipeline, emit, blobs))
+        return _StartedElsewhere(inner[-1])
+
+    omni = Omni(omni_like(), runtime_factory=factory)
+    await inner[0].start()  # the workers join before the Omni starts
+    await omni.start()
+    try:
+        assert await omni.wait_ready(5) == {"thinker": 1, "talker": 1, "code2wav": 1}
+        assert omni.recovered_events == 0
+        spec = RequestSpec(prompt="hi", outputs=("text", "audio"))
+        assert (await omni.collect(omni.submit(spec).request_id)).ok
+    finally:
+        await omni.shutdown()
+        await inner[0].shutdown()
+
+
+class _StartedElsewhere:
+    def __init__(self, rt):
+        self.rt = rt
+
+    async def start(self):
+        pass
+
+    async def shutdown(self):
+        pass
+
+    def send(self, work):
+        self.rt.send(work)
+
+    def abort(self, request_id, stage, replica):
+        self.rt.abort(request_id, stage, replica)
+
+    def release(self, request_id):
+        self.rt.release(request_id)

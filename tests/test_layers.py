@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / "omnix"
 #: floor number per top-level unit of ``omnix`` (a package or a module)
 FLOORS: dict[str, int] = {
     "__init__": 0,
+    "usage": 0,
     "events": 1,
     "pipelines": 2,
     "transport": 3,

@@ -11,6 +11,7 @@ from omnix.events.types import RequestSpec
 from omnix.testing.sim import start_sim
 
 from .orchestrator.conftest import omni_like
+from .waiting import until
 
 SPEC = RequestSpec(prompt="hi", outputs=("text",))
 
@@ -62,10 +63,7 @@ async def test_request_status() -> None:
     )
     await omni.start()
     try:
-        for _ in range(200):
-            if all(omni.ready().values()):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: all(omni.ready().values()), "ready replicas")
         for k in range(3):
             await omni.generate(SPEC, request_id=f"s{k}")
         assert omni.request_status("s0") == "released"

@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, help_ in BENCHES.items():
         p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(_prog=p.prog)
         p.add_argument(
             "--json", action="store_true", help="print figures as one JSON object on the last line"
         )

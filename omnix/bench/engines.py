@@ -30,6 +30,10 @@ vLLM's ``mp`` layout its model process busy-polls for 1 s after its last
 step).  Each request's TTFT counts from its batch's start on both sides
 (``_batch``).  The load average is printed before and after.
 
+A quick run of the bench's own code (``tests/bench/test_smoke.py``):
+``--levels 1 --rounds 1 --requests 1`` and ``--ttfp-pipeline`` a scripted
+thinker -> talker -> code2wav (the figures then mean nothing).
+
 Does not own the engines, the runtime or the API it drives (it uses
 ``Omni`` and ``AsyncLLM`` as a user would), nor the HTTP layer (``omnix
 bench http``) or a hop's floor (``omnix bench hop``).
@@ -60,6 +64,7 @@ from omnix.events.types import (
     StageParams,
     StageStarted,
 )
+from omnix.usage import UsageError, arg_type, count
 
 if TYPE_CHECKING:
     from omnix.stages.runtime import StageRuntime
@@ -86,9 +91,26 @@ TTFP_CUT = 0.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _text_flags(parser)
+    _ttfp_flags(parser)
+    _setup_flags(parser)
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a list of concurrency levels, e.g. 1,8,32") from None
+    if not levels or levels[0] < 1:
+        raise ValueError(f"{text!r}: give concurrency levels of 1 or more, e.g. 1,8,32")
+    return levels
+
+
+def _text_flags(parser: argparse.ArgumentParser) -> None:
+    """The tiny-text comparison: tokens, rounds, batches, levels."""
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=count,
         default=48,
         help="tokens per tiny-text request (default %(default)s)",
     )
@@ -98,13 +120,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # long rounds.
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=count,
         default=16,
         help="alternating rounds per concurrency level (default %(default)s)",
     )
     parser.add_argument(
         "--requests",
-        type=int,
+        type=count,
         default=6,
         metavar="N",
         help="requests per side per round at concurrency 1 (at c > 1: max(B, N // c) batches of c, "
@@ -115,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # batches (rounds x B) to hold still from run to run.
     parser.add_argument(
         "--batches",
-        type=int,
+        type=count,
         default=2,
         metavar="B",
         help="at least this many batches of c per side per round at concurrency > 1 "
@@ -130,20 +152,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         '"mp": vLLM\'s model process then busy-polls for 1 s after its last step)',
     )
     parser.add_argument(
+        "--levels",
+        type=arg_type(_levels, "levels"),
+        default=LEVELS,
+        metavar="C,...",
+        help="concurrency levels of the tiny-text part (default 1,8,32; a quick run: 1)",
+    )
+
+
+def _ttfp_flags(parser: argparse.ArgumentParser) -> None:
+    """The TTFP comparison: requests, tokens, the talker's CPUs, the pipeline."""
+    parser.add_argument(
         "--ttfp-requests",
-        type=int,
+        type=count,
         default=16,
         help="tiny-omni requests per variant (default %(default)s)",
     )
     parser.add_argument(
         "--thinker-tokens",
-        type=int,
+        type=count,
         default=96,
         help="tiny-omni thinker max_tokens (default %(default)s)",
     )
     parser.add_argument(
         "--talker-tokens",
-        type=int,
+        type=count,
         default=64,
         help="tiny-omni talker max_tokens per piece (default %(default)s)",
     )
@@ -154,6 +187,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pin tiny-omni's talker worker (and its vLLM processes) to these CPUs, e.g. 1, "
         "instead of the runtime's placement (docs/runtime.md)",
     )
+    parser.add_argument(
+        "--ttfp-pipeline",
+        default="tiny-omni",
+        metavar="NAME|PATH",
+        help="the thinker -> talker -> code2wav pipeline of the TTFP part (default tiny-omni; "
+        "a scripted one makes a quick run of the bench itself)",
+    )
+
+
+def _setup_flags(parser: argparse.ArgumentParser) -> None:
+    """Placement, which parts run, models and start-up."""
     parser.add_argument(
         "--vllm-cpu-placement",
         choices=("spread", "vllm"),
@@ -341,6 +385,7 @@ class OmnixSide:
 
     async def start(self) -> None:
         await self.omni.start()
+        await self.omni.wait_ready()  # bounded by the caller (--start-timeout)
 
     async def close(self) -> None:
         await self.omni.shutdown(grace_s=2.0)
@@ -516,11 +561,12 @@ async def _text_phase(
         _freeze_heap()
         n = args.max_tokens
         _say("warming up both sides")
+        levels: tuple[int, ...] = args.levels
         for s in sides:
-            for c in (1, 8, max(LEVELS)):
+            for c in sorted({1, min(8, max(levels)), max(levels)}):
                 await _batch(c, 900_000, _one(s, n))
         out: dict[int, dict[str, list[Batch]]] = {}
-        for c in LEVELS:
+        for c in levels:
             per_round = max(
                 args.batches if c > 1 else 1, args.requests // c
             )  # batches of c per side per round
@@ -764,10 +810,13 @@ def describe_plan(plan: Any) -> str:
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.models.prepare import prepare_models
-    from omnix.pipelines.validate import load_pipeline
+    from omnix.pipelines.validate import PipelineError, load_pipeline
 
     text = load_pipeline("tiny-text")
-    omni = load_pipeline("tiny-omni")
+    try:
+        omni = load_pipeline(args.ttfp_pipeline)
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
     from pathlib import Path
 
     for p in (text, omni):  # builds what is missing (seconds), exports OMNIX_MODEL_DIR
@@ -788,6 +837,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     if not args.skip_text:
         res.update(_text_figures(await _text_phase(args, text, options)))
         res["max_tokens"] = args.max_tokens
+        res["levels"] = list(args.levels)
     if not args.skip_ttfp:
         res.update(await _ttfp_phase(args, omni, options))
     res["load_average_end"] = round(os.getloadavg()[0], 2)
@@ -802,7 +852,7 @@ def _table(res: dict[str, Any]) -> None:
             f"{'c':>3} {'TTFT p50 direct':>16} {'omnix':>9} {'ratio':>7} {'target':>8}"
             f" {'tok/s direct':>13} {'omnix':>9} {'ratio':>7}  same tokens"
         )
-        for c in LEVELS:
+        for c in res["levels"]:
             d, o = res[f"ttft_p50_ms_direct_c{c}"], res[f"ttft_p50_ms_omnix_c{c}"]
             target = TTFT_RATIO * d + TTFT_SLACK_MS
             ok_t = "ok" if res[f"ttft_ok_c{c}"] else "MISSED"
@@ -817,7 +867,7 @@ def _table(res: dict[str, Any]) -> None:
             "omnix TTFT split (p50, from log stamps): submit -> worker Started in the log / "
             "-> first Chunk in the log"
         )
-        for c in LEVELS:
+        for c in res["levels"]:
             print(
                 f"{c:>3} {res[f'omnix_to_started_p50_ms_c{c}']:>8.2f} ms / "
                 f"{res[f'omnix_to_first_chunk_p50_ms_c{c}']:.2f} ms"
@@ -827,7 +877,7 @@ def _table(res: dict[str, Any]) -> None:
             "(direct: the AsyncLLM client; omnix: orchestrator, log, client); host steal = time "
             "the hypervisor took from this machine's CPUs"
         )
-        for c in LEVELS:
+        for c in res["levels"]:
             parts = []
             for side in ("direct", "omnix"):
                 roles = [

@@ -25,6 +25,11 @@ must reproduce the undisturbed run exactly):
   length at the kill).  ``restart_ready_s`` (restart to "ready", the
   engine's load) is reported beside it: the target is ready + 2 s.
 
+``--pipeline`` runs both on another one-stage text pipeline (the bench
+gives its stage two replicas and retry for the migration): a scripted one
+with a per-chunk delay runs the bench's own code in seconds.  A chunk
+without token ids counts as one token.
+
 Does not decide anything (the orchestrator does, from the log) nor measure
 throughput (``omnix bench engines``).
 """
@@ -45,10 +50,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from omnix.bench.loop import run_on_loop
 from omnix.events.types import RequestSpec, Routed, StageParams
 from omnix.pipelines.config import PipelineConfig, StageConfig, VllmArgs
-from omnix.pipelines.validate import validate_pipeline
+from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.usage import UsageError
 
 PROMPT = "Tell me a story about a cat."
 # The restart request must still be running when the server is killed:
@@ -71,26 +79,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--skip-migration", action="store_true", help="measure the restart only")
     parser.add_argument("--skip-restart", action="store_true", help="measure migration only")
+    parser.add_argument(
+        "--pipeline",
+        default=None,
+        metavar="NAME|PATH",
+        help="a one-stage text pipeline to run instead of the tiny thinker on vLLM (the bench "
+        "gives its stage two replicas and retry; a scripted one with a delay makes a quick run)",
+    )
 
 
 def _log(msg: str) -> None:
     print(f"[bench failover] {msg}", file=sys.stderr, flush=True)
 
 
-def _pipeline(max_tokens: int) -> PipelineConfig:
-    cfg = PipelineConfig(
-        name="bench-failover",
-        stages=(
-            StageConfig(
-                name="thinker",
-                engine=VllmArgs(model="thinker", kv_cache_gib=0.25),
-                sampling=StageParams(temperature=0.0, max_tokens=max_tokens),
-                replicas=2,
-                retry=True,
-            ),
-        ),
-        outputs={"text": "thinker"},
-    )
+def _pipeline(args: argparse.Namespace, max_tokens: int, replicas: int = 2) -> PipelineConfig:
+    """The one text stage the bench kills: the tiny thinker on vLLM
+    (greedy), or ``--pipeline``'s, with ``replicas`` and retry."""
+    if args.pipeline is None:
+        stage = StageConfig(
+            name="thinker",
+            engine=VllmArgs(model="thinker", kv_cache_gib=0.25),
+            sampling=StageParams(temperature=0.0, max_tokens=max_tokens),
+        )
+        cfg = PipelineConfig(name="bench-failover", stages=(stage,), outputs={"text": "thinker"})
+    else:
+        try:
+            cfg = load_pipeline(args.pipeline)
+        except PipelineError as exc:
+            raise UsageError(str(exc)) from None
+        if len(cfg.stages) != 1 or list(cfg.outputs) != ["text"]:
+            raise UsageError(
+                f"--pipeline {args.pipeline}: give a pipeline of one stage with a text output "
+                f"(it has stages {', '.join(st.name for st in cfg.stages)} and outputs "
+                f"{', '.join(cfg.outputs)})"
+            )
+        stage = cfg.stages[0]
+        sampling = msgspec.structs.replace(stage.sampling, max_tokens=max_tokens)
+        stage = msgspec.structs.replace(stage, sampling=sampling)
+    stage = msgspec.structs.replace(stage, replicas=replicas, retry=True if replicas > 1 else None)
+    name = cfg.name if replicas > 1 else f"{cfg.name}-restart"
+    cfg = msgspec.structs.replace(cfg, name=name, stages=(stage,))
     validate_pipeline(cfg)
     return cfg
 
@@ -98,43 +126,53 @@ def _pipeline(max_tokens: int) -> PipelineConfig:
 # -- migration ---------------------------------------------------------------------
 
 
-async def _until_ready(omni: Any, replicas: int, limit_s: float) -> float:
+async def _until_ready(omni: Any, limit_s: float) -> float:
+    """Seconds until every replica is ready (a killed one is restarted)."""
     t0 = time.perf_counter()
-    async with asyncio.timeout(limit_s):
-        while omni.ready().get("thinker", 0) < replicas:  # noqa: ASYNC110 (polled: Omni offers no readiness event)
-            await asyncio.sleep(0.05)
+    await omni.wait_ready(limit_s, every_replica=True)
     return time.perf_counter() - t0
 
 
 def _kill_serving(omni: Any, rid: str) -> int:
-    """SIGKILL the thinker replica the request runs on; its pid (0: none)."""
+    """SIGKILL the replica the request runs on; its pid (0: none)."""
     state = omni.log.state
     for wid, ws in state.workers.items():
-        if ws.alive and ws.stage == "thinker" and rid in state.requests_on(wid) and ws.pid:
+        if ws.alive and rid in state.requests_on(wid) and ws.pid:
             os.kill(ws.pid, signal.SIGKILL)
             return int(ws.pid)
     return 0
 
 
-async def _one_run(omni: Any, rid: str, kill_at: int, ref: tuple[list[int], str]) -> dict[str, Any]:
+async def _stream(
+    omni: Any, rid: str, kill_at: int = 0
+) -> tuple[list[int], str, dict[int, float], int]:
+    """Follow a request: its token ids, text, each chunk's arrival, and the
+    pid killed once ``kill_at`` tokens came (0: none).  A chunk without
+    token ids (a scripted engine's) counts as one token."""
     adm = omni.submit(RequestSpec(prompt=PROMPT, seed=1), request_id=rid)
     arrivals: dict[int, float] = {}
     ids: list[int] = []
     text: list[str] = []
-    killed = 0
+    tokens = killed = 0
     async for out in omni.stream(adm.request_id):
         arrivals[out.index] = time.perf_counter()
         ids.extend(out.token_ids)
         text.append(out.text)
-        if not killed and len(ids) >= kill_at:
+        tokens += len(out.token_ids) or 1
+        if kill_at and not killed and tokens >= kill_at:
             killed = _kill_serving(omni, rid)
+    return ids, "".join(text), arrivals, killed
+
+
+async def _one_run(omni: Any, rid: str, kill_at: int, ref: tuple[list[int], str]) -> dict[str, Any]:
+    ids, text, arrivals, killed = await _stream(omni, rid, kill_at)
     state = omni.state(rid)
     resumed = [ev.resume for ev in omni.log.events_for(rid) if type(ev) is Routed and ev.resume]
     seam = resumed[-1] if resumed else 0
     gap = None
     if seam and seam in arrivals and seam - 1 in arrivals:
         gap = (arrivals[seam] - arrivals[seam - 1]) * 1000.0
-    exact = (ids, "".join(text)) == ref
+    exact = (ids, text) == ref
     ok = bool(killed and resumed and state.status == "finished" and exact and gap is not None)
     if not ok:
         _log(
@@ -147,24 +185,27 @@ async def _one_run(omni: Any, rid: str, kill_at: int, ref: tuple[list[int], str]
 async def _migration(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.api import Omni
 
-    cfg = _pipeline(args.max_tokens)
+    cfg = _pipeline(args, args.max_tokens)
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     async with Omni(cfg) as omni:
-        await _until_ready(omni, 2, args.ready_timeout)
+        await _until_ready(omni, args.ready_timeout)
         _log(f"two replicas ready in {time.perf_counter() - t0:.1f} s")
-        whole = await omni.generate(RequestSpec(prompt=PROMPT, seed=1), request_id="undisturbed")
-        if whole.status != "finished" or len(whole.token_ids) < 8:
+        ids, text, arrivals, _ = await _stream(omni, "undisturbed")
+        state = omni.state("undisturbed")
+        status = state.status if state is not None else "unknown"
+        tokens = len(ids) or len(arrivals)
+        if status != "finished" or tokens < 8:
             raise RuntimeError(
-                f"the undisturbed request {whole.status} with {len(whole.token_ids)} tokens: "
+                f"the undisturbed request {status} with {tokens} tokens: "
                 "the bench needs at least 8 to kill in the middle"
             )
-        ref = (list(whole.token_ids), whole.text)
+        ref = (ids, text)
         runs: list[dict[str, Any]] = []
         respawn: list[float] = []
         for i in range(args.runs):
-            respawn.append(await _until_ready(omni, 2, args.ready_timeout))
-            kill_at = rng.randint(1, len(ref[0]) - 4)
+            respawn.append(await _until_ready(omni, args.ready_timeout))
+            kill_at = rng.randint(1, tokens - 4)
             runs.append(await _one_run(omni, f"failover-{i}", kill_at, ref))
             _log(
                 f"run {i}: kill at token {kill_at}, gap {runs[-1]['gap_ms']} ms, ok {runs[-1]['ok']}"
@@ -178,7 +219,7 @@ async def _migration(args: argparse.Namespace) -> dict[str, Any]:
         "replica_back_p50_s": round(statistics.median(respawn[1:]), 1)
         if len(respawn) > 1
         else None,
-        "tokens_per_request": len(ref[0]),
+        "tokens_per_request": tokens,
     }
 
 
@@ -266,15 +307,15 @@ async def _restart_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     from omnix.events.disklog import iter_log
 
-    cfg = tmp / "pipeline.toml"
-    cfg.write_text(
-        'name = "bench-failover-restart"\n[[stages]]\nname = "thinker"\n'
-        'engine = { kind = "vllm", model = "thinker", kv_cache_gib = 0.25 }\n'
-        f"sampling = {{ temperature = 0.0, max_tokens = {RESTART_MAX_TOKENS} }}\n"
-        '[outputs]\ntext = "thinker"\n'
-    )
+    cfg = tmp / "pipeline.json"
+    cfg.write_bytes(msgspec.json.encode(_pipeline(args, RESTART_MAX_TOKENS, replicas=1)))
     log_dir = tmp / "log"
-    body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    # resumable: the SSE events then carry the ids the resumed stream starts after.
+    body = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": True,
+        "stream_options": {"resumable": True},
+    }
     timeout = aiohttp.ClientTimeout(total=args.ready_timeout)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         first = await _Server.start(cfg, log_dir)
@@ -353,7 +394,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     # Builds what is missing and exports OMNIX_MODEL_DIR, which the
     # workers and the `omnix serve` subprocesses inherit.
-    prepare_models(_pipeline(args.max_tokens), Path(args.model_dir) if args.model_dir else None)
+    prepare_models(
+        _pipeline(args, args.max_tokens), Path(args.model_dir) if args.model_dir else None
+    )
     res: dict[str, Any] = {
         "load_average_start": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
@@ -388,7 +431,7 @@ def _table(res: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.max_tokens < 12:
-        raise SystemExit("omnix bench failover: --runs must be >= 1 and --max-tokens >= 12")
+        raise UsageError("--runs must be >= 1 and --max-tokens >= 12")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     res = run_on_loop(_bench(args))
     _table(res)

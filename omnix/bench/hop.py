@@ -41,14 +41,21 @@ from omnix.events.types import (
 )
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
 from omnix.stages.runtime import StageRuntime
+from omnix.transport.sockets import check_endpoint
 from omnix.transport.work import InputPiece, WorkItem
+from omnix.usage import arg_type, count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hops", type=int, default=3000, help="sequential hops to time")
-    parser.add_argument("--chunks", type=int, default=100_000, help="chunks streamed for the rate")
+    parser.add_argument("--hops", type=count, default=3000, help="sequential hops to time")
     parser.add_argument(
-        "--endpoint", default=None, help="tcp://127.0.0.1:0 to measure tcp (default ipc)"
+        "--chunks", type=count, default=100_000, help="chunks streamed for the rate"
+    )
+    parser.add_argument(
+        "--endpoint",
+        default=None,
+        type=arg_type(check_endpoint, "endpoint"),
+        help="tcp://127.0.0.1:0 to measure tcp (default ipc)",
     )
     parser.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop")
     parser.add_argument(

@@ -27,13 +27,14 @@ from typing import Any
 from omnix.bench.loop import run_on_loop
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
 from omnix.pipelines.validate import validate_pipeline
+from omnix.usage import count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--streams", type=int, default=3000, help="streams to run at most")
+    parser.add_argument("--streams", type=count, default=3000, help="streams to run at most")
     parser.add_argument("--seconds", type=float, default=15.0, help="stop after this long")
-    parser.add_argument("--concurrency", type=int, default=32, help="streams in flight")
-    parser.add_argument("--chunks", type=int, default=16, help="text chunks per stream")
+    parser.add_argument("--concurrency", type=count, default=32, help="streams in flight")
+    parser.add_argument("--chunks", type=count, default=16, help="text chunks per stream")
     parser.add_argument(
         "--runtime",
         choices=("inproc", "workers"),

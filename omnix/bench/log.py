@@ -59,8 +59,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -80,6 +81,7 @@ from omnix.events.types import (
     StageFinished,
     StageStarted,
 )
+from omnix.usage import UsageError, count
 
 TARGETS = {
     "memory_append_fold_events_per_s": (">=", 200_000),
@@ -120,17 +122,17 @@ class LogBenchResult(msgspec.Struct, frozen=True):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--events",
-        type=int,
+        type=count,
         default=1_000_000,
         help="events for the disk and fold runs (default 1M)",
     )
     parser.add_argument(
-        "--memory-events", type=int, default=300_000, help="events for the memory append run"
+        "--memory-events", type=count, default=300_000, help="events for the memory append run"
     )
-    parser.add_argument("--concurrency", type=int, default=256, help="requests in flight")
+    parser.add_argument("--concurrency", type=count, default=256, help="requests in flight")
     parser.add_argument(
         "--repeat",
-        type=int,
+        type=count,
         default=3,
         help="runs of each timed part; the best is reported (default 3)",
     )
@@ -321,11 +323,11 @@ def bench_disk(root: Path, n: int, concurrency: int) -> tuple[int, _Timer, int]:
     return len(log), timer, sum(p.stat().st_size for p in log.segment_paths())
 
 
-def state_sizes(concurrency: int) -> tuple[int, int, int]:
+def state_sizes(concurrency: int, n_req: int = 5_000) -> tuple[int, int, int]:
     """(bytes the fold retains per request, deep bytes of one finished
     request's state, its msgpack bytes).
 
-    The first is measured: fold 5,000 requests' events decoded from their
+    The first is measured: fold ``n_req`` requests' events decoded from their
     encoded form (as a reopened log does, so every string is the request's
     own copy) under tracemalloc, and divide what stays allocated by the
     number of requests: the state structs, their strings, the dict slot.
@@ -335,7 +337,6 @@ def state_sizes(concurrency: int) -> tuple[int, int, int]:
     assert rs.status == "finished" and len(rs.stages) == 3
     deep = deep_sizeof(rs)
     encoded = len(msgspec.msgpack.encode(rs))
-    n_req = 5_000
     blobs = [encode_event(ev) for ev in MemoryLog(events=workload(31 * n_req, concurrency)).read()]
     gc.collect()
     tracemalloc.start()
@@ -350,10 +351,163 @@ def state_sizes(concurrency: int) -> tuple[int, int, int]:
     return retained // len(f.requests), deep, encoded
 
 
+def _report(label: str, runs: list[_Timer], count: int, unit: str) -> _Timer:
+    """Print the best of the runs (the least disturbed by other processes),
+    the median beside it so the spread shows; return the best."""
+    best = min(runs, key=lambda t: t.wall)
+    med = statistics.median(t.wall for t in runs)
+    if unit == "rate":
+        print(
+            f"  {label:<30}{count / best.wall:12,.0f} events/s   "
+            f"(median {count / med:,.0f}; {count / best.cpu:,.0f} per CPU-second)"
+        )
+    else:
+        print(f"  {label:<30}{best.wall:12.2f} s   (median {med:.2f} s; {best.cpu:.2f} CPU-s)")
+    return best
+
+
+def _repeat(reps: int, one: Callable[[], tuple[int, _Timer]]) -> tuple[int, list[_Timer]]:
+    """``one()`` ``reps`` times (a collection after each): its count and every timer."""
+    runs = []
+    count = 0
+    for _ in range(reps):
+        count, t = one()
+        runs.append(t)
+        gc.collect()
+    return count, runs
+
+
+def _memory_phase(args: argparse.Namespace, reps: int) -> tuple[float, float, float]:
+    """Memory appends, without and with retention: (events/s, per CPU-s, with retention)."""
+    conc = args.concurrency
+    n_mem, runs = _repeat(reps, lambda: bench_memory(args.memory_events, conc))
+    t_mem = _report("memory append+validate+fold", runs, n_mem, "rate")
+    n_ret, runs = _repeat(reps, lambda: bench_memory_retention(args.memory_events, conc))
+    t_ret = _report("  ... with retention listening", runs, n_ret, "rate")
+    return n_mem / t_mem.wall, n_mem / t_mem.cpu, n_ret / t_ret.wall
+
+
+def _disk_phase(root: Path, n: int, conc: int, reps: int) -> tuple[float, float, int]:
+    """Disk appends, fsync=batch: (events/s, per CPU-s, bytes on disk)."""
+    disk_bytes = 0
+
+    def one() -> tuple[int, _Timer]:
+        nonlocal disk_bytes
+        if root.exists():
+            shutil.rmtree(root)
+        count, t, disk_bytes = bench_disk(root, n, conc)
+        return count, t
+
+    n_disk, runs = _repeat(reps, one)
+    t_disk = _report("disk append, fsync=batch", runs, n_disk, "rate")
+    print(f"  {'':<30}{disk_bytes / n:12.1f} bytes/event on disk")
+    return n_disk / t_disk.wall, n_disk / t_disk.cpu, disk_bytes
+
+
+def _reopen_phase(root: Path, n: int, reps: int) -> tuple[_Timer, _Timer, float]:
+    """Reopening the disk log without snapshots, and folding what it reads:
+    (fold, reopen, index bytes per event)."""
+    reopen_runs, fold_runs = [], []
+    index_bytes = 0.0
+    for _ in range(reps):
+        gc.collect()
+        with _Timer() as t:
+            log = DiskLog(root, LogConfig(snapshot_every=0))
+        reopen_runs.append(t)
+        gc.collect()
+        with _Timer() as t:
+            replay = fold(log.read())
+        fold_runs.append(t)
+        assert replay.digest() == log.state.digest()
+        index_bytes = (
+            log._offs.itemsize * len(log._offs) + log._prev.itemsize * len(log._prev)
+        ) / len(log)
+        log.close()
+        del log, replay
+    t_fold = _report("fold(log.read()): decode+reduce", fold_runs, n, "time")
+    t_reopen = _report("reopen: verify+fold+index", reopen_runs, n, "time")
+    return t_fold, t_reopen, index_bytes
+
+
+def _retained_phase(tmp: Path, n: int, conc: int, reps: int) -> dict[str, Any]:
+    """The same history with snapshots and retention: reopen folds the
+    newest snapshot's suffix only.  The result's fields."""
+    kept = tmp / "retained"
+    if kept.exists():
+        shutil.rmtree(kept)
+    n_kept, t_kept_append = bench_disk_retained(kept, n, conc)
+    kept_runs = []
+    folded = indexed = 0
+    for _ in range(reps):
+        gc.collect()
+        with _Timer() as t:
+            klog = DiskLog(kept)
+        kept_runs.append(t)
+        folded, indexed = klog.recovery.folded, klog.recovery.indexed
+        assert len(klog) == n_kept
+        klog.close()
+        del klog
+    t_kept = _report("reopen after 1M, snapshots", kept_runs, n, "time")
+    print(
+        f"  {'':<30}{folded:12,d} events folded, {indexed:,} read (snapshot + suffix); "
+        f"appends with retention+snapshots: {n_kept / t_kept_append.wall:,.0f} events/s"
+    )
+    return {
+        "reopen_after_1m_events_s": round(t_kept.wall, 3),
+        "reopen_after_1m_cpu_s": round(t_kept.cpu, 3),
+        "reopen_after_1m_folded_events": folded,
+        "reopen_after_1m_indexed_events": indexed,
+        "disk_retention_snapshots_events_per_s": round(n_kept / t_kept_append.wall),
+    }
+
+
+def _sizes(conc: int, n: int) -> tuple[int, int, int]:
+    """State bytes per request (printed): (retained, deep sizeof, msgpack)."""
+    # 5,000 requests, fewer in a quick run (--events below 155,000).
+    per_req, deep, encoded = state_sizes(conc, min(5_000, max(100, n // 31)))
+    print(
+        f"  state per request             {per_req:12,d} bytes retained by the fold per "
+        "request (tracemalloc, decoded events)"
+    )
+    print(
+        f"                                {deep:12,d} bytes deep sizeof of one finished "
+        f"3-stage RequestState (shared strings counted); {encoded} bytes msgpack"
+    )
+    return per_req, deep, encoded
+
+
+def _machine() -> tuple[float, float]:
+    """Peak RSS (MB) and the 1-minute load average, printed."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(f"  peak RSS                      {rss:12.0f} MB")
+    load = os.getloadavg()[0]
+    print(
+        f"  load average (1 min)          {load:12.2f}  on {os.cpu_count()} CPUs "
+        "(other processes' load lowers every rate above)"
+    )
+    return rss, load
+
+
+def _check_targets(result: LogBenchResult) -> None:
+    failed = []
+    for key, (op, target) in TARGETS.items():
+        value = getattr(result, key)
+        ok = value >= target if op == ">=" else value <= target
+        if not ok:
+            failed.append(f"{key}={value} (target {op} {target})")
+    print("  targets: " + ("all met" if not failed else "MISSED " + "; ".join(failed)))
+
+
 def run(args: argparse.Namespace) -> int:
     n = args.events
     conc = args.concurrency
     tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="omnix-bench-log-"))
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--dir {tmp}: cannot write the disk log there ({exc.strerror or exc})"
+        ) from None
     root = tmp / "log"
     if root.exists():
         shutil.rmtree(root)
@@ -362,114 +516,18 @@ def run(args: argparse.Namespace) -> int:
             f"omnix bench log: {n:,} events (disk, fold), {args.memory_events:,} (memory), "
             f"{conc} requests in flight, 31 events per request"
         )
-
         reps = max(1, args.repeat)
-
-        def report(label: str, runs: list[_Timer], count: int, unit: str) -> _Timer:
-            # Best of the runs (the least disturbed by other processes), the
-            # median beside it so the spread shows.
-            best = min(runs, key=lambda t: t.wall)
-            med = statistics.median(t.wall for t in runs)
-            if unit == "rate":
-                print(
-                    f"  {label:<30}{count / best.wall:12,.0f} events/s   "
-                    f"(median {count / med:,.0f}; {count / best.cpu:,.0f} per CPU-second)"
-                )
-            else:
-                print(
-                    f"  {label:<30}{best.wall:12.2f} s   (median {med:.2f} s; {best.cpu:.2f} CPU-s)"
-                )
-            return best
-
-        mem_runs = []
-        for _ in range(reps):
-            n_mem, t = bench_memory(args.memory_events, conc)
-            mem_runs.append(t)
-            gc.collect()
-        t_mem = report("memory append+validate+fold", mem_runs, n_mem, "rate")
-        ret_runs = []
-        for _ in range(reps):
-            n_ret, t = bench_memory_retention(args.memory_events, conc)
-            ret_runs.append(t)
-            gc.collect()
-        t_ret = report("  ... with retention listening", ret_runs, n_ret, "rate")
-
-        disk_runs = []
-        for _ in range(reps):
-            if root.exists():
-                shutil.rmtree(root)
-            n_disk, t, disk_bytes = bench_disk(root, n, conc)
-            disk_runs.append(t)
-            gc.collect()
-        t_disk = report("disk append, fsync=batch", disk_runs, n_disk, "rate")
-        print(f"  {'':<30}{disk_bytes / n:12.1f} bytes/event on disk")
-
-        reopen_runs, fold_runs = [], []
-        for _ in range(reps):
-            gc.collect()
-            with _Timer() as t:
-                log = DiskLog(root, LogConfig(snapshot_every=0))
-            reopen_runs.append(t)
-            gc.collect()
-            with _Timer() as t:
-                replay = fold(log.read())
-            fold_runs.append(t)
-            assert replay.digest() == log.state.digest()
-            index_bytes = (
-                log._offs.itemsize * len(log._offs) + log._prev.itemsize * len(log._prev)
-            ) / len(log)
-            log.close()
-            del log, replay
-        t_fold = report("fold(log.read()): decode+reduce", fold_runs, n, "time")
-        t_reopen = report("reopen: verify+fold+index", reopen_runs, n, "time")
-
-        # The same history with snapshots and retention: reopen folds the
-        # newest snapshot's suffix only.
-        kept = tmp / "retained"
-        if kept.exists():
-            shutil.rmtree(kept)
-        n_kept, t_kept_append = bench_disk_retained(kept, n, conc)
-        kept_runs = []
-        for _ in range(reps):
-            gc.collect()
-            with _Timer() as t:
-                klog = DiskLog(kept)
-            kept_runs.append(t)
-            folded, indexed = klog.recovery.folded, klog.recovery.indexed
-            assert len(klog) == n_kept
-            klog.close()
-            del klog
-        t_kept = report("reopen after 1M, snapshots", kept_runs, n, "time")
-        print(
-            f"  {'':<30}{folded:12,d} events folded, {indexed:,} read (snapshot + suffix); "
-            f"appends with retention+snapshots: {n_kept / t_kept_append.wall:,.0f} events/s"
-        )
+        mem_rate, mem_cpu_rate, ret_rate = _memory_phase(args, reps)
+        disk_rate, disk_cpu_rate, disk_bytes = _disk_phase(root, n, conc, reps)
+        t_fold, t_reopen, index_bytes = _reopen_phase(root, n, reps)
+        retained = _retained_phase(tmp, n, conc, reps)
         print(
             f"  disk log index                {index_bytes:12.1f} bytes/event in memory "
             f"(+ one dict entry per request); no event objects kept"
         )
         gc.collect()
-        mem_rate, mem_cpu_rate = n_mem / t_mem.wall, n_mem / t_mem.cpu
-        disk_rate, disk_cpu_rate = n_disk / t_disk.wall, n_disk / t_disk.cpu
-
-        per_req, deep, encoded = state_sizes(conc)
-        print(
-            f"  state per request             {per_req:12,d} bytes retained by the fold per "
-            "request (tracemalloc, decoded events)"
-        )
-        print(
-            f"                                {deep:12,d} bytes deep sizeof of one finished "
-            f"3-stage RequestState (shared strings counted); {encoded} bytes msgpack"
-        )
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        print(f"  peak RSS                      {rss:12.0f} MB")
-        load = os.getloadavg()[0]
-        print(
-            f"  load average (1 min)          {load:12.2f}  on {os.cpu_count()} CPUs "
-            "(other processes' load lowers every rate above)"
-        )
-
+        per_req, deep, encoded = _sizes(conc, n)
+        rss, load = _machine()
         result = LogBenchResult(
             memory_append_fold_events_per_s=round(mem_rate),
             disk_batched_fsync_events_per_s=round(disk_rate),
@@ -488,20 +546,10 @@ def run(args: argparse.Namespace) -> int:
             disk_bytes_per_event=round(disk_bytes / n, 1),
             disk_index_bytes_per_event=round(index_bytes, 1),
             load_average=round(load, 2),
-            reopen_after_1m_events_s=round(t_kept.wall, 3),
-            reopen_after_1m_cpu_s=round(t_kept.cpu, 3),
-            reopen_after_1m_folded_events=folded,
-            reopen_after_1m_indexed_events=indexed,
-            memory_append_fold_retention_events_per_s=round(n_ret / t_ret.wall),
-            disk_retention_snapshots_events_per_s=round(n_kept / t_kept_append.wall),
+            memory_append_fold_retention_events_per_s=round(ret_rate),
+            **retained,
         )
-        failed = []
-        for key, (op, target) in TARGETS.items():
-            value = getattr(result, key)
-            ok = value >= target if op == ">=" else value <= target
-            if not ok:
-                failed.append(f"{key}={value} (target {op} {target})")
-        print("  targets: " + ("all met" if not failed else "MISSED " + "; ".join(failed)))
+        _check_targets(result)
         if args.json:
             print(json.dumps(msgspec.to_builtins(result)))
         return 0

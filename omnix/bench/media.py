@@ -41,17 +41,21 @@ from typing import Any
 
 from omnix.bench.loop import run_on_loop
 from omnix.pipelines.config import MediaLimits, PipelineConfig, ScriptedArgs, StageConfig
-from omnix.pipelines.validate import load_pipeline, validate_pipeline
+from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.usage import UsageError, count, int_in
 
 PROMPT = "Describe what you were given in one short sentence."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--requests", type=int, default=60, help="text requests per phase (default 60)"
+        "--requests", type=count, default=60, help="text requests per phase (default 60)"
     )
     parser.add_argument(
-        "--media-requests", type=int, default=10, help="image and audio requests each, alone"
+        "--media-requests",
+        type=int_in(0, what="a count"),
+        default=10,
+        help="image and audio requests each, alone",
     )
     parser.add_argument(
         "--image-mb", type=float, default=5.0, help="size of each PNG sent (default 5 MB)"
@@ -119,6 +123,77 @@ def _body(part: dict[str, Any] | None, stream: bool = True) -> bytes:
     ).encode()
 
 
+class _Client:
+    """One aiohttp session posting chats to ``url``; errors are collected."""
+
+    def __init__(self, session: Any, url: str) -> None:
+        self.session = session
+        self.url = url
+        self.headers = {"Content-Type": "application/json"}
+        self.errors: list[str] = []
+        self.sent = 0  # media requests sent beside the text
+
+    async def ttft(self, body: bytes) -> float | None:
+        t0 = time.perf_counter()
+        async with self.session.post(self.url, data=body, headers=self.headers) as r:
+            if r.status != 200:
+                self.errors.append(f"{r.status}: {(await r.text())[:200]}")
+                return None
+            first = None
+            async for line in r.content:
+                if first is None and line.startswith(b"data: {") and _has_text(line):
+                    first = time.perf_counter() - t0
+            return first
+
+    async def series(self, body: bytes, n: int) -> list[float]:
+        """TTFTs (ms) of ``n`` requests, one at a time."""
+        out = []
+        for _ in range(n):
+            t = await self.ttft(body)
+            if t is not None:
+                out.append(t * 1000)
+        return out
+
+    async def one_media(self, body: bytes) -> None:
+        async with self.session.post(self.url, data=body, headers=self.headers) as r:
+            await r.read()
+            if r.status != 200:
+                self.errors.append(f"media {r.status}")
+        self.sent += 1
+
+    async def media_stream(self, body: bytes, rate: float, stop: asyncio.Event) -> None:
+        # A steady rate: each image leaves on schedule, however long the
+        # previous one takes (back to back when the rate is 0).
+        pending: set[asyncio.Task[None]] = set()
+        start = time.perf_counter()
+        k = 0
+        while not stop.is_set():
+            if rate <= 0:
+                await self.one_media(body)
+                continue
+            task = asyncio.create_task(self.one_media(body))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            k += 1
+            await asyncio.sleep(max(0.0, start + k / rate - time.perf_counter()))
+        await asyncio.gather(*pending)
+
+    async def beside_media(
+        self, text: bytes, n: int, media: bytes, rate: float
+    ) -> tuple[list[float], float]:
+        """TTFTs of ``n`` text requests while media requests arrive at
+        ``rate`` per second; and the media rate achieved."""
+        stop = asyncio.Event()
+        stream = asyncio.create_task(self.media_stream(media, rate, stop))
+        await asyncio.sleep(1.0)  # the media stream is steady before text starts
+        t0 = time.perf_counter()
+        beside = await self.series(text, n)
+        media_rate = self.sent / (time.perf_counter() - t0 + 1.0)
+        stop.set()
+        await stream
+        return beside, media_rate
+
+
 async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
@@ -133,76 +208,16 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
         "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"},
     }
     text, image, audio = _body(None), _body(image_part), _body(audio_part)
-    headers = {"Content-Type": "application/json"}
-    errors: list[str] = []
-
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-
-        async def ttft(body: bytes) -> float | None:
-            t0 = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as r:
-                if r.status != 200:
-                    errors.append(f"{r.status}: {(await r.text())[:200]}")
-                    return None
-                first = None
-                async for line in r.content:
-                    if first is None and line.startswith(b"data: {") and _has_text(line):
-                        first = time.perf_counter() - t0
-                return first
-
-        async def series(body: bytes, n: int) -> list[float]:
-            out = []
-            for _ in range(n):
-                t = await ttft(body)
-                if t is not None:
-                    out.append(t * 1000)
-            return out
-
-        await series(text, 5)  # warm up connections and code paths
-        await series(image, 1)
-        await series(audio, 1)
-        alone = await series(text, args["requests"])
-        images = await series(image, args["media_requests"])
-        audios = await series(audio, args["media_requests"])
-
-        stop = asyncio.Event()
-        sent = 0
-
-        async def one_image() -> None:
-            nonlocal sent
-            async with session.post(
-                url, data=_body(image_part, stream=False), headers=headers
-            ) as r:
-                await r.read()
-                if r.status != 200:
-                    errors.append(f"media {r.status}")
-            sent += 1
-
-        async def media_stream() -> None:
-            # A steady rate: each image leaves on schedule, however long the
-            # previous one takes (back to back when the rate is 0).
-            rate = args["media_rate"]
-            pending: set[asyncio.Task[None]] = set()
-            start = time.perf_counter()
-            k = 0
-            while not stop.is_set():
-                if rate <= 0:
-                    await one_image()
-                    continue
-                task = asyncio.create_task(one_image())
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                k += 1
-                await asyncio.sleep(max(0.0, start + k / rate - time.perf_counter()))
-            await asyncio.gather(*pending)
-
-        stream = asyncio.create_task(media_stream())
-        await asyncio.sleep(1.0)  # the media stream is steady before text starts
-        t0 = time.perf_counter()
-        beside = await series(text, args["requests"])
-        media_rate = sent / (time.perf_counter() - t0 + 1.0)
-        stop.set()
-        await stream
+        c = _Client(session, url)
+        await c.series(text, 5)  # warm up connections and code paths
+        await c.series(image, 1)
+        await c.series(audio, 1)
+        alone = await c.series(text, args["requests"])
+        images = await c.series(image, args["media_requests"])
+        audios = await c.series(audio, args["media_requests"])
+        media = _body(image_part, stream=False)
+        beside, media_rate = await c.beside_media(text, args["requests"], media, args["media_rate"])
     return {
         "alone": alone,
         "beside": beside,
@@ -211,7 +226,7 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
         "image_mb": len(png) / 1e6,
         "audio_mb": len(wav) / 1e6,
         "media_per_s": media_rate,
-        "errors": errors,
+        "errors": c.errors,
     }
 
 
@@ -236,7 +251,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.testing.serving import serve_scripted
 
     real = bool(args.pipeline)
-    cfg = load_pipeline(args.pipeline) if real else _scripted(args.delay_ms)
+    try:
+        cfg = load_pipeline(args.pipeline) if real else _scripted(args.delay_ms)
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
     async with serve_scripted(cfg, processes=real) as server:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import omnix
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs
+from omnix.usage import UsageError, count
 
 BENCH_PIPELINE = """
 name = "bench-omni"
@@ -69,9 +70,9 @@ audio = "code2wav"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--events", type=int, default=1_000_000, help="trace size (events)")
+    parser.add_argument("--events", type=count, default=1_000_000, help="trace size (events)")
     parser.add_argument(
-        "--repeat", type=int, default=3, help="runs of each measurement (best kept)"
+        "--repeat", type=count, default=3, help="runs of each measurement (best kept)"
     )
     parser.add_argument("--no-cache", action="store_true", help="rebuild the synthetic trace")
     parser.add_argument("--trace", default=None, help="benchmark this trace file instead")
@@ -160,7 +161,7 @@ def _best(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> int:
     from omnix.events.reducer import Fold
     from omnix.replay.drive import drive
-    from omnix.trace import read_trace, write_trace
+    from omnix.trace import TraceError, read_trace, write_trace
 
     gen_s = 0.0
     if args.trace:
@@ -172,9 +173,15 @@ def run(args: argparse.Namespace) -> int:
             t = time.perf_counter()
             write_trace(path, asyncio.run(_generate(args.events)))
             gen_s = time.perf_counter() - t
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--trace {path}: cannot read it ({exc.strerror or exc})") from None
     t = time.perf_counter()
-    trace = read_trace(data, verify=False)
+    try:
+        trace = read_trace(data, verify=False)
+    except TraceError as exc:
+        raise UsageError(f"--trace {path}: {exc}") from None
     read_s = time.perf_counter() - t
     n = len(trace.events)
     events = trace.events

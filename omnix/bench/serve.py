@@ -1016,6 +1016,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = _EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    # One group per concern, in the order --help lists them.
+    _target_flags(parser)
+    _load_flags(parser)
+    _audio_flags(parser)
+    _request_flags(parser)
+
+
+def _target_flags(parser: argparse.ArgumentParser) -> None:
+    """Which server and model, and what kinds of request."""
     parser.add_argument(
         "--base-url",
         required=True,
@@ -1032,6 +1041,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="text,audio-out,speech",
         help="kinds drawn by --kind mix, comma-separated (default: text,audio-out,speech)",
     )
+
+
+def _load_flags(parser: argparse.ArgumentParser) -> None:
+    """How many requests, how fast, and what each generates."""
     parser.add_argument(
         "--num-prompts", type=_positive_int, default=100, help="requests to send (default: 100)"
     )
@@ -1067,6 +1080,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=16,
         help="words per generated prompt (default: 16)",
     )
+
+
+def _audio_flags(parser: argparse.ArgumentParser) -> None:
+    """The audio asked for and sent."""
     parser.add_argument(
         "--voice", default="alloy", help="voice of audio-out and speech requests (default: alloy)"
     )
@@ -1094,6 +1111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="length of the generated WAV of audio-in requests (default: 1.0)",
     )
+
+
+def _request_flags(parser: argparse.ArgumentParser) -> None:
+    """Images, extra body, auth, timeouts and where the result goes."""
     parser.add_argument(
         "--image-size", default="", help="size of image requests, e.g. 256x256 (default: not sent)"
     )

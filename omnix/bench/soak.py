@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
+from omnix.usage import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,13 +158,14 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.registry import DEFAULT_PIPELINE
-    from omnix.pipelines.validate import load_pipeline
+    from omnix.pipelines.validate import PipelineError, load_pipeline
 
     # Builds what is missing and exports OMNIX_MODEL_DIR (the server inherits it).
-    prepare_models(
-        load_pipeline(args.pipeline or DEFAULT_PIPELINE),
-        Path(args.model_dir) if args.model_dir else None,
-    )
+    try:
+        pipeline = load_pipeline(args.pipeline or DEFAULT_PIPELINE)
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
+    prepare_models(pipeline, Path(args.model_dir) if args.model_dir else None)
     res: dict[str, Any] = {
         "load_average_start": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
@@ -224,9 +226,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.requests < 1 or args.concurrency < 1 or args.segment < 1:
-        raise SystemExit(
-            "omnix bench soak: --requests, --concurrency and --segment must be >= 1, --warmup >= 0"
-        )
+        raise UsageError("--requests, --concurrency and --segment must be >= 1, --warmup >= 0")
     res = run_on_loop(_bench(args))
     if not args.json:
         print(

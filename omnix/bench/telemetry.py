@@ -47,17 +47,20 @@ from omnix.events.log import MemoryLog
 from omnix.events.types import Event
 from omnix.telemetry.setup import Telemetry
 from omnix.telemetry.synthetic import Outcome, TinyOmniShape, tiny_omni_events, worker_events
+from omnix.usage import count
 
 _T0 = 1_700_000_000_000_000_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=100, help="requests per pass (default 100)")
     parser.add_argument(
-        "--rounds", type=int, default=300, help="pairs of on/off passes (default 300)"
+        "--requests", type=count, default=100, help="requests per pass (default 100)"
     )
     parser.add_argument(
-        "--yield-every", type=int, default=4,
+        "--rounds", type=count, default=300, help="pairs of on/off passes (default 300)"
+    )
+    parser.add_argument(
+        "--yield-every", type=count, default=4,
         help="the producer yields to the event loop every N requests (default 4)",
     )  # fmt: skip
     parser.add_argument("--no-traces", action="store_true", help="skip the traces-on figure")

@@ -35,7 +35,6 @@ import logging
 import os
 import re
 import signal
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -43,10 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 from omnix.http.options import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, HttpOptions
 from omnix.http.serve_config import ConfigError, apply_config, defaults_of
+from omnix.transport.sockets import check_endpoint
+from omnix.usage import UsageError, arg_type, port_number
 
 if TYPE_CHECKING:
+    from omnix.api import Omni
     from omnix.events.disklog import LogConfig
     from omnix.events.retention import RetentionPolicy
+    from omnix.http.app import HttpServer
 
 log = logging.getLogger("omnix.serve")
 
@@ -55,6 +58,21 @@ DEFAULT_PORT = 8091
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # One group of flags per concern, in the order --help lists them.
+    for group in (
+        _pipeline_flags,
+        _lifecycle_flags,
+        _worker_flags,
+        _http_flags,
+        _retention_flags,
+        _operator_flags,
+    ):
+        group(parser)
+    parser.set_defaults(_serve_options=defaults_of(parser))
+
+
+def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
+    """What is served, where it listens, who may call it, where it keeps its log and models."""
     from omnix.pipelines.registry import DEFAULT_PIPELINE
 
     parser.add_argument(
@@ -68,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=port_number,
         default=DEFAULT_PORT,
         help=f"port (default: {DEFAULT_PORT}; 0: any free)",
     )
@@ -93,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-build", action="store_true", help="fail instead of building missing tiny models"
     )
+
+
+def _lifecycle_flags(parser: argparse.ArgumentParser) -> None:
+    """How long shutdown and start-up may take; the largest body."""
     parser.add_argument(
         "--grace",
         type=float,
@@ -112,9 +134,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest request body accepted, MiB; room for media parts sent inline "
         f"(default {DEFAULT_MAX_BODY // (1024 * 1024)})",
     )
+
+
+def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    """Where workers connect and which this server starts; resuming requests."""
     parser.add_argument(
         "--workers-endpoint",
         default=None,
+        type=arg_type(check_endpoint, "endpoint"),
         metavar="ENDPOINT",
         help="where stage workers connect: tcp://0.0.0.0:PORT to take workers from other hosts "
         "(default: a private ipc:// socket, this host only)",
@@ -149,6 +176,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a streamed request keeps running after its client drops, for the client "
         "to resume with GET /v1/requests/ID/stream and Last-Event-ID (default 30; 0: cancel at once)",
     )
+
+
+def _http_flags(parser: argparse.ArgumentParser) -> None:
+    """Which browsers and media hosts the API trusts; the largest batch."""
     parser.add_argument(
         "--allowed-origins",
         default="",
@@ -171,6 +202,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hosts whose http(s) image/audio URLs the server may fetch, comma-separated, "
         "exact names (default: none, media come inline as data: URLs or base64)",
     )
+
+
+def _retention_flags(parser: argparse.ArgumentParser) -> None:
+    """How long ended requests are kept (docs/retention.md)."""
     parser.add_argument(
         "--retain",
         default="10m",
@@ -200,6 +235,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "DIR/events/archive/ instead of deleting them (omnix trace export and omnix replay "
         "read them there)",
     )
+
+
+def _operator_flags(parser: argparse.ArgumentParser) -> None:
+    """Profiling, logging, and taking the flags from a file."""
     parser.add_argument(
         "--profile-dir",
         default=None,
@@ -216,38 +255,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take options from a TOML/YAML/JSON file whose keys are these options' names "
         "(e.g. retain-requests = 200); flags on the command line win",
     )
-    parser.set_defaults(_serve_options=defaults_of(parser))
 
 
-async def serve(args: argparse.Namespace) -> int:
-    from omnix.api import Omni
-    from omnix.events.disklog import LogError
-    from omnix.http.app import HttpServer
+def _http_options(args: argparse.Namespace) -> HttpOptions:
+    """The HTTP layer's options from the flags; ``UsageError`` (one line
+    naming the flag) for a value that is not one."""
     from omnix.http.cors import parse_origins
-    from omnix.models.prepare import prepare_models
-    from omnix.pipelines.validate import PipelineError, load_pipeline
-    from omnix.stages.runtime import RuntimeConfigError
 
     try:
         origins = parse_origins(args.allowed_origins)
     except ValueError as bad:
-        log.error("--allowed-origins: %s", bad)
-        return 2
+        raise UsageError(f"--allowed-origins: {bad}") from None
     if args.max_batch < 1:
-        log.error("--max-batch must be at least 1 (got %d)", args.max_batch)
-        return 2
+        raise UsageError(f"--max-batch must be at least 1 (got {args.max_batch})")
     if args.max_body_mb <= 0:
-        log.error("--max-body-mb must be positive (got %s)", args.max_body_mb)
-        return 2
-    try:
-        retention = retention_policy(args.retain, args.retain_requests, args.retain_bytes)
-    except ValueError as bad:
-        log.error("%s", bad)
-        return 2
-    if args.archive and args.log_dir is None:
-        log.error("--archive moves released log segments aside: it needs --log-dir DIR")
-        return 2
-    options = HttpOptions(
+        raise UsageError(f"--max-body-mb must be positive (got {args.max_body_mb})")
+    return HttpOptions(
         api_key=args.api_key,
         max_body=int(args.max_body_mb * 1024 * 1024),
         max_batch=args.max_batch,
@@ -255,11 +278,28 @@ async def serve(args: argparse.Namespace) -> int:
         allowed_origins=origins,
         allowed_media_domains=_domains(args.allowed_media_domains),
     )
+
+
+def _build_omni(args: argparse.Namespace) -> Omni:
+    """The pipeline, its models and the ``Omni`` serving it, as the flags
+    say; ``UsageError`` for what the operator must fix, in one line."""
+    from omnix.api import Omni
+    from omnix.events.disklog import LogError
+    from omnix.models.prepare import prepare_models
+    from omnix.pipelines.validate import PipelineError, load_pipeline
+    from omnix.stages.runtime import RuntimeConfigError
+
+    try:
+        retention = retention_policy(args.retain, args.retain_requests, args.retain_bytes)
+    except ValueError as bad:
+        raise UsageError(str(bad)) from None
+    if args.archive and args.log_dir is None:
+        raise UsageError("--archive moves released log segments aside: it needs --log-dir DIR")
     try:
         pipeline = load_pipeline(args.pipeline)
         spawn = _spawn_choice(args.spawn)
         prepare_models(pipeline, args.model_dir, build=not args.no_build)
-        omni = Omni(
+        return Omni(
             pipeline,
             log_dir=args.log_dir,
             # pin_server: this process joins the frontend CPUs of the runtime's
@@ -277,15 +317,29 @@ async def serve(args: argparse.Namespace) -> int:
             log_config=_log_config(args.archive),
         )
     except (PipelineError, LogError, RuntimeConfigError) as bad:
-        # What the operator must fix, in one line: no traceback.
-        log.error("%s", bad)
-        return 2
+        raise UsageError(str(bad)) from None
+    except OSError as bad:  # --log-dir
+        raise UsageError(
+            f"--log-dir {args.log_dir}: cannot keep the log there ({bad.strerror or bad})"
+        ) from None
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from omnix.http.app import HttpServer
+
+    options = _http_options(args)
+    omni = _build_omni(args)
+    pipeline = omni.pipeline
     server = HttpServer(omni, options, host=args.host, port=args.port, access_log=args.access_log)
     try:
         await server.start()
     except OSError as exc:
-        log.error("cannot listen on %s:%s: %s", args.host, args.port, exc.strerror or exc)
-        return 1
+        omni.log.close()
+        raise UsageError(
+            f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc}): pick a free "
+            "--port (0: any free one) or another --host",
+            code=1,
+        ) from None
     log.info(
         "listening on %s (pipeline %r: %s; log: %s; auth: %s; browser origins: %s); loading...",
         server.url,
@@ -293,11 +347,20 @@ async def serve(args: argparse.Namespace) -> int:
         " -> ".join(st.name for st in pipeline.stages),
         args.log_dir or "memory",
         "api key" if args.api_key else "none",
-        ",".join(sorted(origins)) or "none",
+        ",".join(sorted(options.allowed_origins)) or "none",
     )
+    code = await _serve_until_stopped(omni, server, _stop_on_signals())
+    t1 = time.perf_counter()
+    server.mark_stopping()
+    await omni.shutdown(grace_s=args.grace)
+    await server.close()
+    log.info("stopped in %.1f s", time.perf_counter() - t1)
+    return code
 
+
+def _stop_on_signals() -> asyncio.Event:
+    """Set on the first SIGINT or SIGTERM (shut down gracefully); the second exits at once."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     signals = 0
 
     def on_signal(sig: signal.Signals) -> None:
@@ -310,10 +373,16 @@ async def serve(args: argparse.Namespace) -> int:
             log.warning("%s again: exiting now", sig.name)
             os._exit(130)
 
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, on_signal, sig)
+    return stop
 
+
+async def _serve_until_stopped(omni: Omni, server: HttpServer, stop: asyncio.Event) -> int:
+    """Start the pipeline and serve until ``stop`` is set; 1 when the
+    pipeline failed to start, else 0."""
     t0 = time.perf_counter()
     starting = asyncio.create_task(omni.start())
     waiting = asyncio.create_task(stop.wait())
@@ -325,7 +394,7 @@ async def serve(args: argparse.Namespace) -> int:
             "ready in %.1f s: %s serving %r at %s (Ctrl-C to stop)",
             time.perf_counter() - t0,
             "omnix",
-            pipeline.name,
+            omni.pipeline.name,
             server.url,
         )
         await waiting
@@ -338,12 +407,6 @@ async def serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(BaseException):
             await starting
     waiting.cancel()
-
-    t1 = time.perf_counter()
-    server.mark_stopping()
-    await omni.shutdown(grace_s=args.grace)
-    await server.close()
-    log.info("stopped in %.1f s", time.perf_counter() - t1)
     return code
 
 
@@ -363,8 +426,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             apply_config(args, args._serve_options, args.config)
         except ConfigError as bad:
-            print(f"omnix serve: {bad}", file=sys.stderr)
-            return 2
+            raise UsageError(str(bad)) from None
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

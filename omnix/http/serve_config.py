@@ -84,5 +84,5 @@ def _value(path: str | Path, key: str, action: argparse.Action, value: Any) -> A
     convert = action.type if callable(action.type) else str
     try:
         return convert(value if convert is not str else str(value))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
         raise ConfigError(f"--config {path}: {key} = {value!r}: {exc}") from None

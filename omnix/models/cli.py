@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from omnix.usage import UsageError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from omnix.models.paths import TINY_MODELS
@@ -20,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init = sub.add_parser(
         "init", help="build the tiny models that are missing (or all with --force)"
     )
+    init.set_defaults(_prog=init.prog)
     init.add_argument(
         "--dir",
         type=Path,
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         from omnix.models.build import ensure_models, missing_models
 
         names = list(args.only)
+        _writable(root, "--dir" if args.dir else "the model folder")
         todo = names if args.force else missing_models(root, None, names)
         if not todo:
             print(f"all models present in {root} (use --force to rebuild)")
@@ -70,3 +74,18 @@ def run(args: argparse.Namespace) -> int:
                 f"{name:9s} seed={info.seed:<5d} {folder_digest(root / name)[:16]}  {root / name}"
             )
     return 0
+
+
+def _writable(root: Path, label: str) -> None:
+    """The model folder can be made and written, checked before the first
+    model is built (minutes) so a bad ``--dir`` fails at once."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".omnix-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"{label} {root}: cannot build models there ({exc.strerror or exc}); "
+            "give a folder you can write (or set OMNIX_MODEL_DIR)"
+        ) from None

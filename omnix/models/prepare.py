@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from omnix.pipelines.config import PipelineConfig, engine_model
+from omnix.usage import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,17 @@ def prepare_models(
     todo = missing_models(root, None, names)
     if todo:
         if not build:
-            raise SystemExit(
+            raise UsageError(
                 f"tiny models {', '.join(todo)} are missing in {root}: run `omnix models init --dir {root}`"
             )
         log.info("building tiny models %s in %s (once)", ", ".join(todo), root)
         t0 = time.perf_counter()
-        ensure_models(root, names=names, progress=sys.stderr.isatty())
+        try:
+            ensure_models(root, names=names, progress=sys.stderr.isatty())
+        except OSError as exc:
+            raise UsageError(
+                f"cannot build the tiny models in {root} ({exc.strerror or exc}): "
+                "give a folder you can write with --model-dir (or OMNIX_MODEL_DIR)"
+            ) from None
         log.info("built %s in %.1f s", ", ".join(todo), time.perf_counter() - t0)
     return root

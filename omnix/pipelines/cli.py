@@ -14,12 +14,14 @@ import msgspec
 from omnix.pipelines.config import engine_kind, engine_model
 from omnix.pipelines.registry import DEFAULT_PIPELINE, builtin_names
 from omnix.pipelines.validate import PipelineError, load_pipeline, stage_output_modality
+from omnix.usage import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.add_parser("list", help="list the built-in pipelines")
     show = sub.add_parser("show", help="print a pipeline's stages, edges and outputs")
+    show.set_defaults(_prog=show.prog)
     show.add_argument(
         "pipeline", nargs="?", default=DEFAULT_PIPELINE, help="built-in name or config path"
     )
@@ -42,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             cfg = load_pipeline(args.pipeline)
         except PipelineError as exc:
-            print(exc, file=sys.stderr)
-            return 1
+            raise UsageError(str(exc)) from None
         if args.json:
             print(msgspec.json.format(msgspec.json.encode(cfg).decode()))
             return 0

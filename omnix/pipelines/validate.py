@@ -77,7 +77,11 @@ def load_pipeline(name_or_path: str | Path) -> PipelineConfig:
             )
         p = bp
     fmt = p.suffix.lstrip(".").lower()
-    return parse_pipeline(p.read_bytes(), fmt, str(p))
+    try:
+        data = p.read_bytes()
+    except OSError as exc:  # a directory, no permission
+        raise PipelineError(str(p), [f"cannot read it ({exc.strerror or exc})"]) from None
+    return parse_pipeline(data, fmt, str(p))
 
 
 def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from omnix.pipelines.config import PipelineConfig
+from omnix.usage import UsageError, count
 
 if TYPE_CHECKING:  # the modes import what they use when they run
     from omnix.trace import Trace
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the digest checks on read (forensics on a damaged trace)",
     )
-    parser.add_argument("--width", type=int, default=56, help="waterfall width in columns")
+    parser.add_argument("--width", type=count, default=56, help="waterfall width in columns")
     parser.add_argument(
         "--html", metavar="FILE", help="write a self-contained HTML page of the trace"
     )
@@ -117,9 +118,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _fail(msg: str) -> int:
-    print(f"omnix replay: {msg}", file=sys.stderr)
-    return 2
+def _write(path: str, data: bytes, flag: str) -> None:
+    """Write an output file the user named; a folder that is not there or
+    not writable is their error, named with its flag."""
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
+
+
+def _check_requests(trace: Trace, requested: list[str] | None) -> None:
+    """Every ``--request ID`` must be one the trace holds."""
+    known = trace.request_ids
+    missing = [r for r in requested or () if r not in known]
+    if missing:
+        shown = ", ".join(known[:8]) + (" ..." if len(known) > 8 else "")
+        raise UsageError(
+            f"--request {', '.join(missing)}: not in {trace.source} (its requests: {shown or 'none'})"
+        )
 
 
 def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig:
@@ -182,15 +198,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace = read_trace(args.trace, verify=not args.no_verify)
     except TraceError as exc:
-        return _fail(str(exc))
+        raise UsageError(str(exc)) from None
 
     try:
         return _modes(trace, args)
     except TraceError as exc:  # e.g. --no-verify on events that do not fold
-        return _fail(str(exc))
+        raise UsageError(str(exc)) from None
 
 
 def _modes(trace: Trace, args: argparse.Namespace) -> int:
+    _check_requests(trace, args.request)
     pipeline: PipelineConfig | None = None
     try:
         if args.config:
@@ -200,12 +217,12 @@ def _modes(trace: Trace, args: argparse.Namespace) -> int:
         if args.overrides:
             pipeline = apply_overrides(pipeline or trace.pipeline, args.overrides)
     except ValueError as exc:
-        return _fail(str(exc))
+        raise UsageError(str(exc)) from None
 
     if args.html:
         from omnix.replay.html import render_html
 
-        Path(args.html).write_text(render_html(trace, requests=args.request), encoding="utf-8")
+        _write(args.html, render_html(trace, requests=args.request).encode(), "--html")
         print(f"wrote {args.html}", file=sys.stderr)
 
     if args.client_bytes:
@@ -220,7 +237,7 @@ def _modes(trace: Trace, args: argparse.Namespace) -> int:
         try:
             cf = counterfactual(trace, pipeline=pipeline, rules=args.rules, timers=args.timers)
         except ValueError as exc:
-            return _fail(str(exc))
+            raise UsageError(str(exc)) from None
         sys.stdout.write(cf.report(trace))
         return 0
     if not args.html or args.events or args.request:
@@ -241,7 +258,7 @@ def _drive(trace: Trace, args: argparse.Namespace, pipeline: PipelineConfig | No
     try:
         res = drive(trace, pipeline=pipeline, rules=args.rules, raise_on_divergence=False)
     except ValueError as exc:
-        return _fail(str(exc))
+        raise UsageError(str(exc)) from None
     dt = time.perf_counter() - t
     if res.divergence is not None:
         print(res.divergence.report())
@@ -267,7 +284,7 @@ def _faults(trace: Trace, args: argparse.Namespace, pipeline: PipelineConfig | N
             ack_aborts_ms=args.ack_aborts_ms,
         )
     except (FaultError, ValueError) as exc:
-        return _fail(str(exc))
+        raise UsageError(str(exc)) from None
     sys.stdout.write(res.report(trace))
     return 0 if res.ok else 1
 
@@ -279,9 +296,9 @@ def _client_bytes(trace: Trace, args: argparse.Namespace) -> int:
         rid = pick_request(trace, args.request[0] if args.request else None)
         body = client_bytes(trace, rid)
     except (KeyError, ValueError) as exc:
-        return _fail(str(exc).strip("'\""))
+        raise UsageError(str(exc).strip("'\"")) from None
     if args.output:
-        Path(args.output).write_bytes(body)
+        _write(args.output, body, "--output")
         print(f"wrote {len(body)} bytes of {rid}'s response body to {args.output}", file=sys.stderr)
     else:
         sys.stdout.buffer.write(body)

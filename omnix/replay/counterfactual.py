@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from omnix.events.reducer import RequestState
 from omnix.events.types import (
@@ -174,6 +175,8 @@ def _canon(events: list[Event], ident: Callable[[int], str]) -> dict[str, list[s
                 line = f"finished cause={ident(ev.cause)}"
             case CancelRequested() | Cancelled():
                 line = f"{event_tag(ev)} {ev.reason} cause={ident(ev.cause)}"
+            case _:
+                assert_never(ev)
         per.setdefault(ev.request_id, []).append(line)
     return per
 

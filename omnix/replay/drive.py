@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import assert_never
 
 import msgspec
 
@@ -32,12 +34,21 @@ from omnix.events.types import (
     Admitted,
     Cancelled,
     CancelRequested,
+    Chunk,
+    DeadlineExpired,
     Event,
     Failed,
     Finished,
+    Progress,
     Rejected,
+    Released,
     RequestEvent,
     Routed,
+    StageFailed,
+    StageFinished,
+    StageStarted,
+    WorkerJoined,
+    WorkerLost,
     event_tag,
 )
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
@@ -235,6 +246,9 @@ class DriveResult:
 
 _encode = msgspec.msgpack.Encoder().encode
 
+#: (position, expected, actual, kind, trigger position) -> the divergence
+_Diverge = Callable[[int, Event | None, Event | None, str, int], Divergence]
+
 
 def drive(
     trace: Trace,
@@ -266,75 +280,25 @@ def drive(
     stored = log._events  # the replayed events; read in place on the hot path
     events = trace.events
     n = len(events)
-    # is_decision, inlined: this loop runs once per trace event.
-    decision_set = (Routed, Cancelled, Failed, Finished)
     inputs = decisions = 0
     i = 0
     div: Divergence | None = None
-
-    def diverge(
-        pos: int, expected: Event | None, actual: Event | None, kind: str, trig: int
-    ) -> Divergence:
-        return _divergence(
-            trace,
-            log,
-            pos,
-            expected,
-            actual,
-            kind,
-            trig,
-            rv,
-            cfg is not trace.pipeline,
-            context_inputs,
-        )
+    diverge: _Diverge = partial(
+        _divergence, trace, log, rv, cfg is not trace.pipeline, context_inputs
+    )
 
     while i < n:
         ev = events[i]
-        if type(ev) in decision_set or (type(ev) is CancelRequested and ev.cause >= 0):
+        if is_decision(ev):
             # A recorded decision with no input before it in this cascade:
             # the previous cascade stopped short of it.
             div = diverge(i, ev, None, "missing", _input_before(events, i))
             break
         inputs += 1
-        if type(ev) is Admitted or type(ev) is Rejected:
-            got = seq.submit(ev.request_id, ev.spec, ev.ts_ns)
-            if type(got) is not type(ev) or _encode(got) != _encode(ev):
-                div = diverge(i, ev, got, "admission", i)
-                break
-        else:
-            try:
-                seq.append(ev)
-            except IllegalTransition as exc:
-                if len(stored) > i:
-                    # The input went in; a decision of its cascade was
-                    # refused: the orchestrator decided something illegal.
-                    at = exc.event.pos
-                    exp = events[at] if at < n else None
-                    div = diverge(at, exp, exc.event, "refused", i)
-                else:
-                    div = diverge(i, ev, None, "refused", i)
-                div.context.refusal = str(exc)
-                break
-        after = len(stored)
-        j = i + 1
-        k = j
-        while j < n:
-            nxt = events[j]
-            if not (type(nxt) in decision_set or (type(nxt) is CancelRequested and nxt.cause >= 0)):
-                break
-            if k >= after:
-                div = diverge(j, nxt, None, "missing", i)
-                break
-            act = stored[k]
-            if _encode(act) != _encode(nxt):
-                div = diverge(j, nxt, act, "different", i)
-                break
-            j += 1
-            k += 1
+        div = _feed(seq, ev, i, events, stored, diverge)
+        if div is None:
+            j, div = _compare_cascade(i, events, stored, diverge)
         if div is not None:
-            break
-        if k < after:
-            div = diverge(k, events[j] if j < n else None, stored[k], "extra", i)
             break
         decisions += j - i - 1
         i = j
@@ -359,6 +323,62 @@ def drive(
     return result
 
 
+def _compare_cascade(
+    i: int, events: list[Event], stored: list[Event], diverge: _Diverge
+) -> tuple[int, Divergence | None]:
+    """Compare the decisions the input ``events[i]`` caused (replayed, in
+    ``stored`` from ``i + 1``) with the recorded ones after it; the index
+    of the next recorded input, or the divergence."""
+    n = len(events)
+    after = len(stored)
+    j = k = i + 1
+    while j < n:
+        nxt = events[j]
+        if not is_decision(nxt):
+            break
+        if k >= after:
+            return j, diverge(j, nxt, None, "missing", i)
+        act = stored[k]
+        if _encode(act) != _encode(nxt):
+            return j, diverge(j, nxt, act, "different", i)
+        j += 1
+        k += 1
+    if k < after:
+        return j, diverge(k, events[j] if j < n else None, stored[k], "extra", i)
+    return j, None
+
+
+def _feed(
+    seq: Sequencer,
+    ev: Event,
+    i: int,
+    events: list[Event],
+    stored: list[Event],
+    diverge: _Diverge,
+) -> Divergence | None:
+    """Append the recorded input ``events[i]`` (an admission through
+    ``submit``, which decides it) and its cascade; the divergence, if the
+    admission came out otherwise or the reducer refused something."""
+    if type(ev) is Admitted or type(ev) is Rejected:
+        got = seq.submit(ev.request_id, ev.spec, ev.ts_ns)
+        if type(got) is not type(ev) or _encode(got) != _encode(ev):
+            return diverge(i, ev, got, "admission", i)
+        return None
+    try:
+        seq.append(ev)
+    except IllegalTransition as exc:
+        if len(stored) > i:
+            # The input went in; a decision of its cascade was refused:
+            # the orchestrator decided something illegal.
+            at = exc.event.pos
+            div = diverge(at, events[at] if at < len(events) else None, exc.event, "refused", i)
+        else:
+            div = diverge(i, ev, None, "refused", i)
+        div.context.refusal = str(exc)
+        return div
+    return None
+
+
 def _input_before(events: list[Event], i: int) -> int:
     j = i - 1
     while j > 0 and is_decision(events[j]):
@@ -369,14 +389,14 @@ def _input_before(events: list[Event], i: int) -> int:
 def _divergence(
     trace: Trace,
     log: MemoryLog,
+    rules: int,
+    pipeline_changed: bool,
+    n_inputs: int,
     pos: int,
     expected: Event | None,
     actual: Event | None,
     kind: str,
     trigger_pos: int,
-    rules: int,
-    pipeline_changed: bool,
-    n_inputs: int,
 ) -> Divergence:
     events = trace.events
     trigger = events[trigger_pos] if 0 <= trigger_pos < len(events) else None
@@ -432,8 +452,22 @@ def _cause(ev: Event) -> int:
     match ev:
         case Routed() | CancelRequested() | Cancelled() | Failed() | Finished():
             return ev.cause
+        case (
+            Admitted()
+            | Rejected()
+            | StageStarted()
+            | Progress()
+            | Chunk()
+            | StageFinished()
+            | StageFailed()
+            | DeadlineExpired()
+            | WorkerJoined()
+            | WorkerLost()
+            | Released()
+        ):
+            return -1  # no cause field: an input, or the worker's own
         case _:
-            return -1
+            assert_never(ev)
 
 
 def _request_id(ev: Event | None) -> str | None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import assert_never
 
 import msgspec
 
@@ -165,14 +166,19 @@ def check_invariants(events: list[Event], *, require_terminal: bool = True) -> l
     seen: dict[str, None] = {}
     lost: dict[str, int] = {}  # worker id -> position of its loss
     for ev in events:
-        if isinstance(ev, WorkerEvent):
-            if type(ev) is WorkerLost:
+        match ev:
+            case WorkerLost():
                 lost.setdefault(ev.worker_id, ev.pos)
-            elif type(ev) is WorkerJoined:
+                continue
+            case WorkerJoined():
                 lost.pop(ev.worker_id, None)
-            continue
-        if type(ev) is Released:
-            continue  # retention's: about no request's own history
+                continue
+            case Released():
+                continue  # retention's: about no request's own history
+            case RequestEvent():
+                pass  # below: every request event is held to the rules alike
+            case _:
+                assert_never(ev)
         rid = ev.request_id
         seen.setdefault(rid, None)
         if rid in terminal:

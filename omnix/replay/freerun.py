@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, assert_never
 
 import msgspec
 
@@ -254,6 +254,8 @@ class _FreeRunner:
                     self._inject(msgspec.structs.replace(item.event, ts_ns=ts), item.label)
                 case _AbortAck(ack=ack):
                     self._deliver_ack(ack, ts)
+                case _:
+                    assert_never(item)
         self._fire_timers(until=None)
 
     def _schedule(self, ts_ns: int, item: _Input) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from html import escape
 
+from omnix.events.reducer import RequestState
 from omnix.events.types import Routed
 from omnix.replay.show import MS, RequestTiming, _n, describe, request_timing
 from omnix.trace import Trace, is_decision
@@ -128,50 +129,8 @@ def render_html(trace: Trace, *, requests: list[str] | None = None, max_events: 
     ]
     for rid in requests or trace.request_ids:
         rs = f.requests.get(rid)
-        if rs is None:
-            continue
-        tm = request_timing(rs)
-        how = rs.status + (f" ({rs.reason})" if rs.reason else "")
-        if not rs.terminal:
-            how += " — still live where the trace ends"
-        target = " · target" if rid in trace.targets else ""
-        body.append('<div class="card">')
-        body.append(
-            f'<h2>{escape(rid)} <span class="status-{escape(rs.status)}">{escape(how)}</span>'
-            f'<span class="meta">{target}</span></h2>'
-        )
-        body.append('<div class="kpis">')
-        for label, ns in (("TTFT", tm.ttft), ("TTFP", tm.ttfp), ("E2EL", tm.e2el)):
-            body.append(f'<div class="kpi"><span>{label}</span><b>{_ms(ns)}</b></div>')
-        body.append(f'<div class="kpi"><span>events</span><b>{rs.events}</b></div></div>')
-        if tm.stages:
-            end = tm.e2el
-            if end is None:
-                end = max(
-                    (s.ended or s.last_chunk or s.started or s.routed or 0) for s in tm.stages
-                )
-            body.append(_svg(tm, end))
-            body.append(
-                "<table><tr><th>stage</th><th>routed</th><th>started</th><th>first output</th>"
-                "<th>last output</th><th>ended</th><th>chunks</th><th>status</th></tr>"
-            )
-            for s in tm.stages:
-                body.append(
-                    f"<tr><td>{escape(s.name)}/{s.replica}</td><td>{_ms(s.routed)}</td>"
-                    f"<td>{_ms(s.started)}</td><td>{_ms(s.first_chunk)}</td>"
-                    f"<td>{_ms(s.last_chunk)}</td><td>{_ms(s.ended)}</td><td>{s.chunks}</td>"
-                    f'<td class="status-{escape(s.status)}">{escape(s.status)}'
-                    f"{' (' + escape(s.finish_reason) + ')' if s.finish_reason else ''}</td></tr>"
-                )
-            body.append("</table>")
-            for ev in trace.events:
-                if type(ev) is Routed and ev.resume and ev.request_id == rid:
-                    body.append(
-                        f'<div class="meta">continuation: {escape(ev.stage)} moved to '
-                        f"{escape(ev.stage)}/{ev.replica} at #{ev.pos}, after its "
-                        f"{_n(ev.resume, 'chunk')} (cause #{ev.cause})</div>"
-                    )
-        body.append("</div>")
+        if rs is not None:
+            body.extend(_card(trace, rs))
     lines = []
     for ev in trace.events[:max_events]:
         text = escape(describe(ev, t0))
@@ -190,3 +149,49 @@ def render_html(trace: Trace, *, requests: list[str] | None = None, max_events: 
         + "\n".join(body)
         + "</body></html>\n"
     )
+
+
+def _card(trace: Trace, rs: RequestState) -> list[str]:
+    """One request's card: its outcome, KPIs, stage waterfall and table."""
+    out: list[str] = []
+    tm = request_timing(rs)
+    how = rs.status + (f" ({rs.reason})" if rs.reason else "")
+    if not rs.terminal:
+        how += " — still live where the trace ends"
+    target = " · target" if rs.request_id in trace.targets else ""
+    out.append('<div class="card">')
+    out.append(
+        f'<h2>{escape(rs.request_id)} <span class="status-{escape(rs.status)}">{escape(how)}</span>'
+        f'<span class="meta">{target}</span></h2>'
+    )
+    out.append('<div class="kpis">')
+    for label, ns in (("TTFT", tm.ttft), ("TTFP", tm.ttfp), ("E2EL", tm.e2el)):
+        out.append(f'<div class="kpi"><span>{label}</span><b>{_ms(ns)}</b></div>')
+    out.append(f'<div class="kpi"><span>events</span><b>{rs.events}</b></div></div>')
+    if tm.stages:
+        end = tm.e2el
+        if end is None:
+            end = max((s.ended or s.last_chunk or s.started or s.routed or 0) for s in tm.stages)
+        out.append(_svg(tm, end))
+        out.append(
+            "<table><tr><th>stage</th><th>routed</th><th>started</th><th>first output</th>"
+            "<th>last output</th><th>ended</th><th>chunks</th><th>status</th></tr>"
+        )
+        for s in tm.stages:
+            out.append(
+                f"<tr><td>{escape(s.name)}/{s.replica}</td><td>{_ms(s.routed)}</td>"
+                f"<td>{_ms(s.started)}</td><td>{_ms(s.first_chunk)}</td>"
+                f"<td>{_ms(s.last_chunk)}</td><td>{_ms(s.ended)}</td><td>{s.chunks}</td>"
+                f'<td class="status-{escape(s.status)}">{escape(s.status)}'
+                f"{' (' + escape(s.finish_reason) + ')' if s.finish_reason else ''}</td></tr>"
+            )
+        out.append("</table>")
+        for ev in trace.events:
+            if type(ev) is Routed and ev.resume and ev.request_id == rs.request_id:
+                out.append(
+                    f'<div class="meta">continuation: {escape(ev.stage)} moved to '
+                    f"{escape(ev.stage)}/{ev.replica} at #{ev.pos}, after its "
+                    f"{_n(ev.resume, 'chunk')} (cause #{ev.cause})</div>"
+                )
+    out.append("</div>")
+    return out

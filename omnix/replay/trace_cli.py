@@ -14,10 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from omnix.usage import UsageError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_cmd", metavar="COMMAND", required=True)
     ex = sub.add_parser("export", help="write a trace of one or more requests")
+    ex.set_defaults(_prog=ex.prog)
     ex.add_argument(
         "--log-dir",
         required=True,
@@ -42,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", metavar="FILE", help="output file (default: ID.trace; - for stdout)"
     )
     info = sub.add_parser("info", help="print a trace's versions, requests and size")
+    info.set_defaults(_prog=info.prog)
     info.add_argument("trace", metavar="TRACE")
 
 
@@ -53,16 +57,14 @@ def run(args: argparse.Namespace) -> int:
             return _info(args)
         return _export(args)
     except TraceError as exc:
-        print(f"omnix trace: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
 
 
 def _export(args: argparse.Namespace) -> int:
     from omnix.trace import export_from_dir, write_trace
 
     if bool(args.request) == bool(args.all):
-        print("omnix trace export: give --request ID (repeatable) or --all", file=sys.stderr)
-        return 2
+        raise UsageError("give --request ID (repeatable) or --all")
     data = export_from_dir(
         args.log_dir,
         None if args.all else args.request,
@@ -73,7 +75,10 @@ def _export(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return 0
-    write_trace(out, data)
+    try:
+        write_trace(out, data)
+    except OSError as exc:
+        raise UsageError(f"--output {out}: cannot write it ({exc.strerror or exc})") from None
     print(f"wrote {out} ({len(data)} bytes)", file=sys.stderr)
     return 0
 

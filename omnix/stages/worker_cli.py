@@ -23,6 +23,9 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from omnix.transport.sockets import check_endpoint
+from omnix.usage import UsageError, arg_type, run_reporting
+
 CPUS_ENV = "OMNIX_WORKER_CPUS"
 
 
@@ -30,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--connect",
         required=True,
+        type=arg_type(check_endpoint, "endpoint"),
         metavar="ENDPOINT",
         help="the stage runtime's endpoint: tcp://HOST:PORT (or ipc://PATH on the same host)",
     )
@@ -98,9 +102,14 @@ def run(args: argparse.Namespace) -> int:
         # process's own threads is a same-core switch.
         try:
             os.sched_setaffinity(0, parse_cpus(args.cpus))
-        except (ValueError, OSError) as exc:
-            print(f"omnix worker: cannot pin to CPUs {args.cpus!r}: {exc}", file=sys.stderr)
-            return 2
+        except ValueError as exc:
+            raise UsageError(f"cannot pin to CPUs {args.cpus!r}: {exc}") from None
+        except OSError as exc:
+            usable = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+            raise UsageError(
+                f"cannot pin to CPUs {args.cpus!r} ({exc.strerror or exc}): "
+                f"this process may use CPUs {usable}"
+            ) from None
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format=f"%(asctime)s %(levelname)s worker[{args.stage}/{args.replica}] %(name)s: %(message)s",
@@ -138,7 +147,8 @@ def _run_loop(coro: Coroutine[Any, Any, int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnix worker", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return run_reporting(parser.prog, lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import json
 import sys
 from typing import Any
 
+from omnix.usage import UsageError, int_in, port_number
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     out = parser.add_mutually_exclusive_group()
     out.add_argument(
-        "--prometheus-port", type=int, metavar="N",
+        "--prometheus-port", type=port_number, metavar="N",
         help="serve /metrics on this port until interrupted",
     )  # fmt: skip
     out.add_argument(
@@ -44,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address for --prometheus-port")
     parser.add_argument("--spans", action="store_true", help="print the spans as JSON lines")
     parser.add_argument(
-        "--sample-rate", type=int, default=None,
+        "--sample-rate", type=int_in(1, 10_000_000, "a sample rate"), default=None,
         help="audio samples per second (default: the pipeline's codec stage, else 24000)",
     )  # fmt: skip
 
@@ -55,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace = read_trace(args.trace)
     except (TraceError, OSError) as exc:
-        print(f"omnix telemetry: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
 
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -103,7 +104,13 @@ def _serve(tel: Any, host: str, port: int) -> int:
     from omnix.telemetry.http import serve_metrics
 
     async def main() -> None:
-        runner, bound = await serve_metrics(tel, host, port)
+        try:
+            runner, bound = await serve_metrics(tel, host, port)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve /metrics on {host}:{port} ({exc.strerror or exc}): "
+                "pick a free --prometheus-port (0: any free one) or another --host"
+            ) from None
         print(
             f"omnix telemetry: serving http://{host}:{bound}/metrics (Ctrl-C to stop)",
             file=sys.stderr,

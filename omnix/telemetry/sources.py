@@ -8,7 +8,7 @@ the projection itself (``projection.py``) nor building spans (``spans.py``).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, assert_never
 
 import msgspec
 
@@ -23,9 +23,15 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    Progress,
     Rejected,
+    Released,
     RequestEvent,
+    Routed,
     StageFailed,
+    StageFinished,
+    StageStarted,
+    WorkerJoined,
     WorkerLost,
 )
 
@@ -70,21 +76,6 @@ class LogSource:
             return None
 
 
-# Request events a span or a counter reads back by position (see
-# ``SpanWriter``): the admission, the cancel, stage failures, deadlines and
-# the terminal event.
-_KEEP = (
-    Admitted,
-    CancelRequested,
-    StageFailed,
-    DeadlineExpired,
-    Finished,
-    Cancelled,
-    Failed,
-    Rejected,
-)
-
-
 class BufferSource:
     """Standalone: a private fold plus, per live request, the few events a
     span reads back.  Everything about a request is released at its end."""
@@ -102,15 +93,37 @@ class BufferSource:
         if ev.pos < 0:
             ev = msgspec.structs.replace(ev, pos=self.fold.next_pos)
         self.fold.apply(ev)  # raises IllegalTransition; nothing kept then
-        # Chunks (most events) first; ``isinstance`` with the literal tuple
-        # narrows ``ev`` to the kept request events.
-        if type(ev) is Chunk:
-            if ev.index == 0:
+        match ev:
+            case Chunk():  # first: most events are chunks
+                if ev.index == 0:  # a stage's first: a span event
+                    self.kept.setdefault(ev.request_id, {})[ev.pos] = ev
+            # What a span or a counter reads back by position (see
+            # ``SpanWriter``): the admission, the cancel, stage failures,
+            # deadlines and the terminal event.
+            case (
+                Admitted()
+                | CancelRequested()
+                | StageFailed()
+                | DeadlineExpired()
+                | Finished()
+                | Cancelled()
+                | Failed()
+                | Rejected()
+            ):
                 self.kept.setdefault(ev.request_id, {})[ev.pos] = ev
-        elif isinstance(ev, _KEEP):
-            self.kept.setdefault(ev.request_id, {})[ev.pos] = ev
-        elif type(ev) is WorkerLost:
-            self.lost[ev.worker_id] = ev
+            case WorkerLost():  # a Failed's cause
+                self.lost[ev.worker_id] = ev
+            case (
+                Routed()
+                | StageStarted()
+                | Progress()
+                | StageFinished()
+                | WorkerJoined()
+                | Released()
+            ):
+                pass  # nothing read back: the fold's state has what they tell
+            case _:
+                assert_never(ev)
         return ev
 
     def request(self, request_id: str) -> RequestState | None:

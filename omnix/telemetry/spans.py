@@ -32,11 +32,12 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from omnix.events.reducer import RequestState
+from omnix.events.reducer import RequestState, StageState
 from omnix.events.types import (
     Admitted,
     CancelRequested,
     DeadlineExpired,
+    Event,
     Failed,
     Rejected,
     RequestEvent,
@@ -131,46 +132,17 @@ class SpanWriter:
         op = operation_name(spec)
         model = spec.model or rs.pipeline
         end = rs.terminal_ts
-
-        attrs: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": op,
-            "gen_ai.request.model": model,
-            "gen_ai.request.seed": spec.seed,
-            "omnix.pipeline": rs.pipeline,
-            "omnix.request_id": rid,
-            "omnix.status": rs.status,
-            "omnix.outputs": list(rs.outputs),
-            "omnix.events": rs.events,
-        }
-        if rs.reason:
-            attrs["omnix.reason"] = rs.reason
-        if rs.stages and rs.stages[0].prompt_tokens:
-            # The first stage routed reads the request's own input.
-            attrs["gen_ai.usage.input_tokens"] = rs.stages[0].prompt_tokens
-        text_stages = [st for st in rs.stages if modalities[st.name] == "text"]
-        out_tokens = sum(st.output_tokens for st in text_stages)
-        if out_tokens:
-            attrs["gen_ai.usage.output_tokens"] = out_tokens
-        if text_stages:
-            reasons = [st.finish_reason for st in text_stages if st.finish_reason]
-            if reasons:
-                attrs["gen_ai.response.finish_reasons"] = reasons
         audio_s = audio_samples / sample_rate
-        if audio_samples:
-            attrs["omnix.audio.seconds"] = audio_s
-        # The request's audio is its audio stage's (one per pipeline).
-        audio_stages = [name for name, m in modalities.items() if m == "audio"]
         cause = src.event(rid, terminal.cause) if isinstance(terminal, Failed) else None
-        if isinstance(terminal, Failed):
-            attrs["error.type"] = terminal.reason
 
-        tracer = self.tracer
-        span = tracer.start_span(
+        span = self.tracer.start_span(
             f"{op} {model}",
             context=parent_context(spec.traceparent),
             kind=SpanKind.SERVER,
             start_time=rs.admitted_ts,
-            attributes=attrs,
+            attributes=_request_attributes(
+                rs, spec, op, model, terminal, modalities, audio_samples, audio_s
+            ),
         )
         if rs.first_token_ts:
             span.add_event("first_token", timestamp=rs.first_token_ts)
@@ -185,55 +157,11 @@ class SpanWriter:
             )
 
         ctx = trace.set_span_in_context(span, Context())
+        # The request's audio is its audio stage's (one per pipeline).
+        audio_stages = [name for name, m in modalities.items() if m == "audio"]
         for st in rs.stages:
-            status = "unfinished" if st.active else st.status
-            modality = modalities.get(st.name, "")
-            sattrs: dict[str, AttributeValue] = {
-                "omnix.stage": st.name,
-                "omnix.replica": st.replica,
-                "omnix.status": status,
-                "omnix.chunks": st.chunks,
-                "omnix.pieces": st.pieces,
-            }
-            if modality:
-                sattrs["omnix.modality"] = modality
-            if st.finish_reason:
-                sattrs["omnix.finish_reason"] = st.finish_reason
-            if st.prompt_tokens:
-                sattrs["gen_ai.usage.input_tokens"] = st.prompt_tokens
-            if st.output_tokens:
-                sattrs["gen_ai.usage.output_tokens"] = st.output_tokens
-            if audio_samples and audio_stages == [st.name]:
-                sattrs["omnix.audio.seconds"] = audio_s
-            child = tracer.start_span(
-                f"stage {st.name}",
-                context=ctx,
-                kind=SpanKind.INTERNAL,
-                start_time=st.routed_ts,
-                attributes=sattrs,
-            )
-            if st.started_ts:
-                child.add_event("stage_started", timestamp=st.started_ts)
-            if st.first_chunk_ts and modality:
-                child.add_event(
-                    FIRST_CHUNK_EVENT.get(modality, "first_chunk"),
-                    {"omnix.modality": modality},
-                    timestamp=st.first_chunk_ts,
-                )
-            st_end = st.finished_ts or end
-            if status == "failed":
-                message = ""
-                if isinstance(cause, StageFailed) and cause.stage == st.name:
-                    message = cause.message
-                child.add_event("stage_failed", {"omnix.message": message}, timestamp=st_end)
-                child.set_status(Status(StatusCode.ERROR, message or "stage failed"))
-            elif status == "lost":
-                lost_attrs: dict[str, AttributeValue] = {"omnix.replica": st.replica}
-                if isinstance(cause, WorkerLost) and cause.stage == st.name:
-                    lost_attrs["omnix.reason"] = cause.reason
-                child.add_event("worker_lost", lost_attrs, timestamp=st_end)
-                child.set_status(Status(StatusCode.ERROR, "worker lost"))
-            child.end(end_time=st_end)
+            stage_audio_s = audio_s if audio_samples and audio_stages == [st.name] else None
+            self._stage(ctx, st, modalities.get(st.name, ""), end, cause, stage_audio_s)
 
         if isinstance(terminal, Failed):
             fattrs: dict[str, AttributeValue] = {"omnix.reason": terminal.reason}
@@ -248,3 +176,104 @@ class SpanWriter:
                 Status(StatusCode.ERROR, f"{terminal.reason}: {terminal.message}".rstrip(": "))
             )
         span.end(end_time=end)
+
+    def _stage(
+        self,
+        ctx: Context,
+        st: StageState,
+        modality: str,
+        end: int,
+        cause: Event | None,
+        audio_s: float | None,
+    ) -> None:
+        """The child span of one stage execution, ended at its own end (or
+        the request's, ``end``, when it never finished)."""
+        status = "unfinished" if st.active else st.status
+        sattrs: dict[str, AttributeValue] = {
+            "omnix.stage": st.name,
+            "omnix.replica": st.replica,
+            "omnix.status": status,
+            "omnix.chunks": st.chunks,
+            "omnix.pieces": st.pieces,
+        }
+        if modality:
+            sattrs["omnix.modality"] = modality
+        if st.finish_reason:
+            sattrs["omnix.finish_reason"] = st.finish_reason
+        if st.prompt_tokens:
+            sattrs["gen_ai.usage.input_tokens"] = st.prompt_tokens
+        if st.output_tokens:
+            sattrs["gen_ai.usage.output_tokens"] = st.output_tokens
+        if audio_s is not None:
+            sattrs["omnix.audio.seconds"] = audio_s
+        child = self.tracer.start_span(
+            f"stage {st.name}",
+            context=ctx,
+            kind=SpanKind.INTERNAL,
+            start_time=st.routed_ts,
+            attributes=sattrs,
+        )
+        if st.started_ts:
+            child.add_event("stage_started", timestamp=st.started_ts)
+        if st.first_chunk_ts and modality:
+            child.add_event(
+                FIRST_CHUNK_EVENT.get(modality, "first_chunk"),
+                {"omnix.modality": modality},
+                timestamp=st.first_chunk_ts,
+            )
+        st_end = st.finished_ts or end
+        if status == "failed":
+            message = ""
+            if isinstance(cause, StageFailed) and cause.stage == st.name:
+                message = cause.message
+            child.add_event("stage_failed", {"omnix.message": message}, timestamp=st_end)
+            child.set_status(Status(StatusCode.ERROR, message or "stage failed"))
+        elif status == "lost":
+            lost_attrs: dict[str, AttributeValue] = {"omnix.replica": st.replica}
+            if isinstance(cause, WorkerLost) and cause.stage == st.name:
+                lost_attrs["omnix.reason"] = cause.reason
+            child.add_event("worker_lost", lost_attrs, timestamp=st_end)
+            child.set_status(Status(StatusCode.ERROR, "worker lost"))
+        child.end(end_time=st_end)
+
+
+def _request_attributes(
+    rs: RequestState,
+    spec: RequestSpec,
+    op: str,
+    model: str,
+    terminal: RequestEvent,
+    modalities: Mapping[str, str],
+    audio_samples: int,
+    audio_s: float,
+) -> dict[str, AttributeValue]:
+    """The request span's attributes: GenAI names where the conventions
+    have one (usage, finish reasons, error type), omnix's otherwise."""
+    attrs: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": op,
+        "gen_ai.request.model": model,
+        "gen_ai.request.seed": spec.seed,
+        "omnix.pipeline": rs.pipeline,
+        "omnix.request_id": rs.request_id,
+        "omnix.status": rs.status,
+        "omnix.outputs": list(rs.outputs),
+        "omnix.events": rs.events,
+    }
+    if rs.reason:
+        attrs["omnix.reason"] = rs.reason
+    if rs.stages and rs.stages[0].prompt_tokens:
+        # The first stage routed reads the request's own input.
+        attrs["gen_ai.usage.input_tokens"] = rs.stages[0].prompt_tokens
+    text_stages = [st for st in rs.stages if modalities[st.name] == "text"]
+    out_tokens = sum(st.output_tokens for st in text_stages)
+    if out_tokens:
+        attrs["gen_ai.usage.output_tokens"] = out_tokens
+    if text_stages:
+        reasons = [st.finish_reason for st in text_stages if st.finish_reason]
+        if reasons:
+            attrs["gen_ai.response.finish_reasons"] = reasons
+    if audio_samples:
+        attrs["omnix.audio.seconds"] = audio_s
+    if isinstance(terminal, Failed):
+        attrs["error.type"] = terminal.reason
+    return attrs

@@ -98,15 +98,8 @@ def tiny_omni_events(
     ``failed``: the code2wav replica is lost after its first audio chunk.
     """
     s = shape or TinyOmniShape()
-    timed: list[Timed] = []
-    order = 0
-
-    def at(ms: float, ev: Event) -> None:
-        nonlocal order
-        timed.append((ms, order, ev))
-        order += 1
-
     rid = request_id
+    tl = _Timeline(rid, replica)
     spec = RequestSpec(
         prompt="hello",
         outputs=("text", "audio"),
@@ -115,64 +108,19 @@ def tiny_omni_events(
         traceparent=traceparent,
         seed=7,
     )
-    at(0.0, Admitted(request_id=rid, pipeline=pipeline, spec=spec))
-    at(
+    tl.at(0.0, Admitted(request_id=rid, pipeline=pipeline, spec=spec))
+    tl.at(
         0.0,
         Routed(
             request_id=rid, stage="thinker", replica=replica, seq=0, sources=(base_pos,), last=True
         ),
     )
-    at(1.0, StageStarted(request_id=rid, stage="thinker", replica=replica))
-    text_ts = [s.ttft_ms + i * s.token_ms for i in range(s.text_tokens)]
-    for i, t in enumerate(text_ts):
-        at(t, Chunk(request_id=rid, stage="thinker", replica=replica, index=i,
-                    modality="text", text=f"t{i} ", token_ids=(100 + i,)))  # fmt: skip
-    thinker_end = text_ts[-1] + 0.5
-    at(thinker_end, StageFinished(request_id=rid, stage="thinker", replica=replica,
-                                  chunks=s.text_tokens, prompt_tokens=s.prompt_tokens,
-                                  output_tokens=s.text_tokens))  # fmt: skip
-    # talker: one input piece per sentence of thinker text
-    pieces = list(range(s.sentence_every - 1, s.text_tokens, s.sentence_every))
-    if not pieces or pieces[-1] != s.text_tokens - 1:
-        pieces.append(s.text_tokens - 1)
-    for k, tok in enumerate(pieces):
-        at(text_ts[tok] + 0.1, Routed(request_id=rid, stage="talker", replica=replica, seq=k,
-                                      sources=(), last=k == len(pieces) - 1))  # fmt: skip
-    talker_start = text_ts[pieces[0]] + 1.0
-    at(talker_start, StageStarted(request_id=rid, stage="talker", replica=replica))
-    frame_ts = [talker_start + 2.0 + j * s.frame_ms for j in range(s.codec_frames)]
-    for j, t in enumerate(frame_ts):
-        at(t, Chunk(request_id=rid, stage="talker", replica=replica, index=j,
-                    modality="codec", token_ids=(1, 2, 3, 4, 5, 6, 7, 8)))  # fmt: skip
-    talker_end = max(frame_ts[-1], text_ts[-1] + 0.1) + 0.5
-    at(talker_end, StageFinished(request_id=rid, stage="talker", replica=replica,
-                                 chunks=s.codec_frames, prompt_tokens=s.text_tokens,
-                                 output_tokens=s.codec_frames))  # fmt: skip
-    # code2wav: every codec_every frames -> one piece -> one audio chunk
-    groups = list(range(s.codec_every - 1, s.codec_frames, s.codec_every))
-    if not groups or groups[-1] != s.codec_frames - 1:
-        groups.append(s.codec_frames - 1)
-    prev = -1
-    audio_ts = []
-    for m, last_frame in enumerate(groups):
-        routed_t = frame_ts[last_frame] + 0.2
-        at(routed_t, Routed(request_id=rid, stage="code2wav", replica=replica, seq=m,
-                            sources=(), last=m == len(groups) - 1))  # fmt: skip
-        if m == 0:
-            at(routed_t + 0.3, StageStarted(request_id=rid, stage="code2wav", replica=replica))
-        n = (last_frame - prev) * s.samples_per_frame
-        prev = last_frame
-        t = routed_t + s.decode_ms
-        audio_ts.append(t)
-        ref = BlobRef(digest=f"{m:032x}", nbytes=4 * n, dtype="<f4", shape=(n,))
-        at(t, Chunk(request_id=rid, stage="code2wav", replica=replica, index=m,
-                    modality="audio", blob=ref))  # fmt: skip
-    wav_end = audio_ts[-1] + 0.5
-    at(wav_end, StageFinished(request_id=rid, stage="code2wav", replica=replica,
-                              chunks=len(groups)))  # fmt: skip
-    at(wav_end, Finished(request_id=rid))
+    text_ts = tl.thinker(s)
+    frame_ts = tl.talker(s, text_ts)
+    wav_end = tl.code2wav(s, frame_ts)
+    tl.at(wav_end, Finished(request_id=rid))
 
-    timed.sort(key=lambda x: (x[0], x[1]))
+    timed = sorted(tl.timed, key=lambda x: (x[0], x[1]))
     if outcome == "cancelled":
         timed = _cancel(timed, rid, stop_after_tokens)
     elif outcome == "failed":
@@ -185,6 +133,82 @@ def tiny_omni_events(
             ev = _with(ev, cause=base_pos + (-ev.cause - 2))
         out.append(ev)
     return out
+
+
+class _Timeline:
+    """One request's events at their times (ms after admission), each
+    stage's written by its method; the order added breaks ties."""
+
+    def __init__(self, rid: str, replica: int) -> None:
+        self.rid = rid
+        self.replica = replica
+        self.timed: list[Timed] = []
+
+    def at(self, ms: float, ev: Event) -> None:
+        self.timed.append((ms, len(self.timed), ev))
+
+    def thinker(self, s: TinyOmniShape) -> list[float]:
+        """Started, one text chunk per token, finished; the chunks' times."""
+        rid, replica, at = self.rid, self.replica, self.at
+        at(1.0, StageStarted(request_id=rid, stage="thinker", replica=replica))
+        text_ts = [s.ttft_ms + i * s.token_ms for i in range(s.text_tokens)]
+        for i, t in enumerate(text_ts):
+            at(t, Chunk(request_id=rid, stage="thinker", replica=replica, index=i,
+                        modality="text", text=f"t{i} ", token_ids=(100 + i,)))  # fmt: skip
+        thinker_end = text_ts[-1] + 0.5
+        at(thinker_end, StageFinished(request_id=rid, stage="thinker", replica=replica,
+                                      chunks=s.text_tokens, prompt_tokens=s.prompt_tokens,
+                                      output_tokens=s.text_tokens))  # fmt: skip
+        return text_ts
+
+    def talker(self, s: TinyOmniShape, text_ts: list[float]) -> list[float]:
+        """One input piece per sentence of thinker text, a codec frame per
+        chunk; the chunks' times."""
+        rid, replica, at = self.rid, self.replica, self.at
+        pieces = list(range(s.sentence_every - 1, s.text_tokens, s.sentence_every))
+        if not pieces or pieces[-1] != s.text_tokens - 1:
+            pieces.append(s.text_tokens - 1)
+        for k, tok in enumerate(pieces):
+            at(text_ts[tok] + 0.1, Routed(request_id=rid, stage="talker", replica=replica, seq=k,
+                                          sources=(), last=k == len(pieces) - 1))  # fmt: skip
+        talker_start = text_ts[pieces[0]] + 1.0
+        at(talker_start, StageStarted(request_id=rid, stage="talker", replica=replica))
+        frame_ts = [talker_start + 2.0 + j * s.frame_ms for j in range(s.codec_frames)]
+        for j, t in enumerate(frame_ts):
+            at(t, Chunk(request_id=rid, stage="talker", replica=replica, index=j,
+                        modality="codec", token_ids=(1, 2, 3, 4, 5, 6, 7, 8)))  # fmt: skip
+        talker_end = max(frame_ts[-1], text_ts[-1] + 0.1) + 0.5
+        at(talker_end, StageFinished(request_id=rid, stage="talker", replica=replica,
+                                     chunks=s.codec_frames, prompt_tokens=s.text_tokens,
+                                     output_tokens=s.codec_frames))  # fmt: skip
+        return frame_ts
+
+    def code2wav(self, s: TinyOmniShape, frame_ts: list[float]) -> float:
+        """Every ``codec_every`` frames one piece and one audio chunk; when
+        the stage finished."""
+        rid, replica, at = self.rid, self.replica, self.at
+        groups = list(range(s.codec_every - 1, s.codec_frames, s.codec_every))
+        if not groups or groups[-1] != s.codec_frames - 1:
+            groups.append(s.codec_frames - 1)
+        prev = -1
+        audio_ts = []
+        for m, last_frame in enumerate(groups):
+            routed_t = frame_ts[last_frame] + 0.2
+            at(routed_t, Routed(request_id=rid, stage="code2wav", replica=replica, seq=m,
+                                sources=(), last=m == len(groups) - 1))  # fmt: skip
+            if m == 0:
+                at(routed_t + 0.3, StageStarted(request_id=rid, stage="code2wav", replica=replica))
+            n = (last_frame - prev) * s.samples_per_frame
+            prev = last_frame
+            t = routed_t + s.decode_ms
+            audio_ts.append(t)
+            ref = BlobRef(digest=f"{m:032x}", nbytes=4 * n, dtype="<f4", shape=(n,))
+            at(t, Chunk(request_id=rid, stage="code2wav", replica=replica, index=m,
+                        modality="audio", blob=ref))  # fmt: skip
+        wav_end = audio_ts[-1] + 0.5
+        at(wav_end, StageFinished(request_id=rid, stage="code2wav", replica=replica,
+                                  chunks=len(groups)))  # fmt: skip
+        return wav_end
 
 
 def _with(ev: Event, **kw: object) -> Event:

@@ -269,16 +269,23 @@ async def serve_scripted(
 
 @contextlib.asynccontextmanager
 async def serve_omni(
-    omni: Omni, options: HttpOptions | None = None, *, grace_s: float = 1.0, telemetry: Any = True
+    omni: Omni,
+    options: HttpOptions | None = None,
+    *,
+    grace_s: float = 1.0,
+    telemetry: Any = True,
+    ready_timeout_s: float = 120.0,
 ) -> AsyncIterator[HttpServer]:
-    """Start ``omni`` (not started yet) and an ``HttpServer`` on it (on a
-    free loopback port); on exit shut ``omni`` down (``grace_s``) and close
-    the server."""
+    """Start ``omni`` (not started yet), wait until every stage can take
+    work (``Omni.wait_ready``), and an ``HttpServer`` on it (on a free
+    loopback port); on exit shut ``omni`` down (``grace_s``) and close the
+    server."""
     from omnix.http.app import HttpServer
 
     await omni.start()
     server = HttpServer(omni, options, telemetry=telemetry)
     try:
+        await omni.wait_ready(ready_timeout_s)
         await server.start()
         yield server
     finally:

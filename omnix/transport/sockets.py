@@ -92,17 +92,34 @@ def remove_endpoint_dir(d: str | None) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def check_endpoint(endpoint: str) -> None:
+def check_endpoint(endpoint: str) -> str:
+    """``endpoint`` when ZMQ can use it; else ``ValueError`` saying what is
+    wrong with it in one line (command lines check ``--connect`` with it
+    as they parse)."""
     if not endpoint.startswith(("ipc://", "tcp://")):
         raise ValueError(
             f"endpoint {endpoint!r} is neither ipc://PATH (one host) nor tcp://HOST:PORT "
             "(across hosts)"
         )
-    if endpoint.startswith("ipc://") and len(endpoint) - 6 > 100:
+    if endpoint.startswith("ipc://"):
+        if len(endpoint) == 6:
+            raise ValueError(f"endpoint {endpoint!r} names no path: give ipc://PATH")
+        if len(endpoint) - 6 > 100:
+            raise ValueError(
+                f"ipc path {endpoint[6:]!r} is {len(endpoint) - 6} bytes; Unix sockets allow "
+                "about 107: use a shorter path (e.g. under /tmp)"
+            )
+        return endpoint
+    host, colon, port = endpoint[6:].rpartition(":")
+    # ZMQ's own forms: a port number, or * for any free one when binding.
+    if not colon or not host.strip("[]") or not (port == "*" or port.isdigit()):
         raise ValueError(
-            f"ipc path {endpoint[6:]!r} is {len(endpoint) - 6} bytes; Unix sockets allow "
-            "about 107: use a shorter path (e.g. under /tmp)"
+            f"endpoint {endpoint!r} needs a host and a port: give tcp://HOST:PORT, "
+            "e.g. tcp://127.0.0.1:5555"
         )
+    if port.isdigit() and int(port) > 65535:
+        raise ValueError(f"endpoint {endpoint!r}: port {port} is out of range (0 to 65535)")
+    return endpoint
 
 
 def make_router(

@@ -88,7 +88,7 @@ def test_config_shapes_are_checked() -> None:
 async def _pieces(chunks, delay: float = 0.0):
     for chunk in chunks:
         if delay:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # input that trickles in, as from a streaming talker
         yield InputPiece(token_ids=tuple(int(x) for x in chunk), modality="codec")
 
 

@@ -26,6 +26,7 @@ from omnix.events.log import LogClosed, MemoryLog
 from omnix.events.reducer import IllegalTransition
 from omnix.events.types import Admitted, Chunk, RequestSpec, Routed, StageStarted, WorkerJoined
 from tests.events.conftest import interleaved, request_events
+from tests.waiting import until
 
 SMALL = LogConfig(fsync="none", segment_bytes=4096)
 
@@ -333,10 +334,7 @@ async def test_batch_flush_waits_for_the_group_fsync(tmp_path: Path) -> None:
         assert got == [len(log)] * 20 and log.durable_pos == len(log)
         # Without anyone waiting the flusher still syncs within the interval.
         log.append(request_events("s")[0])
-        for _ in range(200):
-            if log.durable_pos == len(log):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: log.durable_pos == len(log), "the flusher's sync", timeout=2.0)
         assert log.durable_pos == len(log)
 
 
@@ -345,10 +343,8 @@ async def test_none_never_fsyncs_unless_asked(tmp_path: Path) -> None:
     with DiskLog(tmp_path, cfg, clock=ManualClock()) as log:
         for ev in request_events("r"):
             log.append(ev)
-        for _ in range(200):  # written to the OS by the flusher thread
-            if log.written_pos == len(log):
-                break
-            await asyncio.sleep(0.01)
+        # written to the OS by the flusher thread
+        await until(lambda: log.written_pos == len(log), "the flusher's write", timeout=2.0)
         assert log.written_pos == len(log) and log.durable_pos == 0
         assert await log.flush() == len(log)
         assert log.durable_pos == len(log)

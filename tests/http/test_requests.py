@@ -14,12 +14,14 @@ from omnix.events.types import (
     TERMINAL_TYPES,
     Cancelled,
     CancelRequested,
+    Chunk,
     Event,
     Rejected,
     StageFinished,
 )
 from omnix.http.render import render_response
 
+from ..waiting import until
 from .conftest import parse_sse
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -73,13 +75,12 @@ async def test_disconnect_while_waiting_for_a_whole_response_cancels_too(slow_se
     task = asyncio.create_task(
         http.post(slow_server.url + "/v1/chat/completions", json={"messages": USER})
     )
-    for _ in range(200):
-        live = slow_server.omni.orchestrator.live_requests
-        if live:
-            break
-        await asyncio.sleep(0.01)
+    live = await until(lambda: slow_server.omni.orchestrator.live_requests, "the admission")
     (rid,) = live
-    await asyncio.sleep(0.1)
+    await until(
+        lambda: any(isinstance(e, Chunk) for e in slow_server.omni.log.events_for(rid)),
+        "the response under way",
+    )
     task.cancel()  # the client gives up: its connection closes
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -148,11 +149,7 @@ async def test_event_stream_ids_are_log_positions_and_data_decodes(omni_server, 
 async def test_resuming_an_event_stream_has_no_gap_and_no_duplicate(slow_server, http):
     url = slow_server.url
     chat = asyncio.create_task(http.post(url + "/v1/chat/completions", json={"messages": USER}))
-    for _ in range(200):
-        live = slow_server.omni.orchestrator.live_requests
-        if live:
-            break
-        await asyncio.sleep(0.01)
+    live = await until(lambda: slow_server.omni.orchestrator.live_requests, "the admission")
     (rid,) = live
     # Read part of the live stream, drop it, reconnect with Last-Event-ID.
     async with http.get(f"{url}/v1/requests/{rid}/events") as r:
@@ -229,9 +226,21 @@ async def test_health_ready_models_metrics(omni_server, http):
         "talker",
         "code2wav",
     ]
+
+    async def ended() -> float:  # requests the projection has seen end, by /metrics
+        async with http.get(url + "/metrics") as r:
+            lines = (await r.text()).splitlines()
+        count = "gen_ai_server_request_duration_seconds_count{"
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith(count))
+
+    async def recorded() -> bool:
+        return await ended() > before
+
+    before = await ended()
     async with http.post(url + "/v1/chat/completions", json={"messages": USER}) as r:
         assert r.status == 200
-    await asyncio.sleep(0.2)  # the projection follows the log on an interval
+    # The projection follows the log on an interval: until it has seen this one end.
+    await until(recorded, "the projection to record the request")
     async with http.get(url + "/metrics") as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")

@@ -22,6 +22,7 @@ from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.serving import InProcessRuntime
 from omnix.testing.sim import start_sim
+from tests.waiting import until
 
 from .conftest import omni_like
 from .test_recovery import bookkeeping
@@ -95,11 +96,7 @@ PIPELINE = scripted_omni_toml(
 
 
 async def _ready(omni: Omni) -> None:
-    for _ in range(200):
-        if all(omni.ready().values()):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("no ready replicas")
+    await until(lambda: all(omni.ready().values()), "ready replicas")
 
 
 async def test_a_log_dir_server_restarts_after_retention_released_requests(tmp_path) -> None:

@@ -1,9 +1,13 @@
-"""Behaviours replay found that the orchestrator does not handle yet.
+"""Behaviours replay found that the orchestrator did not handle, kept as
+regression tests now that it does.
 
 Each test builds the input stream by hand and runs it through the real
-orchestrator with the fault runner's invariant checks.  A finding is a
-strict xfail until the decision logic is fixed; the fix is a versioned
-rules change (see docs/replay.md), and the old rules stay reachable.
+orchestrator with the fault runner's invariant checks.  A new finding
+lands here as a strict xfail (``@pytest.mark.xfail(strict=True,
+reason=...)``) and loses the marker with its fix.  A fix that changes a
+decision some recorded log holds is a versioned rules change, the old
+rules kept reachable (docs/replay.md); the early-stop fix changed none,
+so the rules version stayed.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import make_dealer, readable, recv_parts
 from omnix.transport.work import InputPiece, WorkItem
 
+from ..waiting import until
 from .conftest import pid_alive, scripted_pipeline
 
 
@@ -208,6 +209,7 @@ async def test_no_restart_makes_replica_unavailable(harness_factory):
     h = harness_factory(
         scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=100, crash_at=1), 1)), restart=False
     )
+    before = {c.pid for c in psutil.Process().children()}
     await h.rt.start()
     h.send("r", "s")  # the engine kills its worker at output 1
     await h.wait_for(lambda: h.of(WorkerLost), what="WorkerLost")
@@ -217,8 +219,12 @@ async def test_no_restart_makes_replica_unavailable(harness_factory):
     assert h.rt.ready_replicas("s") == 0
     with pytest.raises(ReplicaUnavailable, match="not ready"):
         h.rt.send(WorkItem("r2", "s", 0, 0, True, ()))
+    # An absence has no event to wait for.  A restart would spawn its process
+    # at once (a worker that was ready restarts with no backoff), so a short
+    # window shows one; a join, which takes a start-up, may not show in it.
     await asyncio.sleep(0.3)
     assert len(h.of(WorkerJoined)) == 1
+    assert not [p for p in {c.pid for c in psutil.Process().children()} - before if pid_alive(p)]
 
 
 async def test_heartbeats_flow_while_engine_load_blocks(harness_factory):
@@ -331,11 +337,12 @@ async def test_a_worker_that_outlasts_the_grace_is_terminated_then_killed(
 async def test_shutdown_during_start_up_does_not_wait_for_a_loading_engine(harness_factory, caplog):
     # start_delay_ms blocks the worker's loop as a model load does; the
     # grace (10 s by default) is for workers that drain, not for a load.
-    caplog.set_level(logging.INFO, logger="omnix.runtime")
+    caplog.set_level(logging.DEBUG, logger="omnix.runtime")
     h = harness_factory(scripted_pipeline(s=(ScriptedArgs(start_delay_ms=30_000), 1)))
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     starting = asyncio.create_task(h.rt.start())
-    await asyncio.sleep(1.0)
+    # Welcomed: the worker has its config and is loading its engine.
+    await until(lambda: "welcomed s/0" in caplog.text, "the worker's hello", timeout=30)
     (pid,) = {c.pid for c in psutil.Process().children()} - before
     t0 = time.monotonic()
     starting.cancel()  # what omnix serve does on Ctrl-C while it starts
@@ -374,6 +381,8 @@ async def test_a_second_signal_stops_a_closing_worker_at_once(harness_factory):
         async with asyncio.timeout(5):
             while b"stopping: received SIGINT" not in await worker.stderr.readline():
                 pass
+        # An absence has no event to wait for: the first signal must not end
+        # the worker (its engine takes 60 s to close); a short window shows an exit.
         await asyncio.sleep(0.2)
         assert worker.returncode is None and not h.of(WorkerLost)  # closing its engine
         worker.send_signal(signal.SIGINT)
@@ -448,7 +457,7 @@ async def main():
     rt = StageRuntime(p, evs.append, MemoryBlobStore(), heartbeat_interval_s=0.2, lost_after_s=1.0)
     await rt.start()
     print(" ".join(str(e.pid) for e in evs if isinstance(e, WorkerJoined)), flush=True)
-    await asyncio.sleep(60)
+    await asyncio.sleep(60)  # serving, until the test kills it (bounded, should the test not)
 
 asyncio.run(main())
 """
@@ -464,9 +473,7 @@ async def test_workers_die_with_a_killed_server():
         assert len(pids) == 2 and all(pid_alive(p) for p in pids)
         owner.kill()  # no shutdown(), no finalizer: only the workers can notice
         await owner.wait()
-        deadline = time.monotonic() + 5
-        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:  # noqa: ASYNC110 (polling pids)
-            await asyncio.sleep(0.05)
+        await until(lambda: not any(pid_alive(p) for p in pids), "orphaned workers to exit")
         assert not any(pid_alive(p) for p in pids), "orphaned workers"
     finally:
         if owner.returncode is None:
@@ -485,13 +492,9 @@ async def test_work_sent_in_one_loop_turn_leaves_as_one_message_and_aborts_follo
     enc, dec = FrameEncoder(), m.decoders(m.WORKER_BOUND)
 
     async def recv() -> tuple[bytes, object]:
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            if readable(sock):
-                mtype, body, aux = recv_parts(sock)
-                return mtype, dec[mtype].decode(body, aux)
-            await asyncio.sleep(0.005)
-        raise AssertionError("nothing from the runtime")
+        await until(lambda: readable(sock), "a message from the runtime")
+        mtype, body, aux = recv_parts(sock)
+        return mtype, dec[mtype].decode(body, aux)
 
     try:
         sock.send_multipart(

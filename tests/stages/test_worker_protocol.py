@@ -18,6 +18,7 @@ from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import make_router, readable, recv_parts
 from omnix.transport.work import InputPiece, WorkItem
+from tests.waiting import until_blocking
 
 
 class RawServer:
@@ -168,6 +169,7 @@ def test_worker_runs_every_item_of_one_work_message_in_order(server):
         proc.wait()
 
 
+@pytest.mark.may_skip("vLLM brings triton on Linux x86-64 only; without it there is no leak to see")
 def test_worker_clean_stop_prints_no_leak_reports(server):
     # The worker freezes its heap after the engine load; objects left frozen
     # at exit made triton's bindings (imported by vLLM) print dozens of
@@ -205,9 +207,7 @@ def test_worker_clean_stop_leaves_no_engine_process(server, tmp_path, monkeypatc
         assert psutil.pid_exists(child)
         server.send(m.SHUTDOWN, m.Shutdown("test over"))
         assert proc.wait(20) == 0
-        deadline = time.monotonic() + 5
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until_blocking(lambda: not _alive(child), "the engine's child process to die")
         assert not _alive(child)
     finally:
         proc.kill()

@@ -1,7 +1,8 @@
 """A real Prometheus server scrapes omnix's /metrics; PromQL sees the data.
 
 Needs Debian's ``prometheus`` binary (``scripts/test-deps.sh`` installs it);
-skipped with the reason when it is absent.  Everything binds to loopback,
+skipped with the reason when it is absent, a failure under
+``OMNIX_REQUIRE_ALL=1`` (CI).  Everything binds to loopback,
 every wait is bounded, and the server is killed in teardown.
 """
 
@@ -68,7 +69,7 @@ class Feeder:
     async def run(self) -> None:
         while True:
             self.one()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the feed's rate: Prometheus rates need a live series
 
 
 # Function-scoped loop: the fixtures' servers must run on the test's loop.

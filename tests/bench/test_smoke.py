@@ -1,0 +1,189 @@
+"""Every ``omnix bench`` verb, run as a user runs it, in a quick mode.
+
+A bench nobody runs rots (``omnix bench engines`` crashed before its first
+figure; ``omnix bench failover``'s restart part was refused 400 once SSE ids
+became opt-in).  Each test runs ``omnix bench NAME --json`` in a subprocess
+with few requests and small sizes (scripted engines wherever the bench can
+take a pipeline) and checks the last line of stdout: one JSON object
+carrying the keys the bench's docstring names.  The figures themselves are
+not judged: a quick run on a busy machine measures nothing.
+
+``omnix bench serve`` needs a live server: ``test_serve_bench.py`` runs it
+the same way (``test_cli_json_last_line``) against the scripted servers it
+starts.  ``engines`` compares with vLLM driven directly, so it needs the
+real engines and the tiny models (marked ``engines``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omnix.bench.cli import BENCHES
+from omnix.testing.pipelines import scripted_omni_toml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: a one-stage text pipeline slow enough to be killed mid-stream
+SLOW_TEXT = """
+name = "smoke-text"
+[[stages]]
+name = "thinker"
+engine = { kind = "scripted", chunks_per_piece = 1000, delay_ms = 20 }
+[outputs]
+text = "thinker"
+"""
+
+
+def bench(name: str, *argv: str | Path, timeout: float = 120) -> dict[str, Any]:
+    """``omnix bench NAME ARGV --json``'s last line, after it exited 0."""
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "omnix.cli", "bench", name, *map(str, argv), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    took = time.perf_counter() - t0
+    assert done.returncode == 0, (
+        f"exit {done.returncode} after {took:.1f} s:\n{done.stderr[-3000:]}"
+    )
+    last = done.stdout.strip().splitlines()[-1]
+    out = json.loads(last)
+    assert isinstance(out, dict), last
+    return out
+
+
+def has(out: dict[str, Any], *keys: str) -> None:
+    missing = [k for k in keys if k not in out]
+    assert not missing, f"missing {missing} in {sorted(out)}"
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("smoke")
+    paths = {"omni": d / "omni.toml", "slow-text": d / "slow-text.toml"}
+    paths["omni"].write_text(scripted_omni_toml("smoke-omni"))
+    paths["slow-text"].write_text(SLOW_TEXT)
+    return paths
+
+
+def test_every_bench_has_a_smoke_test():
+    here = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
+    assert set(BENCHES) - {"serve"} <= here, sorted(set(BENCHES) - here)
+    serve = (Path(__file__).parent / "test_serve_bench.py").read_text()
+    assert "def test_cli_json_last_line(" in serve  # bench serve's
+
+
+def test_log(tmp_path):
+    out = bench("log", "--events", "2000", "--memory-events", "2000", "--repeat", "1")
+    has(
+        out,
+        "memory_append_fold_events_per_s", "disk_batched_fsync_events_per_s", "fold_1m_seconds",
+        "reopen_1m_seconds", "reopen_after_1m_events_s", "reopen_after_1m_folded_events",
+        "reopen_after_1m_indexed_events", "memory_append_fold_retention_events_per_s",
+        "state_bytes_per_request", "peak_rss_mb", "memory_append_fold_events_per_cpu_s",
+        "disk_batched_fsync_events_per_cpu_s",
+    )  # fmt: skip
+    assert out["events"] == 2000
+
+
+def test_hop():
+    out = bench("hop", "--hops", "20", "--chunks", "200")
+    has(out, "hop_p50_us", "hop_p99_us", "chunk_events_per_s", "zmq_rtt_p50_us", "zmq_rtt_p99_us")
+    assert out["hops"] == 20
+
+
+def test_http():
+    out = bench("http", "--streams", "20", "--seconds", "5", "--concurrency", "4")
+    has(out, "sse_streams_per_s", "sse_events_per_s", "omni_streams_per_s")
+    assert out["errors"] == 0 and out["streams"] > 0
+
+
+def test_media():
+    out = bench(
+        "media", "--requests", "3", "--media-requests", "1", "--image-mb", "0.1",
+        "--audio-s", "0.5",
+    )  # fmt: skip
+    has(
+        out,
+        "ttft_ms_text_alone", "ttft_ms_text_beside_media", "admission_ms_per_mb",
+        "beside_over_alone", "ttft_ms_image", "ttft_ms_audio",
+    )  # fmt: skip
+    assert out["errors"] == 0
+
+
+def test_replay(tmp_path):
+    # --trace: a trace of the corpus, so the run writes nothing to the cache.
+    out = bench("replay", "--trace", ROOT / "replay" / "scripted-omni-busy.trace", "--repeat", "1")
+    has(
+        out,
+        "fold_events_per_s",
+        "drive_events_per_s",
+        "fold_cpu_events_per_s",
+        "drive_cpu_events_per_s",
+    )
+
+
+def test_telemetry():
+    out = bench("telemetry", "--requests", "5", "--rounds", "2")
+    has(out, "telemetry_throughput_ratio", "telemetry_traces_throughput_ratio")
+
+
+def test_failover(pipelines):
+    out = bench(
+        "failover", "--pipeline", pipelines["slow-text"], "--runs", "2", "--max-tokens", "16"
+    )
+    has(
+        out,
+        "migrations_ok", "migrate_gap_p50_ms", "migrate_gap_max_ms", "replica_back_p50_s",
+        "restart_resume_s", "restart_ready_s",
+    )  # fmt: skip
+    assert out["migrations_ok"] == out["runs"] == 2
+
+
+def test_soak(pipelines):
+    out = bench(
+        "soak", "--pipeline", pipelines["omni"], "--warmup", "4", "--requests", "12",
+        "--segment", "6", "--retain-requests", "4", "--concurrency", "2",
+    )  # fmt: skip
+    has(out, "rss_growth_kb_per_request", "rss_mb_by_segment", "retained_requests")
+    assert out["errors"] == 0 and len(out["rss_mb_by_segment"]) == 2
+
+
+def _no_vllm() -> str | None:
+    for dist in ("vllm", "torch"):
+        if importlib.util.find_spec(dist) is None:
+            return f"{dist} is not installed"
+    return None
+
+
+@pytest.mark.engines
+@pytest.mark.skipif(_no_vllm() is not None, reason=f"real engines unavailable: {_no_vllm()}")
+def test_engines(pipelines, tmp_path_factory):
+    """The tiny-text part on vLLM (both sides), one level; the TTFP part's
+    code on a scripted thinker -> talker -> code2wav."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
+    out = bench(
+        "engines", "--levels", "1", "--rounds", "1", "--requests", "1", "--max-tokens", "8",
+        "--settle", "0", "--ttfp-pipeline", pipelines["omni"], "--ttfp-requests", "1",
+        "--thinker-tokens", "8", "--talker-tokens", "4",
+        timeout=600,
+    )  # fmt: skip
+    has(
+        out,
+        "ttft_p50_ratio_c1", "tokens_per_s_ratio_c1", "ttft_p50_ms_direct_c1", "ttft_p50_ms_omnix_c1",
+        "same_tokens_c1", "ttft_ok_c1", "tokens_per_s_ok_c1", "ttfp_ms_chunked",
+        "ttfp_ms_unchunked", "ttfp_cut", "ttfp_ok",
+    )  # fmt: skip
+    assert out["levels"] == [1] and out["ttfp_requests"] == 1

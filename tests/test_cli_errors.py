@@ -1,0 +1,236 @@
+"""A user's mistake on the ``omnix`` command line ends in one line, never a
+traceback: ``omnix VERB: error: <what was wrong, naming the input>`` on
+stderr and a non-zero exit status (``omnix.usage``).
+
+Each case runs the command as a user would (a subprocess) and fails fast:
+none starts a worker.  A mistake argparse can see is reported by argparse
+(its usage lines, then the error line); one found later is the only line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omnix.testing.pipelines import scripted_omni_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "replay" / "scripted-omni-normal.trace"
+
+
+def omnix(*argv: str | Path, cwd: Path = ROOT) -> tuple[int, list[str]]:
+    """Run ``omnix ARGV``; its exit status and stderr lines."""
+    done = subprocess.run(
+        [sys.executable, "-m", "omnix.cli", *map(str, argv)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+def one_line_error(code: int, lines: list[str], verb: str, *says: str, status: int = 2) -> str:
+    """The error is the last line, says what it names, and nothing but
+    argparse's usage comes before it."""
+    assert code == status, lines
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+    *before, last = lines
+    assert last.startswith(f"omnix {verb}: error: "), lines
+    for word in says:
+        assert word in last, (word, last)
+    if before:  # argparse's usage lines, nothing else
+        assert before[0].startswith("usage: "), lines
+    return last
+
+
+@pytest.fixture(scope="module")
+def omni_toml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "omni.toml"
+    path.write_text(scripted_omni_toml("cli-omni"))
+    return path
+
+
+# -- the issue's cases -------------------------------------------------------------------
+
+
+def test_worker_connect_not_an_endpoint():
+    code, err = omnix("worker", "--connect", "bogus", "--stage", "thinker")
+    one_line_error(code, err, "worker", "--connect", "'bogus'", "tcp://HOST:PORT")
+
+
+def test_worker_connect_without_a_port():
+    code, err = omnix("worker", "--connect", "tcp://host", "--stage", "thinker")
+    one_line_error(code, err, "worker", "--connect", "'tcp://host'", "needs a host and a port")
+
+
+def test_replay_html_into_a_missing_folder(tmp_path):
+    page = tmp_path / "missing" / "page.html"
+    code, err = omnix("replay", TRACE, "--html", page)
+    one_line_error(code, err, "replay", f"--html {page}", "cannot write it")
+    assert len(err) == 1
+
+
+def test_telemetry_port_out_of_range():
+    code, err = omnix("telemetry", "--trace", TRACE, "--prometheus-port", "99999")
+    one_line_error(code, err, "telemetry", "--prometheus-port", "99999", "0 to 65535")
+
+
+def test_trace_export_of_a_malformed_pipeline_json(tmp_path):
+    (tmp_path / "events").mkdir()
+    (tmp_path / "pipeline.json").write_text('{"name": 5}')
+    code, err = omnix("trace", "export", "--log-dir", tmp_path, "--all")
+    one_line_error(code, err, "trace export", f"{tmp_path}/pipeline.json", "not a pipeline config")
+    assert len(err) == 1
+
+
+def test_models_init_into_a_folder_that_cannot_be_made():
+    code, err = omnix("models", "init", "--dir", "/proc/nope")
+    one_line_error(code, err, "models init", "--dir /proc/nope", "cannot build models there")
+    assert len(err) == 1  # before any model was built (no progress bar)
+
+
+def test_replay_of_a_directory(tmp_path):
+    code, err = omnix("replay", tmp_path)
+    one_line_error(code, err, "replay", str(tmp_path), "Is a directory")
+    assert len(err) == 1
+
+
+def test_generate_audio_out_into_a_missing_folder_fails_before_the_run(tmp_path, omni_toml):
+    wav = tmp_path / "missing" / "dir" / "a.wav"
+    code, err = omnix("generate", "hi", "--pipeline", omni_toml, "--audio-out", wav)
+    one_line_error(code, err, "generate", f"--audio-out {wav}", "no folder")
+    assert len(err) == 1  # no "starting workers..."
+
+
+def test_replay_request_not_in_the_trace():
+    code, err = omnix("replay", TRACE, "--request", "nosuch")
+    one_line_error(code, err, "replay", "--request nosuch", "not in", TRACE.name)
+    assert len(err) == 1
+
+
+# -- more of the same, tried as a new user would ------------------------------------------
+
+
+def test_replay_client_bytes_output_into_a_missing_folder(tmp_path):
+    body = tmp_path / "missing" / "body"
+    code, err = omnix("replay", TRACE, "--client-bytes", "-o", body)
+    one_line_error(code, err, "replay", f"--output {body}", "cannot write it")
+
+
+def test_replay_width_that_is_not_a_width():
+    code, err = omnix("replay", TRACE, "--width", "-5")
+    one_line_error(code, err, "replay", "--width", "-5")
+
+
+def test_trace_info_of_a_directory(tmp_path):
+    code, err = omnix("trace", "info", tmp_path)
+    one_line_error(code, err, "trace info", str(tmp_path), "Is a directory")
+
+
+def test_trace_export_output_into_a_folder_that_cannot_be_made(tmp_path):
+    (tmp_path / "events").mkdir()
+    (tmp_path / "pipeline.json").write_bytes(_pipeline_json())
+    code, err = omnix("trace", "export", "--log-dir", tmp_path, "--all", "-o", "/proc/x/y.trace")
+    one_line_error(code, err, "trace export", "--output /proc/x/y.trace", "cannot write it")
+
+
+def _pipeline_json() -> bytes:
+    import msgspec
+
+    from omnix.trace import read_trace
+
+    return msgspec.json.encode(read_trace(TRACE).pipeline)
+
+
+def test_telemetry_trace_that_is_a_directory(tmp_path):
+    code, err = omnix("telemetry", "--trace", tmp_path)
+    one_line_error(code, err, "telemetry", str(tmp_path), "Is a directory")
+
+
+def test_pipelines_show_a_directory(tmp_path):
+    code, err = omnix("pipelines", "show", tmp_path)
+    # A pipeline's problems are listed one a line, after the error line.
+    assert code == 2 and not any("Traceback" in line for line in err), err
+    assert err[0] == f"omnix pipelines show: error: invalid pipeline config {tmp_path}:"
+    assert "cannot read it (Is a directory)" in err[1]
+
+
+def test_worker_cpus_this_machine_does_not_have(tmp_path):
+    code, err = omnix(
+        "worker", "--connect", f"ipc://{tmp_path}/s.sock", "--stage", "thinker", "--cpus", "99999"
+    )
+    one_line_error(code, err, "worker", "CPUs '99999'", "this process may use CPUs")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--max-tokens", "0"), ("--max-tokens", "at least 1")),
+        (("--seed", "-1"), ("--seed", "-1")),
+        (("--outputs", "video"), ("'video'", "it produces: text, audio")),
+        (("--log-dir", "/proc/x"), ("--log-dir /proc/x", "cannot keep the log there")),
+        (("--image-out", "/proc/x/a.png", "--outputs", "text,image"), ("'image'",)),
+    ],
+)
+def test_generate_bad_flags(omni_toml, flags, says):
+    code, err = omnix("generate", "hi", "--pipeline", omni_toml, *flags)
+    one_line_error(code, err, "generate", *says)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--port", "99999"), ("--port", "99999")),
+        (("--workers-endpoint", "tcp://host"), ("--workers-endpoint", "'tcp://host'")),
+        (("--log-dir", "/proc/x"), ("--log-dir /proc/x", "cannot keep the log there")),
+        (("--max-batch", "0"), ("--max-batch", "at least 1")),
+    ],
+)
+def test_serve_bad_flags(omni_toml, flags, says):
+    code, err = omnix("serve", "--pipeline", omni_toml, "--port", "0", *flags)
+    one_line_error(code, err, "serve", *says)
+
+
+def test_serve_no_build_without_the_models():
+    code, err = omnix("serve", "--pipeline", "tiny-text", "--no-build", "--model-dir", "/proc/m")
+    one_line_error(code, err, "serve", "tiny models thinker are missing in /proc/m")
+
+
+def test_serve_a_pipeline_that_is_a_directory(tmp_path):
+    code, err = omnix("serve", "--pipeline", tmp_path, "--port", "0")
+    assert code == 2 and not any("Traceback" in line for line in err), err
+    assert err[0] == f"omnix serve: error: invalid pipeline config {tmp_path}:"
+
+
+def test_serve_config_file_value_checked_like_the_flag(tmp_path, omni_toml):
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text("port = 99999\n")
+    code, err = omnix("serve", "--pipeline", omni_toml, "--config", cfg)
+    one_line_error(code, err, "serve", f"--config {cfg}", "port = 99999", "0 to 65535")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("log", "--events", "0"), ("--events", "at least 1")),
+        (("log", "--dir", "/proc/x", "--events", "10"), ("--dir /proc/x", "cannot write")),
+        (("hop", "--endpoint", "bogus"), ("--endpoint", "'bogus'")),
+        (("replay", "--trace", "/nonexistent.trace"), ("--trace /nonexistent.trace",)),
+        (("telemetry", "--rounds", "0"), ("--rounds", "at least 1")),
+        (("http", "--streams", "0"), ("--streams", "at least 1")),
+        (("media", "--pipeline", "nosuch"), ("invalid pipeline config nosuch",)),
+        (("soak", "--requests", "0"), ("--requests",)),
+        (("engines", "--levels", "0"), ("--levels", "'0'")),
+        (("failover", "--runs", "0"), ("--runs must be >= 1",)),
+        (("failover", "--pipeline", "tiny-omni"), ("--pipeline tiny-omni", "one stage")),
+    ],
+)
+def test_bench_bad_flags(argv, says):
+    name, *rest = argv
+    code, err = omnix("bench", name, *rest)
+    first = next(i for i, line in enumerate(err) if "error: " in line)
+    one_line_error(code, err[: first + 1], f"bench {name}", *says)
