@@ -27,8 +27,8 @@ import omnix
 from omnix.stages.placement import ENGINE_CPUS_ENV, CpuPlan
 from omnix.stages.procs import WorkerProcess
 from omnix.stages.slots import Slot
-from omnix.stages.worker import AUTH_ENV, PARENT_ENV, TOKEN_ENV
 from omnix.stages.worker_cli import CPUS_ENV
+from omnix.stages.worker_process import AUTH_ENV, PARENT_ENV, TOKEN_ENV
 from omnix.transport.sockets import remove_endpoint_dir
 
 log = logging.getLogger("omnix.runtime")
