@@ -170,6 +170,8 @@ class ScriptedEngine:
     def _output(self, n: int) -> EngineOutput:
         m = self.args.output_modality
         match m:
+            case "text":
+                return EngineOutput(modality="text", text=f"t{n} ")
             case "codec":
                 return EngineOutput(modality="codec", token_ids=(n,))
             case "audio":
@@ -180,8 +182,6 @@ class ScriptedEngine:
                     data=b"scripted-image-%d" % n,
                     media_type="application/x-scripted",
                 )
-            case "text":
-                return EngineOutput(modality="text", text=f"t{n} ")
             case _:
                 assert_never(m)
 

@@ -36,50 +36,67 @@ def deliver(
     replica = slot.replica
     active = slot.active
     for rec in records:
-        rid = rec.request_id
-        run = active.get(rid)
-        live = run is not None and not run.released
-        # Every record kind is handled (assert_never): a new kind fails the
-        # type check here.  Output, the common record, is the first case.
-        match rec:
-            case m.Output():
-                if not live:
-                    continue
-                blob = None
-                if rec.array is not None:
-                    blob = blobs.put_array(rec.array, rec.media_type)
-                elif rec.data:
-                    blob = blobs.put(rec.data, rec.media_type)
-                emit(
-                    Chunk(
-                        request_id=rid,
-                        stage=stage,
-                        replica=replica,
-                        index=rec.index,
-                        modality=rec.modality,
-                        text=rec.text,
-                        token_ids=rec.token_ids,
-                        blob=blob,
-                        piece=rec.piece,
-                        logprobs=rec.logprobs,
-                    )
+        # Outputs, the common record, take one exact type test before the
+        # match: measured with ``omnix bench hop`` (chunk events/s), the
+        # match's class patterns cost ~70 ns more per record, a third of
+        # this loop.
+        if type(rec) is m.Output:
+            rid = rec.request_id
+            run = active.get(rid)
+            if run is None or run.released:
+                continue
+            blob = None
+            if rec.array is not None:
+                blob = blobs.put_array(rec.array, rec.media_type)
+            elif rec.data:
+                blob = blobs.put(rec.data, rec.media_type)
+            emit(
+                Chunk(
+                    request_id=rid,
+                    stage=stage,
+                    replica=replica,
+                    index=rec.index,
+                    modality=rec.modality,
+                    text=rec.text,
+                    token_ids=rec.token_ids,
+                    blob=blob,
+                    piece=rec.piece,
+                    logprobs=rec.logprobs,
                 )
-            case m.Started():
-                if not live:
-                    continue
+            )
+        elif not _other(slot, rec, emit, credit_back):
+            continue
+        if slot.state != "ready":
+            return  # an event listener shut us down or lost the slot
+
+
+def _other(
+    slot: Slot, rec: m.Record, emit: Callable[[Event], None], credit_back: Callable[[Slot], None]
+) -> bool:
+    """Every record but an output (every kind is handled: a new one fails
+    the type check at ``assert_never``); False when it emitted nothing
+    because its request was released (or never ran here)."""
+    rid = rec.request_id
+    stage = slot.stage
+    replica = slot.replica
+    run = slot.active.get(rid)
+    live = run is not None and not run.released
+    match rec:
+        case m.Output():  # the fast path in ``deliver``
+            return True
+        case m.Started():
+            if live:
                 emit(StageStarted(request_id=rid, stage=stage, replica=replica))
-            case m.ProgressRec():
-                if not live:
-                    continue
+        case m.ProgressRec():
+            if live:
                 emit(
                     Progress(
                         request_id=rid, stage=stage, replica=replica, step=rec.step, total=rec.total
                     )
                 )
-            case m.Done():
-                _ended(slot, rid, credit_back)
-                if not live:
-                    continue
+        case m.Done():
+            _ended(slot, rid, credit_back)
+            if live:
                 emit(
                     StageFinished(
                         request_id=rid,
@@ -91,15 +108,13 @@ def deliver(
                         output_tokens=rec.output_tokens,
                     )
                 )
-            case m.Error():
-                _ended(slot, rid, credit_back)
-                if not live:
-                    continue
+        case m.Error():
+            _ended(slot, rid, credit_back)
+            if live:
                 emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=rec.message))
-            case _:
-                assert_never(rec)
-        if slot.state != "ready":
-            return  # an event listener shut us down or lost the slot
+        case _:
+            assert_never(rec)
+    return live
 
 
 def _ended(slot: Slot, rid: str, credit_back: Callable[[Slot], None]) -> None:
