@@ -44,7 +44,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, assert_never
 
 import msgspec
 
@@ -221,28 +221,36 @@ class DiffusersEngine:
             kwargs, steps = self._call_kwargs(request, prompt)
             fmt, media_type = IMAGE_FORMATS[request.params.output_format or "png"]
             loop = asyncio.get_running_loop()
-            events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+            events: asyncio.Queue[_Posted] = asyncio.Queue()
 
-            def post(kind: str, value: Any) -> None:
+            def post(ev: _Posted) -> None:
                 try:
-                    loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+                    loop.call_soon_threadsafe(events.put_nowait, ev)
                 except RuntimeError:
                     pass  # the loop is gone (shutdown): nobody is listening
 
             loop.run_in_executor(self._pool, self._run, rid, kwargs, fmt, flag, post)
             while True:
-                kind, value = await events.get()
+                ev = await events.get()
                 if flag.is_set():
                     return
-                if kind == "step":
-                    yield EngineOutput(modality="image", step=value, total=steps)
-                elif kind == "image":
-                    yield EngineOutput(
-                        modality="image", data=value, media_type=media_type, finish_reason="stop"
-                    )
-                    return
-                else:  # "error"
-                    raise value
+                match ev:
+                    case _Step():
+                        yield EngineOutput(modality="image", step=ev.done, total=steps)
+                    case _Image():
+                        yield EngineOutput(
+                            modality="image",
+                            data=ev.data,
+                            media_type=media_type,
+                            finish_reason="stop",
+                        )
+                        return
+                    case _Raised():
+                        raise ev.error
+                    case _Stopped():  # only with the flag set, checked above
+                        return
+                    case _:
+                        assert_never(ev)
         finally:
             # An abort (or the worker cancelling this task) leaves the flag set,
             # so a call still running stops at its next step.
@@ -295,7 +303,7 @@ class DiffusersEngine:
         kwargs: dict[str, Any],
         fmt: str,
         flag: threading.Event,
-        post: Callable[[str, Any], None],
+        post: Callable[[_Posted], None],
     ) -> None:
         """In the pipeline thread: run one call, post progress and the result."""
         done = 0
@@ -303,7 +311,7 @@ class DiffusersEngine:
         def on_step_end(pipe: Any, i: int, t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
             nonlocal done
             done = i + 1
-            post("step", done)
+            post(_Step(done))
             if flag.is_set():
                 raise _Aborted
             return tensors
@@ -319,14 +327,40 @@ class DiffusersEngine:
             image.convert("RGB").save(buf, format=fmt)
         except _Aborted:
             self.history.append((rid, done, "aborted"))
-            post("aborted", None)
+            post(_Stopped())
             return
         except Exception as exc:
             self.history.append((rid, done, "error"))
-            post("error", exc)
+            post(_Raised(exc))
             return
         self.history.append((rid, done, "done"))
-        post("image", buf.getvalue())
+        post(_Image(buf.getvalue()))
+
+
+class _Step(NamedTuple):
+    """The pipeline thread finished denoising step ``done`` (1-based)."""
+
+    done: int
+
+
+class _Image(NamedTuple):
+    """The call ended with this encoded image."""
+
+    data: bytes
+
+
+class _Raised(NamedTuple):
+    """The call failed."""
+
+    error: BaseException
+
+
+class _Stopped(NamedTuple):
+    """The call stopped at a step because its request was aborted."""
+
+
+#: What the pipeline thread posts to the request's loop, in order.
+_Posted = _Step | _Image | _Raised | _Stopped
 
 
 def _prompt_of(pieces: list[InputPiece]) -> str:

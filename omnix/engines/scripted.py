@@ -61,6 +61,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator
+from typing import assert_never
 
 import numpy as np
 
@@ -168,15 +169,21 @@ class ScriptedEngine:
 
     def _output(self, n: int) -> EngineOutput:
         m = self.args.output_modality
-        if m == "codec":
-            return EngineOutput(modality="codec", token_ids=(n,))
-        if m == "audio":
-            return EngineOutput(modality="audio", array=np.full(240, n, dtype=np.float32))
-        if m == "image":
-            return EngineOutput(
-                modality="image", data=b"scripted-image-%d" % n, media_type="application/x-scripted"
-            )
-        return EngineOutput(modality="text", text=f"t{n} ")
+        match m:
+            case "text":
+                return EngineOutput(modality="text", text=f"t{n} ")
+            case "codec":
+                return EngineOutput(modality="codec", token_ids=(n,))
+            case "audio":
+                return EngineOutput(modality="audio", array=np.full(240, n, dtype=np.float32))
+            case "image":
+                return EngineOutput(
+                    modality="image",
+                    data=b"scripted-image-%d" % n,
+                    media_type="application/x-scripted",
+                )
+            case _:
+                assert_never(m)
 
     def _echo(self, piece: InputPiece) -> EngineOutput:
         m = self.args.output_modality

@@ -1,10 +1,11 @@
 """Where vLLM stages run on a CPU machine: engine cores on CPUs of their own,
 the Python around them on the rest.
 
-Owns: ``cpu_plan`` (the runtime's default placement), ``engine_affinity``
-(how a worker hands its engine core its CPUs) and ``pin_process`` (how the
-server joins the frontend CPUs).  Does not own spawning (``runtime.py``)
-nor a worker's own pin (``worker_cli.py``).
+Owns: ``cpu_plan`` (the runtime's default placement), ``runtime_plan``
+(which plan the runtime's options ask for), ``engine_affinity`` (how a
+worker hands its engine core its CPUs) and ``pin_process`` (how the server
+joins the frontend CPUs).  Does not own spawning (``spawner.py``) nor a
+worker's own pin (``worker_cli.py``).
 
 Why.  On CPU, a vLLM stage (``cpu_executor = "uni"``, the default) is two
 processes: the omnix worker (vLLM's ``AsyncLLM`` client: prompts,
@@ -87,6 +88,22 @@ def cpu_plan(
         for i, wid in enumerate(workers)
     }
     return CpuPlan(_fmt(cpus[:f]), engines)
+
+
+def runtime_plan(
+    pipeline: PipelineConfig, mode: str, worker_env: dict[str, str], worker_cpus: dict[str, str]
+) -> CpuPlan | None:
+    """The stage runtime's placement by its ``vllm_cpu_placement``: vLLM
+    engine cores on CPUs of their own, their workers (and, with
+    ``pin_server``, the server) on the rest (``"spread"``), or none
+    (``"vllm"``: vLLM's and the OS's own choice).  ``worker_cpus`` (the
+    operator's pins) take no share; a ``VLLM_CPU_OMP_THREADS_BIND`` in the
+    environment or ``worker_env`` means no placement."""
+    if mode not in ("spread", "vllm"):
+        raise ValueError(f"vllm_cpu_placement must be 'spread' or 'vllm', not {mode!r}")
+    if mode == "spread" and BIND_ENV not in {**os.environ, **worker_env}:
+        return cpu_plan(pipeline, available_cpus(), set(worker_cpus))
+    return None
 
 
 @contextmanager

@@ -156,6 +156,33 @@ async def test_abort_mid_stream_stops_generation_in_vllm(thinker) -> None:
     await thinker.abort("unknown-id")  # ignored
 
 
+async def test_an_abort_vllm_makes_on_its_own_ends_generate_with_engine_dead(thinker) -> None:
+    """vLLM aborts what runs only when its engine core stops serving (a
+    SIGTERM'd engine core does: tests/http/test_engines_self_abort.py;
+    here, in process, a pause in abort mode).  That is no acknowledgement
+    of an abort omnix asked for: ``generate`` raises ``EngineDead``, so the
+    worker exits and the request continues elsewhere or fails, instead of
+    ending its stage as "aborted" (a finish nobody waits for)."""
+    from omnix.stages.engine import EngineDead
+
+    req = GenerateRequest("t-self-abort", "s", StageParams(temperature=1.0, max_tokens=400), seed=4)
+    outs: list[EngineOutput] = []
+    try:
+        with pytest.raises(EngineDead, match="aborted sub-request t-self-abort#0 on its own"):
+            async for out in thinker.generate(req, _feed(InputPiece(text="Write a long story."))):
+                outs.append(out)
+                if len(outs) == 2:
+                    await thinker._llm.pause_generation(mode="abort", clear_cache=False)
+    finally:
+        await thinker._llm.resume_generation()
+    assert 2 <= len(outs) and not any(o.finish_reason for o in outs)
+    assert "t-self-abort" not in thinker._requests
+    await _wait_idle(thinker)
+    # The engine serves again once vLLM resumes.
+    again = await _run(thinker, "t-after-pause", InputPiece(text="Hello"), max_tokens=4)
+    assert again[-1].finish_reason in ("stop", "length")
+
+
 async def test_cancelling_the_consumer_aborts_in_vllm(thinker) -> None:
     req = GenerateRequest("t-cancel", "s", StageParams(temperature=1.0, max_tokens=400), seed=2)
 
@@ -358,7 +385,7 @@ async def test_continuation_text_keeps_a_character_split_across_the_cut(tiny_mod
     checks the text assembly on real text, with the model's tokenizer.)"""
     from transformers import AutoTokenizer
 
-    from omnix.engines.vllm_engine import _ContinuedText
+    from omnix.engines.vllm_resume import ContinuedText
 
     tok = AutoTokenizer.from_pretrained(str(tiny_models.path("thinker")))
     text = "Un café ☕, très naïve: 你好 мир!"
@@ -367,14 +394,14 @@ async def test_continuation_text_keeps_a_character_split_across_the_cut(tiny_mod
     assert inside, "the tokenizer spells no character over several tokens"
     for k in range(len(ids) + 1):
         delivered = tok.decode(ids[:k]).rstrip("\ufffd")
-        cont = _ContinuedText(tok, tuple(ids[:k]), delivered)
+        cont = ContinuedText(tok, tuple(ids[:k]), delivered)
         rest = [cont.delta((t,), None) for i, t in enumerate(ids) if i >= k]
         assert all("\ufffd" not in d for d in rest), f"cut after {k} tokens"
         assert delivered + "".join(rest) == text, f"cut after {k} tokens"
     # A stop string inside the continuation ends the text before it.
     k = len(ids) // 2
     delivered = tok.decode(ids[:k]).rstrip("\ufffd")
-    cont = _ContinuedText(tok, tuple(ids[:k]), delivered)
+    cont = ContinuedText(tok, tuple(ids[:k]), delivered)
     assert cont.delta(tuple(ids[k:]), "мир") == text[len(delivered) : text.index("мир")]
 
 

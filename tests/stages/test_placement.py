@@ -77,7 +77,6 @@ def test_spawned_vllm_workers_get_the_frontend_and_their_engine_cpus(monkeypatch
     monkeypatch.delenv(CPUS_ENV, raising=False)
     monkeypatch.setenv(ENGINE_CPUS_ENV, "7")  # the server's own: never inherited
     monkeypatch.setattr("omnix.stages.placement.available_cpus", lambda: [0, 1])
-    monkeypatch.setattr("omnix.stages.runtime.available_cpus", lambda: [0, 1])
     blobs = MemoryBlobStore()
 
     def env(stage: str, **kw) -> dict[str, str]:

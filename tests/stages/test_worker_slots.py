@@ -25,10 +25,11 @@ def _work(rid: str) -> WorkItem:
 
 async def test_next_request_read_right_after_done_is_not_over_capacity() -> None:
     worker = Worker("ipc:///nonexistent", "s")
-    worker._loop = asyncio.get_running_loop()
-    worker.engine = ScriptedEngine(ScriptedArgs(chunks_per_piece=1, capacity=1))
-    await worker.engine.start()
-    worker.capacity = 1
+    requests, outbox = worker.requests, worker._outbox
+    outbox.loop = asyncio.get_running_loop()
+    requests.engine = ScriptedEngine(ScriptedArgs(chunks_per_piece=1, capacity=1))
+    await requests.engine.start()
+    requests.capacity = 1
     sent: list[m.Record] = []
     both_done = asyncio.Event()
 
@@ -36,13 +37,13 @@ async def test_next_request_read_right_after_done_is_not_over_capacity() -> None
         sent.extend(records)
         for rec in records:
             if rec == m.Done("r1", 1, "stop", 1, 1):
-                worker._on_work(_work("r2"))  # the server's immediate answer
+                requests.on_work(_work("r2"))  # the server's immediate answer
             if isinstance(rec, (m.Done, m.Error)) and rec.request_id == "r2":
                 both_done.set()
 
-    worker._send = send  # type: ignore[method-assign]
-    worker._sock = object()  # type: ignore[assignment]  # _flush only checks it is set
-    worker._on_work(_work("r1"))
+    outbox.send = send  # type: ignore[method-assign]
+    outbox.sock = object()  # type: ignore[assignment]  # flush only checks it is set
+    requests.on_work(_work("r1"))
     await asyncio.wait_for(both_done.wait(), 5.0)
     errors = [r for r in sent if isinstance(r, m.Error)]
     assert errors == []

@@ -1,0 +1,186 @@
+"""The stage runtime's worker processes: spawn, restart, stop.
+
+Owns: ``Spawner``.  It starts one ``omnix.stages.worker_cli`` process per
+replica of the stages the runtime spawns, with the environment a worker
+runs in (``spawn_env``: one OpenMP thread, this omnix on ``PYTHONPATH``, the
+CPUs the placement gives it, a fresh incarnation token, the parent's pid,
+the shared worker token), reports a process's exit (``on_exit``), restarts
+a replica with backoff by how many starts failed in a row, and at shutdown
+gives running workers a grace to exit, then SIGTERM, then SIGKILL.  Every
+process it ever started is in ``procs``, for the runtime's finalizer.
+
+Does not own what an exit means (``runtime.py``'s ``lose``), the
+handshake, nor a process's own watching and output (``procs.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+
+import omnix
+from omnix.stages.placement import ENGINE_CPUS_ENV, CpuPlan
+from omnix.stages.procs import WorkerProcess
+from omnix.stages.slots import Slot
+from omnix.stages.worker_cli import CPUS_ENV
+from omnix.stages.worker_process import AUTH_ENV, PARENT_ENV, TOKEN_ENV
+from omnix.transport.sockets import remove_endpoint_dir
+
+log = logging.getLogger("omnix.runtime")
+
+_RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)  # by consecutive failed starts
+
+
+class Spawner:
+    def __init__(
+        self,
+        *,
+        python: str,
+        worker_token: str | None,
+        worker_env: dict[str, str],
+        worker_cpus: dict[str, str],
+        cpu_plan: CpuPlan | None,
+        forward_worker_output: bool,
+        on_exit: Callable[[WorkerProcess], None],
+        closed: Callable[[], bool],
+    ) -> None:
+        self.python = python
+        self.worker_token = worker_token
+        self.worker_env = worker_env
+        self.worker_cpus = worker_cpus
+        self.cpu_plan = cpu_plan
+        self.forward_worker_output = forward_worker_output
+        self._on_exit = on_exit
+        self._closed = closed
+        self.endpoint = ""  # set once the runtime's socket is bound
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.procs: list[WorkerProcess] = []  # every process ever spawned (for the finalizer)
+
+    def spawn(self, slot: Slot) -> None:
+        slot.restart_handle = None
+        if self._closed():
+            return
+        assert self.loop is not None
+        token = secrets.token_hex(8)
+        env = self.spawn_env(slot.stage, slot.replica)
+        env[TOKEN_ENV] = token
+        env[PARENT_ENV] = str(os.getpid())
+        if self.worker_token:
+            env[AUTH_ENV] = self.worker_token
+        else:
+            env.pop(AUTH_ENV, None)
+        argv = [
+            self.python,
+            "-m",
+            "omnix.stages.worker_cli",
+            "--connect",
+            self.endpoint,
+            "--stage",
+            slot.stage,
+            "--replica",
+            str(slot.replica),
+        ]
+        proc = WorkerProcess(
+            argv,
+            env,
+            slot.worker_id,
+            self.loop,
+            self._on_exit,
+            forward_output=self.forward_worker_output,
+        )
+        self.procs[:] = [p for p in self.procs if p.returncode is None]
+        self.procs.append(proc)
+        slot.proc = proc
+        slot.expected_token = token
+        slot.state = "starting"
+        slot.pid = proc.pid
+        slot.started_at = time.monotonic()
+        log.debug("spawned %s as pid %d", slot.worker_id, proc.pid)
+
+    def spawn_env(self, stage: str, replica: int) -> dict[str, str]:
+        """The environment a spawned worker of ``stage``/``replica`` gets
+        (before its per-incarnation token and parent pid)."""
+        wid = f"{stage}/{replica}"
+        env = dict(os.environ)
+        # torch's thread pool and the streaming loop fight for a small
+        # machine's cores (docs/runtime.md); worker_env may override it.
+        env["OMP_NUM_THREADS"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        root = os.path.dirname(os.path.dirname(os.path.abspath(omnix.__file__)))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.pop(ENGINE_CPUS_ENV, None)  # only the plan (or worker_env) places an engine
+        env.update(self.worker_env)
+        cpus = self.worker_cpus.get(wid) or self.worker_cpus.get(stage)
+        plan = self.cpu_plan
+        if plan is not None and wid in plan.engines:
+            cpus = plan.frontend
+            env[ENGINE_CPUS_ENV] = plan.engines[wid]
+        if cpus:
+            env[CPUS_ENV] = cpus
+        return env
+
+    def schedule_restart(self, slot: Slot) -> None:
+        assert self.loop is not None
+        delay = _RESTART_BACKOFF_S[min(slot.failures, len(_RESTART_BACKOFF_S) - 1)]
+        if delay:
+            log.warning(
+                "restarting %s in %.1f s (%d failed starts in a row)",
+                slot.worker_id,
+                delay,
+                slot.failures,
+            )
+        slot.restart_handle = self.loop.call_later(delay, self.spawn, slot)
+
+    async def stop_all(self, loading: set[int], grace_s: float) -> None:
+        """Wait up to ``grace_s`` for the running workers to exit (those
+        whose pid is in ``loading`` get none: a worker still loading its
+        engine cannot stop before its load ends), then SIGTERM, then
+        SIGKILL; afterwards no child process remains."""
+        procs = [p for p in self.procs if p.returncode is None]
+        await _exited([p for p in procs if p.pid not in loading], grace_s)
+        procs = [p for p in procs if p.poll() is None]
+        for p in procs:
+            if p.pid in loading:
+                log.info(
+                    "worker %s (pid %d) is still loading its engine; terminating", p.label, p.pid
+                )
+            else:
+                log.warning(
+                    "worker %s (pid %d) did not exit within %.1f s of shutdown; terminating",
+                    p.label,
+                    p.pid,
+                    grace_s,
+                )
+            p.terminate()
+        stuck = await _exited(procs, 2.0)
+        for p in stuck:
+            p.kill()
+        await _exited(stuck, 5.0)
+        for p in self.procs:
+            p.poll()
+            p.kill()  # any grandchildren left in its group
+            p.close()
+
+
+async def _exited(procs: list[WorkerProcess], seconds: float) -> list[WorkerProcess]:
+    """Wait up to ``seconds`` for all of ``procs`` to exit; those still running."""
+    deadline = time.monotonic() + seconds
+    while procs and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        procs = [p for p in procs if p.poll() is None]
+    return procs
+
+
+def kill_all(procs: list[WorkerProcess], tmpdir: str | None) -> None:
+    """Finalizer: a runtime dropped without shutdown() still leaves no child
+    (and no socket directory)."""
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+            p.wait_blocking(2.0)
+    remove_endpoint_dir(tmpdir)
