@@ -29,8 +29,10 @@ Captures of requests nobody takes are bounded (oldest dropped first).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -146,3 +148,20 @@ def _grids(features: list[Any]) -> dict[str, Any]:
                 rows = value.reshape(-1, width) if width else value.reshape(-1)
                 out.setdefault(name, []).extend(rows.tolist())
     return out
+
+
+def capture_settings(folder: Path) -> tuple[int, list[int]]:
+    """From a Qwen3-Omni folder's ``config.json``: the thinker layer its
+    talker reads (``talker_config.accept_hidden_layer``) and the thinker's
+    media placeholder ids (audio, image, video)."""
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    talker, thinker = cfg.get("talker_config"), cfg.get("thinker_config")
+    if not talker or not thinker or "accept_hidden_layer" not in talker:
+        raise ValueError(
+            f"{folder}/config.json has no talker_config.accept_hidden_layer: talker_context "
+            "is for a Qwen3-Omni thinker whose checkpoint has its talker"
+        )
+    ids = [
+        thinker[k] for k in ("audio_token_id", "image_token_id", "video_token_id") if k in thinker
+    ]
+    return int(talker["accept_hidden_layer"]), ids

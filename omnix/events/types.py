@@ -34,8 +34,10 @@ SCHEMA_VERSION = 5  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Re
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion)
 
-Modality = Literal["text", "audio", "image", "codec"]
-"""What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
+Modality = Literal["text", "audio", "image", "codec", "hidden"]
+"""What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
+thinker's context for its talker: prompt ids, hidden states, media grids)
+are intermediates no client sees."""
 
 CancelReason = Literal["client", "disconnect", "deadline", "shutdown"]
 FailReason = Literal[

@@ -58,6 +58,11 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # ``limit_mm_per_prompt``; a multimodal model's processor profiles that
     # many at start-up).  Empty: vLLM's default.
     limit_mm_per_prompt: dict[str, int] = {}
+    # Qwen3-Omni's thinker feeding its talker: before its text, the stage
+    # emits the talker's context (``modality = "hidden"``: the prompt ids,
+    # the hidden states at the talker's layer for the media positions, the
+    # media's grids), captured inside vLLM (``omnix.engines.vllm_capture``).
+    talker_context: bool = False
 
 
 class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):
