@@ -223,7 +223,7 @@ async def serve(args: argparse.Namespace) -> int:
     from omnix.api import Omni
     from omnix.events.disklog import LogError
     from omnix.http.app import HttpServer
-    from omnix.http.cors import parse_origins
+    from omnix.http.core.cors import parse_origins
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.validate import PipelineError, load_pipeline
     from omnix.stages.runtime import RuntimeConfigError
