@@ -21,6 +21,7 @@ from omnix.http.core.route import Route
 from omnix.http.files import router as files
 from omnix.http.images import router as images
 from omnix.http.models import router as models
+from omnix.http.requests import listing
 from omnix.http.requests import router as requests
 
 ROUTES: Final[tuple[Route, ...]] = (
@@ -39,6 +40,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     admin.METRICS,
     admin.START_PROFILE,
     admin.STOP_PROFILE,
+    listing.LIST,
     requests.STATE,
     requests.EVENTS,
     requests.STREAM,
