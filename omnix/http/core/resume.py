@@ -4,7 +4,7 @@ Owns: checking that a request's response can be streamed again (it was
 streamed; the ``Last-Event-ID`` a client sends names an SSE event of that
 response) and finding the point after that event, by rendering the
 request's events up to it again.  Rendering is a pure function of the log
-(``render.py``), so the renderer left there holds exactly the state the
+(``omnix.http.render``), so the renderer left there holds exactly the state the
 original one had when it wrote that event: what it renders next is the
 rest of the same bytes.
 
