@@ -13,7 +13,8 @@ operation).  ``routes`` is the route table that ``app`` registers
 the rendering entry points the live handlers and replay share (responses
 as a pure function of a request's events); ``core`` the plumbing every
 route calls (bodies, errors, auth, CORS, admission, the live loop, resume,
-groups); ``media`` the decoding of audio/image parts at admission;
+groups); ``common`` what the rooms share beyond it (body pieces,
+planning's and rendering's common ground); ``media`` the decoding of audio/image parts at admission;
 ``options`` the server's knobs; ``serve`` / ``serve_config`` the ``omnix
 serve`` verb and its config file.  Serving scripted pipelines for tests
 and benchmarks is ``omnix.testing.serving``'s.  Routing between stages is

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from omnix import __version__
-from omnix.http.core import doc
+from omnix.http.common import doc
 from omnix.http.core.errors import ErrorBody
 from omnix.http.core.route import DocContext, Route, Undescribed
 from omnix.http.routes import ROUTES

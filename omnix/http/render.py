@@ -19,7 +19,7 @@ conversations, images with ``n`` > 1) the events of all its members.
 both equal what a client that stayed connected received.
 
 SSE events carry ``id:``, the log position of the event that rendered them
-(``core.rendering.event_ids``), where the response's options say so
+(``common.rendering.event_ids``), where the response's options say so
 (``StreamRenderer.ids``), so that rendering the events up to an id again
 leaves a renderer that goes on with the rest of the same bytes
 (``core.resume``).
@@ -70,17 +70,7 @@ from omnix.events.types import (
 )
 from omnix.http.audio import speech_render, transcription_render
 from omnix.http.chat import render as chat_render
-from omnix.http.completions import render as completions_render
-from omnix.http.core.groups import (
-    GroupStream,
-    batched,
-    group_refused,
-    group_streamed,
-    in_log_order,
-    members_in_order,
-    split,
-)
-from omnix.http.core.rendering import (
+from omnix.http.common.rendering import (
     RENDER_VERSION,
     RETRY_AFTER,
     SSE_DONE,
@@ -95,7 +85,17 @@ from omnix.http.core.rendering import (
     terminal_error,
     with_id,
 )
-from omnix.http.core.summary import Summary
+from omnix.http.common.summary import Summary
+from omnix.http.completions import render as completions_render
+from omnix.http.core.groups import (
+    GroupStream,
+    batched,
+    group_refused,
+    group_streamed,
+    in_log_order,
+    members_in_order,
+    split,
+)
 from omnix.http.images import render as images_render
 
 __all__ = [

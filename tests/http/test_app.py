@@ -51,7 +51,7 @@ def test_openapi_publishes_only_what_the_pipeline_answers() -> None:
 def test_x_request_id_names_every_route_s_requests() -> None:
     from omnix.http.audio.protocol import SpeechRequest
     from omnix.http.audio.speech import speech_plan
-    from omnix.http.core.plan import CLIENT_REQUEST_ID, Served
+    from omnix.http.common.plan import CLIENT_REQUEST_ID, Served
     from omnix.http.images.plan import image_plan
     from omnix.http.images.protocol import ImageRequest
     from omnix.pipelines.validate import parse_pipeline

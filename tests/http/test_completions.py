@@ -17,10 +17,10 @@ from omnix.events.options import RawPrompt, group_of
 from omnix.events.types import Admitted, Chunk, Event, Finished, StageFinished, TokenLogprob
 from omnix.http.chat.plan import chat_plan
 from omnix.http.chat.protocol import ChatCompletionRequest
+from omnix.http.common.plan import Plan, Served
 from omnix.http.completions.plan import completion_plan
 from omnix.http.completions.protocol import CompletionRequest
 from omnix.http.core.errors import ApiError
-from omnix.http.core.plan import Plan, Served
 from omnix.http.openapi import OpenApi
 from omnix.http.render import GroupStreamRenderer, render_response, render_stream
 from omnix.orchestrator.dispatch import _source_piece

@@ -13,8 +13,8 @@ from aiohttp import web
 from PIL import Image
 
 from omnix.http import media
+from omnix.http.common.fields import InputAudio, InputAudioPart, MediaContentPart
 from omnix.http.core.errors import ApiError
-from omnix.http.core.fields import InputAudio, InputAudioPart, MediaContentPart
 from omnix.http.media import DecodedMedia, MediaDecoder, sound
 from omnix.http.media import decoder as decoder_module
 from omnix.http.media import image as image_module

@@ -20,9 +20,9 @@ from omnix.http.audio.speech import speech_plan
 from omnix.http.audio.transcribe import transcription_plan
 from omnix.http.chat.plan import chat_plan
 from omnix.http.chat.protocol import ChatCompletionRequest
+from omnix.http.common.plan import Plan, Served
 from omnix.http.completions.plan import completion_plan
 from omnix.http.completions.protocol import CompletionRequest
-from omnix.http.core.plan import Plan, Served
 from omnix.http.images.plan import image_plan
 from omnix.http.images.protocol import ImageRequest
 from omnix.pipelines.validate import load_pipeline, parse_pipeline

@@ -28,7 +28,7 @@ from omnix.events.types import (
     StageFinished,
     StageStarted,
 )
-from omnix.http.core.audio import AUDIO_FORMATS, StreamEncoder, encode_audio
+from omnix.http.common.audio import AUDIO_FORMATS, StreamEncoder, encode_audio
 from omnix.http.render import (
     API_CHAT,
     API_SPEECH,

@@ -26,8 +26,8 @@ from omnix.events.types import (
 )
 from omnix.http.audio.protocol import SpeechRequest
 from omnix.http.audio.speech import speech_plan
+from omnix.http.common.plan import Served
 from omnix.http.core.errors import ApiError
-from omnix.http.core.plan import Served
 from omnix.http.images.plan import image_plan
 from omnix.http.images.protocol import ImageRequest
 from omnix.http.images.router import files_url as _files_url

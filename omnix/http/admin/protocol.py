@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from omnix.http.core.fields import REQUEST
+from omnix.http.common.fields import REQUEST
 
 
 class Health(msgspec.Struct, kw_only=True):

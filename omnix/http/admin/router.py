@@ -27,10 +27,10 @@ from omnix.http.admin.protocol import (
     Version,
     WorkerProfile,
 )
-from omnix.http.core import doc
+from omnix.http.common import doc
+from omnix.http.common.rendering import RETRY_AFTER
 from omnix.http.core.body import read_body
 from omnix.http.core.errors import ApiError
-from omnix.http.core.rendering import RETRY_AFTER
 from omnix.http.core.respond import json_response
 from omnix.http.core.route import DocContext, Route, Undescribed
 from omnix.http.core.server import Server

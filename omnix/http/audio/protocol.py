@@ -17,7 +17,7 @@ import msgspec
 from msgspec import Meta
 
 from omnix.events.options import TranscriptionFormat
-from omnix.http.core.fields import REQUEST, SamplingParamsList, Seed, Speed, Voice
+from omnix.http.common.fields import REQUEST, SamplingParamsList, Seed, Speed, Voice
 
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 

@@ -21,7 +21,7 @@ from aiohttp import web
 from omnix.http.audio import transcribe
 from omnix.http.audio.protocol import SpeechAudioDelta, SpeechAudioDone, SpeechRequest
 from omnix.http.audio.speech import speech_plan
-from omnix.http.core import doc
+from omnix.http.common import doc
 from omnix.http.core.body import read_body, traceparent
 from omnix.http.core.live import respond
 from omnix.http.core.route import DocContext, Route, Schemas, Undescribed

@@ -15,9 +15,9 @@ from __future__ import annotations
 from omnix.events.options import API_SPEECH, SpeechOptions
 from omnix.events.types import Modality, RequestSpec, StageParams
 from omnix.http.audio.protocol import SpeechRequest
-from omnix.http.core.plan import Plan, Served
-from omnix.http.core.rendering import RENDER_VERSION
-from omnix.http.core.sampling import (
+from omnix.http.common.plan import Plan, Served
+from omnix.http.common.rendering import RENDER_VERSION
+from omnix.http.common.sampling import (
     bad,
     check_diffusion,
     check_engines,

@@ -16,9 +16,9 @@ from __future__ import annotations
 from omnix.events.options import SpeechOptions
 from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished
 from omnix.http.audio.protocol import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
-from omnix.http.core.audio import MEDIA_TYPES, StreamEncoder, encode_audio
-from omnix.http.core.rendering import Head, Rendered, b64, sse, typed_sse_error
-from omnix.http.core.summary import Summary
+from omnix.http.common.audio import MEDIA_TYPES, StreamEncoder, encode_audio
+from omnix.http.common.rendering import Head, Rendered, b64, sse, typed_sse_error
+from omnix.http.common.summary import Summary
 
 
 def whole(s: Summary) -> Rendered:

@@ -41,8 +41,7 @@ from omnix.events.types import MediaPart
 from omnix.http.audio.protocol import TranscriptionForm
 from omnix.http.chat.plan import chat_plan
 from omnix.http.chat.protocol import ChatCompletionRequest
-from omnix.http.core.errors import ApiError, from_decode_error
-from omnix.http.core.fields import (
+from omnix.http.common.fields import (
     AudioUrl,
     AudioUrlPart,
     InputAudio,
@@ -51,7 +50,8 @@ from omnix.http.core.fields import (
     Message,
     TextPart,
 )
-from omnix.http.core.plan import DecodedBlob, Plan, Served
+from omnix.http.common.plan import DecodedBlob, Plan, Served
+from omnix.http.core.errors import ApiError, from_decode_error
 from omnix.http.media.common import AUDIO_MEDIA_TYPES
 
 #: The form field that carries the clip (the decoder names it in errors).

@@ -28,8 +28,8 @@ from omnix.http.audio.protocol import (
     TranscriptTextDelta,
     TranscriptTextDone,
 )
-from omnix.http.core.rendering import Head, Rendered, encode, json_head, sse, typed_sse_error
-from omnix.http.core.summary import Summary
+from omnix.http.common.rendering import Head, Rendered, encode, json_head, sse, typed_sse_error
+from omnix.http.common.summary import Summary
 
 
 def _usage(s: Summary) -> TranscriptionUsage:

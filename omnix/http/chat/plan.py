@@ -21,11 +21,11 @@ import msgspec
 from omnix.events.options import API_CHAT, AudioFormat, ChatOptions
 from omnix.events.types import ChatMessage, MediaPart, Modality, RequestSpec, StageParams
 from omnix.http.chat.protocol import ChatCompletionRequest
+from omnix.http.common.fields import MediaContentPart, Message, TextPart
+from omnix.http.common.plan import DecodedBlob, Media, Plan, Served, group_ids, member
+from omnix.http.common.rendering import RENDER_VERSION
+from omnix.http.common.sampling import bad, put, sampling_extras, text_params
 from omnix.http.core.errors import ApiError
-from omnix.http.core.fields import MediaContentPart, Message, TextPart
-from omnix.http.core.plan import DecodedBlob, Media, Plan, Served, group_ids, member
-from omnix.http.core.rendering import RENDER_VERSION
-from omnix.http.core.sampling import bad, put, sampling_extras, text_params
 
 #: Roles whose message must have content (OpenAI refuses ``content: null``
 #: on them; an assistant message may be null, having made tool calls).

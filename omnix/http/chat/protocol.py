@@ -6,7 +6,7 @@ Owns: ``ChatCompletionRequest`` (OpenAI's, with vLLM(-Omni)'s extensions:
 take, so a client sending one gets a precise 400 rather than a generic
 "unknown field"), and the response bodies: ``ChatCompletion`` and, streamed,
 ``ChatCompletionChunk``.  Messages and their content parts are shared
-(``omnix.http.core.fields``).
+(``omnix.http.common.fields``).
 
 Does not own what a body means (``plan.py``) nor filling the responses
 (``render.py``).
@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from omnix.http.core.fields import (
+from omnix.http.common.fields import (
     REQUEST,
     Message,
     PositiveInt,

@@ -33,9 +33,9 @@ from omnix.http.chat.protocol import (
     TokenLogprobOut,
     TopLogprob,
 )
-from omnix.http.core.audio import StreamEncoder, encode_audio
-from omnix.http.core.fields import Usage
-from omnix.http.core.rendering import (
+from omnix.http.common.audio import StreamEncoder, encode_audio
+from omnix.http.common.fields import Usage
+from omnix.http.common.rendering import (
     AUDIO_EXPIRES_S,
     Rendered,
     StreamTail,
@@ -46,7 +46,7 @@ from omnix.http.core.rendering import (
     sse,
     totals,
 )
-from omnix.http.core.summary import Summary
+from omnix.http.common.summary import Summary
 
 
 def _token_bytes(token: str) -> list[int]:

@@ -24,10 +24,10 @@ from omnix.http.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
 )
-from omnix.http.core import doc
+from omnix.http.common import doc
+from omnix.http.common.plan import DecodedBlob, Media
 from omnix.http.core.body import read_body, traceparent
 from omnix.http.core.live import respond
-from omnix.http.core.plan import DecodedBlob, Media
 from omnix.http.core.route import DocContext, Route, Schemas
 from omnix.http.core.server import Server
 from omnix.http.media.parts import decode_parts

@@ -21,11 +21,11 @@ import msgspec
 
 from omnix.events.options import API_COMPLETIONS, CompletionOptions, RawPrompt
 from omnix.events.types import RequestSpec
+from omnix.http.common.plan import Plan, Served, group_ids, member
+from omnix.http.common.rendering import RENDER_VERSION
+from omnix.http.common.sampling import bad, sampling_extras, text_params, unsupported
 from omnix.http.completions.protocol import CompletionRequest
 from omnix.http.core.errors import ApiError
-from omnix.http.core.plan import Plan, Served, group_ids, member
-from omnix.http.core.rendering import RENDER_VERSION
-from omnix.http.core.sampling import bad, sampling_extras, text_params, unsupported
 
 #: The ``max_tokens`` of a completion that names none (vLLM's and OpenAI's).
 COMPLETION_MAX_TOKENS: Final = 16

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from omnix.http.core.fields import (
+from omnix.http.common.fields import (
     PositiveInt,
     SamplingFields,
     SamplingParamsList,

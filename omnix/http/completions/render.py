@@ -18,9 +18,8 @@ from msgspec import UNSET
 
 from omnix.events.options import CompletionOptions
 from omnix.events.types import Admitted, Chunk, Finished, TokenLogprob
-from omnix.http.completions.protocol import Completion, CompletionChoice, CompletionLogprobs
-from omnix.http.core.fields import Usage
-from omnix.http.core.rendering import (
+from omnix.http.common.fields import Usage
+from omnix.http.common.rendering import (
     Rendered,
     StreamTail,
     encode,
@@ -29,7 +28,8 @@ from omnix.http.core.rendering import (
     sse,
     totals,
 )
-from omnix.http.core.summary import Summary
+from omnix.http.common.summary import Summary
+from omnix.http.completions.protocol import Completion, CompletionChoice, CompletionLogprobs
 
 
 def completion_logprobs(lps: Iterable[TokenLogprob], offset: int = 0) -> CompletionLogprobs:

@@ -15,13 +15,13 @@ from typing import Any
 
 from aiohttp import web
 
+from omnix.http.common import doc
+from omnix.http.common.plan import Served
 from omnix.http.completions.plan import completion_plan, completion_stage
 from omnix.http.completions.protocol import Completion, CompletionRequest
-from omnix.http.core import doc
 from omnix.http.core.body import read_body, traceparent
 from omnix.http.core.errors import ApiError
 from omnix.http.core.live import respond
-from omnix.http.core.plan import Served
 from omnix.http.core.route import DocContext, Route, Schemas
 from omnix.http.core.server import Server
 from omnix.pipelines.config import PipelineConfig

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from omnix.http.common.plan import CLIENT_REQUEST_ID
 from omnix.http.core.errors import ApiError, Handler, from_decode_error
-from omnix.http.core.plan import CLIENT_REQUEST_ID
 
 T = TypeVar("T")
 

@@ -43,8 +43,8 @@ from omnix.events.types import (
     WorkerJoined,
     WorkerLost,
 )
-from omnix.http.core.rendering import SSE_DONE, Head, StreamTail, sse_head, totals
-from omnix.http.core.summary import Summary
+from omnix.http.common.rendering import SSE_DONE, Head, StreamTail, sse_head, totals
+from omnix.http.common.summary import Summary
 
 
 def split(events: Iterable[Event]) -> dict[str, list[Event]]:

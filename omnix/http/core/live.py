@@ -22,7 +22,7 @@ import asyncio
 from aiohttp import web
 
 from omnix.events.types import RequestEvent
-from omnix.http.core.plan import Plan
+from omnix.http.common.plan import Plan
 from omnix.http.core.respond import (
     FLUSH_BYTES,
     Stream,

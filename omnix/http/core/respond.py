@@ -25,7 +25,7 @@ from multidict import CIMultiDict
 from omnix.api import Omni
 from omnix.events.disklog import DiskLog
 from omnix.events.log import LogClosed
-from omnix.http.core.rendering import Head, Rendered
+from omnix.http.common.rendering import Head, Rendered
 
 #: A streamed response writes at least this often (bytes) within a burst.
 FLUSH_BYTES: Final = 64 * 1024

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from omnix.api import Omni
 from omnix.events.options import SpeechOptions, group_of
 from omnix.events.types import Admitted, Rejected
+from omnix.http.common.rendering import parse_event_id
 from omnix.http.core.errors import ApiError
-from omnix.http.core.rendering import parse_event_id
 from omnix.http.render import StreamRenderer
 
 

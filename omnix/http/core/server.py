@@ -22,11 +22,11 @@ from typing import Literal, Protocol
 from aiohttp import web
 
 from omnix.api import Omni, new_request_id, new_seed
+from omnix.http.common.plan import Served
+from omnix.http.common.rendering import RETRY_AFTER
+from omnix.http.common.tokens import PromptTokens
 from omnix.http.core.errors import ApiError, Handler
-from omnix.http.core.plan import Served
 from omnix.http.core.readers import Readers
-from omnix.http.core.rendering import RETRY_AFTER
-from omnix.http.core.tokens import PromptTokens
 from omnix.http.media.decoder import MediaDecoder
 from omnix.http.options import HttpOptions
 from omnix.telemetry import Telemetry, metrics_handler

@@ -19,8 +19,8 @@ from typing import Final
 from omnix.api import DuplicateRequestId, ShuttingDown
 from omnix.events.options import API_COMPLETIONS, API_IMAGES
 from omnix.events.types import Rejected
+from omnix.http.common.plan import Plan
 from omnix.http.core.errors import ApiError, from_request_error
-from omnix.http.core.plan import Plan
 from omnix.http.core.server import Server
 from omnix.pipelines.plan import RequestError
 

@@ -17,10 +17,9 @@ from typing import Final
 
 from omnix.events.options import API_IMAGES, ImageOptions
 from omnix.events.types import Modality, RequestSpec, StageParams
-from omnix.http.core.errors import ApiError
-from omnix.http.core.plan import Plan, Served, group_ids, member
-from omnix.http.core.rendering import RENDER_VERSION
-from omnix.http.core.sampling import (
+from omnix.http.common.plan import Plan, Served, group_ids, member
+from omnix.http.common.rendering import RENDER_VERSION
+from omnix.http.common.sampling import (
     bad,
     check_diffusion,
     check_engines,
@@ -28,6 +27,7 @@ from omnix.http.core.sampling import (
     stage_params,
     unsupported,
 )
+from omnix.http.core.errors import ApiError
 from omnix.http.images.protocol import ImageRequest
 
 #: OpenAI's ``quality`` values that mean the stage's own settings; the

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from omnix.http.core.fields import REQUEST, SamplingParamsList, Seed, Steps
+from omnix.http.common.fields import REQUEST, SamplingParamsList, Seed, Steps
 
 Size = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$")]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from msgspec import UNSET
 
 from omnix.events.options import ImageOptions
-from omnix.http.core.rendering import Rendered, b64, encode, json_head
-from omnix.http.core.summary import Summary
+from omnix.http.common.rendering import Rendered, b64, encode, json_head
+from omnix.http.common.summary import Summary
 from omnix.http.images.protocol import ImageData, ImagesResponse
 
 

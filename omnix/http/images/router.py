@@ -17,11 +17,11 @@ from typing import Any
 from aiohttp import web
 
 from omnix.engines.diffusers_engine import TRUE_CFG_PIPELINES, describe_model
-from omnix.http.core import doc
+from omnix.http.common import doc
+from omnix.http.common.sampling import DIFFUSION_PARAMS
 from omnix.http.core.body import read_body, traceparent
 from omnix.http.core.live import respond
 from omnix.http.core.route import DocContext, Route, Schemas
-from omnix.http.core.sampling import DIFFUSION_PARAMS
 from omnix.http.core.server import Server
 from omnix.http.images.plan import DEFAULT_QUALITIES, image_plan
 from omnix.http.images.protocol import ImageRequest, ImagesResponse

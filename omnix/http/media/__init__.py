@@ -1,7 +1,7 @@
 """Decoding the media parts of chat input, once, at admission.
 
 Turns a request's ``image_url`` / ``input_audio`` / ``audio_url`` /
-``video_url`` parts (``omnix.http.core.fields.MediaContentPart``) into
+``video_url`` parts (``omnix.http.common.fields.MediaContentPart``) into
 arrays a model's processor takes: audio as float32 mono samples resampled
 (by omnix, with PyAV's libswresample) to the pipeline's
 ``MediaLimits.sample_rate``; images as uint8 RGB arrays of shape

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from omnix.http.core.fields import MediaContentPart
+from omnix.http.common.fields import MediaContentPart
 from omnix.http.media.b64 import b64decode
 from omnix.http.media.common import AUDIO_MEDIA_TYPES, DecodedMedia, Source, bad, too_big
 from omnix.http.media.fetch import fetch_all

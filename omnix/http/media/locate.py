@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from omnix.events.types import MediaKind
-from omnix.http.core.fields import (
+from omnix.http.common.fields import (
     AudioUrlPart,
     ImageUrlPart,
     InputAudioPart,

@@ -13,8 +13,8 @@ from typing import Final
 
 from omnix.events.blobs import array_ref
 from omnix.events.types import MediaKind, MediaPart
-from omnix.http.core.fields import MediaContentPart
-from omnix.http.core.plan import DecodedBlob, Media
+from omnix.http.common.fields import MediaContentPart
+from omnix.http.common.plan import DecodedBlob, Media
 from omnix.http.media.decoder import MediaDecoder
 
 #: How a decoded media array is tagged in the blob store.

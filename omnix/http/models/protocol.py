@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from omnix.http.core.fields import REQUEST, Message
+from omnix.http.common.fields import REQUEST, Message
 
 
 class ModelCard(msgspec.Struct, kw_only=True):

@@ -15,10 +15,10 @@ from typing import Any
 from aiohttp import web
 
 from omnix.events.types import ChatMessage
-from omnix.http.core import doc
+from omnix.http.common import doc
+from omnix.http.common.fields import Message, TextPart
 from omnix.http.core.body import read_body
 from omnix.http.core.errors import ApiError
-from omnix.http.core.fields import Message, TextPart
 from omnix.http.core.respond import json_response
 from omnix.http.core.route import DocContext, Route, Undescribed
 from omnix.http.core.server import Server

@@ -18,7 +18,7 @@ import msgspec
 from aiohttp import web
 
 from omnix.events.state import TERMINAL_STATUSES, RequestState, RequestStatus
-from omnix.http.core import doc
+from omnix.http.common import doc
 from omnix.http.core.errors import ApiError, ErrorBody
 from omnix.http.core.route import DocContext, Route
 from omnix.http.core.server import Server

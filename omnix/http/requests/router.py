@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from omnix.http.core import doc
+from omnix.http.common import doc
 from omnix.http.core.errors import ApiError, ErrorBody
 from omnix.http.core.live import stream
 from omnix.http.core.respond import FLUSH_BYTES, Stream, caught_up, durable, json_response
@@ -30,7 +30,7 @@ from omnix.trace import export_trace
 
 #: A log position, as ``/events`` writes its ``id:``.
 _POSITION: Final = re.compile(r"^[0-9]{1,18}$")
-#: An SSE event id of a response (``core.rendering.event_ids``).
+#: An SSE event id of a response (``common.rendering.event_ids``).
 _EVENT_ID: Final = re.compile(r"^[0-9]{1,18}([.][0-9]{1,4})?$")
 
 

@@ -23,15 +23,15 @@ import msgspec
 
 from omnix.engines.diffusers_engine import refusal
 from omnix.events.types import StageParams
-from omnix.http.core.errors import ApiError
-from omnix.http.core.fields import (
+from omnix.http.common.fields import (
     JsonObjectFormat,
     JsonSchemaResponseFormat,
     SamplingFields,
     SamplingParamsList,
     Stop,
 )
-from omnix.http.core.plan import Served
+from omnix.http.common.plan import Served
+from omnix.http.core.errors import ApiError
 from omnix.pipelines.plan import merge_params
 
 #: ``StageParams`` fields (schema v5) that only some engines honour.

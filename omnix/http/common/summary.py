@@ -50,7 +50,7 @@ from omnix.events.types import (
     WorkerJoined,
     WorkerLost,
 )
-from omnix.http.core.audio import as_mono_float
+from omnix.http.common.audio import as_mono_float
 
 
 class Summary:

@@ -10,7 +10,7 @@ submits several requests (``ID-0``, ``ID-1``...).
 
 Does not own what any route makes of its body (each room's ``plan.py``),
 the sampling parameters per stage (``sampling.py``) nor admission
-(``submit.py``).
+(``core.submit``).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from omnix.http.common.sampling import DIFFUSION_PARAMS, ENGINE_PARAMS, EXTRA_PARAMS
 from omnix.http.core.errors import ErrorBody
-from omnix.http.core.sampling import DIFFUSION_PARAMS, ENGINE_PARAMS, EXTRA_PARAMS
 from omnix.pipelines.config import PipelineConfig, engine_kind
 
 

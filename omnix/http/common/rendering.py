@@ -34,9 +34,9 @@ from omnix.events.types import (
     RequestEvent,
     TerminalEvent,
 )
+from omnix.http.common.fields import Usage
+from omnix.http.common.summary import Summary
 from omnix.http.core.errors import error_body, error_type
-from omnix.http.core.fields import Usage
-from omnix.http.core.summary import Summary
 
 #: Bumped whenever the bytes rendered for the same events change; recorded
 #: in each request's options so a trace says which renderer produced it,
