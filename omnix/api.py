@@ -92,6 +92,16 @@ class NotReady(TimeoutError):
     that still had too few ready replicas."""
 
 
+class DuplicateRequestId(RequestError):
+    """A request id already in use on this server (or twice in one group)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request id {request_id!r} is already in use", "request_id", "duplicate_id"
+        )
+        self.request_id = request_id
+
+
 class _Default:
     """``retention`` not given: on (``RetentionPolicy()``) for a log this
     ``Omni`` opens, off for a log handed in (its owner may retain it)."""
@@ -485,22 +495,54 @@ class Omni:
         """Ready replicas per stage (as the log records them)."""
         return {n: self.orchestrator.ready_replicas(n) for n in self.graph.stage_names}
 
-    def validate(self, spec: RequestSpec) -> None:
-        validate_request(self.graph, spec)
-
     def submit(self, spec: RequestSpec, request_id: str | None = None) -> Admitted | Rejected:
         """Validate and admit ``spec``.  Raises ``RequestError`` for a bad
         request (nothing is appended) and ``ShuttingDown`` after shutdown
         began; returns the appended ``Admitted`` or ``Rejected``."""
+        (ev,) = self.submit_group(((request_id or new_request_id(), spec),))
+        return ev
+
+    def submit_group(
+        self,
+        members: Sequence[tuple[str, RequestSpec]],
+        media: Sequence[tuple[np.ndarray, str]] = (),
+    ) -> list[Admitted | Rejected]:
+        """Admit every member (request id, spec) of one call, or none: the
+        one place a request is judged.  Raises ``DuplicateRequestId`` when
+        an id is in use and ``RequestError`` for a spec the pipeline cannot
+        serve (nothing is appended, nothing stored), ``ShuttingDown`` after
+        shutdown began.  Then ``media`` (arrays and their media types, which
+        the specs' media parts reference) go into the blob store, and the
+        members are admitted: the ``Admitted`` events; or the ``Rejected``
+        ones, one per member of a group admission cannot take whole right
+        now (``room``), or the one refusal that ended the group (its
+        members admitted before it are cancelled)."""
         if not self._accepting:
             raise ShuttingDown("the server is not accepting requests")
-        validate_request(self.graph, spec)
-        rid = request_id or new_request_id()
-        if rid in self.log.state.requests:
-            raise RequestError(
-                f"request id {rid!r} is already in use", "request_id", "duplicate_id"
-            )
-        return self.sequencer.submit(rid, spec)
+        taken: set[str] = set()
+        for rid, _ in members:
+            if rid in self.log.state.requests or rid in taken:
+                raise DuplicateRequestId(rid)
+            taken.add(rid)
+        # Every member first: a bad one must not leave its siblings admitted.
+        for _, spec in members:
+            validate_request(self.graph, spec)
+        if len(members) > 1:
+            refused = self._refuse_whole(members)
+            if refused:
+                return refused
+        for array, media_type in media:
+            self.blobs.put_array(array, media_type)
+        out: list[Admitted | Rejected] = []
+        for rid, spec in members:
+            ev = self.sequencer.submit(rid, spec)
+            if isinstance(ev, Rejected):
+                # Only if ``room`` misjudged: the group must not half run.
+                for admitted in out:
+                    self.cancel(admitted.request_id, "client")
+                return [ev]
+            out.append(ev)
+        return out
 
     def room(self, outputs: tuple[Modality, ...]) -> int:
         """How many requests for ``outputs`` admission would take now, one
@@ -528,26 +570,46 @@ class Omni:
                 return 0  # admission refuses while a later stage is full too
         return room or 0
 
-    def refuse(
-        self, spec: RequestSpec, request_id: str, reason: RejectReason, message: str
-    ) -> Rejected:
-        """Record that ``spec`` was not admitted, without asking admission
-        (a member of a group refused whole, see ``room``)."""
-        if request_id in self.log.state.requests:
-            raise RequestError(
-                f"request id {request_id!r} is already in use", "request_id", "duplicate_id"
+    def _refuse_whole(
+        self, members: Sequence[tuple[str, RequestSpec]]
+    ) -> list[Admitted | Rejected]:
+        """A group admission cannot take whole right now, refused whole: one
+        ``Rejected`` per member (so metrics and traces count each), nothing
+        admitted.  Empty when it fits."""
+        n = len(members)
+        outputs = tuple(members[0][1].outputs)
+        room = self.room(outputs)
+        if room >= n:
+            return []
+        ready = self.ready()
+        idle = [s for s in self.graph.needed_stages(outputs) if ready.get(s, 0) == 0]
+        if idle:
+            reason: RejectReason = "not_ready"
+            message = (
+                f"stage {idle[0]!r} has no ready replica; none of the {n} requests of this call "
+                "was admitted"
             )
-        ev = self.sequencer.append(
-            Rejected(
-                request_id=request_id,
-                pipeline=self.pipeline.name,
-                spec=spec,
-                reason=reason,
-                message=message,
+        else:
+            reason = "overloaded"
+            message = (
+                f"the {n} requests of this call are admitted together or not at all, and the "
+                f"pipeline has room for {room} now; none was admitted (retry later, or split "
+                "the batch)"
             )
-        )
-        assert isinstance(ev, Rejected)  # the log returns what it stored
-        return ev
+        out: list[Admitted | Rejected] = []
+        for rid, spec in members:
+            ev = self.sequencer.append(
+                Rejected(
+                    request_id=rid,
+                    pipeline=self.pipeline.name,
+                    spec=spec,
+                    reason=reason,
+                    message=message,
+                )
+            )
+            assert isinstance(ev, Rejected)  # the log returns what it stored
+            out.append(ev)
+        return out
 
     def cancel(self, request_id: str, reason: CancelReason = "client") -> bool:
         """Ask to cancel; False when the request is unknown or already over."""

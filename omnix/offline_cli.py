@@ -82,7 +82,7 @@ async def _generate(args: argparse.Namespace) -> int:
     from omnix.events.disklog import LogError
     from omnix.events.types import Rejected
     from omnix.models.prepare import prepare_models
-    from omnix.pipelines.plan import RequestError
+    from omnix.pipelines.plan import RequestError, validate_request
     from omnix.pipelines.validate import PipelineError, load_pipeline
     from omnix.stages.runtime import WorkerStartError
 
@@ -101,7 +101,7 @@ async def _generate(args: argparse.Namespace) -> int:
     try:
         # Everything the user gave is checked before the workers start (and
         # long before the run ends): the request, and where its outputs go.
-        omni.validate(spec)
+        validate_request(omni.graph, spec)
         _check_outputs(args, spec.outputs)
         prepare_models(pipeline, args.model_dir)
     except RequestError as exc:

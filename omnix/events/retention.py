@@ -133,13 +133,24 @@ class _Req:
         self.ended_ts = 0
 
 
+#: The typed response options of an admission, about (a few fields of a
+#: few bytes each: as much as the eight or so strings they replace).
+_RESPONSE_BYTES = 256
+
+
 def _admission_bytes(spec: RequestSpec, id_len: int) -> int:
     # The prompt and messages dominate an admission's size; options and
     # stage parameters are a few dozen bytes each.
     n = _ADMIT_BASE + id_len + len(spec.prompt)
     for m in spec.messages:
         n += 8 + len(m.content) + 60 * len(m.media)
-    return n + 32 * (len(spec.stage_params) + len(spec.options))
+    if spec.options:  # recorded by schema v5 or older (and read into ``response``)
+        n += 32 * len(spec.options)
+    elif spec.response is not None:
+        n += _RESPONSE_BYTES
+    if spec.raw_prompt is not None:
+        n += 4 * len(spec.raw_prompt.token_ids)
+    return n + 32 * len(spec.stage_params)
 
 
 def _spec_blobs(spec: RequestSpec) -> list[BlobRef]:

@@ -30,9 +30,12 @@ from typing import Final, Literal, TypeGuard, Union, final, get_args
 
 import msgspec
 
-SCHEMA_VERSION = 5  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
+
+SCHEMA_VERSION = 6  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
-# StageParams negative_prompt / true_cfg_scale / output_format (diffusion)
+# StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
+# 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings
 
 Modality = Literal["text", "audio", "image", "codec", "hidden"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -165,9 +168,16 @@ class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
     randomness enters the log as data.  ``outputs`` names the modalities the
     client wants; the orchestrator runs only the stages needed for them.
     ``deadline_ms`` is relative to the admission timestamp (0: none).
-    ``options`` records how the client asked to receive the response
-    (API-specific: ``stream``, ``include_usage``, ``audio_format``...), so
-    the bytes it was sent can be regenerated from the log alone.
+    ``response`` records how the client asked to receive the response (per
+    API: ``stream``, ``include_usage``, ``audio_format``...), so the bytes
+    it was sent can be regenerated from the log alone; ``raw_prompt`` that
+    the prompt goes to the source stage as is (``/v1/completions``).
+
+    ``options`` is the form schema v5 and older recorded both in: strings
+    under keys.  A spec that holds it and neither typed field is read into
+    them (``options.from_legacy``) as it is built or decoded, so readers
+    only ever see the typed form; the strings stay as recorded (the event
+    still encodes to what the log holds).  New specs leave it empty.
     """
 
     prompt: str = ""
@@ -180,6 +190,15 @@ class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
     model: str = ""
     traceparent: str = ""
     options: dict[str, str] = {}
+    response: ResponseOptions | None = None  # schema v6
+    raw_prompt: RawPrompt | None = None  # schema v6
+
+    def __post_init__(self) -> None:
+        # Only a spec of the old form pays: new specs have no ``options``.
+        if self.options and self.response is None and self.raw_prompt is None:
+            response, raw = from_legacy(self.api, self.options)
+            msgspec.structs.force_setattr(self, "response", response)
+            msgspec.structs.force_setattr(self, "raw_prompt", raw)
 
 
 # --------------------------------------------------------------------------

@@ -1,15 +1,22 @@
 """omnix.http: the OpenAI-compatible HTTP API.
 
-Owns the protocol adapters and nothing else: ``schemas`` (typed bodies),
-``adapt`` (bodies -> ``RequestSpec``s), ``routes`` (aiohttp handlers that
-submit through ``Omni.submit``/``Omni.cancel`` and tail the log),
-``render`` (responses as a pure function of a request's events: the live
-handlers and replay share it), ``media`` (decoding audio/image parts at
-admission), ``transcribe`` (the transcription form), ``tokens`` (prompt
-length before admission, /tokenize), ``audio`` (encoders), ``errors``,
-``auth``, ``cors``, ``openapi``, ``options`` (the server's knobs), ``app``
-(``build_app``/``HttpServer``) and ``serve`` / ``serve_config`` (the
-``omnix serve`` verb and its config file).  Serving scripted pipelines for tests and
-benchmarks is ``omnix.testing.serving``'s.  Routing between stages is the
-orchestrator's, never this package's.  See docs/http.md.
+Owns the protocol adapters and nothing else, cut by route, one room per
+API: ``chat``, ``completions``, ``audio`` (speech, transcriptions),
+``images``, ``models`` (the model list, /tokenize), ``requests`` (omnix's
+routes about a request, and the list of them), ``files``, ``admin``
+(health, readiness, version, metrics, profiling, the OpenAPI document).
+A room holds its protocol (typed bodies), its plan (a body -> the
+``RequestSpec``s it submits, with their typed response options), its
+render (events -> bytes) and its router (handler, table row, OpenAPI
+operation).  ``routes`` is the route table that ``app`` registers
+(``build_app``/``HttpServer``) and ``openapi`` describes; ``render`` holds
+the rendering entry points the live handlers and replay share (responses
+as a pure function of a request's events); ``core`` the plumbing every
+route calls (bodies, errors, auth, CORS, admission, the live loop, resume,
+groups); ``common`` what the rooms share beyond it (body pieces,
+planning's and rendering's common ground); ``media`` the decoding of audio/image parts at admission;
+``options`` the server's knobs; ``serve`` / ``serve_config`` the ``omnix
+serve`` verb and its config file.  Serving scripted pipelines for tests
+and benchmarks is ``omnix.testing.serving``'s.  Routing between stages is
+the orchestrator's, never this package's.  See docs/http.md.
 """

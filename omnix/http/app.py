@@ -1,8 +1,11 @@
 """The aiohttp application and server around one ``Omni``.
 
-Owns: ``build_app`` (routes, middlewares: OpenAI-style errors, CORS
-(``cors.py``, closed unless origins are allowed), API key; the body size
-limit, all as ``HttpOptions`` say; the telemetry projection that backs /metrics, started
+Owns: ``build_app`` (the route table, ``routes.ROUTES``, registered on
+the app, each handler bound to the shared ``core.server.Server``; the
+OpenAPI document built from the same table; middlewares: OpenAI-style
+errors, CORS (``core/cors.py``, closed unless origins are allowed), API
+key (the table says which routes are public); the body size limit, all as
+``HttpOptions`` say; the telemetry projection that backs /metrics, started
 and stopped with the app) and ``HttpServer`` (bind, serve, close), the
 programmatic way to serve an ``Omni`` — tests and embedders use it:
 
@@ -11,7 +14,7 @@ programmatic way to serve an ``Omni`` — tests and embedders use it:
 
 Does not own the runtime's lifecycle (the caller starts and shuts down
 ``Omni``; ``serve.py`` does both for ``omnix serve``), nor any handler
-(``routes.py``).
+(each room's ``router.py``).
 
 Handler cancellation is on: when a client disconnects, aiohttp cancels its
 handler, which is how a dropped stream becomes ``Cancelled(disconnect)``.
@@ -20,6 +23,7 @@ handler, which is how a dropped stream becomes ``Cancelled(disconnect)``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,17 +32,21 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from omnix.api import Omni
-from omnix.http.auth import auth_middleware
-from omnix.http.cors import Cors
-from omnix.http.errors import error_middleware
+from omnix.http.core.auth import auth_middleware
+from omnix.http.core.body import generation
+from omnix.http.core.cors import Cors
+from omnix.http.core.errors import Handler, error_middleware
+from omnix.http.core.route import Route
+from omnix.http.core.server import Server
+from omnix.http.openapi import OpenApi
 from omnix.http.options import HttpOptions
-from omnix.http.routes import Routes
+from omnix.http.routes import ROUTES
 from omnix.telemetry import Telemetry
 
 log = logging.getLogger("omnix.http")
 
 OMNI_KEY: web.AppKey[Omni] = web.AppKey("omni", Omni)
-ROUTES_KEY: web.AppKey[Routes] = web.AppKey("routes", Routes)
+SERVER_KEY: web.AppKey[Server] = web.AppKey("server", Server)
 
 
 def _make_telemetry(omni: Omni) -> Telemetry:
@@ -64,14 +72,24 @@ def build_app(
     # CORS before the API key: a browser's preflight carries no credentials.
     middlewares: list[Middleware] = [error_middleware, cors.middleware]
     if options.api_key:
-        middlewares.append(auth_middleware(options.api_key))
+        public = frozenset(r.path for r in ROUTES if r.public)
+        middlewares.append(auth_middleware(options.api_key, public))
     app = web.Application(middlewares=middlewares, client_max_size=options.max_body)
     app.on_response_prepare.append(cors.on_prepare)
     tel = _make_telemetry(omni) if telemetry is True else (telemetry or None)
-    routes = Routes(omni, options, telemetry=tel)
-    routes.add_to(app)
+    server = Server(omni, options, telemetry=tel)
+    server.openapi = OpenApi(
+        omni.pipeline,
+        max_batch=options.max_batch,
+        auth=bool(options.api_key),
+        metrics=tel is not None,
+    )
+    app.on_startup.append(server.load_tokenizer)
+    for route in ROUTES:
+        add = app.router.add_get if route.method == "GET" else app.router.add_post
+        add(route.path, _handler(server, route))  # a GET answers HEAD too
     app[OMNI_KEY] = omni
-    app[ROUTES_KEY] = routes
+    app[SERVER_KEY] = server
     if tel is not None and telemetry is True:
 
         async def follow_log(app: web.Application) -> AsyncIterator[None]:
@@ -81,6 +99,15 @@ def build_app(
 
         app.cleanup_ctx.append(follow_log)
     return app
+
+
+def _handler(server: Server, route: Route) -> Handler:
+    """``route``'s handler bound to ``server``; a route that submits
+    requests gets the rules of a generation (``core.body.generation``)."""
+    handler: Handler = functools.partial(route.handle, server)
+    if route.submits is not None:
+        handler = generation(handler, json_body=route.submits == "json")
+    return handler
 
 
 class HttpServer:
@@ -100,7 +127,8 @@ class HttpServer:
         self.host = host
         self.port = port
         self.app = build_app(omni, options, telemetry=telemetry)
-        self.routes = self.app[ROUTES_KEY]
+        #: what the handlers share (the OpenAPI document, stream readers...)
+        self.state = self.app[SERVER_KEY]
         self._access_log = access_log
         self._runner: web.AppRunner | None = None
 
@@ -133,16 +161,16 @@ class HttpServer:
         return self
 
     def mark_serving(self) -> None:
-        self.routes.phase = "serving"
+        self.state.phase = "serving"
 
     def mark_stopping(self) -> None:
-        self.routes.phase = "stopping"
+        self.state.phase = "stopping"
 
     async def close(self) -> None:
         """Stop serving (open connections are closed).  Shut ``omni`` down
         first to let in-flight responses end cleanly."""
         self.mark_stopping()
-        self.routes.close()
+        self.state.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()

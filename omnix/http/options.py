@@ -5,7 +5,7 @@ and batch limits, CORS origins, media hosts, the stream-resume grace) and
 ``build_app``/``HttpServer``/``Routes`` read.  Imports nothing heavy, so
 ``serve.py`` can show the defaults in ``--help`` before loading any HTTP
 code.  Does not own parsing the flags (``serve.py``) nor what each knob
-does (``app.py``, ``routes.py``, ``cors.py``, ``media.py``).
+does (``app.py``, ``core/``, ``media/``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,6 @@ class HttpOptions:
     resume_grace_s: float = 0.0
     #: Browser origins CORS allows (``cors.parse_origins``; ``"*"``: any).
     allowed_origins: frozenset[str] = frozenset()
-    #: Hosts whose http(s) media URLs may be fetched (``media.py``); none:
+    #: Hosts whose http(s) media URLs may be fetched (``media/``); none:
     #: only ``data:`` URLs.
     allowed_media_domains: frozenset[str] = frozenset()

@@ -260,7 +260,7 @@ def _operator_flags(parser: argparse.ArgumentParser) -> None:
 def _http_options(args: argparse.Namespace) -> HttpOptions:
     """The HTTP layer's options from the flags; ``UsageError`` (one line
     naming the flag) for a value that is not one."""
-    from omnix.http.cors import parse_origins
+    from omnix.http.core.cors import parse_origins
 
     try:
         origins = parse_origins(args.allowed_origins)

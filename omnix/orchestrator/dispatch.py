@@ -18,7 +18,6 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import msgspec
 import numpy as np
 
 from omnix.events.blobs import BlobStore
@@ -38,14 +37,7 @@ from omnix.events.types import (
 from omnix.orchestrator.runtime import Runtime
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import merge_params
-from omnix.transport.work import (
-    OPT_PROMPT_TOKEN_IDS,
-    OPT_RAW_PROMPT,
-    InputPiece,
-    PieceOutput,
-    Resume,
-    WorkItem,
-)
+from omnix.transport.work import InputPiece, PieceOutput, Resume, WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -233,13 +225,12 @@ class Dispatcher:
 
 def _source_piece(spec: RequestSpec, media: tuple[np.ndarray, ...]) -> InputPiece:
     """A source stage's input: the request's prompt and messages; a raw
-    completion prompt (``OPT_RAW_PROMPT``) as is, as token ids when the
-    client gave ids (``OPT_PROMPT_TOKEN_IDS``)."""
-    if spec.options.get(OPT_RAW_PROMPT) != "1":
+    completion prompt (``spec.raw_prompt``) as is, as token ids when the
+    client gave ids."""
+    raw = spec.raw_prompt
+    if raw is None:
         return InputPiece(text=spec.prompt, messages=spec.messages, media=media)
-    ids = spec.options.get(OPT_PROMPT_TOKEN_IDS)
-    token_ids = tuple(msgspec.json.decode(ids, type=list[int])) if ids else ()
-    return InputPiece(text=spec.prompt, token_ids=token_ids, raw=True)
+    return InputPiece(text=spec.prompt, token_ids=raw.token_ids, raw=True)
 
 
 def continuation_seed(seed: int, resume: int) -> int:

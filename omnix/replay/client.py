@@ -12,6 +12,7 @@ you find out.
 
 from __future__ import annotations
 
+from omnix.events.options import group_of
 from omnix.events.types import Admitted, Event, Rejected, RequestEvent
 from omnix.http import render
 from omnix.trace import Trace
@@ -40,7 +41,8 @@ def response_events(trace: Trace, request_id: str) -> list[Event]:
     specs: dict[str, str] = {}
     for ev in trace.events:
         if type(ev) is Admitted or type(ev) is Rejected:
-            g = ev.spec.options.get(render.Opt.GROUP, "")
+            member = group_of(ev.spec.response)
+            g = member.id if member is not None else ""
             specs[ev.request_id] = g
             if ev.request_id == request_id:
                 group = g

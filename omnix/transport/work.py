@@ -40,18 +40,10 @@ class InputPiece(msgspec.Struct, frozen=True):
     array: np.ndarray | None = None
     modality: Modality = "text"
     media: tuple[np.ndarray, ...] = ()
-    #: a source piece that is a raw completion prompt (``OPT_RAW_PROMPT``):
+    #: a source piece that is a raw completion prompt (``RequestSpec.raw_prompt``):
     #: ``text`` (or ``token_ids``, when given) as is, whatever the stage's
     #: ``input_mode`` (no chat template)
     raw: bool = False
-
-
-#: ``RequestSpec.options`` keys the dispatcher reads to build a source
-#: stage's input piece (written by the HTTP layer's ``/v1/completions``):
-#: ``"1"``: the prompt is a raw completion prompt (``InputPiece.raw``) ...
-OPT_RAW_PROMPT = "raw_prompt"
-#: ... given as these token ids (a JSON list; ``prompt`` is their text).
-OPT_PROMPT_TOKEN_IDS = "prompt_token_ids"
 
 
 class EngineOutput(msgspec.Struct):

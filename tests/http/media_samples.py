@@ -12,7 +12,7 @@ import numpy as np
 import soundfile as sf
 from PIL import Image
 
-from omnix.http.schemas import (
+from omnix.http.common.fields import (
     AudioUrl,
     AudioUrlPart,
     ImageUrl,

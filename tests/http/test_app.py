@@ -49,8 +49,11 @@ def test_openapi_publishes_only_what_the_pipeline_answers() -> None:
 
 
 def test_x_request_id_names_every_route_s_requests() -> None:
-    from omnix.http import adapt
-    from omnix.http.schemas import ImageRequest, SpeechRequest
+    from omnix.http.audio.protocol import SpeechRequest
+    from omnix.http.audio.speech import speech_plan
+    from omnix.http.common.plan import CLIENT_REQUEST_ID, Served
+    from omnix.http.images.plan import image_plan
+    from omnix.http.images.protocol import ImageRequest
     from omnix.pipelines.validate import parse_pipeline
 
     image = parse_pipeline(
@@ -63,13 +66,13 @@ def test_x_request_id_names_every_route_s_requests() -> None:
         image = "image"
         """
     )
-    served = adapt.Served(image, new_request_id=lambda: "fresh", new_seed=lambda: 1)
-    token = adapt.CLIENT_REQUEST_ID.set("mine")
+    served = Served(image, new_request_id=lambda: "fresh", new_seed=lambda: 1)
+    token = CLIENT_REQUEST_ID.set("mine")
     try:
-        plan = adapt.image_plan(ImageRequest(prompt="x", n=3), served)
+        plan = image_plan(ImageRequest(prompt="x", n=3), served)
         assert plan.request_ids == ("mine-0", "mine-1", "mine-2")
-        plan = adapt.speech_plan(SpeechRequest(input="x"), served)
+        plan = speech_plan(SpeechRequest(input="x"), served)
         assert plan.request_ids == ("mine",)
     finally:
-        adapt.CLIENT_REQUEST_ID.reset(token)
-    assert adapt.image_plan(ImageRequest(prompt="x"), served).request_ids == ("fresh",)
+        CLIENT_REQUEST_ID.reset(token)
+    assert image_plan(ImageRequest(prompt="x"), served).request_ids == ("fresh",)

@@ -158,14 +158,14 @@ async def test_twenty_thousand_requests_leave_nothing_behind(
     ):
         omni = server.omni
         ret = omni.retention
-        tel = server.routes.telemetry
+        tel = server.state.telemetry
         assert ret is not None and tel is not None
         log = omni.log
         blobs = omni.blobs
         assert isinstance(log, MemoryLog) and isinstance(blobs, MemoryBlobStore)
         roots: dict[str, object] = {
             "omni": omni,
-            "routes": server.routes,
+            "routes": server.state,
             "telemetry": tel,
             "app": server.app,
         }
@@ -220,8 +220,8 @@ async def test_twenty_thousand_requests_leave_nothing_behind(
             "fold audio": len(log.state.audio_samples),
             "log index": len(log._index),
             "log request waiters": len(log._req_waiters),
-            "routes readers": len(server.routes._readers),
-            "routes grace timers": len(server.routes._grace),
+            "routes readers": len(server.state.readers._readers),
+            "routes grace timers": len(server.state.readers._grace),
             "telemetry live state": tel.projection.live_state_size(),
         }
         assert all(n <= KEEP for n in named.values()), named

@@ -64,7 +64,7 @@ async def test_whole_chat_completion(omni_server, http):
     assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 6, "total_tokens": 7}
     # The server chose a seed and the log recorded it with the options.
     assert ev.spec.api == "chat.completions" and ev.spec.outputs == ("text",)
-    assert ev.spec.options["stream"] == "0"
+    assert ev.spec.response is not None and ev.spec.response.stream is False
     assert omni_server.omni.state(rid).status == "finished"
     assert_replays(omni_server, rid, 200, raw)
 

@@ -13,15 +13,18 @@ from typing import Any
 import msgspec
 import pytest
 
+from omnix.events.options import RawPrompt, group_of
 from omnix.events.types import Admitted, Chunk, Event, Finished, StageFinished, TokenLogprob
-from omnix.http import adapt
-from omnix.http.errors import ApiError
+from omnix.http.chat.plan import chat_plan
+from omnix.http.chat.protocol import ChatCompletionRequest
+from omnix.http.common.plan import Plan, Served
+from omnix.http.completions.plan import completion_plan
+from omnix.http.completions.protocol import CompletionRequest
+from omnix.http.core.errors import ApiError
 from omnix.http.openapi import OpenApi
-from omnix.http.render import GroupStreamRenderer, Opt, render_response, render_stream
-from omnix.http.schemas import CompletionRequest
+from omnix.http.render import GroupStreamRenderer, render_response, render_stream
 from omnix.orchestrator.dispatch import _source_piece
 from omnix.pipelines.validate import load_pipeline
-from omnix.transport.work import OPT_PROMPT_TOKEN_IDS, OPT_RAW_PROMPT
 
 from .conftest import parse_sse
 
@@ -30,17 +33,13 @@ _on_session_loop = pytest.mark.asyncio(loop_scope="session")
 _decode = msgspec.json.Decoder(CompletionRequest)
 
 
-def _served(name: str = "tiny-text") -> adapt.Served:
+def _served(name: str = "tiny-text") -> Served:
     ids = iter(range(10**6))
-    return adapt.Served(
-        load_pipeline(name), new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 11
-    )
+    return Served(load_pipeline(name), new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 11)
 
 
-def _plan(body: dict[str, Any], tokenizer: Any = None, name: str = "tiny-text") -> adapt.Plan:
-    return adapt.completion_plan(
-        _decode.decode(json.dumps(body)), _served(name), tokenizer=tokenizer
-    )
+def _plan(body: dict[str, Any], tokenizer: Any = None, name: str = "tiny-text") -> Plan:
+    return completion_plan(_decode.decode(json.dumps(body)), _served(name), tokenizer=tokenizer)
 
 
 class _Tok:
@@ -95,7 +94,7 @@ async def test_a_scripted_text_stage_refuses_the_route_and_does_not_publish_it(o
     assert err["code"] == "unsupported_parameter" and err["param"] == "prompt"
     assert "'thinker'" in err["message"] and "scripted" in err["message"]
     assert len(omni_server.omni.log) == before
-    assert not omni_server.routes.openapi.published("/v1/completions")
+    assert not omni_server.state.openapi.published("/v1/completions")
     async with http.get(omni_server.url + "/openapi.json") as r:
         doc = await r.json()
     assert "/v1/completions" not in doc["paths"]
@@ -166,19 +165,20 @@ def test_the_plan_records_a_raw_prompt_and_the_shared_sampling_fields():
         {"prompt": "Once upon", "logprobs": 3, "ignore_eos": True, "top_k": 4, "stop": "x"}
     ).specs
     assert spec.api == "completions" and spec.prompt == "Once upon" and not spec.messages
-    assert spec.options[OPT_RAW_PROMPT] == "1" and OPT_PROMPT_TOKEN_IDS not in spec.options
+    assert spec.raw_prompt == RawPrompt() and not spec.raw_prompt.token_ids
     p = spec.stage_params["thinker"]
     # completions' default max_tokens (vLLM's and OpenAI's), logprobs as given
     assert (p.max_tokens, p.logprobs, p.ignore_eos, p.top_k, p.stop) == (16, 3, True, 4, ("x",))
     ((_, ids_spec),) = _plan({"prompt": [5, 6], "max_tokens": 3}, tokenizer=_Tok()).specs
     assert ids_spec.prompt == "<5><6>"
-    assert json.loads(ids_spec.options[OPT_PROMPT_TOKEN_IDS]) == [5, 6]
+    assert ids_spec.raw_prompt is not None and list(ids_spec.raw_prompt.token_ids) == [5, 6]
     batch = _plan({"prompt": [[1], [2, 3]], "max_tokens": 3}, tokenizer=_Tok()).specs
     assert [s.prompt for _, s in batch] == ["<1>", "<2><3>"]
-    assert [s.options[Opt.GROUP_INDEX] for _, s in batch] == ["0", "1"]
+    assert [getattr(group_of(s.response), "index", None) for _, s in batch] == [0, 1]
     n2 = _plan({"prompt": "a", "n": 2, "stream": True}).specs
     assert [s.seed for _, s in n2] == [11, 12]
-    assert n2[0][1].options[Opt.GROUP_STREAM] == "1" and n2[0][1].options[Opt.CHOICES] == "1"
+    group = group_of(n2[0][1].response)
+    assert group is not None and group.streamed and group.samples
 
 
 def test_the_dispatcher_hands_the_prompt_over_raw():
@@ -187,9 +187,9 @@ def test_the_dispatcher_hands_the_prompt_over_raw():
     assert piece.raw and piece.text == "Once" and not piece.messages and not piece.token_ids
     ((_, ids_spec),) = _plan({"prompt": [7, 8]}, tokenizer=_Tok()).specs
     assert _source_piece(ids_spec, ()).token_ids == (7, 8)
-    ((_, chat),) = adapt.chat_plan(
+    ((_, chat),) = chat_plan(
         msgspec.json.decode(
-            b'{"messages": [{"role": "user", "content": "hi"}]}', type=adapt.ChatCompletionRequest
+            b'{"messages": [{"role": "user", "content": "hi"}]}', type=ChatCompletionRequest
         ),
         _served(),
     ).specs

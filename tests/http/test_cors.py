@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from omnix.http.app import HttpServer
-from omnix.http.cors import parse_origins
+from omnix.http.core.cors import parse_origins
 from omnix.http.options import HttpOptions
 from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.serving import serve_scripted

@@ -13,9 +13,11 @@ from aiohttp import web
 from PIL import Image
 
 from omnix.http import media
-from omnix.http.errors import ApiError
-from omnix.http.media import DecodedMedia, MediaDecoder
-from omnix.http.schemas import InputAudio, InputAudioPart, MediaContentPart
+from omnix.http.common.fields import InputAudio, InputAudioPart, MediaContentPart
+from omnix.http.core.errors import ApiError
+from omnix.http.media import DecodedMedia, MediaDecoder, sound
+from omnix.http.media import decoder as decoder_module
+from omnix.http.media import image as image_module
 from omnix.pipelines.config import MediaLimits
 from omnix.testing.media import tone
 
@@ -212,7 +214,7 @@ def test_rgb_images_decode_straight_into_numpy(
     def no_copy(*args: object) -> np.ndarray:
         raise AssertionError("an RGB image took the copying path")
 
-    monkeypatch.setattr(media, "_pixels", no_copy)
+    monkeypatch.setattr(image_module, "_pixels", no_copy)
     pixels = gradient(300, 200)
     assert np.array_equal(decoder.decode_sync(P, png_part(pixels)).array, pixels)
     for options in ({"quality": 90}, {"quality": 90, "progressive": 1}):
@@ -317,7 +319,7 @@ def test_a_20mb_image_is_refused_before_decoding(
     def no_decoding(*args: object) -> bytes:
         raise AssertionError("decoded a part over the limit")
 
-    monkeypatch.setattr(media, "_b64decode", no_decoding)
+    monkeypatch.setattr(decoder_module, "b64decode", no_decoding)
     url = "data:image/png;base64," + "A" * (20 * 2**20 * 4 // 3)
     refused(decoder, image_url(url), "media_too_large", P, "20.0 MiB", "10.0 MiB")
 
@@ -328,7 +330,7 @@ def test_an_image_of_too_many_pixels_is_refused_from_its_header(
     def no_pixels(*args: object) -> np.ndarray:
         raise AssertionError("decoded the pixels of an image over the limit")
 
-    monkeypatch.setattr(media, "_pixels", no_pixels)
+    monkeypatch.setattr(image_module, "_pixels", no_pixels)
     bomb = image_url(data_url("image/png", png_header(5000, 5000)))
     refused(decoder, bomb, "image_too_large", P, "5000x5000", str(OMNI.max_pixels))
     # Past PIL's own decompression-bomb bound, too.
@@ -346,7 +348,7 @@ def test_a_10_minute_clip_is_refused_from_its_header(
         raise AssertionError("decoded a clip whose header says it is too long")
 
     clip = wav(np.zeros(600 * 8000, np.float32), 8000, "PCM_U8")  # 4.6 MiB
-    monkeypatch.setattr(media.av, "AudioResampler", no_resampling)
+    monkeypatch.setattr(sound.av, "AudioResampler", no_resampling)
     refused(decoder, audio_part(clip, "wav"), "audio_too_long", P, "600.0 s", "300 s")
 
 

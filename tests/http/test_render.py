@@ -5,6 +5,7 @@ refusals render as OpenAI-style errors; encoders are deterministic."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from omnix.events.blobs import MemoryBlobStore
 from omnix.events.clock import ManualClock
 from omnix.events.log import MemoryLog
+from omnix.events.options import AudioFormat, ChatOptions, Group, SpeechOptions, StreamFormat
 from omnix.events.types import (
     Admitted,
     Cancelled,
@@ -26,45 +28,45 @@ from omnix.events.types import (
     StageFinished,
     StageStarted,
 )
-from omnix.http.audio import AUDIO_FORMATS, StreamEncoder, encode_audio
+from omnix.http.common.audio import AUDIO_FORMATS, StreamEncoder, encode_audio
 from omnix.http.render import (
     API_CHAT,
     API_SPEECH,
     RENDER_VERSION,
-    Opt,
     StreamRenderer,
-    as_object,
     render_response,
     render_stream,
-    state_json,
 )
+from omnix.http.requests.views import as_object, state_json
 
 from .conftest import parse_sse
 
 
-def chat_spec(**opts: str) -> RequestSpec:
-    options = {
-        Opt.RENDER: RENDER_VERSION,
-        Opt.STREAM: "1",
-        Opt.TEXT_STAGE: "thinker",
-        Opt.USAGE_STAGE: "thinker",
-        **opts,
-    }
-    return RequestSpec(prompt="hi", api=API_CHAT, model="m", seed=1, options=options)
+def chat_spec(**opts: Any) -> RequestSpec:
+    options = ChatOptions(
+        **{
+            "render": RENDER_VERSION,
+            "stream": True,
+            "text_stage": "thinker",
+            "usage_stage": "thinker",
+            **opts,
+        }
+    )
+    return RequestSpec(prompt="hi", api=API_CHAT, model="m", seed=1, response=options)
 
 
-def speech_spec(fmt: str, stream_format: str) -> RequestSpec:
-    options = {
-        Opt.RENDER: RENDER_VERSION,
-        Opt.STREAM: "1" if stream_format else "0",
-        Opt.STREAM_FORMAT: stream_format,
-        Opt.AUDIO_STAGE: "voice",
-        Opt.AUDIO_FORMAT: fmt,
-        Opt.SAMPLE_RATE: "16000",
-        Opt.USAGE_STAGE: "voice",
-    }
+def speech_spec(fmt: AudioFormat, stream_format: StreamFormat) -> RequestSpec:
+    options = SpeechOptions(
+        render=RENDER_VERSION,
+        stream=bool(stream_format),
+        stream_format=stream_format,
+        audio_stage="voice",
+        audio_format=fmt,
+        sample_rate=16000,
+        usage_stage="voice",
+    )
     return RequestSpec(
-        prompt="hi", outputs=("audio",), api=API_SPEECH, model="m", seed=1, options=options
+        prompt="hi", outputs=("audio",), api=API_SPEECH, model="m", seed=1, response=options
     )
 
 
@@ -114,7 +116,7 @@ def run(
 
 
 def test_same_events_same_bytes_and_stream_pieces_join_to_the_body():
-    events, blobs = run(chat_spec(**{Opt.INCLUDE_USAGE: "1"}))
+    events, blobs = run(chat_spec(include_usage=True))
     a = render_response(events, blobs)
     b = render_response(list(events), blobs)
     assert a == b
@@ -165,7 +167,7 @@ def test_a_failed_or_cancelled_stream_ends_with_an_error_and_done(end, status, c
     err = json.loads(frames[-2]["data"])["error"]
     assert err["code"] == code and "req-1" in err["message"]
     # Not streamed: the error is the response.
-    whole = render_response(run(chat_spec(**{Opt.STREAM: "0"}), end)[0], blobs)
+    whole = render_response(run(chat_spec(stream=False), end)[0], blobs)
     assert whole.head.status == status
     assert json.loads(whole.body)["error"]["code"] == code
 
@@ -222,7 +224,7 @@ def test_events_and_states_as_objects():
     assert (
         obj["type"] == "admitted"
         and obj["request_id"] == "req-1"
-        and obj["spec"]["options"]["stream"] == "1"
+        and obj["spec"]["response"]["stream"] is True
     )
     assert msgspec.json.decode(msgspec.json.encode(obj))["pos"] == 0
     log = MemoryLog(ManualClock(1))
@@ -234,9 +236,7 @@ def test_events_and_states_as_objects():
 
 def test_a_batch_renders_one_choice_per_member_and_needs_them_all():
     def member(i: int):
-        spec = chat_spec(
-            **{Opt.STREAM: "0", Opt.GROUP: "g", Opt.GROUP_INDEX: str(i), Opt.GROUP_SIZE: "2"}
-        )
+        spec = chat_spec(stream=False, group=Group(id="g", index=i, size=2))
         events, blobs = run(spec)
         return [msgspec.structs.replace(e, request_id=f"g-{i}") for e in events], blobs
 

@@ -260,7 +260,7 @@ async def test_openapi_lists_every_route(omni_server, http):
     assert doc["openapi"].startswith("3.")
     routes = {res.canonical for res in omni_server.app.router.resources()}
     # Every route the pipeline can answer is published; no other.
-    published = {p for p in routes if omni_server.routes.openapi.published(p)}
+    published = {p for p in routes if omni_server.state.openapi.published(p)}
     assert published == set(doc["paths"])
     assert {"/v1/chat/completions", "/v1/audio/speech", "/version"} <= published
     assert "/v1/images/generations" not in published  # http-omni makes no images

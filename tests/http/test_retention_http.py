@@ -97,7 +97,7 @@ async def test_released_is_410_retained_is_200_unknown_is_404() -> None:
         assert 1 <= values["omnix_requests_retained"] <= 2
         assert values["omnix_log_retained_events"] > 0
         # Every request was counted by telemetry, released ones included.
-        tel = server.routes.telemetry
+        tel = server.state.telemetry
         assert tel is not None
         tel.catch_up(omni.log)
         assert tel.projection.requests_ended == 6

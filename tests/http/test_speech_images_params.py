@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from PIL import Image
 
+from omnix.events.options import ImageOptions, SpeechOptions
 from omnix.events.types import (
     Admitted,
     BlobRef,
@@ -23,11 +24,14 @@ from omnix.events.types import (
     StageFinished,
     StageParams,
 )
-from omnix.http import adapt
-from omnix.http.errors import ApiError
-from omnix.http.render import Opt, render_response
-from omnix.http.routes import _files_url
-from omnix.http.schemas import ImageRequest, SpeechRequest
+from omnix.http.audio.protocol import SpeechRequest
+from omnix.http.audio.speech import speech_plan
+from omnix.http.common.plan import Served
+from omnix.http.core.errors import ApiError
+from omnix.http.images.plan import image_plan
+from omnix.http.images.protocol import ImageRequest
+from omnix.http.images.router import files_url as _files_url
+from omnix.http.render import render_response
 from omnix.pipelines.validate import parse_pipeline
 
 from .conftest import parse_sse
@@ -61,8 +65,8 @@ async def test_speech_stream_true_is_the_sse_stream(omni_server, http):
     assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + [
         "speech.audio.done"
     ]
-    opts = admitted(omni_server, rid).options
-    assert (opts[Opt.STREAM], opts[Opt.STREAM_FORMAT]) == ("1", "sse")
+    opts = admitted(omni_server, rid).response
+    assert isinstance(opts, SpeechOptions) and (opts.stream, opts.stream_format) == (True, "sse")
     assert_replays(omni_server, rid, 200, raw)
 
 
@@ -73,7 +77,8 @@ async def test_speech_stream_true_with_audio_format_streams_bytes(omni_server, h
         assert r.headers.get("Transfer-Encoding") == "chunked"
         rid = r.headers["X-Request-Id"]
         raw = await r.read()
-    assert len(raw) > 0 and admitted(omni_server, rid).options[Opt.STREAM_FORMAT] == "audio"
+    opts = admitted(omni_server, rid).response
+    assert len(raw) > 0 and isinstance(opts, SpeechOptions) and opts.stream_format == "audio"
     assert_replays(omni_server, rid, 200, raw)
 
 
@@ -269,10 +274,8 @@ image = "image"
 """
 
 
-def served() -> adapt.Served:
-    return adapt.Served(
-        parse_pipeline(DIFFUSION), new_request_id=lambda: "req-1", new_seed=lambda: 7
-    )
+def served() -> Served:
+    return Served(parse_pipeline(DIFFUSION), new_request_id=lambda: "req-1", new_seed=lambda: 7)
 
 
 async def test_url_is_absolute_from_the_host():
@@ -288,7 +291,7 @@ async def test_url_is_absolute_from_the_host():
 
 async def test_url_needs_a_usable_host():
     with pytest.raises(ApiError) as exc:
-        adapt.image_plan(ImageRequest(prompt="x", response_format="url"), served(), files_url="")
+        image_plan(ImageRequest(prompt="x", response_format="url"), served(), files_url="")
     assert exc.value.param == "response_format"
 
 
@@ -302,13 +305,14 @@ async def test_diffusion_params_are_recorded_and_url_renders_from_the_log():
         num_inference_steps=3,
         seed=9,
     )
-    plan = adapt.image_plan(body, served(), files_url="https://h.example/v1/files/")
+    plan = image_plan(body, served(), files_url="https://h.example/v1/files/")
     ((rid, spec),) = plan.specs
     assert spec.stage_params["image"] == StageParams(
         num_inference_steps=3, negative_prompt="blur", true_cfg_scale=3.0, output_format="jpeg"
     )
     assert spec.seed == 9
-    assert spec.options[Opt.FILES_URL] == "https://h.example/v1/files/"
+    assert isinstance(spec.response, ImageOptions)
+    assert spec.response.files_url == "https://h.example/v1/files/"
     ref = BlobRef(digest="ab" * 16, nbytes=10, media_type="image/jpeg")
     events = [
         Admitted(pos=0, ts_ns=2_000_000_000, request_id=rid, pipeline="p-diffusion", spec=spec),
@@ -328,7 +332,7 @@ async def test_diffusion_params_are_recorded_and_url_renders_from_the_log():
 
 
 async def test_speech_plan_stream_true():
-    s = adapt.Served(
+    s = Served(
         parse_pipeline(
             '\nname = "p-tts"\n[[stages]]\nname = "code2wav"\nengine = { kind = "scripted", '
             'output_modality = "audio" }\n[outputs]\naudio = "code2wav"\n'
@@ -336,10 +340,12 @@ async def test_speech_plan_stream_true():
         new_request_id=lambda: "req-2",
         new_seed=lambda: 1,
     )
-    plan = adapt.speech_plan(SpeechRequest(input="hi", stream=True), s)
-    assert plan.stream and plan.specs[0][1].options[Opt.STREAM_FORMAT] == "sse"
-    plan = adapt.speech_plan(SpeechRequest(input="hi", stream=False), s)
-    assert not plan.stream and plan.specs[0][1].options[Opt.STREAM_FORMAT] == ""
+    plan = speech_plan(SpeechRequest(input="hi", stream=True), s)
+    opts = plan.specs[0][1].response
+    assert plan.stream and isinstance(opts, SpeechOptions) and opts.stream_format == "sse"
+    plan = speech_plan(SpeechRequest(input="hi", stream=False), s)
+    opts = plan.specs[0][1].response
+    assert not plan.stream and isinstance(opts, SpeechOptions) and opts.stream_format == ""
 
 
 async def test_refusal_rules_of_a_flux_model():

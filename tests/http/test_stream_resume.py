@@ -246,8 +246,8 @@ async def test_a_dropped_client_resumes_live_while_the_request_runs(text_server,
 
 
 async def test_a_dropped_client_that_never_comes_back_cancels_after_the_grace(text_server, http):
-    routes = text_server.routes
-    routes.resume_grace_s = 0.2
+    readers = text_server.state.readers
+    readers.grace_s = 0.2
     try:
         async with http.post(
             text_server.url + "/v1/chat/completions", json={"messages": USER, "stream": True}
@@ -257,7 +257,7 @@ async def test_a_dropped_client_that_never_comes_back_cancels_after_the_grace(te
             r.close()
         events = await until_ended(text_server, rid)
     finally:
-        routes.resume_grace_s = GRACE_S
+        readers.grace_s = GRACE_S
     assert text_server.omni.state(rid).status == "cancelled"
     assert events[-1].reason == "disconnect"
 

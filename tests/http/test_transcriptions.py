@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 import soundfile as sf
 
+from omnix.events.options import TranscriptionOptions
 from omnix.events.types import Admitted, Chunk
 from omnix.http.app import HttpServer
 from omnix.http.options import HttpOptions
@@ -120,7 +121,9 @@ async def test_json_is_openai_transcription_rendered_from_the_log(echo, http):
     assert part.kind == "audio" and part.at == 0 and part.rate == 16_000
     assert part.blob.dtype == "<f4" and abs(part.blob.shape[0] - 16_000) <= 16
     assert part.blob in echo.omni.blobs
-    assert spec.options["response_format"] == "json" and spec.options["stream"] == "0"
+    opts = spec.response
+    assert isinstance(opts, TranscriptionOptions)
+    assert opts.response_format == "json" and opts.stream is False
 
 
 async def test_language_and_prompt_go_into_the_instruction(echo, http):

@@ -7,10 +7,11 @@ the errors the layers below raise (msgspec decode/validation errors,
 own HTTP exceptions (404, 405, 413...) into that body, via
 ``error_middleware``.
 
-Does not own which request is bad (``adapt.py`` and the pipeline's
-``validate_request`` decide) nor the errors of a request that was admitted
-and then failed: those are part of the request's log and are rendered by
-``render.py`` so replay reproduces them.
+Does not own which request is bad (each room's ``plan.py`` and the
+pipeline's ``validate_request``, run by ``Omni.submit_group``, decide)
+nor the errors of a request that was admitted and then failed: those are
+part of the request's log and are rendered by ``omnix.http.render`` so
+replay reproduces them.
 
 Status conventions (documented in docs/http.md):
   * 400 ``invalid_request_error``: the request is not one this server

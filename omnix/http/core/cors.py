@@ -11,7 +11,7 @@ here even with a request that needs no preflight.
 
 Closed by default: with no allowed origins no response carries CORS
 headers and every preflight is refused.  Does not own authentication
-(``auth.py``) nor the Content-Type rule of JSON routes (``routes.py``).
+(``auth.py``) nor the Content-Type rule of JSON routes (``body.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
-from omnix.http.errors import ApiError, Handler
+from omnix.http.core.errors import ApiError, Handler
 
 #: Methods the API's routes take.
 _METHODS = "GET, POST, OPTIONS"

@@ -4,12 +4,12 @@ Owns: checking that a request's response can be streamed again (it was
 streamed; the ``Last-Event-ID`` a client sends names an SSE event of that
 response) and finding the point after that event, by rendering the
 request's events up to it again.  Rendering is a pure function of the log
-(``render.py``), so the renderer left there holds exactly the state the
+(``omnix.http.render``), so the renderer left there holds exactly the state the
 original one had when it wrote that event: what it renders next is the
 rest of the same bytes.
 
-Does not own the live loop that sends the rest (``routes.py``), nor any
-byte of the response (``render.py``).
+Does not own the live loop that sends the rest (``live.py``), nor any
+byte of the response (``omnix.http.render``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import re
 from dataclasses import dataclass
 
 from omnix.api import Omni
+from omnix.events.options import SpeechOptions, group_of
 from omnix.events.types import Admitted, Rejected
-from omnix.http.errors import ApiError
-from omnix.http.render import Opt, StreamRenderer, parse_event_id
+from omnix.http.common.rendering import parse_event_id
+from omnix.http.core.errors import ApiError
+from omnix.http.render import StreamRenderer
 
 
 @dataclass
@@ -34,7 +36,7 @@ class ResumePoint:
     next_pos: int
 
 
-#: An SSE event id as the server writes them (``render.event_ids``).
+#: An SSE event id as the server writes them (``rendering.event_ids``).
 _EVENT_ID = re.compile(r"^[0-9]{1,18}(\.[0-9]{1,4})?$")
 
 
@@ -89,10 +91,11 @@ async def resume_point(omni: Omni, rid: str, last: str | None) -> ResumePoint:
 
 
 def _check_streamed(rid: str, ev: Admitted | Rejected, last: str | None) -> None:
-    opts = ev.spec.options
-    if opts.get(Opt.STREAM, "") != "1":
+    opts = ev.spec.response
+    if opts is None or not opts.stream:
         batch = ""
-        if int(opts.get(Opt.GROUP_SIZE, "1") or 1) > 1:
+        group = group_of(opts)
+        if group is not None and group.size > 1:
             batch = " (it is one conversation of a batch, and batches are never streamed)"
         raise ApiError(
             409,
@@ -101,7 +104,7 @@ def _check_streamed(rid: str, ev: Admitted | Rejected, last: str | None) -> None
             param="id",
             code="not_streamed",
         )
-    if last is not None and opts.get(Opt.STREAM_FORMAT) == "audio":
+    if last is not None and isinstance(opts, SpeechOptions) and opts.stream_format == "audio":
         raise ApiError(
             409,
             f"request {rid} streams raw audio, which carries no event ids: send no "

@@ -15,7 +15,7 @@ expands them in the worker, so a prompt that fits here can still overflow
 there with its media, and then fails as the engine's error.
 
 Does not own the engine's own prompt building (``omnix.engines.vllm_engine``)
-nor the routes (``routes.py``).
+nor the routes that call it (``core.submit``, ``omnix.http.models.router``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
 from omnix.events.types import ChatMessage, RequestSpec
-from omnix.http.errors import ApiError
+from omnix.http.core.errors import ApiError
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import PipelineConfig, VllmArgs
-from omnix.transport.work import OPT_PROMPT_TOKEN_IDS, OPT_RAW_PROMPT
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -101,12 +98,11 @@ class PromptTokens:
         tok = await self.tokenizer()
         if tok is None:
             return
-        if spec.options.get(OPT_RAW_PROMPT) == "1":
+        if spec.raw_prompt is not None:
             # A completion prompt goes raw (``InputPiece.raw``): its ids as
             # given, or its text with the tokenizer's special tokens.
-            ids = spec.options.get(OPT_PROMPT_TOKEN_IDS)
-            if ids:
-                n = len(msgspec.json.decode(ids, type=list[int]))
+            if spec.raw_prompt.token_ids:
+                n = len(spec.raw_prompt.token_ids)
             else:
                 n = len(await asyncio.to_thread(tok.encode, spec.prompt, add_special_tokens=True))
         else:

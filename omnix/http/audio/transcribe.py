@@ -6,9 +6,10 @@ values, that the served pipeline takes audio and gives text), the upload's
 conversion into the part a chat message with one audio clip holds, and the
 plan: one user message, the clip then an instruction ("Transcribe the
 audio into text.", with the language and prompt when given), planned by
-``adapt.chat_plan`` as a chat would be, then recorded with
-``api = "audio.transcriptions"`` and the options ``render.py`` needs
-(``response_format``, ``language``, ``temperature``; ``stream``).
+``chat.plan.chat_plan`` as a chat would be, then recorded with
+``api = "audio.transcriptions"`` and the ``TranscriptionOptions`` its
+response renders from (``response_format``, ``language``, ``temperature``;
+``stream``).
 
 Every refusal is an ``ApiError`` raised before anything is admitted: 400
 for a bad form (not multipart, no or an empty ``file``, an unknown or
@@ -17,10 +18,10 @@ repeated field, a bad value, a format or option omnix does not produce:
 or 400 with an ``unsupported_*`` code when the served pipeline cannot
 transcribe.
 
-Does not own the handler, decoding the clip or its limits (``routes.py``
-decodes through ``media.py``, naming the part ``file`` in its errors),
-submission and the live response (``routes.py``), nor any byte of the
-response (``render.py``).
+Does not own the handler, decoding the clip or its limits (``router.py``
+decodes through ``omnix.http.media``, naming the part ``file`` in its
+errors), submission and the live response (``omnix.http.core``), nor any
+byte of the response (``transcription_render.py``).
 """
 
 from __future__ import annotations
@@ -28,51 +29,33 @@ from __future__ import annotations
 import asyncio
 import base64
 import posixpath
-from typing import Annotated, Final, Literal
+from typing import Final
 
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_request import FileField
-from msgspec import Meta
 
+from omnix.events.options import API_TRANSCRIPTION, ChatOptions, TranscriptionOptions
 from omnix.events.types import MediaPart
-from omnix.http import adapt
-from omnix.http.errors import ApiError, from_decode_error
-from omnix.http.media import AUDIO_MEDIA_TYPES
-from omnix.http.render import API_TRANSCRIPTION, Opt
-from omnix.http.schemas import (
+from omnix.http.audio.protocol import TranscriptionForm
+from omnix.http.chat.plan import chat_plan
+from omnix.http.chat.protocol import ChatCompletionRequest
+from omnix.http.common.fields import (
     AudioUrl,
     AudioUrlPart,
-    ChatCompletionRequest,
     InputAudio,
     InputAudioPart,
     MediaContentPart,
     Message,
     TextPart,
 )
+from omnix.http.common.plan import DecodedBlob, Plan, Served
+from omnix.http.core.errors import ApiError, from_decode_error
+from omnix.http.media.common import AUDIO_MEDIA_TYPES
 
 #: The form field that carries the clip (the decoder names it in errors).
 FILE: Final = "file"
-
-ResponseFormat = Literal["json", "text", "verbose_json"]
-
-
-class TranscriptionForm(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The text fields of the form (``file`` is read apart: it is bytes).
-
-    ``temperature`` is OpenAI's 0-1 range; omitted, the pipeline's own
-    (0 on ``tiny-asr``: greedy).  ``language`` is an ISO-639-1 code.
-    """
-
-    model: str = ""
-    language: str | None = None
-    # Short, as Whisper's 224 tokens: the prompt shares max_model_len with
-    # the clip (13 tokens a second) and the transcript.
-    prompt: Annotated[str, Meta(max_length=1000)] | None = None
-    response_format: ResponseFormat = "json"
-    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    stream: bool = False
 
 
 class Upload(msgspec.Struct, frozen=True):
@@ -312,7 +295,7 @@ def audio_part(upload: Upload) -> MediaContentPart:
 # --------------------------------------------------------------------------
 
 
-def check_pipeline(served: adapt.Served) -> None:
+def check_pipeline(served: Served) -> None:
     """400 unless the served pipeline takes audio and produces text."""
     p = served.pipeline
     media = p.input_media
@@ -345,12 +328,12 @@ def instruction(form: TranscriptionForm) -> str:
 
 def transcription_plan(
     form: TranscriptionForm,
-    served: adapt.Served,
+    served: Served,
     audio: MediaPart,
-    blobs: tuple[adapt.DecodedBlob, ...],
+    blobs: tuple[DecodedBlob, ...],
     *,
     traceparent: str = "",
-) -> adapt.Plan:
+) -> Plan:
     """One request: a user message of the decoded clip (``audio``, whose
     array is ``blobs``) and the instruction, planned as a chat is."""
     body = ChatCompletionRequest(
@@ -359,28 +342,30 @@ def transcription_plan(
         temperature=form.temperature,
         stream=form.stream,
     )
-    plan = adapt.chat_plan(
-        body, served, traceparent=traceparent, media={_AUDIO_AT: audio}, blobs=blobs
-    )
+    plan = chat_plan(body, served, traceparent=traceparent, media={_AUDIO_AT: audio}, blobs=blobs)
     ((rid, spec),) = plan.specs
-    opts = dict(spec.options)
-    opts.pop(Opt.INCLUDE_USAGE, None)  # the done event always has usage
-    text_stage = opts.get(Opt.TEXT_STAGE, "")
-    given = spec.stage_params.get(text_stage)
+    chat = spec.response
+    assert isinstance(chat, ChatOptions)
+    given = spec.stage_params.get(chat.text_stage)
     temperature = given.temperature if given is not None else None
     if temperature is None:
-        temperature = served.pipeline.stage(text_stage).sampling.temperature
-    opts[Opt.RESPONSE_FORMAT] = form.response_format
-    opts[Opt.LANGUAGE] = LANGUAGES[form.language].lower() if form.language else ""
-    # vLLM's default when neither the client nor the pipeline says.
-    opts[Opt.TEMPERATURE] = repr(1.0 if temperature is None else float(temperature))
-    spec = msgspec.structs.replace(spec, api=API_TRANSCRIPTION, options=opts)
+        temperature = served.pipeline.stage(chat.text_stage).sampling.temperature
+    opts = TranscriptionOptions(
+        render=chat.render,
+        stream=chat.stream,
+        usage_stage=chat.usage_stage,
+        text_stage=chat.text_stage,
+        response_format=form.response_format,
+        language=LANGUAGES[form.language].lower() if form.language else "",
+        # vLLM's default when neither the client nor the pipeline says.
+        temperature=1.0 if temperature is None else float(temperature),
+    )
+    spec = msgspec.structs.replace(spec, api=API_TRANSCRIPTION, response=opts)
     return msgspec.structs.replace(plan, specs=((rid, spec),))
 
 
 __all__ = [
     "LANGUAGES",
-    "TranscriptionForm",
     "Upload",
     "audio_part",
     "check_pipeline",

@@ -1,7 +1,8 @@
 """API-key authentication for the HTTP API.
 
-Owns: ``auth_middleware(api_key)``: with a key configured, every route but
-``/health`` (liveness probes carry no credentials) requires
+Owns: ``auth_middleware(api_key, public)``: with a key configured, every
+route but the public ones (``/health``: liveness probes carry no
+credentials; the route table says which) requires
 ``Authorization: Bearer KEY``; anything else is answered 401 with OpenAI's
 error body and a ``WWW-Authenticate`` challenge.  The comparison is
 constant-time.
@@ -18,18 +19,16 @@ import hmac
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from omnix.http.errors import ApiError, Handler
-
-#: Routes anyone may call.
-PUBLIC_PATHS = frozenset({"/health"})
+from omnix.http.core.errors import ApiError, Handler
 
 
-def auth_middleware(api_key: str) -> Middleware:
+def auth_middleware(api_key: str, public: frozenset[str]) -> Middleware:
+    """Requires ``api_key`` on every path but those in ``public``."""
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in PUBLIC_PATHS:
+        if request.path in public:
             return await handler(request)
         given = request.headers.get("Authorization", "")
         if not given:

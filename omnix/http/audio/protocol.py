@@ -1,0 +1,132 @@
+"""Speech's and transcriptions' bodies, as typed msgspec Structs.
+
+Owns: ``SpeechRequest`` and the ``speech.audio.*`` SSE events;
+``TranscriptionForm`` (the text fields of the multipart form) and the
+transcription responses (``json``, ``verbose_json``, the
+``transcript.text.*`` SSE events).
+
+Does not own what a body means (``speech.py``, ``transcribe.py``) nor
+filling the responses (``speech_render.py``, ``transcription_render.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from omnix.events.options import TranscriptionFormat
+from omnix.http.common.fields import REQUEST, SamplingParamsList, Seed, Speed, Voice
+
+SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
+class SpeechRequest(msgspec.Struct, **REQUEST):
+    """POST /v1/audio/speech.  Without ``stream_format`` the whole file is
+    returned once generated; ``"audio"`` streams the encoded bytes as they
+    are produced (chunked transfer); ``"sse"`` streams
+    ``speech.audio.delta`` events.  ``stream: true`` (vLLM-Omni's) means
+    ``stream_format: "sse"`` unless a ``stream_format`` is given.
+    ``speed`` other than 1 and ``instructions`` are refused (400) by a
+    pipeline none of whose speech stages can honour them."""
+
+    input: Annotated[str, Meta(min_length=1, max_length=16384)]
+    model: str = ""
+    voice: Voice = "default"
+    response_format: SpeechFormat = "mp3"
+    speed: Speed = 1.0
+    stream_format: Literal["audio", "sse"] | None = None
+    stream: bool | None = None
+    instructions: Annotated[str, Meta(max_length=4096)] | None = None
+    seed: Seed | None = None
+    sampling_params_list: SamplingParamsList | None = None
+
+
+class SpeechAudioDelta(msgspec.Struct, tag="speech.audio.delta", tag_field="type"):
+    audio: str
+
+
+class SpeechUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class SpeechAudioDone(msgspec.Struct, tag="speech.audio.done", tag_field="type"):
+    usage: SpeechUsage
+
+
+class TranscriptionForm(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The text fields of the form (``file`` is read apart: it is bytes).
+
+    ``temperature`` is OpenAI's 0-1 range; omitted, the pipeline's own
+    (0 on ``tiny-asr``: greedy).  ``language`` is an ISO-639-1 code.
+    """
+
+    model: str = ""
+    language: str | None = None
+    # Short, as Whisper's 224 tokens: the prompt shares max_model_len with
+    # the clip (13 tokens a second) and the transcript.
+    prompt: Annotated[str, Meta(max_length=1000)] | None = None
+    response_format: TranscriptionFormat = "json"
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    stream: bool = False
+
+
+class TranscriptionUsage(msgspec.Struct, kw_only=True):
+    type: Literal["tokens"] = "tokens"
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class DurationUsage(msgspec.Struct, kw_only=True):
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
+class Transcription(msgspec.Struct, kw_only=True):
+    """``response_format="json"``: OpenAI's ``Transcription``."""
+
+    text: str
+    usage: TranscriptionUsage
+    request_ids: list[str]
+
+
+class TranscriptionSegment(msgspec.Struct, kw_only=True):
+    """One segment of verbose_json.  omnix computes no log probabilities,
+    compression ratio or speech probability: those fields are 0."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+
+
+class TranscriptionVerbose(msgspec.Struct, kw_only=True):
+    """``response_format="verbose_json"``: OpenAI's ``TranscriptionVerbose``
+    with Whisper's ``task``; one segment covers the clip."""
+
+    task: Literal["transcribe"] = "transcribe"
+    language: str
+    duration: float
+    text: str
+    segments: list[TranscriptionSegment]
+    usage: DurationUsage
+    request_ids: list[str]
+
+
+class TranscriptTextDelta(msgspec.Struct, tag="transcript.text.delta", tag_field="type"):
+    delta: str
+
+
+class TranscriptTextDone(msgspec.Struct, tag="transcript.text.done", tag_field="type"):
+    text: str
+    usage: TranscriptionUsage

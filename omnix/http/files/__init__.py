@@ -1,0 +1,1 @@
+"""``GET /v1/files/{digest}``: the image files ``url`` answers point to."""

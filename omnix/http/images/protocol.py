@@ -1,0 +1,59 @@
+"""Image generation's request and response bodies, as typed msgspec Structs.
+
+Owns: ``ImageRequest`` (OpenAI's, with vLLM-Omni's and omnix's diffusion
+extensions) and ``ImagesResponse``.  Does not own what a body means
+(``plan.py``) nor filling the response (``render.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from omnix.http.common.fields import REQUEST, SamplingParamsList, Seed, Steps
+
+Size = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$")]
+
+
+class ImageRequest(msgspec.Struct, **REQUEST):
+    """POST /v1/images/generations.  ``seed``, ``steps`` (alias of
+    ``num_inference_steps``), ``num_inference_steps``, ``guidance_scale``,
+    ``negative_prompt`` and ``true_cfg_scale`` are vLLM-Omni's (and
+    omnix's) extensions; ``quality``, ``style``, ``background`` and
+    ``output_format`` are OpenAI's, honoured as docs/http.md "Images" says
+    (a value the pipeline cannot honour is a 400 naming it)."""
+
+    prompt: Annotated[str, Meta(min_length=1, max_length=32000)]
+    model: str = ""
+    n: Annotated[int, Meta(ge=1, le=16)] = 1
+    size: Size | None = None
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    seed: Seed | None = None
+    steps: Steps | None = None
+    num_inference_steps: Steps | None = None
+    guidance_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    sampling_params_list: SamplingParamsList | None = None
+    user: str | None = None
+    quality: Literal["auto", "standard", "low", "medium", "high", "hd"] | None = None
+    style: Literal["vivid", "natural"] | None = None
+    background: Literal["auto", "opaque", "transparent"] | None = None
+    output_format: Literal["png", "jpeg", "webp"] | None = None
+    negative_prompt: Annotated[str, Meta(max_length=32000)] | None = None
+    true_cfg_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+
+
+class ImageData(msgspec.Struct, kw_only=True):
+    #: one of ``b64_json`` and ``url``, as the request's response_format says
+    b64_json: str | UnsetType = UNSET
+    url: str | UnsetType = UNSET
+    revised_prompt: str | UnsetType = UNSET
+
+
+class ImagesResponse(msgspec.Struct, kw_only=True):
+    created: int
+    data: list[ImageData]
+    request_ids: list[str]
+    #: the file format, when the request named one (as OpenAI answers it)
+    output_format: str | UnsetType = UNSET
