@@ -415,9 +415,7 @@ def run(args: argparse.Namespace) -> int:
                 replay = fold(log.read())
             fold_runs.append(t)
             assert replay.digest() == log.state.digest()
-            index_bytes = (
-                log._offs.itemsize * len(log._offs) + log._prev.itemsize * len(log._prev)
-            ) / len(log)
+            index_bytes = log.index_bytes / len(log)
             log.close()
             del log, replay
         t_fold = report("fold(log.read()): decode+reduce", fold_runs, n, "time")
