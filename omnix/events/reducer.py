@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import assert_never
 
 import msgspec
 
@@ -44,9 +45,16 @@ from omnix.events.transitions import (
     reduce_worker,
 )
 from omnix.events.types import (
+    Admitted,
+    Cancelled,
+    CancelRequested,
     Chunk,
+    DeadlineExpired,
     Event,
+    Failed,
+    Finished,
     Progress,
+    Rejected,
     Released,
     RequestEvent,
     Routed,
@@ -247,20 +255,32 @@ class Fold:
             old = self.requests.get(rid)
             new = reduce_request(old, ev)
             self.requests[rid] = new
-            # Events that can neither start nor end a stage's occupancy of a
-            # worker skip the worker index entirely.
-            if type(ev) is StageStarted or type(ev) is Progress:
-                pass
-            elif type(ev) is Routed:
+            # The worker index (``requests_on``): a stage's first piece
+            # occupies its replica, the stage's end or the request's frees
+            # it.  Every kind is placed (``assert_never``); the frequent ones
+            # by exact type first, as in ``reduce_request``.
+            if type(ev) is Routed:
                 # A Routed never ends a request: only its first piece matters here.
                 if ev.seq == 0:
                     self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
-            elif type(ev) is StageFinished or type(ev) is StageFailed:
+            elif type(ev) is StageStarted or type(ev) is Admitted:
+                pass
+            elif type(ev) is StageFinished:
                 self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)
-            elif new.status in TERMINAL_STATUSES:
-                self.ended.append(rid)
-                for st in new.stages:
-                    self._by_worker.get(worker_id(st.name, st.replica), {}).pop(rid, None)
+            else:
+                match ev:
+                    case Finished() | Failed() | Cancelled() | Rejected():
+                        if new.status in TERMINAL_STATUSES:
+                            self.ended.append(rid)
+                            for st in new.stages:
+                                by_worker = self._by_worker.get(worker_id(st.name, st.replica), {})
+                                by_worker.pop(rid, None)
+                    case StageFailed():
+                        self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)
+                    case Progress() | CancelRequested() | DeadlineExpired():
+                        pass  # no stage starts or ends (a cancelled one ends with its StageFinished)
+                    case _:
+                        assert_never(ev)
         self.next_pos = ev.pos + 1 if ev.pos >= 0 else self.next_pos + 1
 
     def apply_all(self, events: Iterable[Event]) -> None:

@@ -291,7 +291,24 @@ def _reduce_routed(rs: RequestState, ev: Routed) -> RequestState:
     elif ev.seq == 0 and st.status in _RETRYABLE:
         stages = _replace_stage(rs, _new_execution(rs, st, ev))
     else:
-        stages = _replace_stage(rs, _next_piece(rs, st, ev))
+        # A further piece for an active stage (the frequent case: inline).
+        rid = rs.request_id
+        if st.status not in ACTIVE_STAGE_STATUSES:
+            raise IllegalTransition(rid, ev, f"stage {ev.stage!r} is already {st.status}")
+        if st.replica != ev.replica:
+            raise IllegalTransition(
+                rid, ev, f"stage {ev.stage!r} runs on replica {st.replica}, not {ev.replica}"
+            )
+        if st.input_closed:
+            raise IllegalTransition(rid, ev, f"input of stage {ev.stage!r} is already closed")
+        if ev.seq != st.pieces:
+            raise IllegalTransition(
+                rid, ev, f"piece seq {ev.seq} for stage {ev.stage!r}, expected {st.pieces}"
+            )
+        if ev.resume:
+            raise IllegalTransition(rid, ev, "only a stage's first piece (seq 0) can resume")
+        new_st = replace(st, pieces=st.pieces + 1, input_closed=ev.last, last_activity_ts=ev.ts_ns)
+        stages = _replace_stage(rs, new_st)
     return replace(
         rs,
         status="running" if rs.status == "admitted" else rs.status,
@@ -348,26 +365,6 @@ def _new_execution(rs: RequestState, st: StageState, ev: Routed) -> StageState:
         attempt=st.attempt + 1,
         last_activity_ts=ev.ts_ns,
     )
-
-
-def _next_piece(rs: RequestState, st: StageState, ev: Routed) -> StageState:
-    """A further input piece for an active stage."""
-    rid = rs.request_id
-    if st.status not in ACTIVE_STAGE_STATUSES:
-        raise IllegalTransition(rid, ev, f"stage {ev.stage!r} is already {st.status}")
-    if st.replica != ev.replica:
-        raise IllegalTransition(
-            rid, ev, f"stage {ev.stage!r} runs on replica {st.replica}, not {ev.replica}"
-        )
-    if st.input_closed:
-        raise IllegalTransition(rid, ev, f"input of stage {ev.stage!r} is already closed")
-    if ev.seq != st.pieces:
-        raise IllegalTransition(
-            rid, ev, f"piece seq {ev.seq} for stage {ev.stage!r}, expected {st.pieces}"
-        )
-    if ev.resume:
-        raise IllegalTransition(rid, ev, "only a stage's first piece (seq 0) can resume")
-    return replace(st, pieces=st.pieces + 1, input_closed=ev.last, last_activity_ts=ev.ts_ns)
 
 
 def _routed_stage(ev: Routed, attempt: int) -> StageState:
