@@ -48,11 +48,10 @@ from omnix.events.segments import (
     CorruptLog,
     LogError,
     LogFormatError,
-    body_encoder,
     iter_log,
 )
 from omnix.events.segreader import SegmentReader
-from omnix.events.segwriter import LogFailed, SegmentWriter
+from omnix.events.segwriter import NEVER, LogFailed, SegmentWriter
 from omnix.events.snapshot import SNAPSHOT_DIR
 from omnix.events.types import Event, Released, WorkerJoined, WorkerLost
 
@@ -118,7 +117,7 @@ class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"keep_snapshots must be >= 1, got {self.keep_snapshots}")
 
 
-def _held(ev: Event, requests: dict[str, RequestState]) -> bool:
+def _retained(ev: Event, requests: dict[str, RequestState]) -> bool:
     """Whether a stored event is still in the log: a request event whose
     request is not in the fold can only have been released."""
     return (
@@ -146,7 +145,6 @@ class DiskLog(EventLog):
         super().__init__(clock)
         self.path = Path(path)
         self.config = cfg = config or LogConfig()
-        self._since_snap = 0
         self._snap_every = cfg.snapshot_every
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._acquire_lock()
@@ -160,6 +158,7 @@ class DiskLog(EventLog):
                 segment_bytes=cfg.segment_bytes,
                 buffer_bytes=cfg.write_buffer_bytes,
                 on_fail=self._on_write_failure,
+                on_due=self._snapshot_due,
             )
             writer.open(found.fold.next_pos)
         except BaseException:
@@ -172,6 +171,8 @@ class DiskLog(EventLog):
         self.snapshot_pos = found.snapshot_pos
         self._index = found.index
         self._writer = writer
+        self._snapshot_after(found.fold.next_pos)
+        self._store = writer.append  # no frame in between: see SegmentWriter.append
         self._reader = SegmentReader(found.index, writer)
         self._compaction = Compaction(
             self.path,
@@ -201,6 +202,14 @@ class DiskLog(EventLog):
     def _on_write_failure(self) -> None:
         self._closed = True  # append() now raises _refusal(): LogFailed
 
+    def _snapshot_after(self, next_pos: int) -> None:
+        """The next snapshot falls due ``snapshot_every`` appends from ``next_pos``."""
+        every = self._snap_every
+        self._writer.due_at = next_pos + every - 1 if every > 0 else NEVER
+
+    def _snapshot_due(self) -> None:
+        self._maint_due = True
+
     # -- storage hooks ----------------------------------------------------
     def _refusal(self) -> Exception:
         failure = self._writer.failure
@@ -210,12 +219,6 @@ class DiskLog(EventLog):
                 "appends because its state may be ahead of the disk: reopen it to recover"
             )
         return LogClosed(f"{self.path}: the event log is closed")
-
-    def _store(self, ev: Event) -> None:
-        self._writer.append(ev, body_encoder.encode(ev))
-        self._since_snap += 1
-        if self._since_snap >= self._snap_every > 0:
-            self._maint_due = True
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Event]:
         n = self.state.next_pos
@@ -241,7 +244,7 @@ class DiskLog(EventLog):
         request is not in the fold can only have been released)."""
         requests = self.state.requests
         for ev in events:
-            if _held(ev, requests):
+            if _retained(ev, requests):
                 yield ev
 
     def get(self, pos: int) -> Event:
@@ -254,7 +257,7 @@ class DiskLog(EventLog):
                 raise EventReleased(pos, f" ({self.path})")
             return found
         ev = self._reader.event(pos)
-        if index.released_any and not _held(ev, self.state.requests):
+        if index.released_any and not _retained(ev, self.state.requests):
             raise EventReleased(pos, f" ({self.path})")
         return ev
 
@@ -338,9 +341,9 @@ class DiskLog(EventLog):
     # -- snapshots and retention ------------------------------------------
     def _housekeeping(self) -> None:
         super()._housekeeping()  # retention first: the snapshot then holds its releases
-        if not (self._since_snap >= self._snap_every > 0):
+        if self.state.next_pos <= self._writer.due_at:
             return
-        self._since_snap = 0
+        self._snapshot_after(self.state.next_pos)
         if not self._writer.usable:
             return
         try:

@@ -42,6 +42,7 @@ from omnix.events.transitions import (
     mark_stage_lost,
     reduce_chunk,
     reduce_request,
+    reduce_routed,
     reduce_worker,
 )
 from omnix.events.types import (
@@ -240,6 +241,17 @@ class Fold:
             if blob is not None and blob.shape and ev.modality == "audio":
                 audio = self.audio_samples
                 audio[rid] = audio.get(rid, 0) + blob.shape[0]
+        elif type(ev) is Routed:
+            # The next most frequent: straight to the piece rule, likewise.
+            rid = ev.request_id
+            requests = self.requests
+            old = requests.get(rid)
+            if old is None or old.status in TERMINAL_STATUSES:
+                requests[rid] = reduce_request(old, ev)  # raises, naming the reason
+            else:
+                requests[rid] = reduce_routed(old, ev)
+            if ev.seq == 0:  # a stage's first piece occupies its replica (see below)
+                self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
         elif type(ev) is Released:
             self._release(ev)
         elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
@@ -256,14 +268,10 @@ class Fold:
             new = reduce_request(old, ev)
             self.requests[rid] = new
             # The worker index (``requests_on``): a stage's first piece
-            # occupies its replica, the stage's end or the request's frees
-            # it.  Every kind is placed (``assert_never``); the frequent ones
-            # by exact type first, as in ``reduce_request``.
-            if type(ev) is Routed:
-                # A Routed never ends a request: only its first piece matters here.
-                if ev.seq == 0:
-                    self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
-            elif type(ev) is StageStarted or type(ev) is Admitted:
+            # occupies its replica (above), the stage's end or the request's
+            # frees it.  Every other kind is placed (``assert_never``); the
+            # frequent ones by exact type first, as in ``reduce_request``.
+            if type(ev) is StageStarted or type(ev) is Admitted:
                 pass
             elif type(ev) is StageFinished:
                 self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)

@@ -63,17 +63,20 @@ from omnix.events.segments import (
     VERSION_CRC,
     LogError,
     Segment,
+    body_encoder,
     encode_header,
     fsync_dir,
     seg_name,
 )
 from omnix.events.types import SCHEMA_VERSION, Event, Released, WorkerJoined, WorkerLost
 
-__all__ = ["FsyncPolicy", "LogFailed", "SegmentWriter"]
+__all__ = ["NEVER", "FsyncPolicy", "LogFailed", "SegmentWriter"]
 
 log = logging.getLogger("omnix.events.disklog")
 
 FsyncPolicy = Literal["always", "batch", "none"]
+#: A ``due_at`` no position reaches.
+NEVER = 1 << 62
 
 
 class LogFailed(LogError):
@@ -96,7 +99,38 @@ def _resolve(fut: asyncio.Future[None], exc: BaseException | None) -> None:
 
 class SegmentWriter:
     """Writes records to the newest segment under ``root`` (see the module
-    docstring).  ``on_fail`` is called once, when a write or fsync fails."""
+    docstring).  ``on_fail`` is called once, when a write or fsync fails;
+    ``on_due`` once an append reaches ``due_at`` (how the log's snapshots
+    fall due)."""
+
+    # Slots: the append path reads a dozen attributes per record.
+    __slots__ = (
+        "_active",
+        "_always",
+        "_buf",
+        "_buf_limit",
+        "_buffered_pos",
+        "_durable_waiters",
+        "_fd",
+        "_file_end",
+        "_flusher",
+        "_group_depth",
+        "_interval_s",
+        "_lock",
+        "_on_due",
+        "_on_fail",
+        "_seg_limit",
+        "_stop",
+        "_sync_lock",
+        "due_at",
+        "durable_pos",
+        "end",
+        "failure",
+        "index",
+        "policy",
+        "root",
+        "written_pos",
+    )
 
     def __init__(
         self,
@@ -108,6 +142,7 @@ class SegmentWriter:
         segment_bytes: int,
         buffer_bytes: int,
         on_fail: Callable[[], None],
+        on_due: Callable[[], None] = lambda: None,
     ) -> None:
         self.root = root
         self.index = index
@@ -117,6 +152,10 @@ class SegmentWriter:
         self._seg_limit = segment_bytes
         self._buf_limit = buffer_bytes
         self._on_fail = on_fail
+        self._on_due = on_due
+        #: ``on_due`` is called after each record appended at a position
+        #: ``>= due_at`` (the owner moves it on; by default never)
+        self.due_at = NEVER
         self.failure: BaseException | None = None
         self._group_depth = 0
         # ``_lock`` serialises taking bytes off the buffer's front and
@@ -127,7 +166,7 @@ class SegmentWriter:
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._buf = bytearray()
-        self.fd = -1
+        self._fd = -1
         self._file_end = 0  # bytes of the active segment handed to the OS
         self.end = 0  # the active segment's length, buffered bytes included
         self._active: Segment | None = None
@@ -154,7 +193,7 @@ class SegmentWriter:
             except BaseException:
                 os.close(fd)
                 raise
-            self.fd = fd
+            self._fd = fd
             self._file_end = self.end = seg.end
         if self.policy != "always":
             self._flusher = threading.Thread(
@@ -175,19 +214,22 @@ class SegmentWriter:
         except BaseException:
             os.close(fd)
             raise
-        self.fd = fd
+        self._fd = fd
         self._file_end = self.end = HEADER_SIZE
         self._active = Segment(first_pos=first_pos, path=str(path), end=HEADER_SIZE)
         self.index.add_segment(self._active)
 
     # -- appending --------------------------------------------------------
-    def append(self, ev: Event, body: bytes) -> None:
-        """Buffer ``ev``'s record (``body``: its msgpack form) and index it;
-        under ``"always"`` make it durable before returning."""
+    def append(self, ev: Event) -> None:
+        """Encode, buffer and index ``ev``'s record; under ``"always"`` make
+        it durable before returning.  ``DiskLog`` binds it as its storage
+        hook (``EventLog._store``): a frame in between cost ~2% of an
+        append (measured)."""
         # The hot path of a disk append.  No lock: the buffer is only ever
         # appended to here, and the flusher takes bytes off its front (each
         # a single GIL-held bytearray operation), so a record split between
         # two writes still lands contiguously.
+        body = body_encoder.encode(ev)
         rec_len = REC_HEADER_SIZE + 1 + len(body)
         pos = ev.pos
         if rec_len > MAX_RECORD:
@@ -222,6 +264,8 @@ class SegmentWriter:
         buf += REC_V.pack(rec_len - REC_HEADER_SIZE, zlib.crc32(body, VERSION_CRC), SCHEMA_VERSION)
         buf += body
         self._buffered_pos = pos + 1
+        if pos >= self.due_at:
+            self._on_due()
         if self._always:
             if not self._group_depth:
                 self._guarded(self._sync, True)
@@ -268,7 +312,7 @@ class SegmentWriter:
         data = bytes(buf)
         del buf[: len(data)]  # only what was copied; later appends stay
         mv = memoryview(data)
-        fd = self.fd
+        fd = self._fd
         while mv:
             k = os.write(fd, mv)
             mv = mv[k:]
@@ -282,7 +326,7 @@ class SegmentWriter:
             with self._lock:
                 self._write_out_locked()
                 target = self.written_pos
-                fd = self.fd
+                fd = self._fd
             if fsync and target > self.durable_pos:
                 # The GIL is released during fdatasync; appends go on.
                 os.fdatasync(fd)
@@ -301,9 +345,9 @@ class SegmentWriter:
                 self._write_out_locked()
                 target = self.written_pos
                 if self.policy != "none":
-                    os.fdatasync(self.fd)
-                os.close(self.fd)
-                self.fd = -1
+                    os.fdatasync(self._fd)
+                os.close(self._fd)
+                self._fd = -1
                 assert self._active is not None
                 self._active.end = self.end  # sealed: its length is final
                 self._new_segment(first_pos)
@@ -348,12 +392,12 @@ class SegmentWriter:
     def check_usable(self) -> None:
         if self.failure is not None:
             raise LogFailed(f"{self.root}: an earlier write failed ({self.failure}); reopen it")
-        if self.fd < 0:
+        if self._fd < 0:
             raise LogClosed(f"{self.root}: the event log is closed")
 
     @property
     def usable(self) -> bool:
-        return self.failure is None and self.fd >= 0
+        return self.failure is None and self._fd >= 0
 
     def sync(self) -> int:
         """Write out and fsync everything appended so far, now; return ``durable_pos``."""
@@ -407,16 +451,16 @@ class SegmentWriter:
                 self._stop.set()
                 self._flusher.join()
                 self._flusher = None
-            if self.failure is None and self.fd >= 0:
+            if self.failure is None and self._fd >= 0:
                 try:
                     self._sync(fsync=True)
                 except OSError as exc:
                     self.fail(exc)
                     raise LogFailed(f"{self.root}: final fsync on close failed: {exc}") from exc
         finally:
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
             self._wake_durable(
                 None if self.failure is None else LogFailed(f"{self.root}: the log failed")
             )

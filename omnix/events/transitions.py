@@ -1,8 +1,9 @@
 """The transition rules: how one event changes one request's or worker's state.
 
 Owns: ``reduce_request`` and ``reduce_worker`` (pure: an immutable state
-and an event in, a new immutable state out), ``reduce_chunk`` (the chunk
-rule, which ``Fold.apply`` calls directly), ``mark_stage_lost`` (what a
+and an event in, a new immutable state out), ``reduce_chunk`` and
+``reduce_routed`` (the chunk and piece rules, which ``Fold.apply`` calls
+directly), ``mark_stage_lost`` (what a
 lost replica does to a request's stage) and ``IllegalTransition``, raised
 for an event the state does not allow.
 
@@ -62,6 +63,7 @@ __all__ = [
     "mark_stage_lost",
     "reduce_chunk",
     "reduce_request",
+    "reduce_routed",
     "reduce_worker",
 ]
 
@@ -138,13 +140,14 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
     if type(ev) is Chunk:
         return reduce_chunk(rs, ev)
     if type(ev) is Routed:
-        return _reduce_routed(rs, ev)
+        return reduce_routed(rs, ev)
     if type(ev) is StageStarted:
         st = _need_active(rs, ev, ev.stage, ev.replica)
         new_st = replace(
             st, status="running", started_ts=st.started_ts or ev.ts_ns, last_activity_ts=ev.ts_ns
         )
-        return _with_stage(rs, ev, new_st)
+        stages = _replace_stage(rs, new_st)  # (_with_stage inlined: a frequent kind)
+        return replace(rs, stages=stages, last_pos=ev.pos, events=rs.events + 1)
     if type(ev) is StageFinished:
         return _reduce_stage_finished(rs, ev)
     match ev:
@@ -282,9 +285,11 @@ def reduce_chunk(rs: RequestState, ev: Chunk) -> RequestState:
     )
 
 
-def _reduce_routed(rs: RequestState, ev: Routed) -> RequestState:
-    """An input piece for a stage: its first (the stage starts), the first
-    of a new execution (a retry or a continuation), or a further one."""
+def reduce_routed(rs: RequestState, ev: Routed) -> RequestState:
+    """``reduce_request`` for a Routed on a live request (``Fold.apply``
+    calls it directly, as ``reduce_chunk``): an input piece for a stage,
+    its first (the stage starts), the first of a new execution (a retry or
+    a continuation), or a further one."""
     st = rs.stage(ev.stage)
     if st is None:
         stages = (*rs.stages, _first_piece(rs, ev))

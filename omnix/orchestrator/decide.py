@@ -155,7 +155,7 @@ class Orchestrator:
         # class pattern it tries and misses is an isinstance on a Struct
         # (~60 ns, against ~10 for ``type(ev) is X``).
         if type(ev) is Chunk:
-            return self._on_chunk(ev, state)
+            return self._router.forward(ev, state)
         if type(ev) is Routed:
             return []  # a decision of ours; what it implies is the dispatcher's
         match ev:
@@ -184,12 +184,6 @@ class Orchestrator:
     # -- handlers -----------------------------------------------------------
     def _on_admitted(self, ev: Admitted, state: Fold) -> list[Event]:
         return self._router.start(new_plan(self.graph, ev), ev, state)
-
-    def _on_chunk(self, ev: Chunk, state: Fold) -> list[Event]:
-        plan = self._live.get(ev.request_id)
-        if plan is None or state.requests[ev.request_id].status == "cancelling":
-            return []
-        return self._router.forward(plan, ev, state)
 
     def _on_stage_finished(self, ev: StageFinished, state: Fold) -> list[Event]:
         plan = self._live.get(ev.request_id)

@@ -47,9 +47,13 @@ class Router:
             out += self.flush(plan, stage, ev, state)
         return out
 
-    def forward(self, plan: Plan, ev: Chunk, state: Fold) -> list[Event]:
-        """An upstream chunk: buffered on each edge out of its stage, and
-        forwarded as a piece once the edge's rule says so."""
+    def forward(self, ev: Chunk, state: Fold) -> list[Event]:
+        """An upstream chunk of a live request not being cancelled: buffered
+        on each edge out of its stage, and forwarded as a piece once the
+        edge's rule says so.  (``react`` calls it straight for every chunk.)"""
+        plan = self.live.get(ev.request_id)
+        if plan is None or state.requests[ev.request_id].status == "cancelling":
+            return []
         out: list[Event] = []
         for edge in self.graph.out_edges[ev.stage]:
             buf = plan.edges.get((edge.source, edge.target))
