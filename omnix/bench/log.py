@@ -419,9 +419,7 @@ def _reopen_phase(root: Path, n: int, reps: int) -> tuple[_Timer, _Timer, float]
             replay = fold(log.read())
         fold_runs.append(t)
         assert replay.digest() == log.state.digest()
-        index_bytes = (
-            log._offs.itemsize * len(log._offs) + log._prev.itemsize * len(log._prev)
-        ) / len(log)
+        index_bytes = log.index_bytes / len(log)
         log.close()
         del log, replay
     t_fold = _report("fold(log.read()): decode+reduce", fold_runs, n, "time")

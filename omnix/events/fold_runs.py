@@ -21,15 +21,22 @@ raised, as ``apply`` leaves it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, assert_never
 
 import msgspec
 
 from omnix.events.state import RequestState, StageState
 from omnix.events.types import (
+    Admitted,
+    Cancelled,
+    CancelRequested,
     Chunk,
+    DeadlineExpired,
     Event,
+    Failed,
+    Finished,
     Progress,
+    Rejected,
     Released,
     Routed,
     StageFailed,
@@ -95,57 +102,42 @@ class _Runs:
 def fold_runs(fold: FoldTarget, events: Iterable[Event]) -> None:
     """``fold.apply`` each event in order, folding streamed runs in one step."""
     runs: dict[str, _Runs] = {}
-    requests = fold.requests
     audio = fold.audio_samples
     apply = fold.apply
     next_pos = fold.next_pos
     try:
         for ev in events:
-            rr: _Runs | None = None
-            # ``type(ev) is X`` written out in each test: the checker narrows
-            # ``ev`` from that form (not from a saved ``type(ev)``).
             if type(ev) is Chunk:
-                rid = ev.request_id
-                rr = runs.get(rid)
+                rr = runs.get(ev.request_id)
                 if rr is not None:
                     run = rr.by_stage.get(ev.stage)
-                    if run is not None:
-                        if (
-                            ev.replica == run.replica
-                            and ev.index == run.chunks
-                            and ev.modality == run.modality
-                        ):
-                            run.chunks += 1
-                            run.last_chunk = ev
-                            run.last_ts = ev.ts_ns
-                            rr.chunks += 1
-                            rr.last = ev
-                            if run.modality == "audio":
-                                blob = ev.blob
-                                if blob is not None and blob.shape:
-                                    audio[rid] = audio.get(rid, 0) + blob.shape[0]
-                            next_pos = ev.pos + 1 if ev.pos >= 0 else next_pos + 1
-                            continue
-                        # The run breaks (an error, or a change the full
-                        # reduce must see): fold it so apply() sees the truth.
-                        del runs[rid]
-                        _close_runs(fold, rr)
-                        rr = None
+                    # The hot path, inline (a function call would add
+                    # ~50 ns to each): a chunk that continues its stage's run.
+                    if (
+                        run is not None
+                        and ev.replica == run.replica
+                        and ev.index == run.chunks
+                        and ev.modality == run.modality
+                    ):
+                        run.chunks += 1
+                        run.last_chunk = ev
+                        run.last_ts = ev.ts_ns
+                        rr.chunks += 1
+                        rr.last = ev
+                        if run.modality == "audio":
+                            blob = ev.blob
+                            if blob is not None and blob.shape:
+                                rid = ev.request_id
+                                audio[rid] = audio.get(rid, 0) + blob.shape[0]
+                        next_pos = ev.pos + 1 if ev.pos >= 0 else next_pos + 1
+                        continue
                 fold.next_pos = next_pos
-                apply(ev)
+                _apply_chunk(fold, runs, rr, ev)
                 next_pos = fold.next_pos
-                if rr is not None:
-                    rr.last = ev  # another stage's chunk: the request's last_pos when its runs fold
-                rs = requests[rid]
-                i = _run_can_open(rs, ev)
-                if i >= 0:
-                    if rr is None:
-                        rr = runs[rid] = _Runs(rid)
-                    rr.by_stage[ev.stage] = _Run(rs.stages[i], i, ev)
                 continue
             if type(ev) is Routed:
-                rid = ev.request_id
-                rr = runs.get(rid)
+                # Inline too: pieces are the next most frequent events.
+                rr = runs.get(ev.request_id)
                 if rr is not None:
                     run = rr.by_stage.get(ev.stage)
                     if run is not None:
@@ -162,34 +154,11 @@ def fold_runs(fold: FoldTarget, events: Iterable[Event]) -> None:
                             rr.last = ev
                             next_pos = ev.pos + 1 if ev.pos >= 0 else next_pos + 1
                             continue
-                        del runs[rid]  # the run breaks, as for a chunk
+                        del runs[ev.request_id]  # the run breaks, as for a chunk
                         _close_runs(fold, rr)
                         rr = None
-            elif runs:
-                if type(ev) is WorkerJoined or type(ev) is WorkerLost or type(ev) is Released:
-                    # A worker event can touch any request: fold everything first.
-                    for open_runs in runs.values():
-                        _close_runs(fold, open_runs)
-                    runs.clear()
-                else:
-                    rr = runs.get(ev.request_id)
-                    # An event that reads and changes only the stage it names
-                    # folds past another stage's run (that stage's state stays
-                    # as it was); any other reads or changes what the runs
-                    # hold, so they fold first.  (Exact types, not isinstance
-                    # with a tuple: see types.py.)
-                    if rr is not None and not (
-                        (
-                            type(ev) is StageStarted
-                            or type(ev) is Progress
-                            or type(ev) is StageFinished
-                            or type(ev) is StageFailed
-                        )
-                        and ev.stage not in rr.by_stage
-                    ):
-                        del runs[ev.request_id]
-                        _close_runs(fold, rr)
-                        rr = None
+            else:
+                rr = _fold_before(fold, runs, ev) if runs else None
             fold.next_pos = next_pos
             apply(ev)
             next_pos = fold.next_pos
@@ -199,6 +168,76 @@ def fold_runs(fold: FoldTarget, events: Iterable[Event]) -> None:
         for rr in runs.values():
             _close_runs(fold, rr)
         fold.next_pos = next_pos
+
+
+def _apply_chunk(fold: FoldTarget, runs: dict[str, _Runs], rr: _Runs | None, ev: Chunk) -> None:
+    """A chunk that does not continue a run: applied, after its stage's run
+    (if any) is folded; then its stage's run opens if it can."""
+    rid = ev.request_id
+    if rr is not None and ev.stage in rr.by_stage:
+        # The run breaks (an error, or a change the full reduce must see):
+        # fold it so apply() sees the truth.
+        del runs[rid]
+        _close_runs(fold, rr)
+        rr = None
+    fold.apply(ev)
+    if rr is not None:
+        rr.last = ev  # another stage's chunk: the request's last_pos when its runs fold
+    rs = fold.requests[rid]
+    i = _run_can_open(rs, ev)
+    if i >= 0:
+        if rr is None:
+            rr = runs[rid] = _Runs(rid)
+        rr.by_stage[ev.stage] = _Run(rs.stages[i], i, ev)
+
+
+def _fold_before(fold: FoldTarget, runs: dict[str, _Runs], ev: Event) -> _Runs | None:
+    """Fold the open runs that ``ev`` reads or changes, before it is
+    applied; return its request's runs that stay open (``ev`` folds past
+    them, and becomes the request's latest event when they fold).
+
+    An event that reads and changes only the stage it names folds past
+    another stage's run (that stage's state stays as it was); one about the
+    whole request folds its runs first; a server event can touch any
+    request, so everything folds.  The ``match`` places every kind
+    (``assert_never``); the frequent ones are told apart by exact type
+    before it, since each pattern it tries and misses is an ``isinstance``
+    on a Struct class (~60 ns, against ~10 for ``type(ev) is X``).
+    """
+    if type(ev) is StageStarted or type(ev) is StageFinished:
+        rid, stage = ev.request_id, ev.stage
+    elif type(ev) is Admitted or type(ev) is Finished:
+        _fold_request(fold, runs, ev.request_id)
+        return None
+    else:
+        match ev:
+            case Progress() | StageFailed() | Chunk() | Routed():  # (the caller takes these two)
+                rid, stage = ev.request_id, ev.stage
+            case Rejected() | CancelRequested() | DeadlineExpired() | Cancelled() | Failed():
+                _fold_request(fold, runs, ev.request_id)
+                return None
+            case WorkerJoined() | WorkerLost() | Released():
+                for open_runs in runs.values():
+                    _close_runs(fold, open_runs)
+                runs.clear()
+                return None
+            case _:
+                assert_never(ev)
+    # An event of one stage: its run (if any) folds, the request's other
+    # runs stay open.
+    rr = runs.get(rid)
+    if rr is not None and stage in rr.by_stage:
+        del runs[rid]
+        _close_runs(fold, rr)
+        return None
+    return rr
+
+
+def _fold_request(fold: FoldTarget, runs: dict[str, _Runs], rid: str) -> None:
+    """An event of the whole request: every run of it folds."""
+    rr = runs.pop(rid, None)
+    if rr is not None:
+        _close_runs(fold, rr)
 
 
 def _close_runs(fold: FoldTarget, rr: _Runs) -> None:
@@ -249,7 +288,7 @@ def _first_output_ts(rs: RequestState, modality: str) -> int:
 
 
 def _run_can_open(rs: RequestState, ev: Chunk) -> int:
-    """The index of the chunk's stage in ``rs.stages`` if ``_reduce_chunk``
+    """The index of the chunk's stage in ``rs.stages`` if ``reduce_chunk``
     of its next chunk (same modality) would change only its counters and
     last-chunk fields (exactly the conditions of its fast path, plus the
     request's first-output stamp for that modality already set) and a

@@ -122,8 +122,9 @@ class EventLog:
         self._release_readers: list[Callable[[], None]] = []
 
     # -- storage hooks ---------------------------------------------------
-    def _store(self, ev: Event) -> None:
-        raise NotImplementedError
+    #: Store one validated, positioned event (a method, or a callable a
+    #: backend binds in its constructor: the disk log's is its writer's).
+    _store: Callable[[Event], None]
 
     def read(self, start: int = 0, stop: int | None = None) -> Iterator[Event]:
         """Events with ``start <= pos < stop`` in position order."""

@@ -35,14 +35,17 @@ from pathlib import Path
 import msgspec
 
 from omnix.events.reducer import Snapshot
+from omnix.events.segments import fsync_dir
 from omnix.events.types import Event
 
 __all__ = [
+    "SNAPSHOT_DIR",
     "SNAPSHOT_FORMAT_VERSION",
     "RequestAccount",
     "RetentionState",
     "SnapshotFile",
     "load_newest",
+    "snapshot_name",
     "snapshot_paths",
     "write_snapshot",
 ]
@@ -50,6 +53,8 @@ __all__ = [
 log = logging.getLogger("omnix.events.snapshot")
 
 SNAPSHOT_FORMAT_VERSION = 1
+#: Where a disk log keeps its snapshots, under its directory.
+SNAPSHOT_DIR = "snapshots"
 _MAGIC = b"OMNIXSNP"
 _HEAD = struct.Struct("<8sHH16s")
 SUFFIX = ".snap"
@@ -97,7 +102,8 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(SnapshotFile)
 
 
-def _name(pos: int) -> str:
+def snapshot_name(pos: int) -> str:
+    """The file name of the snapshot taken at ``pos``."""
     return f"{pos:020d}{SUFFIX}"
 
 
@@ -150,7 +156,7 @@ def write_snapshot(root: Path, snap: SnapshotFile, *, fsync: bool = True) -> Pat
     ignores and removes."""
     root.mkdir(parents=True, exist_ok=True)
     data = encode_snapshot(snap)
-    dest = root / _name(snap.next_pos)
+    dest = root / snapshot_name(snap.next_pos)
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -163,16 +169,8 @@ def write_snapshot(root: Path, snap: SnapshotFile, *, fsync: bool = True) -> Pat
         Path(tmp).unlink(missing_ok=True)
         raise
     if fsync:
-        _fsync_dir(root)
+        fsync_dir(root)
     return dest
-
-
-def _fsync_dir(path: Path) -> None:
-    dfd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def load_newest(

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
+from typing import assert_never
 
 import msgspec
 
@@ -52,6 +53,7 @@ from omnix.events.reducer import TERMINAL_STATUSES, Fold, IllegalTransition
 from omnix.events.types import (
     Admitted,
     Event,
+    Released,
     RequestEvent,
     WorkerJoined,
     WorkerLost,
@@ -222,12 +224,15 @@ def _refused(fold: Fold, decision: Event) -> bool:
 
 def _diverged(pos: int, decided: str, recorded: str, about: Event) -> RecoveryError:
     where = "the end of the log" if pos < 0 else f"pos {pos}"
-    if isinstance(about, RequestEvent):
-        subject = about.request_id
-    elif isinstance(about, (WorkerJoined, WorkerLost)):
-        subject = about.worker_id
-    else:
-        subject = "retention"
+    match about:
+        case RequestEvent():
+            subject = about.request_id
+        case WorkerJoined() | WorkerLost():
+            subject = about.worker_id
+        case Released():
+            subject = "retention"
+        case _:
+            assert_never(about)
     return RecoveryError(
         f"the log cannot be resumed: at {where} (request {subject}) the orchestrator decides "
         f"{decided} where the log records {recorded}; it was written under other decision "

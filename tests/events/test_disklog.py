@@ -24,7 +24,16 @@ from omnix.events.disklog import (
 )
 from omnix.events.log import LogClosed, MemoryLog
 from omnix.events.reducer import IllegalTransition
-from omnix.events.types import Admitted, Chunk, RequestSpec, Routed, StageStarted, WorkerJoined
+from omnix.events.types import (
+    Admitted,
+    Chunk,
+    Released,
+    RequestSpec,
+    Routed,
+    StageStarted,
+    WorkerJoined,
+    WorkerLost,
+)
 from tests.events.conftest import interleaved, request_events
 from tests.waiting import until
 
@@ -124,6 +133,27 @@ def test_request_index(tmp_path: Path) -> None:
         assert log.positions_for("nope") == [] and log.events_for("nope") == []
     with DiskLog(tmp_path, SMALL) as again:  # rebuilt on open
         assert again.events_for("req-7") == want
+
+
+def test_appends_index_as_a_reopen_does(tmp_path: Path) -> None:
+    # The append path indexes each record inline (segwriter.py), a reopen
+    # through LogIndex.add: the two must build the same index.
+    joined = WorkerJoined(
+        worker_id="thinker/0", stage="thinker", replica=0, engine="scripted", capacity=4
+    )
+    with DiskLog(tmp_path, SMALL, clock=ManualClock()) as log:
+        log.append(joined)
+        fill(log, 12, chunks=2)
+        log.append(Released(request_ids=("req-0", "req-3", "req-7"), reason="count"))
+        log.append(WorkerLost(worker_id="thinker/0", stage="thinker", replica=0, reason="gone"))
+        for ev in interleaved(5, chunks=1):
+            log.append(msgspec.structs.replace(ev, request_id="more-" + ev.request_id))
+        index = log._index
+        live = (list(index.offs), list(index.prev), dict(index.last), index.released_any)
+        assert len(index.segs) > 1 and index.released_any
+    with DiskLog(tmp_path, SMALL) as again:
+        index = again._index
+        assert (list(index.offs), list(index.prev), dict(index.last), index.released_any) == live
 
 
 def test_state_is_rebuilt_on_open(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from omnix.events.types import Routed
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
+from omnix.orchestrator.placement import Placement
 from omnix.replay.counterfactual import counterfactual
 from omnix.replay.drive import Divergence, drive
 
@@ -30,9 +31,9 @@ async def test_drive_reproduces_every_decision(busy):
 def _prefer_highest(self, state, stage):
     """A changed rule: the most loaded-or-highest replica instead of the least loaded."""
     best = -1
-    for rep in self._replicas[stage]:
+    for rep in self.replicas[stage]:
         ws = state.workers.get(f"{stage}/{rep}")
-        if ws is not None and ws.alive and self._load.get(ws.worker_id, 0) < ws.capacity:
+        if ws is not None and ws.alive and self.load.get(ws.worker_id, 0) < ws.capacity:
             best = rep
     return best
 
@@ -44,7 +45,7 @@ async def test_a_changed_rule_names_the_first_differing_event(busy, monkeypatch)
     )
     first_talker = next(ev for ev in t.events if isinstance(ev, Routed) and ev.stage == "talker")
     assert first_talker.replica == 0  # least loaded, ties to the lowest index
-    monkeypatch.setattr(Orchestrator, "_pick", _prefer_highest)
+    monkeypatch.setattr(Placement, "pick", _prefer_highest)
     with pytest.raises(Divergence) as err:
         drive(t)
     d = err.value
