@@ -134,7 +134,11 @@ def _read_layout(cfg: Any) -> CodecLayout:
         codec_nothink=talker.codec_nothink_id,
         codec_think_bos=talker.codec_think_bos_id,
         codec_think_eos=talker.codec_think_eos_id,
-        speakers={k.lower(): int(v) for k, v in (talker.speaker_id or {}).items()},
+        # By codec id: the first is the one a request naming none gets.
+        speakers={
+            k.lower(): int(v)
+            for k, v in sorted((talker.speaker_id or {}).items(), key=lambda kv: kv[1])
+        },
         suppressed=tuple(i for i in range(vocab - 1024, vocab) if i != talker.codec_eos_token_id),
         accept_hidden_layer=talker.accept_hidden_layer,
     )

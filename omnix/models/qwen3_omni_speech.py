@@ -247,3 +247,16 @@ def build_omni(out: Path, seed: int) -> ModelInfo:
 
     ids = write_omni_folder(out, seed)
     return ModelInfo(name="omni", seed=seed, layout=dataclasses.asdict(ids))
+
+
+def read_speakers(folder: Path) -> tuple[str, ...]:
+    """The speakers a Qwen3-Omni folder's talker has (``config.json``'s
+    ``talker_config.speaker_id``) by codec id, the first (``default``)
+    lowest; () when it has no talker or says none.  Reads JSON only."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return ()
+    talker = cfg.get("talker_config") or {}
+    speakers = talker.get("speaker_id") or {}
+    return tuple(str(k).lower() for k, _ in sorted(speakers.items(), key=lambda kv: kv[1]))

@@ -168,7 +168,13 @@ class Dispatcher:
         samples = 0
         pieces: list[PieceOutput] = []
         for e in self.log.events_for(ev.request_id):
-            if type(e) is Chunk and e.stage == ev.stage and e.index < ev.resume:
+            if (
+                type(e) is Chunk
+                and e.stage == ev.stage
+                and e.index < ev.resume
+                # A thinker's context for its talker is no output to continue.
+                and e.modality != "hidden"
+            ):
                 token_ids += e.token_ids
                 text.append(e.text)
                 blob = e.blob

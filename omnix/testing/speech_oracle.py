@@ -115,10 +115,17 @@ class Reference:
             )
         seconds = time.perf_counter() - start
         codes = self._codes
-        with torch.no_grad():
-            wav = self.model.code2wav.chunked_decode(
-                codes, chunk_size=chunk_frames, left_context_size=context_frames
-            )
+        threads = torch.get_num_threads()
+        # omnix's workers run torch on one thread: the same reduction order
+        # gives the same bits (another thread count moves the last one).
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                wav = self.model.code2wav.chunked_decode(
+                    codes, chunk_size=chunk_frames, left_context_size=context_frames
+                )
+        finally:
+            torch.set_num_threads(threads)
         prompt = inputs["input_ids"][0].tolist()
         return Spoken(
             prompt_ids=prompt,
