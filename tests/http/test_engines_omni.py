@@ -46,7 +46,7 @@ async def test_text_and_audio_whole(server, client):
         model="tiny-omni",
         messages=USER,
         modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "wav"},
+        audio={"voice": "default", "format": "wav"},
     )
     msg = resp.choices[0].message
     assert msg.audio is not None and msg.audio.transcript == msg.content
@@ -59,7 +59,7 @@ async def test_text_and_audio_streamed(server, client):
         model="tiny-omni",
         messages=USER,
         modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "pcm16"},
+        audio={"voice": "default", "format": "pcm16"},
         stream=True,
     )
     rid, text, pcm, _ = await _read_stream(stream)
@@ -136,7 +136,7 @@ async def test_chat_with_audio_and_image_streams_text_and_audio_back(server, cli
         model="tiny-omni",
         messages=[{"role": "user", "content": [AUDIO, IMAGE, ASK]}],
         modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "pcm16"},
+        audio={"voice": "default", "format": "pcm16"},
         stream=True,
         stream_options={"include_usage": True},
         seed=3,
