@@ -21,7 +21,9 @@ import pytest
 import soundfile as sf
 
 from omnix.events.types import Chunk
+from omnix.replay.drive import drive
 from omnix.testing.media import audio_part, image_part
+from omnix.trace import export_trace, read_trace
 
 from .conftest import real_engine_marks
 
@@ -29,6 +31,7 @@ PIPELINE = "tiny-omni"
 pytestmark = real_engine_marks()
 
 THINKER_TOKENS = 24
+MEDIA_IDS: set[int] = set()  # filled from the checkpoint by the reference fixture
 TALKER_TOKENS = 48
 TEXT = "Describe what you get."
 
@@ -38,7 +41,10 @@ def reference(server):
     from omnix.models.paths import resolve_model
     from omnix.testing.speech_oracle import Reference
 
-    return Reference(resolve_model("omni"))
+    ref = Reference(resolve_model("omni"))
+    th = ref.model.config.thinker_config
+    MEDIA_IDS.update({th.audio_token_id, th.image_token_id, th.video_token_id})
+    return ref
 
 
 def _media(kind: str) -> tuple[list[dict], list[np.ndarray], list]:
@@ -111,6 +117,18 @@ async def test_greedy_speech_equals_transformers(server, client, reference, kind
     assert rate == 24000 and len(pcm) == len(want.waveform)
     assert np.abs(pcm - np.clip(want.waveform, -1, 1)).max() < 1 / 16000
     assert np.abs(want.waveform).max() > 0.05  # audible, not silence
+    # The trace carries the hidden states and codes; it drives exactly.
+    trace = read_trace(
+        export_trace(server.omni.log, server.omni.blobs, server.omni.pipeline, [rid])
+    )
+    assert drive(trace).ok
+    context_blob = context.blob
+    if kind == "text":
+        assert context_blob is None  # nothing to read through the hidden projection
+    else:
+        assert context_blob is not None
+        rows = trace.blobs.get_array(context_blob)  # in the trace, not only the server
+        assert rows.shape[0] == sum(t in MEDIA_IDS for t in want.prompt_ids)
 
 
 async def test_the_speakers_are_listed_and_an_unknown_voice_is_refused(server, client):
