@@ -177,7 +177,9 @@ def _spec(text: str, args: argparse.Namespace, seed: int) -> RequestSpec:
 async def _one(omni: Any, text: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     start = time.perf_counter()
     ev = omni.submit(_spec(text, args, seed))
-    first, samples, thinker, codes = 0.0, 0, [], []
+    first, samples = 0.0, 0
+    thinker: list[int] = []
+    codes: list[list[int]] = []
     async for e in omni.events(ev.request_id):
         if type(e) is Chunk:
             if e.stage == "code2wav" and e.blob is not None:

@@ -144,6 +144,9 @@ class Code2WavEngine:
     async def start(self) -> EngineInfo:
         import torch
 
+        # On the loop's thread, not first in the pool's (see TalkerEngine.start).
+        import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe  # noqa: F401
+
         folder = resolve_model(self.args.model)
         self.device = pick_device(self.args.device)
         if self.device.startswith("cuda"):

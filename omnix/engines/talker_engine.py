@@ -115,6 +115,11 @@ class TalkerEngine:
         self._loop_task: asyncio.Task[None] | None = None
 
     async def start(self) -> EngineInfo:
+        # Imported here, on the loop's thread, not first in the pool's: two
+        # threads importing transformers at once can see it half-initialised
+        # (a vLLM engine starting beside this one in one process does).
+        import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe  # noqa: F401
+
         from omnix.engines.talker_model import BatchCache, TalkerModel
 
         folder = resolve_model(self.args.model)

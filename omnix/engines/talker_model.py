@@ -210,6 +210,12 @@ class TalkerModel:
             )
         talker.load_state_dict(fused_experts(weights, talker.state_dict()), strict=True)
         talker.to(device).eval()
+        if not hasattr(talker.config, "audio_config"):
+            # transformers 5.19's talker rope index reads the audio encoder's
+            # window from its own config, which has none, when a prompt has
+            # audio beside an image (its generate fails there too): the
+            # thinker's is the one that cut the audio into tokens.
+            talker.config.audio_config = cfg.thinker_config.audio_config
         weight = tensors_under(folder, "thinker.model.embed_tokens.").get("weight")
         if weight is None:
             raise FileNotFoundError(f"{folder} holds no thinker.model.embed_tokens.weight")
@@ -527,7 +533,8 @@ class BatchCache:
         return int(self.cache.get_seq_length()) if self.lengths else 0
 
     def _tensors(self) -> list[tuple[Any, Any]]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        # Full-attention layers only (the talker has no other kind).
+        return [(layer.keys, layer.values) for layer in self.cache.layers]  # type: ignore[union-attr]
 
     def _rebuild(self, tensors: list[tuple[Any, Any]], lengths: list[int]) -> None:
         from transformers import DynamicCache

@@ -157,7 +157,12 @@ class Generation:
                     continue
                 live.sub_id = sub.sub_id
                 stream = m.llm.generate(sub.engine_input, sub.params, sub.sub_id)
-                context = m.talker_context and self.index == 0 and self.request.resume is None
+                context = (
+                    m.talker_context
+                    and self.request.feeds
+                    and self.index == 0
+                    and self.request.resume is None
+                )
                 try:
                     async for out in stream:
                         if live.aborted:

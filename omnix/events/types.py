@@ -41,6 +41,8 @@ Modality = Literal["text", "audio", "image", "codec", "hidden"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
 thinker's context for its talker: prompt ids, hidden states, media grids)
 are intermediates no client sees."""
+OutputModality = Literal["text", "audio", "image", "codec"]
+"""What a stage's engine outputs (a ``hidden`` context comes beside it)."""
 
 CancelReason = Literal["client", "disconnect", "deadline", "shutdown"]
 FailReason = Literal[

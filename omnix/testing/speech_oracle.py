@@ -17,6 +17,7 @@ item that the processor expands (audio before images, as omnix sends them).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,9 @@ class Reference:
 
         self.model.code2wav.chunked_decode = keep_codes
 
-    def prompt(self, text: str, audio: list[np.ndarray] = (), images: list[Any] = ()) -> Any:
+    def prompt(
+        self, text: str, audio: Sequence[np.ndarray] = (), images: Sequence[Any] = ()
+    ) -> Any:
         """The processor's inputs for one user turn: one placeholder per
         media item (audio first, then images), then the text, a line each:
         vLLM's rendering of such a chat for a checkpoint whose template
@@ -87,8 +90,8 @@ class Reference:
         text: str,
         *,
         speaker: str,
-        audio: list[np.ndarray] = (),
-        images: list[Any] = (),
+        audio: Sequence[np.ndarray] = (),
+        images: Sequence[Any] = (),
         thinker_max_tokens: int = 32,
         talker_max_tokens: int = 64,
         chunk_frames: int = 25,

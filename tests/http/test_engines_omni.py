@@ -83,7 +83,7 @@ async def test_vllm_stages_run_their_model_in_the_engine_core_placed_on_its_own_
         for p in psutil.Process().children(recursive=True)
         if "omnix.stages.worker_cli" in p.cmdline()
     }
-    for stage in ("thinker", "talker"):
+    for stage in ("thinker",):  # tiny-omni's one vLLM stage
         kids = workers[stage].children(recursive=True)
         names = [k.name() for k in kids]
         assert any("EngineCore" in n for n in names), names
