@@ -21,6 +21,7 @@ BENCHES = {
     "failover": "client-seen gap of a mid-stream migration; resume after a server restart",
     "serve": "load a live OpenAI-compatible server: chat, audio, speech, images (TTFT, TTFP, RTF, E2EL)",
     "soak": "server RSS growth per request over 2,000 chat requests with audio (retention)",
+    "speech": "Qwen3-Omni speech against transformers: oracle equality, TTFP, RTF, throughput",
 }
 
 

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from omnix.engines.vllm_capture import capture_settings
 from omnix.engines.vllm_loop import Generation, Live, Loaded
 from omnix.engines.vllm_prompt import PromptRenderer
 from omnix.engines.vllm_setup import (
@@ -106,8 +107,18 @@ class VllmEngine:
         model_cls = await asyncio.to_thread(self._multimodal_cls)
         self._eos_ids = await asyncio.to_thread(self._end_ids)
         prompts = PromptRenderer(self.folder, self.layout, self._llm, self._tokenizer, model_cls)
+        if args.talker_context:
+            layer, media_ids = capture_settings(self.folder)
+            await self._llm.collective_rpc("omnix_capture_start", args=(layer, media_ids))
         self._loaded = Loaded(
-            self._llm, self.layout, self.folder, self._tokenizer, self._eos_ids, prompts, dead
+            self._llm,
+            self.layout,
+            self.folder,
+            self._tokenizer,
+            self._eos_ids,
+            prompts,
+            dead,
+            talker_context=args.talker_context,
         )
         return EngineInfo(
             engine="vllm", capacity=args.max_num_seqs, device=self._device, model=str(self.folder)

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from omnix.engines.vllm_capture import read_capture
 from omnix.engines.vllm_outputs import codec_frames, finish_reason, token_logprobs
 from omnix.engines.vllm_prompt import PromptRenderer
 from omnix.engines.vllm_resume import ContinuedText, ResumePlan, resumed_ids
@@ -62,7 +65,8 @@ class Live:
 class Loaded:
     """What a started engine runs requests with: the ``AsyncLLM``, the
     model's layout, folder and tokenizer, the ids vLLM ends a text
-    sub-request on, the prompt renderer, and vLLM's ``EngineDeadError``."""
+    sub-request on, the prompt renderer, vLLM's ``EngineDeadError``, and
+    whether the stage feeds a Qwen3-Omni talker."""
 
     llm: Any
     layout: VocabLayout
@@ -71,6 +75,9 @@ class Loaded:
     eos_ids: frozenset[int]
     prompts: PromptRenderer
     dead: type[BaseException]
+    #: emit the talker's context before the first piece's text (see
+    #: ``VllmArgs.talker_context``)
+    talker_context: bool = False
 
 
 class _Sub:
@@ -150,10 +157,19 @@ class Generation:
                     continue
                 live.sub_id = sub.sub_id
                 stream = m.llm.generate(sub.engine_input, sub.params, sub.sub_id)
+                context = (
+                    m.talker_context
+                    and self.request.feeds
+                    and self.index == 0
+                    and self.request.resume is None
+                )
                 try:
                     async for out in stream:
                         if live.aborted:
                             return
+                        if context:
+                            context = False
+                            yield await self._context(out, sub.sub_id)
                         got = self._translate(out, sub)
                         if got is not None:
                             yield got
@@ -248,6 +264,20 @@ class Generation:
         if text or ids:
             return self._output(text, ids, lps)
         return None
+
+    async def _context(self, out: Any, sub_id: str) -> EngineOutput:
+        """The talker's context, once the prompt is prefilled: the prompt's
+        ids (media placeholders expanded, as vLLM ran them), the hidden
+        states the capture recorded at its media positions, their grids."""
+        (taken,) = await self.m.llm.collective_rpc("omnix_capture_take", args=(sub_id,))
+        rows, grids = read_capture(taken)
+        return EngineOutput(
+            modality="hidden",
+            token_ids=tuple(out.prompt_token_ids or ()),
+            array=rows,
+            text=msgspec.json.encode(grids).decode(),
+            piece=self.index,
+        )
 
     def _check_finish(self, sub_id: str) -> None:
         """Raise when vLLM ended the sub-request by itself (the stage did

@@ -38,6 +38,8 @@ from omnix.pipelines.config import VllmArgs
 log = logging.getLogger("omnix.engines.vllm_engine")
 
 GIB = 1 << 30
+#: vLLM's worker extension that records the thinker's hidden states.
+CAPTURE_EXTENSION = "omnix.engines.vllm_capture.HiddenCapture"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -122,6 +124,9 @@ def engine_args(args: VllmArgs, folder: Path, profile_dir: Path | None = None) -
         disable_log_stats=True,
         distributed_executor_backend="uni" if _uni_on_cpu(args) else None,
         limit_mm_per_prompt=limit_mm,
+        # The talker's context is read by a hook in the model's forward:
+        # the worker extension that holds it (vllm_capture.py).
+        worker_extension_cls=CAPTURE_EXTENSION if args.talker_context else "",
     )
 
 

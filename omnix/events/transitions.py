@@ -248,13 +248,16 @@ def reduce_chunk(rs: RequestState, ev: Chunk) -> RequestState:
             st, chunks=st.chunks + 1, last_chunk_ts=ts, last_chunk_pos=pos, last_activity_ts=ts
         )
     else:
+        # A thinker's context for its talker ("hidden") is no output: the
+        # stage's first chunk (its time to first output) is its first other.
+        output = ev.modality != "hidden"
         new_st = replace(
             st,
             status="running",
             chunks=st.chunks + 1,
-            first_chunk_ts=st.first_chunk_ts or ts,
+            first_chunk_ts=st.first_chunk_ts or (ts if output else 0),
             last_chunk_ts=ts,
-            first_chunk_pos=pos if st.first_chunk_pos < 0 else st.first_chunk_pos,
+            first_chunk_pos=pos if st.first_chunk_pos < 0 and output else st.first_chunk_pos,
             last_chunk_pos=pos,
             started_ts=st.started_ts or ts,
             last_activity_ts=ts,

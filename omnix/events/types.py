@@ -37,8 +37,12 @@ SCHEMA_VERSION = 6  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Re
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings
 
-Modality = Literal["text", "audio", "image", "codec"]
-"""What a chunk carries.  ``codec`` is an intermediate (talker codes)."""
+Modality = Literal["text", "audio", "image", "codec", "hidden"]
+"""What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
+thinker's context for its talker: prompt ids, hidden states, media grids)
+are intermediates no client sees."""
+OutputModality = Literal["text", "audio", "image", "codec"]
+"""What a stage's engine outputs (a ``hidden`` context comes beside it)."""
 
 CancelReason = Literal["client", "disconnect", "deadline", "shutdown"]
 FailReason = Literal[

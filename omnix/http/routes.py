@@ -15,6 +15,7 @@ from typing import Final
 
 from omnix.http.admin import router as admin
 from omnix.http.audio import router as audio
+from omnix.http.audio import voices
 from omnix.http.chat import router as chat
 from omnix.http.completions import router as completions
 from omnix.http.core.route import Route
@@ -29,6 +30,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     completions.COMPLETIONS,
     audio.SPEECH,
     audio.TRANSCRIPTIONS,
+    voices.VOICES,
     images.IMAGES,
     files.FILE,
     models.MODELS,

@@ -43,6 +43,7 @@ from omnix.models.paths import (
     read_info,
 )
 from omnix.models.qwen3_omni import build_omni_thinker, build_omni_tokenizer
+from omnix.models.qwen3_omni_speech import build_omni
 from omnix.models.seeds import derived_seed, pad64
 
 if TYPE_CHECKING:  # imported where used: most commands never build a model
@@ -342,6 +343,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "code2wav": build_code2wav,
     "image": build_image,
     "omni_thinker": build_omni_thinker,
+    "omni": build_omni,
 }
 
 

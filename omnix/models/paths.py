@@ -17,13 +17,13 @@ from pathlib import Path
 import msgspec
 
 #: The models ``omnix models init`` builds, in build order.
-TINY_MODELS: tuple[str, ...] = ("thinker", "talker", "code2wav", "image", "omni_thinker")
+TINY_MODELS: tuple[str, ...] = ("thinker", "talker", "code2wav", "image", "omni_thinker", "omni")
 
 #: Written last into a built folder; its presence means "complete".
 MARKER = "omnix.json"
 
 #: Bumped when a builder changes what it writes (so old caches are rebuilt).
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2
 
 
 class ModelPaths(msgspec.Struct, frozen=True):
@@ -35,6 +35,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     code2wav: str
     image: str
     omni_thinker: str
+    omni: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,6 +113,11 @@ TTS_PAD = "<|tts_pad|>"
 TTS_BOS = "<|tts_bos|>"
 TTS_EOS = "<|tts_eos|>"
 
+#: The chat roles, one token each as in Qwen's vocabulary: the talker's
+#: reference reads the assistant prompt at fixed offsets
+#: (``<|im_start|>``, ``assistant``, ``\n``).
+ROLE_WORDS = ("system", "user", "assistant")
+
 #: Tokenizer attribute -> token string, saved in ``tokenizer_config.json``
 #: (``Qwen3OmniMoeProcessor.__init__`` reads each of these attributes).
 NAMED_MM_TOKENS: dict[str, str] = {
@@ -157,9 +163,9 @@ class OmniTokenIds:
     tts_pad: int
     tts_bos: int
     tts_eos: int
-    system: int  # first token of "system" (talker-only config fields)
-    user: int  # first token of "user"
-    assistant: int  # first token of "assistant"
+    system: int  # "system", one token (the talker's config fields)
+    user: int  # "user"
+    assistant: int  # "assistant"
     text_vocab: int  # tokens in the tokenizer, specials included
     vocab_size: int  # embedding rows (text_vocab rounded up to 64)
 
@@ -184,10 +190,16 @@ def build_omni_tokenizer(out_dir: Path, model_max_length: int = TEXT_MAX_POSITIO
     special tokens, so ``tokenizer.audio_token`` etc. survive a reload."""
     from transformers import AutoTokenizer
 
-    from omnix.models.tokenizer import ENDOFTEXT, IM_END, IM_START, save_tokenizer, train_tokenizer
+    from omnix.models.tokenizer import (
+        ENDOFTEXT,
+        IM_END,
+        IM_START,
+        merge_whole_words,
+        save_tokenizer,
+        train_tokenizer,
+    )
 
-    vocab, merges = train_tokenizer()
-    vocab = dict(vocab)
+    vocab, merges = merge_whole_words(*train_tokenizer(), ROLE_WORDS)
     for token in MM_TOKENS:
         if token in vocab:
             raise AssertionError(f"{token} already in the trained vocabulary")
@@ -206,8 +218,11 @@ def build_omni_tokenizer(out_dir: Path, model_max_length: int = TEXT_MAX_POSITIO
             raise AssertionError(f"{token} got id {ids[token]}, expected {expected}")
     n_text = len(loaded)
 
-    def first_token(word: str) -> int:
-        return int(loaded.encode(word, add_special_tokens=False)[0])
+    def role_token(word: str) -> int:
+        found = loaded.encode(word, add_special_tokens=False)
+        if len(found) != 1:
+            raise AssertionError(f"{word!r} is not one token: {found}")
+        return int(found[0])
 
     return OmniTokenIds(
         endoftext=ids[ENDOFTEXT],
@@ -223,9 +238,9 @@ def build_omni_tokenizer(out_dir: Path, model_max_length: int = TEXT_MAX_POSITIO
         tts_pad=ids[TTS_PAD],
         tts_bos=ids[TTS_BOS],
         tts_eos=ids[TTS_EOS],
-        system=first_token("system"),
-        user=first_token("user"),
-        assistant=first_token("assistant"),
+        system=role_token("system"),
+        user=role_token("user"),
+        assistant=role_token("assistant"),
         text_vocab=n_text,
         vocab_size=pad64(n_text),
     )
@@ -234,13 +249,8 @@ def build_omni_tokenizer(out_dir: Path, model_max_length: int = TEXT_MAX_POSITIO
 # -- config -----------------------------------------------------------------------
 
 
-def thinker_config(ids: OmniTokenIds) -> PreTrainedConfig:
-    """The ``Qwen3OmniMoeConfig`` of the tiny thinker.  Audio output is
-    disabled and the talker / code2wav configs keep transformers' defaults
-    but for the special token ids (no weights exist for them)."""
-    from transformers import Qwen3OmniMoeConfig
-
-    text = {
+def _text_config(ids: OmniTokenIds) -> dict[str, Any]:
+    return {
         "vocab_size": ids.vocab_size,
         "hidden_size": TEXT_HIDDEN,
         "intermediate_size": 2 * TEXT_HIDDEN,  # unused: every layer is MoE
@@ -266,7 +276,10 @@ def thinker_config(ids: OmniTokenIds) -> PreTrainedConfig:
         "eos_token_id": ids.im_end,
         "pad_token_id": ids.endoftext,
     }
-    audio = {
+
+
+def _audio_config() -> dict[str, Any]:
+    return {
         "d_model": AUDIO_D_MODEL,
         "encoder_attention_heads": AUDIO_HEADS,
         "encoder_layers": AUDIO_LAYERS,
@@ -276,7 +289,10 @@ def thinker_config(ids: OmniTokenIds) -> PreTrainedConfig:
         "output_dim": TEXT_HIDDEN,
         "n_window": AUDIO_N_WINDOW,
     }
-    vision = {
+
+
+def _vision_config() -> dict[str, Any]:
+    return {
         "hidden_size": VISION_HIDDEN,
         "num_heads": VISION_HEADS,
         "depth": VISION_DEPTH,
@@ -290,31 +306,39 @@ def thinker_config(ids: OmniTokenIds) -> PreTrainedConfig:
         "image_size": VISION_IMAGE_SIZE,
         "apply_vit_abs_pos_embed": True,
     }
-    thinker = {
-        "text_config": text,
-        "audio_config": audio,
-        "vision_config": vision,
+
+
+def mm_token_ids(ids: OmniTokenIds) -> dict[str, int]:
+    """The multimodal token ids, as the thinker and the talker configs name them."""
+    return {
         "audio_token_id": ids.audio,
         "image_token_id": ids.image,
         "video_token_id": ids.video,
-        "audio_start_token_id": ids.audio_start,
-        "audio_end_token_id": ids.audio_end,
         "vision_start_token_id": ids.vision_start,
+        "audio_start_token_id": ids.audio_start,
+    }
+
+
+def thinker_config(ids: OmniTokenIds) -> PreTrainedConfig:
+    """The ``Qwen3OmniMoeConfig`` of the tiny thinker.  Audio output is
+    disabled and the talker / code2wav configs keep transformers' defaults
+    but for the special token ids (no weights exist for them)."""
+    from transformers import Qwen3OmniMoeConfig
+
+    thinker = {
+        "text_config": _text_config(ids),
+        "audio_config": _audio_config(),
+        "vision_config": _vision_config(),
+        **mm_token_ids(ids),
+        "audio_end_token_id": ids.audio_end,
         "vision_end_token_id": ids.vision_end,
         "user_token_id": ids.user,
         "tie_word_embeddings": False,
     }
-    talker_ids = {
-        "audio_token_id": ids.audio,
-        "image_token_id": ids.image,
-        "video_token_id": ids.video,
-        "vision_start_token_id": ids.vision_start,
-        "audio_start_token_id": ids.audio_start,
-    }
     return Qwen3OmniMoeConfig(
         architectures=["Qwen3OmniMoeForConditionalGeneration"],
         thinker_config=thinker,
-        talker_config=talker_ids,
+        talker_config=mm_token_ids(ids),
         enable_audio_output=False,
         im_start_token_id=ids.im_start,
         im_end_token_id=ids.im_end,
@@ -331,11 +355,32 @@ def thinker_config(ids: OmniTokenIds) -> PreTrainedConfig:
 # -- weights ------------------------------------------------------------------------
 
 
-def _hub_shapes(config: PreTrainedConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor names (hub layout, ``thinker.`` prefix) -> shapes, taken from
-    transformers' thinker built on the meta device.  transformers keeps MoE
-    experts fused (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``
-    [E, H, I]); the hub and vLLM's loader use one tensor per expert."""
+def hub_shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """Tensor names (hub layout) -> shapes of a model's ``state_dict``
+    (built on the meta device).  transformers keeps MoE experts fused
+    (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]);
+    the hub and vLLM's loader use one tensor per expert."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, tensor in state.items():
+        shape = tuple(tensor.shape)
+        if name.endswith("mlp.experts.gate_up_proj"):
+            n_exp, two_i, hidden = shape
+            base = name.removesuffix("gate_up_proj")
+            for e in range(n_exp):
+                shapes[f"{base}{e}.gate_proj.weight"] = (two_i // 2, hidden)
+                shapes[f"{base}{e}.up_proj.weight"] = (two_i // 2, hidden)
+        elif name.endswith("mlp.experts.down_proj"):
+            n_exp, hidden, inter = shape
+            base = name.removesuffix("down_proj")
+            for e in range(n_exp):
+                shapes[f"{base}{e}.down_proj.weight"] = (hidden, inter)
+        else:
+            shapes[name] = shape
+    return shapes
+
+
+def _thinker_shapes(config: PreTrainedConfig) -> dict[str, tuple[int, ...]]:
+    """The thinker's tensors, hub layout, under the hub prefix ``thinker.``."""
     import torch
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
         Qwen3OmniMoeThinkerForConditionalGeneration,
@@ -343,23 +388,7 @@ def _hub_shapes(config: PreTrainedConfig) -> dict[str, tuple[int, ...]]:
 
     with torch.device("meta"):
         model = Qwen3OmniMoeThinkerForConditionalGeneration(config.thinker_config)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, tensor in model.state_dict().items():
-        shape = tuple(tensor.shape)
-        if name.endswith("mlp.experts.gate_up_proj"):
-            n_exp, two_i, hidden = shape
-            base = name.removesuffix("gate_up_proj")
-            for e in range(n_exp):
-                shapes[f"thinker.{base}{e}.gate_proj.weight"] = (two_i // 2, hidden)
-                shapes[f"thinker.{base}{e}.up_proj.weight"] = (two_i // 2, hidden)
-        elif name.endswith("mlp.experts.down_proj"):
-            n_exp, hidden, inter = shape
-            base = name.removesuffix("down_proj")
-            for e in range(n_exp):
-                shapes[f"thinker.{base}{e}.down_proj.weight"] = (hidden, inter)
-        else:
-            shapes[f"thinker.{name}"] = shape
-    return shapes
+    return {f"thinker.{k}": v for k, v in hub_shapes(model.state_dict()).items()}
 
 
 def thinker_weights(
@@ -371,7 +400,7 @@ def thinker_weights(
     import torch
 
     out: dict[str, torch.Tensor] = {}
-    for name, shape in sorted(_hub_shapes(config).items()):
+    for name, shape in sorted(_thinker_shapes(config).items()):
         if name.endswith(".bias"):
             out[name] = torch.zeros(shape)
         elif len(shape) == 1:

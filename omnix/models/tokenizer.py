@@ -75,6 +75,34 @@ def train_tokenizer(vocab_size: int = 1024) -> tuple[dict[str, int], list[tuple[
     return model, merges
 
 
+def merge_whole_words(
+    vocab: dict[str, int], merges: list[tuple[str, str]], words: tuple[str, ...]
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """``vocab``/``merges`` extended so that each of ``words`` encodes as one
+    token where it stands alone (after ``<|im_start|>``, say), as Qwen's
+    tokenizer encodes its chat roles: code that slices a chat prompt at fixed
+    offsets (Qwen3-Omni's talker) relies on it.
+
+    The word's pieces under the trained merges are joined left to right by
+    merges appended after the trained ones, each making a new token; the new
+    tokens are new, so no trained merge can take them apart again.  Ids go
+    after the trained vocabulary, in ``words`` order."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import BPE
+
+    vocab, merges = dict(vocab), list(merges)
+    for word in words:
+        tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        pieces = tok.encode(word, add_special_tokens=False).tokens
+        joined = pieces[0]
+        for piece in pieces[1:]:
+            merges.append((joined, piece))
+            joined += piece
+            vocab.setdefault(joined, len(vocab))
+    return vocab, merges
+
+
 def _merges_of(tok: Tokenizer) -> list[tuple[str, str]]:
     import json
 

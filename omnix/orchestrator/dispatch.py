@@ -44,7 +44,7 @@ from omnix.events.types import (
 )
 from omnix.orchestrator.runtime import Runtime
 from omnix.pipelines.config import PipelineConfig
-from omnix.pipelines.plan import merge_params
+from omnix.pipelines.plan import PipelineGraph, merge_params
 from omnix.transport.work import InputPiece, PieceOutput, Resume, WorkItem
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class Dispatcher:
         self.runtime = runtime
         self.blobs = blobs
         self.pipeline = pipeline
+        self.graph = PipelineGraph(pipeline)
         self._specs: dict[str, RequestSpec] = {}
 
     def __call__(self, ev: Event) -> None:
@@ -155,7 +156,14 @@ class Dispatcher:
             params=merge_params(stage_cfg.sampling, spec.stage_params.get(ev.stage)),
             seed=continuation_seed(spec.seed, ev.resume) if ev.seq == 0 else spec.seed,
             resume=self.resume(ev) if ev.seq == 0 and ev.resume else None,
+            feeds=self.feeds(ev.stage, spec),
         )
+
+    def feeds(self, stage: str, spec: RequestSpec) -> bool:
+        """Whether ``stage``'s output goes on to another stage the request
+        needs (a pure function of the pipeline and the spec)."""
+        needed = self.graph.needed_stages(tuple(spec.outputs))
+        return any(e.target in needed for e in self.graph.out_edges[stage])
 
     def resume(self, ev: Routed) -> Resume:
         """Where a continuation picks up, read from the log: the stage's
@@ -168,7 +176,13 @@ class Dispatcher:
         samples = 0
         pieces: list[PieceOutput] = []
         for e in self.log.events_for(ev.request_id):
-            if type(e) is Chunk and e.stage == ev.stage and e.index < ev.resume:
+            if (
+                type(e) is Chunk
+                and e.stage == ev.stage
+                and e.index < ev.resume
+                # A thinker's context for its talker is no output to continue.
+                and e.modality != "hidden"
+            ):
                 token_ids += e.token_ids
                 text.append(e.text)
                 blob = e.blob

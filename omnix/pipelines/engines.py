@@ -13,6 +13,8 @@ ENGINE_CLASSES: dict[str, str] = {
     "vllm": "omnix.engines.vllm_engine:VllmEngine",
     "diffusers": "omnix.engines.diffusers_engine:DiffusersEngine",
     "codec": "omnix.engines.codec_engine:CodecEngine",
+    "qwen3_omni_talker": "omnix.engines.talker_engine:TalkerEngine",
+    "code2wav": "omnix.engines.code2wav_engine:Code2WavEngine",
 }
 
 

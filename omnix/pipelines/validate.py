@@ -13,7 +13,14 @@ from pathlib import Path
 
 import msgspec
 
-from omnix.pipelines.config import CodecArgs, DiffusersArgs, PipelineConfig, ScriptedArgs, VllmArgs
+from omnix.pipelines.config import (
+    AudioEngineArgs,
+    DiffusersArgs,
+    PipelineConfig,
+    ScriptedArgs,
+    TalkerArgs,
+    VllmArgs,
+)
 from omnix.pipelines.engines import engine_kinds
 
 SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
@@ -152,8 +159,22 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
     if cfg.abort_timeout_s <= 0:
         problems.append(f"abort_timeout_s must be > 0, got {cfg.abort_timeout_s}")
     problems.extend(_media_problems(cfg))
+    problems.extend(_speech_problems(cfg))
     if problems:
         raise PipelineError(source, problems)
+
+
+def _speech_problems(cfg: PipelineConfig) -> list[str]:
+    """A thinker that feeds a talker its context runs eagerly: the capture
+    is a hook in the model's forward, which a compiled forward skips."""
+    return [
+        f"stage {st.name!r}: talker_context needs enforce_eager = true (the hidden-state "
+        "capture hooks the model's forward, which a compiled or graph-captured run skips)"
+        for st in cfg.stages
+        if isinstance(st.engine, VllmArgs)
+        and st.engine.talker_context
+        and not st.engine.enforce_eager
+    ]
 
 
 def _media_problems(cfg: PipelineConfig) -> list[str]:
@@ -213,8 +234,10 @@ def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:
         return eng.output_modality
     if isinstance(eng, DiffusersArgs):
         return "image"
-    if isinstance(eng, CodecArgs):
+    if isinstance(eng, AudioEngineArgs):
         return "audio"
+    if isinstance(eng, TalkerArgs):
+        return "codec"
     return None
 
 

@@ -71,7 +71,8 @@ class EngineLoop:
         engine = self._requests.engine
         assert engine is not None
         gen = engine.generate(
-            GenerateRequest(rid, item.stage, item.params, item.seed, item.resume), req.inputs
+            GenerateRequest(rid, item.stage, item.params, item.seed, item.resume, item.feeds),
+            req.inputs,
         )
         try:
             await self._stream(req, gen)

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.export import (
 from omnix import __version__
 from omnix.events.log import EventLog
 from omnix.events.types import Event
-from omnix.pipelines.config import CodecArgs, PipelineConfig
+from omnix.pipelines.config import AudioEngineArgs, PipelineConfig
 from omnix.telemetry.metrics import MetricSet
 from omnix.telemetry.projection import DEFAULT_SAMPLE_RATE, Projection, RetentionCounters
 from omnix.telemetry.spans import SpanWriter
@@ -312,7 +312,7 @@ def sample_rate_of(pipeline: PipelineConfig) -> int:
     """The sample rate of the stage that produces the pipeline's audio."""
     stage = pipeline.outputs.get("audio")
     for st in pipeline.stages:
-        if st.name == stage and isinstance(st.engine, CodecArgs):
+        if st.name == stage and isinstance(st.engine, AudioEngineArgs):
             return st.engine.sample_rate
     return DEFAULT_SAMPLE_RATE
 

@@ -80,3 +80,45 @@ def _override(block: str, extra: str) -> str:
         lines = [ln for ln in lines if ln.split("=")[0].strip() != key]
         lines.append(new)
     return "\n".join(lines) + "\n" + sep + tail
+
+
+#: The speech path of tiny-omni before Qwen3-Omni's own talker and Code2Wav
+#: served it: the thinker, then a small Qwen2 LM over the thinker's text ids
+#: on vLLM (``talker``) and omnix's toy codec (``code2wav``).  A test
+#: pipeline only: it is where a *later* stage runs on vLLM (what tests of
+#: vLLM's own aborts in a downstream stage need).  Nothing about its audio
+#: says anything about Qwen3-Omni's.
+STANDIN_OMNI = """
+name = "standin-omni"
+[[stages]]
+name = "thinker"
+engine = { kind = "vllm", model = "omni_thinker", max_model_len = 2048, kv_cache_gib = 0.25, limit_mm_per_prompt = { audio = 1, image = 1, video = 0 } }
+sampling = { temperature = 0.8, top_p = 0.95, max_tokens = 32 }
+[[stages]]
+name = "talker"
+engine = { kind = "vllm", model = "talker", input_mode = "token_ids", output_modality = "codec", kv_cache_gib = 0.25 }
+sampling = { temperature = 0.9, max_tokens = 64 }
+[[stages]]
+name = "code2wav"
+engine = { kind = "codec", model = "code2wav" }
+[[edges]]
+source = "thinker"
+target = "talker"
+forward = "sentence"
+every = 8
+[[edges]]
+source = "talker"
+target = "code2wav"
+forward = "chunk"
+every = 8
+[outputs]
+text = "thinker"
+audio = "code2wav"
+"""
+
+
+def standin_omni() -> PipelineConfig:
+    """``STANDIN_OMNI``, parsed and validated."""
+    from omnix.pipelines.validate import parse_pipeline
+
+    return parse_pipeline(STANDIN_OMNI)

@@ -162,7 +162,8 @@ class InProcessRuntime:
         last: EngineOutput | None = None
         try:
             async for out in engine.generate(
-                GenerateRequest(rid, stage, work.params, work.seed, work.resume), ex.inputs.stream()
+                GenerateRequest(rid, stage, work.params, work.seed, work.resume, work.feeds),
+                ex.inputs.stream(),
             ):
                 last = out
                 if out.text or out.token_ids or out.data or out.array is not None:

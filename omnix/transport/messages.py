@@ -39,7 +39,7 @@ from omnix.pipelines.config import StageConfig
 from omnix.transport.codec import FrameDecoder
 from omnix.transport.work import WorkItem
 
-PROTOCOL_VERSION = 3  # 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED
+PROTOCOL_VERSION = 4  # 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED; 4: WorkItem.feeds
 
 # -- message type bytes (first frame) ---------------------------------------
 HELLO = b"H"

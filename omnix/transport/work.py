@@ -133,6 +133,8 @@ class GenerateRequest(msgspec.Struct, frozen=True):
     seed: int = 0
     #: set on a migrated stage execution (see ``Resume``)
     resume: Resume | None = None
+    #: see ``WorkItem.feeds``
+    feeds: bool = False
 
 
 class WorkItem(msgspec.Struct, frozen=True, array_like=True):
@@ -146,3 +148,6 @@ class WorkItem(msgspec.Struct, frozen=True, array_like=True):
     seed: int = 0
     #: set on the first piece (``seq == 0``) of a migrated stage execution
     resume: Resume | None = None
+    #: the stage's output goes on to another stage of this request (a
+    #: thinker whose talker runs sends it its context only then)
+    feeds: bool = False

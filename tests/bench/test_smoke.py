@@ -187,3 +187,23 @@ def test_engines(pipelines, tmp_path_factory):
         "ttfp_ms_unchunked", "ttfp_cut", "ttfp_ok",
     )  # fmt: skip
     assert out["levels"] == [1] and out["ttfp_requests"] == 1
+
+
+@pytest.mark.engines
+@pytest.mark.skipif(_no_vllm() is not None, reason=f"real engines unavailable: {_no_vllm()}")
+def test_speech(tmp_path_factory):
+    """One short prompt, alone and as a batch of one, on the tiny whole
+    Qwen3-Omni: transformers and omnix (vLLM thinker) in one run."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
+    out = bench(
+        "speech", "--prompts", "1", "--concurrency", "1", "--thinker-tokens", "6",
+        "--talker-tokens", "8", timeout=600,
+    )  # fmt: skip
+    has(
+        out,
+        "oracle_equal", "ttfp_ms", "rtf", "ttfp_ratio_vs_transformers",
+        "throughput_ratio_vs_transformers",
+    )  # fmt: skip
+    assert out["oracle_equal"] is True

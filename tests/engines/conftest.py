@@ -63,6 +63,11 @@ async def _prestart_vllm(request):
             output_modality="codec",
         )
     )
+    # vLLM (and the transformers it imports) imported here, on this thread:
+    # the engines import them in their start-up threads, and a test beside
+    # them importing transformers too could see it half-initialised.
+    import vllm.v1.engine.async_llm  # noqa: F401
+
     started = asyncio.ensure_future(asyncio.gather(thinker.start(), talker.start()))
     for _ in range(5):
         # Let both start() calls reach their engine-building thread: from

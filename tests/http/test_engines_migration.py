@@ -2,10 +2,9 @@
 worker killed with SIGKILL while it streams, and a client that sees one
 uninterrupted response equal to an undisturbed run's.
 
-One server for the module: ``tiny-omni`` with two replicas of its vLLM
-thinker and two of its codec decoder (code2wav), so that each kill has a
-ready spare, and its thinker -> talker edge on ``finish`` (see
-``_pipeline``).  A text-only request runs only the thinker; a text + audio
+One server for the module: ``tiny-omni`` with two replicas of each stage
+(vLLM thinker, talker, Code2Wav), so that each kill has a ready spare, and
+its thinker -> talker edge on ``finish`` (see ``_pipeline``).  A text-only request runs only the thinker; a text + audio
 request runs the three stages.  Each test first waits until every replica
 is ready again (the runtime restarts the killed one); the codec test runs
 first, as its worker restarts in seconds where a vLLM one takes a minute.
@@ -13,7 +12,9 @@ first, as its worker restarts in seconds where a vLLM one takes a minute.
 Exactness is the claim, so the comparisons are exact: greedy text (prefill
 of prompt + tokens equals the decode steps it replaces on this build, see
 tests/engines/test_vllm_engine.py), and the codec decoder is deterministic
-given its frames (tests/engines/test_codec.py).
+given its frames (tests/engines/test_code2wav.py), and a greedy talker
+continued after the frames it delivered replays them and goes on as the
+undisturbed run (tests/engines/test_talker.py).
 """
 
 from __future__ import annotations
@@ -55,21 +56,18 @@ READY_LIMIT_S = 600.0
 
 def _pipeline() -> PipelineConfig:
     base = load_pipeline("tiny-omni")
-    two = {"thinker", "code2wav"}
+    two = {"thinker", "talker", "code2wav"}
     cfg = msgspec.structs.replace(
         base,
         name="tiny-omni-failover",
         stages=tuple(
             msgspec.structs.replace(s, replicas=2) if s.name in two else s for s in base.stages
         ),
-        # The talker takes the thinker's whole answer as one piece.  Its
-        # built-in ``sentence`` edge cuts pieces after ``every`` thinker
-        # chunks, and how many tokens a vLLM chunk carries depends on
-        # timing, so with that edge two runs of one seeded request give the
-        # talker different pieces (different prompts and per-piece seeds)
-        # and different audio: there would be no undisturbed reference.
-        # The talker -> code2wav edge, the one this module kills across,
-        # stays chunked: the decoder is exact whatever its pieces.
+        # The talker takes the thinker's whole answer as one piece, so a
+        # run does not depend on how the text was cut (the talker's output
+        # does not either, but this keeps the module about the kills).
+        # The talker -> code2wav edge stays chunked: the decoder is exact
+        # whatever its pieces.
         edges=tuple(
             msgspec.structs.replace(e, forward="finish") if e.source == "thinker" else e
             for e in base.edges
@@ -197,17 +195,22 @@ class _Audio(msgspec.Struct):
 
 
 async def _chat_audio(
-    client, kill: tuple[HttpServer, int] | None = None
+    client, kill: tuple[HttpServer, int] | None = None, stage: str = "code2wav"
 ) -> tuple[_Audio, tuple[int, int] | None]:
-    """A seeded streamed text + audio chat (pcm16); with ``kill`` =
-    (server, N), the code2wav worker serving it is killed once N audio
-    chunks have arrived."""
+    """A seeded streamed text + audio chat (pcm16), its talker greedy; with
+    ``kill`` = (server, N), the worker of ``stage`` serving it is killed
+    once N of that stage's chunks are in the log (code2wav: N audio chunks
+    reached the client)."""
     stream = await client.chat.completions.create(
         model=PIPELINE.name, messages=USER, seed=11, stream=True,
-        modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"},
+        modalities=["text", "audio"], audio={"voice": "default", "format": "pcm16"},
+        extra_body={"sampling_params_list": {"talker": {"temperature": 0.0}}},
     )  # fmt: skip
     rid, text, audio, killed = "", [], [], None
+    watch: asyncio.Task[tuple[int, int]] | None = None
     async for chunk in stream:
+        if not rid and kill is not None and stage != "code2wav":
+            watch = asyncio.create_task(_kill_after(kill[0], _rid(chunk), stage, kill[1]))
         rid = rid or _rid(chunk)
         delta = chunk.choices[0].delta if chunk.choices else None
         if delta is None:
@@ -222,9 +225,24 @@ async def _chat_audio(
         )
         if data:
             audio.append(base64.b64decode(data))
-            if kill is not None and killed is None and len(audio) >= kill[1]:
-                killed = _kill_serving(kill[0], rid, "code2wav")
+            if (
+                kill is not None
+                and stage == "code2wav"
+                and killed is None
+                and len(audio) >= kill[1]
+            ):
+                killed = _kill_serving(kill[0], rid, stage)
+    if watch is not None:
+        killed = watch.result() if watch.done() else None
+        watch.cancel()
     return _Audio(rid, "".join(text), b"".join(audio), len(audio)), killed
+
+
+async def _kill_after(server: HttpServer, rid: str, stage: str, n: int) -> tuple[int, int]:
+    """Kill the worker of ``stage`` serving ``rid`` once it logged ``n`` chunks."""
+    while len(_stage_chunks(server, rid, stage)) < n:  # noqa: ASYNC110 (the log offers no event per chunk here)
+        await asyncio.sleep(0.002)
+    return _kill_serving(server, rid, stage)
 
 
 async def test_a_codec_worker_killed_mid_audio_is_continued_sample_for_sample(server, client):
@@ -250,6 +268,29 @@ async def test_a_codec_worker_killed_mid_audio_is_continued_sample_for_sample(se
     assert cont.stage == "code2wav" and cont.replica != replica
     _assert_seam(_stage_chunks(server, got.rid, "code2wav"), replica, cont)
     assert _lost(server, "code2wav", replica), f"no worker_lost for code2wav/{replica} (pid {pid})"
+
+
+async def test_a_talker_killed_mid_speech_is_continued_frame_for_frame(server, client):
+    ref, _ = await _chat_audio(client)
+    ref_frames = [c.token_ids for c in _stage_chunks(server, ref.rid, "talker")]
+    got, killed = await _chat_audio(client, kill=(server, 8), stage="talker")
+    assert killed is not None
+    replica, pid = killed
+    # The client heard the undisturbed speech, sample for sample.
+    assert got.text == ref.text
+    assert got.pcm == ref.pcm
+    terminal, resumed = _migration_facts(server, got.rid)
+    assert [type(e) for e in terminal] == [Finished]
+    talker = [c for c in resumed if c.stage == "talker"]
+    assert talker, "no continuation: the talker finished before the kill reached its worker"
+    (cont,) = talker
+    assert cont.replica != replica
+    chunks = _stage_chunks(server, got.rid, "talker")
+    _assert_seam(chunks, replica, cont)
+    # The frames after the seam continue the delivered ones: every code
+    # group equals the undisturbed run's.
+    assert [c.token_ids for c in chunks] == ref_frames
+    assert _lost(server, "talker", replica), f"no worker_lost for talker/{replica} (pid {pid})"
 
 
 # -- 2. the vLLM thinker killed mid-stream -----------------------------------------

@@ -12,7 +12,8 @@ engine core of the stage serving a streamed request is sent SIGTERM: the
 worker exits (``EngineDead``), its replica is recorded lost and, with
 retries off, the request fails on that stage; the client's stream ends
 with an error event and ``[DONE]``.  For the first stage (the thinker) and
-for a later one (the talker, fed by the thinker).
+for a later one: the stand-in talker of ``omnix.testing.pipelines``'
+``standin-omni`` (tiny-omni's own talker runs no vLLM), fed by the thinker.
 
 With retries on (the built-in default for vLLM stages) the same loss makes
 a continuation instead, on the restarted replica: that path is
@@ -36,7 +37,8 @@ import pytest_asyncio
 from omnix.events.types import Chunk, Failed, StageFinished, WorkerJoined, WorkerLost, is_terminal
 from omnix.http.app import HttpServer
 from omnix.pipelines.config import PipelineConfig
-from omnix.pipelines.validate import load_pipeline, validate_pipeline
+from omnix.pipelines.validate import validate_pipeline
+from omnix.testing.pipelines import standin_omni
 
 from .conftest import real_engine_marks
 
@@ -50,11 +52,11 @@ END_LIMIT_S = 300.0
 
 
 def _pipeline() -> PipelineConfig:
-    base = load_pipeline("tiny-omni")
+    base = standin_omni()
     no_retry = {"thinker", "talker"}
     cfg = msgspec.structs.replace(
         base,
-        name="tiny-omni-self-abort",
+        name="standin-omni-self-abort",
         stages=tuple(
             msgspec.structs.replace(
                 s,

@@ -44,6 +44,7 @@ def speech_plan(body: SpeechRequest, served: Served, *, traceparent: str = "") -
         check_speech(served, "speed", speech_stages)
     if body.instructions:
         check_speech(served, "instructions", speech_stages)
+    served.check_voice(body.voice, "voice")
     for st in speech_stages:
         put(
             params,

@@ -240,6 +240,7 @@ def chat_plan(
     params = text_params(served, body.sampling_params_list, text_stage, base)
     opts = _options(body, served, outputs, text_stage, base.logprobs is not None)
     if "audio" in outputs:
+        served.check_voice(opts.voice, "audio.voice")
         for st in served.media_stages(outputs, "audio"):
             put(params, st, StageParams(voice=opts.voice))
     seed = served.seed(body.seed)

@@ -25,7 +25,15 @@ from omnix.engines.diffusers_engine import DiffusionModel, describe_model
 from omnix.events.options import DEFAULT_SAMPLE_RATE, Group
 from omnix.events.types import BlobRef, MediaPart, Modality, RequestSpec
 from omnix.http.core.errors import ApiError
-from omnix.pipelines.config import CodecArgs, DiffusersArgs, PipelineConfig, engine_kind
+from omnix.models.paths import resolve_model
+from omnix.models.qwen3_omni_speech import read_speakers
+from omnix.pipelines.config import (
+    AudioEngineArgs,
+    DiffusersArgs,
+    PipelineConfig,
+    TalkerArgs,
+    engine_kind,
+)
 from omnix.pipelines.plan import PipelineGraph
 
 #: The request id the client named (``X-Request-Id``) for the HTTP request
@@ -77,6 +85,7 @@ class Served:
         self.new_seed = new_seed
         #: diffusers stages' models as their folders describe them (images)
         self._diffusion: dict[str, DiffusionModel] = {}
+        self._voices: tuple[str, ...] | None = None
 
     def new_request_id(self) -> str:
         """The client's ``X-Request-Id`` (``CLIENT_REQUEST_ID``), else a fresh id."""
@@ -119,9 +128,34 @@ class Served:
         stage = self.output_stage("audio")
         if stage:
             args = self.pipeline.stage(stage).engine
-            if isinstance(args, CodecArgs):
+            if isinstance(args, AudioEngineArgs):
                 return args.sample_rate
         return DEFAULT_SAMPLE_RATE
+
+    def voices(self) -> tuple[str, ...]:
+        """The voices the pipeline's talker knows (its checkpoint's
+        speakers; the first is ``default``), () when none says (a stand-in
+        talker or none at all: any voice is then taken and ignored)."""
+        if self._voices is None:
+            found: tuple[str, ...] = ()
+            for st in self.pipeline.stages:
+                if isinstance(st.engine, TalkerArgs):
+                    found = read_speakers(resolve_model(st.engine.model))
+                    break
+            self._voices = found
+        return self._voices
+
+    def check_voice(self, voice: str, param: str) -> None:
+        """A 400 naming the known voices when ``voice`` is not one of them."""
+        known = self.voices()
+        if known and voice != "default" and voice.lower() not in known:
+            raise ApiError(
+                400,
+                f"Unknown voice {voice!r}: this model speaks with {', '.join(known)} "
+                "(or 'default', the first); see GET /v1/audio/voices.",
+                param=param,
+                code="invalid_value",
+            )
 
     def engine_of(self, stage: str) -> str:
         """The kind of the stage's engine (``"vllm"``, ``"scripted"``...)."""

@@ -56,6 +56,8 @@ EXTRA_PARAMS: Final = (
 ENGINE_PARAMS: Final[dict[str, frozenset[str]]] = {
     "vllm": frozenset(EXTRA_PARAMS),
     "scripted": frozenset({"logprobs"}),
+    # Qwen3-Omni's talker: the reference's penalty over its own codes.
+    "qwen3_omni_talker": frozenset({"repetition_penalty"}),
 }
 #: ``StageParams`` fields only a diffusers stage honours (schema v5).
 DIFFUSION_PARAMS: Final = ("negative_prompt", "true_cfg_scale", "output_format")
@@ -66,8 +68,8 @@ MAX_LOGIT_BIAS: Final = 300
 
 #: Speech parameters and the engine kinds whose stages honour them.  None
 #: of omnix's engines changes the speaking rate or takes voice instructions
-#: today (the vLLM talker samples codec codes from the text alone, the
-#: codec decoder turns codes into samples): a request that needs either is
+#: today (Qwen3-Omni's talker has speakers, not rates or instructions; the
+#: decoders turn codes into samples): a request that needs either is
 #: refused, naming the stages, rather than answered as if it were honoured.
 SPEECH_ENGINE_PARAMS: Final[dict[str, frozenset[str]]] = {
     "speed": frozenset(),

@@ -1,0 +1,439 @@
+"""Qwen3-Omni's talker as a stage engine: batched decoding with a KV cache.
+
+Owns: ``TalkerEngine``, which feeds each request's input (the thinker's
+context, then its text as it streams) into ``TalkerModel`` and decodes
+every ready request together, one frame a step, yielding each frame's
+codes (all code groups) as the stage's output.  Does not own the model's
+maths (``talker_model.py``) nor the waveform (``code2wav_engine.py``).
+
+Why not vLLM: each talker step's input is the sum of the *previous
+frame's* sixteen code embeddings (fifteen of them drawn by the code
+predictor inside the step) and the next text position, and each step must
+hand all sixteen codes on.  vLLM 0.32 feeds a decode step only the token
+it sampled, returns only sampled tokens, and refuses prompt embeddings in
+streamed-input requests; carrying the talker would need its model runner
+patched (what vLLM-Omni does).  So this engine runs transformers' own
+modules with continuous batching of its own; docs/engines.md says more.
+
+Input pieces, in order: first the thinker's context (``modality ==
+"hidden"``: ``token_ids`` its prompt ids with the media placeholders
+expanded, ``array`` its hidden states at the talker's layer for the media
+positions, ``text`` a JSON ``MediaGrids``), then text pieces whose
+``token_ids`` are the thinker's generated ids.  The reference reads one
+text position per frame and never the thinker's last token (its hidden
+state was never computed), so frame ``j`` needs generated token ``j + 2``,
+or the end of the text: a request whose next text is not in yet is set
+aside (its cache kept) and rejoins the batch when it arrives.
+
+Output: ``EngineOutput(modality="codec", token_ids=<the frame's codes>)``
+per frame, then a payload-free output with ``finish_reason`` ("stop" at
+codec end-of-speech, "length" at ``max_tokens``), the prefill length and
+the frame count.
+
+Continuation (``request.resume``): the inputs arrive again; the engine
+prefills and then replays the ``resume.chunks`` frames already delivered
+(``resume.token_ids``) as forced steps, so the frames after them continue
+the delivered ones exactly, sampled or greedy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from omnix.engines.device import pick_device
+from omnix.models.paths import resolve_model
+from omnix.pipelines.config import TalkerArgs
+from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
+
+if TYPE_CHECKING:
+    import torch
+
+    from omnix.engines.talker_model import BatchCache, Slot, TalkerModel
+
+log = logging.getLogger(__name__)
+
+#: The reference's talker sampling (``generate``'s defaults).
+DEFAULT_TEMPERATURE = 0.9
+DEFAULT_TOP_K = 50
+DEFAULT_REPETITION_PENALTY = 1.05
+DEFAULT_MAX_TOKENS = 4096
+
+
+class MediaGrids(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What the talker's 3-D positions need of the prompt's media, as the
+    processor measured them (the thinker stage sends it with its context)."""
+
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    video_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    audio_seqlens: tuple[int, ...] = ()
+    video_second_per_grid: tuple[float, ...] = ()
+
+
+@dataclass
+class _Request:
+    rid: str
+    request: GenerateRequest
+    queue: asyncio.Queue[EngineOutput | BaseException | None]
+    prompt_ids: list[int] | None = None
+    media_hidden: Any = None
+    grids: MediaGrids = field(default_factory=MediaGrids)
+    text: list[int] = field(default_factory=list)
+    done: bool = False  # the text ended
+    aborted: bool = False
+    # decoding state (the engine thread's)
+    slot: Slot | None = None
+    cache: Any = None  # its own cache while set aside
+    code: int = -1
+    hidden: Any = None
+    frames: int = 0
+    prefill_len: int = 0
+    forced: list[list[int]] = field(default_factory=list)  # delivered frames to replay
+    trailing: dict[int, Any] = field(default_factory=dict)  # projected text, by frame
+    finished: bool = False
+
+
+class TalkerEngine:
+    """``Engine`` over ``TalkerModel``.  Built as ``TalkerEngine(args)``."""
+
+    def __init__(self, args: TalkerArgs) -> None:
+        self.args = args
+        self.model: TalkerModel | None = None
+        self.device = "cpu"
+        self._reqs: dict[str, _Request] = {}
+        self._batch: list[_Request] = []
+        self._cache: BatchCache | None = None
+        self._wake = asyncio.Event()
+        self._pool: ThreadPoolExecutor | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> EngineInfo:
+        # Imported here, on the loop's thread, not first in the pool's: two
+        # threads importing transformers at once can see it half-initialised
+        # (a vLLM engine starting beside this one in one process does).
+        import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe  # noqa: F401
+
+        from omnix.engines.talker_model import BatchCache, TalkerModel
+
+        folder = resolve_model(self.args.model)
+        self.device = pick_device(self.args.device)
+        # All torch work on one thread: steps never overlap and the worker's
+        # event loop never blocks on them.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-talker")
+        loop = asyncio.get_running_loop()
+        self.model = await loop.run_in_executor(
+            self._pool, TalkerModel.load, folder, self.device, self.args.dtype
+        )
+        if self.args.voice:
+            self.model.speaker_id(self.args.voice)  # an unknown default voice fails at start
+        self._cache = BatchCache(self.model.talker.config.text_config)
+        self._loop_task = asyncio.create_task(self._run(), name="omnix-talker-loop")
+        return EngineInfo(
+            engine="qwen3_omni_talker",
+            capacity=self.args.max_batch,
+            device=self.device,
+            model=str(folder),
+        )
+
+    # -- requests ------------------------------------------------------------
+
+    def generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        return self._generate(request, inputs)
+
+    async def _generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        if self.model is None:
+            raise RuntimeError("TalkerEngine.generate before start() (or after close())")
+        rid = request.request_id
+        req = _Request(rid, request, asyncio.Queue())
+        if request.resume is not None:
+            groups = self.model.layout.num_code_groups
+            ids = list(request.resume.token_ids)
+            req.forced = [ids[i : i + groups] for i in range(0, len(ids), groups)]
+        self._reqs[rid] = req
+        feeder = asyncio.create_task(self._feed(req, inputs))
+        try:
+            while True:
+                out = await req.queue.get()
+                if out is None:
+                    return
+                if isinstance(out, BaseException):
+                    raise out
+                yield out
+        finally:
+            req.aborted = True
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+            self._wake.set()
+
+    async def _feed(self, req: _Request, inputs: AsyncIterator[InputPiece]) -> None:
+        try:
+            async for piece in inputs:
+                if piece.modality == "hidden":
+                    req.grids = msgspec.json.decode(piece.text or "{}", type=MediaGrids)
+                    req.media_hidden = piece.array
+                    req.prompt_ids = list(piece.token_ids)
+                else:
+                    req.text.extend(piece.token_ids)
+                self._wake.set()
+        except Exception as exc:  # a bad piece fails the request, not the engine
+            req.queue.put_nowait(exc)
+            return
+        req.done = True
+        self._wake.set()
+
+    async def abort(self, request_id: str) -> None:
+        req = self._reqs.get(request_id)
+        if req is not None:
+            req.aborted = True
+            req.queue.put_nowait(None)
+            self._wake.set()
+
+    async def close(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.model = None
+
+    # -- the decode loop -------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            moved = True
+            while moved and self._pool is not None and self._reqs:
+                moved, results = await loop.run_in_executor(self._pool, self._tick)
+                for req, out in results:
+                    req.queue.put_nowait(out)
+
+    def _tick(self) -> tuple[bool, list[tuple[_Request, EngineOutput | BaseException | None]]]:
+        """One round on the engine thread: drop what ended, prefill what can
+        start, set aside rows whose next text is not in, bring back rows
+        whose text came, then one decode step of the batch."""
+        out: list[tuple[_Request, EngineOutput | BaseException | None]] = []
+        moved = False
+        for req in list(self._reqs.values()):
+            if req.aborted:
+                self._forget(req)
+            elif req.slot is None and self._can_prefill(req):
+                moved = True
+                try:
+                    out += self._prefill(req)
+                except Exception as exc:
+                    log.exception("talker prefill failed for %s", req.rid)
+                    out.append((req, exc))
+                    self._forget(req)
+        self._regroup()
+        if self._batch:
+            moved = True
+            out += self._step()
+        # Not moved: every request waits for input; the loop sleeps until
+        # a feeder wakes it.
+        return moved, out
+
+    def _forget(self, req: _Request) -> None:
+        req.finished = True
+        if req in self._batch and self._cache is not None:
+            i = self._batch.index(req)
+            self._cache.take(i)
+            self._batch.pop(i)
+        self._reqs.pop(req.rid, None)
+
+    @staticmethod
+    def _usable(req: _Request) -> list[int]:
+        """The generated ids the reference embeds: all but the last."""
+        return req.text[:-1]
+
+    def _can_prefill(self, req: _Request) -> bool:
+        return req.prompt_ids is not None and (req.done or len(req.text) >= 2)
+
+    def _trailing(self, req: _Request, j: int) -> torch.Tensor | None:
+        """Frame ``j``'s text vector, or None while it is not known yet."""
+        assert self.model is not None
+        done = req.done
+        usable = self._usable(req)
+        import torch
+
+        if j < len(usable) - 1:
+            if j not in req.trailing:
+                req.trailing[j] = self.model.project_text(torch.tensor([usable[j + 1]]))[0]
+            return req.trailing[j]
+        if not done:
+            return None
+        return self.model.tts_eos if j == max(len(usable) - 1, 0) else self.model.tts_pad
+
+    def _sampling(self, req: _Request) -> Any:
+        import torch
+
+        from omnix.engines.talker_model import Sampling
+
+        p = req.request.params
+        gen = torch.Generator().manual_seed(req.request.seed)
+        return Sampling(
+            temperature=DEFAULT_TEMPERATURE if p.temperature is None else p.temperature,
+            top_k=DEFAULT_TOP_K if p.top_k is None else p.top_k,
+            top_p=1.0 if p.top_p is None else p.top_p,
+            repetition_penalty=(
+                DEFAULT_REPETITION_PENALTY if p.repetition_penalty is None else p.repetition_penalty
+            ),
+            generator=gen,
+        )
+
+    def _speaker(self, req: _Request) -> int:
+        assert self.model is not None
+        voice = req.request.params.voice or self.args.voice
+        if not voice or voice == "default":
+            return next(iter(self.model.layout.speakers.values()))
+        return self.model.speaker_id(voice)
+
+    def _prefill(self, req: _Request) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        import torch
+
+        model = self.model
+        assert model is not None and req.prompt_ids is not None
+        usable = self._usable(req)
+        hidden = None if req.media_hidden is None else torch.as_tensor(req.media_hidden)
+        cond = model.conditioning(
+            req.prompt_ids,
+            usable[0] if usable else None,
+            self._speaker(req),
+            hidden,
+            _media_info(req.grids),
+        )
+        req.cache, req.slot, req.code, req.hidden = model.prefill(cond, self._sampling(req))
+        req.prefill_len = cond.embeds.shape[0]
+        return self._after_code(req)
+
+    def _regroup(self) -> None:
+        """Rows whose next text vector is unknown leave the batch (keeping
+        their cache); set-aside rows whose text came rejoin it."""
+        assert self._cache is not None
+        for i in reversed(range(len(self._batch))):
+            req = self._batch[i]
+            if self._trailing(req, req.frames) is None:
+                req.cache, _ = self._cache.take(i)
+                self._batch.pop(i)
+        for req in self._reqs.values():
+            if (
+                req.slot is not None
+                and req.cache is not None
+                and not req.finished
+                and self._trailing(req, req.frames) is not None
+            ):
+                self._cache.add(req.cache, req.slot.length)
+                req.cache = None
+                self._batch.append(req)
+
+    def _step(self) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        import torch
+
+        model, cache = self.model, self._cache
+        assert model is not None and cache is not None
+        batch = list(self._batch)
+        slots = [r.slot for r in batch]
+        assert all(s is not None for s in slots)
+        text = torch.stack([self._trailing(r, r.frames) for r in batch])  # type: ignore[misc]
+        forced = [r for r in batch if r.frames < len(r.forced)]
+        if forced and len(forced) == len(batch):
+            frames = torch.tensor([r.forced[r.frames] for r in batch])
+            codes, hidden = model.forced_step(cache, slots, frames, text)  # type: ignore[arg-type]
+        else:
+            if forced:
+                # Replays step apart from the rest (no code predictor).
+                normal = [r for r in batch if r not in forced]
+                return self._step_without(normal) + self._step_without(forced)
+            frames, codes, hidden = model.step(
+                cache,
+                slots,  # type: ignore[arg-type]
+                [r.code for r in batch],
+                torch.stack([r.hidden for r in batch]),
+                text,
+            )
+        out: list[tuple[_Request, EngineOutput | BaseException | None]] = []
+        for i, req in enumerate(batch):
+            replay = req.frames < len(req.forced)
+            req.frames += 1
+            req.code, req.hidden = codes[i], hidden[i]
+            if not replay:
+                out.append(
+                    (req, EngineOutput(modality="codec", token_ids=tuple(frames[i].tolist())))
+                )
+            if replay and req.frames < len(req.forced):
+                req.code = req.forced[req.frames][0]
+            out += self._after_code(req)
+        return out
+
+    def _step_without(
+        self, aside: list[_Request]
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        assert self._cache is not None
+        for req in aside:
+            i = self._batch.index(req)
+            req.cache, _ = self._cache.take(i)
+            self._batch.pop(i)
+        out = self._step() if self._batch else []
+        for req in aside:
+            assert req.slot is not None
+            self._cache.add(req.cache, req.slot.length)
+            req.cache = None
+            self._batch.append(req)
+        return out
+
+    def _after_code(
+        self, req: _Request
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        """End the request if its newest first-group code ends it."""
+        model = self.model
+        assert model is not None and req.slot is not None
+        max_tokens = req.request.params.max_tokens or DEFAULT_MAX_TOKENS
+        replaying = req.frames < len(req.forced)
+        if replaying:
+            return []
+        if req.code == model.layout.codec_eos:
+            reason = "stop"
+        elif len(req.slot.generated) >= max_tokens:
+            reason = "length"
+        else:
+            return []
+        self._forget(req)
+        final = EngineOutput(
+            modality="codec",
+            finish_reason=reason,
+            prompt_tokens=req.prefill_len,
+            output_tokens=req.frames,
+        )
+        return [(req, final), (req, None)]
+
+
+def _media_info(g: MediaGrids) -> Any:
+    import torch
+
+    from omnix.engines.talker_model import MediaInfo
+
+    def tensor(rows: tuple[Any, ...], dtype: Any = torch.long) -> torch.Tensor | None:
+        return torch.tensor(rows, dtype=dtype) if rows else None
+
+    return MediaInfo(
+        image_grid_thw=tensor(g.image_grid_thw),
+        video_grid_thw=tensor(g.video_grid_thw),
+        audio_seqlens=tensor(g.audio_seqlens),
+        second_per_grids=tensor(g.video_second_per_grid, torch.float32),
+    )

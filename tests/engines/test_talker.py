@@ -1,0 +1,141 @@
+"""Qwen3-Omni's talker engine against transformers' generate: greedy codes
+equal in every code group however the thinker's text arrives, several
+requests decoding in one batch, a continuation after delivered frames,
+aborts, voices.  No vLLM: the thinker's side is the reference's own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from omnix.events.types import StageParams
+from omnix.models.paths import ModelPaths
+from omnix.transport.work import GenerateRequest, InputPiece, Resume
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+PROMPTS = (("Say hello.", "chelsie"), ("Tell me about the sea.", "ethan"), ("Why?", "aiden"))
+FRAMES = 40  # talker max_tokens: 39 frames unless it ends first
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_models: ModelPaths):
+    from omnix.testing.speech_oracle import Reference
+
+    ref = Reference(Path(tiny_models.omni))
+    return [
+        ref.speak(text, speaker=voice, thinker_max_tokens=12, talker_max_tokens=FRAMES)
+        for text, voice in PROMPTS
+    ]
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def talker(tiny_models: ModelPaths) -> AsyncIterator:
+    from omnix.engines.talker_engine import TalkerEngine
+    from omnix.pipelines.config import TalkerArgs
+
+    engine = TalkerEngine(TalkerArgs(model=tiny_models.omni, max_batch=4))
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def _pieces(prompt: list[int], text: list[int], every: int, pause: float = 0.0):
+    yield InputPiece(modality="hidden", token_ids=tuple(prompt), text="{}")
+    for i in range(0, len(text), every):
+        if pause:
+            await asyncio.sleep(pause)
+        yield InputPiece(token_ids=tuple(text[i : i + every]))
+
+
+def _request(rid: str, voice: str, resume: Resume | None = None, **kw) -> GenerateRequest:
+    params = StageParams(temperature=0.0, max_tokens=FRAMES, voice=voice, **kw)
+    return GenerateRequest(request_id=rid, stage="talker", params=params, resume=resume)
+
+
+async def _frames(engine, request, inputs) -> tuple[np.ndarray, str]:
+    frames, finish = [], ""
+    async for out in engine.generate(request, inputs):
+        if out.token_ids:
+            frames.append(out.token_ids)
+        finish = out.finish_reason or finish
+    return np.asarray(frames, dtype=np.int64).reshape(-1, 16), finish
+
+
+async def test_greedy_frames_equal_the_reference_in_a_batch_as_text_streams(
+    talker, reference
+) -> None:
+    runs = [
+        _frames(
+            talker,
+            _request(f"b{i}", voice),
+            # Text in pieces of 1, 2 and 5 tokens, trickling: the talker
+            # waits for each next token (or the end) before its frame.
+            _pieces(want.prompt_ids, want.thinker_ids, every=(1, 2, 5)[i], pause=0.01),
+        )
+        for i, ((_, voice), want) in enumerate(zip(PROMPTS, reference, strict=True))
+    ]
+    got = await asyncio.gather(*runs)
+    for (frames, finish), want in zip(got, reference, strict=True):
+        np.testing.assert_array_equal(frames, want.codes)
+        assert finish == ("length" if len(want.codes) == FRAMES - 1 else "stop")
+
+
+async def test_a_continuation_replays_the_delivered_frames_and_goes_on(talker, reference) -> None:
+    want = reference[1]
+    k = len(want.codes) // 2
+    delivered = tuple(int(c) for c in want.codes[:k].reshape(-1))
+    resume = Resume(chunks=k + 1, token_ids=delivered)  # the context chunk, then k frames
+    frames, _ = await _frames(
+        talker,
+        _request("cont", PROMPTS[1][1], resume),
+        _pieces(want.prompt_ids, want.thinker_ids, every=3),
+    )
+    np.testing.assert_array_equal(frames, want.codes[k:])
+
+
+async def test_an_aborted_request_stops_and_the_engine_serves_on(talker, reference) -> None:
+    want = reference[0]
+    got = []
+
+    async def run() -> None:
+        async for out in talker.generate(
+            _request("ab", "chelsie"), _pieces(want.prompt_ids, want.thinker_ids, every=2)
+        ):
+            if out.token_ids:
+                got.append(out)
+                if len(got) == 3:
+                    await talker.abort("ab")
+
+    await asyncio.wait_for(run(), 60)
+    assert len(got) == 3
+    frames, _ = await _frames(
+        talker, _request("after", "chelsie"), _pieces(want.prompt_ids, want.thinker_ids, every=4)
+    )
+    np.testing.assert_array_equal(frames, want.codes)
+
+
+async def test_an_unknown_voice_fails_the_request_naming_the_known_ones(talker, reference) -> None:
+    want = reference[0]
+    with pytest.raises(ValueError, match="chelsie, ethan, aiden"):
+        await _frames(
+            talker, _request("v", "alloy"), _pieces(want.prompt_ids, want.thinker_ids, every=4)
+        )
+
+
+async def test_a_seeded_sampled_request_speaks_the_same_twice(talker, reference) -> None:
+    want = reference[2]
+
+    def sampled(rid: str) -> GenerateRequest:
+        params = StageParams(temperature=0.9, top_k=50, max_tokens=FRAMES, voice="aiden")
+        return GenerateRequest(request_id=rid, stage="talker", params=params, seed=5)
+
+    a, _ = await _frames(talker, sampled("s1"), _pieces(want.prompt_ids, want.thinker_ids, 3))
+    b, _ = await _frames(talker, sampled("s2"), _pieces(want.prompt_ids, want.thinker_ids, 1))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, want.codes[: len(a)])  # sampled, not greedy
