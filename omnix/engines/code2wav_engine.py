@@ -26,17 +26,15 @@ the ``resume.samples`` samples already delivered.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from omnix.engines.checkpoint import tensors_under
-from omnix.engines.device import pick_device
+from omnix.engines.decoding import DecoderThread, Delivered
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import Code2WavArgs
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
@@ -134,28 +132,15 @@ class Code2WavEngine:
         self.args = args
         self.model: Any = None
         self.device = "cpu"
-        self.sample_rate = 24000
-        self._aborted: set[str] = set()
-        self._running: set[str] = set()
-        # One thread decodes for every request: no oversubscription of a
-        # small CPU, and the worker's event loop never blocks on torch.
-        self._pool: ThreadPoolExecutor | None = None
+        self._thread = DecoderThread("code2wav")
 
     async def start(self) -> EngineInfo:
-        import torch
-
         # On the loop's thread, not first in the pool's (see TalkerEngine.start).
         import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe  # noqa: F401
 
         folder = resolve_model(self.args.model)
-        self.device = pick_device(self.args.device)
-        if self.device.startswith("cuda"):
-            # Same shapes -> same kernels -> same bits (the streaming rule).
-            torch.backends.cudnn.deterministic = True
-            torch.backends.cudnn.benchmark = False
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-code2wav")
-        loop = asyncio.get_running_loop()
-        self.model = await loop.run_in_executor(self._pool, load_code2wav, folder, self.device)
+        self.device = self._thread.open(self.args.device)
+        self.model = await self._thread.run(load_code2wav, folder, self.device)
         return EngineInfo(
             engine="code2wav", capacity=CAPACITY, device=self.device, model=str(folder)
         )
@@ -168,15 +153,13 @@ class Code2WavEngine:
     async def _generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
     ) -> AsyncIterator[EngineOutput]:
-        if self.model is None or self._pool is None:
+        if self.model is None:
             raise RuntimeError("Code2WavEngine.generate before start() (or after close())")
-        rid = request.request_id
-        self._running.add(rid)
-        self._aborted.discard(rid)
+        rid, th = request.request_id, self._thread
+        th.begin(rid)
         groups = int(self.model.config.num_quantizers)
         dec = ChunkedDecoder(self.model, groups, self.args.chunk_frames, self.args.context_frames)
-        loop = asyncio.get_running_loop()
-        skip = request.resume.samples if request.resume is not None else 0
+        delivered = Delivered(request)
         codes_in = 0
         try:
             final = False
@@ -188,15 +171,13 @@ class Code2WavEngine:
                     dec.push(piece.token_ids)
                 except StopAsyncIteration:
                     final = True
-                if rid in self._aborted:
+                if rid in th.aborted:
                     return
-                for pcm in await loop.run_in_executor(self._pool, dec.ready, final):
-                    if skip:  # delivered by the replica this execution left
-                        cut = min(skip, pcm.size)
-                        pcm, skip = pcm[cut:], skip - cut
+                for pcm in await th.run(dec.ready, final):
+                    pcm = delivered.drop(pcm)
                     if pcm.size:
                         yield EngineOutput(modality="audio", array=pcm)
-                if rid in self._aborted:
+                if rid in th.aborted:
                     return
             if dec.dropped:
                 log.debug("request %s: dropped a partial frame of %d codes", rid, dec.dropped)
@@ -207,15 +188,11 @@ class Code2WavEngine:
                 output_tokens=len(dec.frames),
             )
         finally:
-            self._running.discard(rid)
-            self._aborted.discard(rid)
+            th.end(rid)
 
     async def abort(self, request_id: str) -> None:
-        if request_id in self._running:
-            self._aborted.add(request_id)
+        self._thread.abort(request_id)
 
     async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self._thread.close()
         self.model = None

@@ -31,15 +31,13 @@ counts are the undisturbed run's (codes consumed, frames decoded).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from omnix.engines.device import pick_device
+from omnix.engines.decoding import DecoderThread, Delivered
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import CodecArgs
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
@@ -61,28 +59,14 @@ class CodecEngine:
         self.args = args
         self.decoder: CodecDecoder | None = None
         self.device = "cpu"
-        self._aborted: set[str] = set()
-        self._running: set[str] = set()
-        # One thread for every request's decode steps: they never run
-        # concurrently (no oversubscription on small CPUs, one CUDA stream),
-        # and the worker's event loop never blocks on torch.
-        self._pool: ThreadPoolExecutor | None = None
+        self._thread = DecoderThread("codec")
 
     async def start(self) -> EngineInfo:
-        import torch
-
         from omnix.models.codec import load_codec
 
         folder = resolve_model(self.args.model)
-        self.device = pick_device(self.args.device)
-        if self.device.startswith("cuda"):
-            # Same shapes -> same kernels -> same bits: the streaming
-            # guarantee needs deterministic, non-autotuned convolutions.
-            torch.backends.cudnn.deterministic = True
-            torch.backends.cudnn.benchmark = False
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-codec")
-        loop = asyncio.get_running_loop()
-        self.decoder = await loop.run_in_executor(self._pool, load_codec, folder, self.device)
+        self.device = self._thread.open(self.args.device)
+        self.decoder = await self._thread.run(load_codec, folder, self.device)
         rate = self.decoder.config.sample_rate
         if rate != self.args.sample_rate:
             raise ValueError(
@@ -101,36 +85,28 @@ class CodecEngine:
     ) -> AsyncIterator[EngineOutput]:
         from omnix.models.codec import CodecStream
 
-        if self.decoder is None or self._pool is None:
+        if self.decoder is None:
             raise RuntimeError("CodecEngine.generate before start() (or after close())")
-        rid = request.request_id
-        self._running.add(rid)
-        self._aborted.discard(rid)
+        rid, th = request.request_id, self._thread
+        th.begin(rid)
         stream = CodecStream(self.decoder)
-        loop = asyncio.get_running_loop()
         codes_in = 0
-        skip = request.resume.samples if request.resume is not None else 0
-        if skip < 0:
-            raise ValueError(f"resume.samples must be >= 0, got {skip}")
+        delivered = Delivered(request)
         try:
             async for piece in inputs:
-                if rid in self._aborted:
+                if rid in th.aborted:
                     return
                 codes = _codes_of(piece)
                 if codes.size == 0:
                     continue
                 codes_in += codes.size
-                pcm = await loop.run_in_executor(self._pool, stream.push, codes)
-                if rid in self._aborted:
+                pcm = delivered.drop(await th.run(stream.push, codes))
+                if rid in th.aborted:
                     return
-                if skip:
-                    # Already delivered by the replica this execution left.
-                    cut = min(skip, pcm.size)
-                    pcm, skip = pcm[cut:], skip - cut
                 if pcm.size:
                     yield EngineOutput(modality="audio", array=pcm)
             stream.flush()
-            if skip:
+            if delivered.left:
                 log.warning(
                     "request %s: resumed after %d samples but its input decodes to %d",
                     rid,
@@ -148,17 +124,13 @@ class CodecEngine:
                 output_tokens=stream.frames_in,
             )
         finally:
-            self._running.discard(rid)
-            self._aborted.discard(rid)
+            th.end(rid)
 
     async def abort(self, request_id: str) -> None:
-        if request_id in self._running:
-            self._aborted.add(request_id)
+        self._thread.abort(request_id)
 
     async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self._thread.close()
         self.decoder = None
 
 
