@@ -31,6 +31,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from omnix.stages.ending import ending
 from omnix.stages.engine import EngineDead
 from omnix.stages.worker_outbox import Outbox
 from omnix.stages.worker_process import EXIT_ENGINE_FAILED
@@ -97,24 +98,12 @@ class EngineLoop:
             record(m.Error(rid, f"{type(exc).__name__}: {exc}"))
             return
         self._finished(req)
-        last = req.last
-        reason = (last.finish_reason if last is not None else "") or "stop"
-        if req.aborted:
-            reason = "aborted"
-        elif reason == "aborted":
-            # The engine stopped the request by itself (vLLM's engine core
-            # aborts what runs when it shuts down).  "aborted" acknowledges
-            # an abort the orchestrator asked for; this one it did not ask
-            # for, and the stage did not finish: it failed, so that the
-            # request is retried or fails instead of waiting forever.
-            log.warning("request %s: stage %s's engine aborted it on its own", rid, self.stage)
-            record(
-                m.Error(
-                    rid,
-                    f"the engine of stage {self.stage!r} aborted the request on its own, "
-                    f"after {req.chunks} chunks (nobody asked for an abort)",
-                )
-            )
+        # (vLLM's engine core aborts what runs when it shuts down: ``ending``
+        # makes that a failure, not a finish the orchestrator never asked for.)
+        reason, failure = ending(req.last, req.aborted, self.stage, req.chunks)
+        if failure:
+            log.warning("request %s: %s", rid, failure)
+            record(m.Error(rid, failure))
             return
         record(_done(req, reason))
         # The end of a request is latency-critical (the next stage or the
@@ -127,7 +116,7 @@ class EngineLoop:
         record = self._outbox.record
         async for out in gen:
             req.last = out
-            if out.text or out.token_ids or out.data or out.array is not None:
+            if out.has_payload:
                 record(
                     m.Output(
                         rid,

@@ -32,6 +32,7 @@ from omnix.events.types import (
     WorkerJoined,
 )
 from omnix.pipelines.config import EngineArgs, PipelineConfig
+from omnix.stages.ending import ending
 from omnix.stages.engine import Engine, load_engine
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, WorkItem
 
@@ -166,7 +167,7 @@ class InProcessRuntime:
                 ex.inputs.stream(),
             ):
                 last = out
-                if out.text or out.token_ids or out.data or out.array is not None:
+                if out.has_payload:
                     blob = None
                     if out.array is not None:
                         blob = self.blobs.put_array(out.array, out.media_type)
@@ -217,15 +218,17 @@ class InProcessRuntime:
                 )
             return
         ex.done = True
+        reason, failure = ending(last, ex.aborted, stage, ex.chunks)
+        if failure:
+            self.emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=failure))
+            return
         self.emit(
             StageFinished(
                 request_id=rid,
                 stage=stage,
                 replica=replica,
                 chunks=ex.chunks,
-                finish_reason="aborted"
-                if ex.aborted
-                else (last.finish_reason if last is not None else "") or "stop",
+                finish_reason=reason,
                 prompt_tokens=last.prompt_tokens if last is not None else 0,
                 output_tokens=last.output_tokens if last is not None else 0,
             )

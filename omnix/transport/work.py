@@ -73,10 +73,14 @@ class EngineOutput(msgspec.Struct):
     logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
+    def has_payload(self) -> bool:
+        """It is a chunk (text, ids, bytes or an array), not progress or
+        payload-free finish metadata."""
+        return bool(self.text or self.token_ids or self.data) or self.array is not None
+
+    @property
     def is_progress(self) -> bool:
-        return (
-            self.total > 0 and not (self.text or self.token_ids or self.data) and self.array is None
-        )
+        return self.total > 0 and not self.has_payload
 
 
 class EngineInfo(msgspec.Struct, frozen=True):
