@@ -42,11 +42,13 @@ from omnix.engines.vllm_prompt import PromptRenderer
 from omnix.engines.vllm_setup import (
     VocabLayout,
     engine_args,
+    engine_settings,
     has_tokenizer,
     set_env_defaults,
 )
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
+from omnix.pipelines.vllm_args import load_chat_template
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 __all__ = ["VllmEngine", "VocabLayout", "engine_args", "set_env_defaults"]
@@ -106,7 +108,10 @@ class VllmEngine:
         self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
         model_cls = await asyncio.to_thread(self._multimodal_cls)
         self._eos_ids = await asyncio.to_thread(self._end_ids)
-        prompts = PromptRenderer(self.folder, self.layout, self._llm, self._tokenizer, model_cls)
+        template = load_chat_template(args.chat_template) if args.chat_template else None
+        prompts = PromptRenderer(
+            self.folder, self.layout, self._llm, self._tokenizer, model_cls, template
+        )
         if args.talker_context:
             layer, media_ids = capture_settings(self.folder)
             await self._llm.collective_rpc("omnix_capture_start", args=(layer, media_ids))
@@ -118,10 +123,17 @@ class VllmEngine:
             self._eos_ids,
             prompts,
             dead,
+            max_model_len=int(self._llm.model_config.max_model_len),
             talker_context=args.talker_context,
         )
+        # What vLLM resolved, not what the stage asked: its own config.
+        config = self._llm.vllm_config
         return EngineInfo(
-            engine="vllm", capacity=args.max_num_seqs, device=self._device, model=str(self.folder)
+            engine="vllm",
+            capacity=int(config.scheduler_config.max_num_seqs),
+            device=self._device,
+            model=str(self.folder),
+            settings=engine_settings(config),
         )
 
     def _make_llm(self) -> type[BaseException]:
