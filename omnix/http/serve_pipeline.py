@@ -135,8 +135,11 @@ def _with_flags(
 
 
 def _vllm_flags_apply(stages: tuple[StageConfig, ...], flags: dict[str, Any]) -> None:
-    if flags and not any(isinstance(st.engine, VllmArgs) for st in stages):
-        shown = ", ".join("--" + k.replace("_", "-") for k in flags)
+    """Engine flags for a pipeline without a vLLM stage would be dropped:
+    an error, but for --served-model-name, which names the server too."""
+    engine = [k for k in flags if k != "served_model_name"]
+    if engine and not any(isinstance(st.engine, VllmArgs) for st in stages):
+        shown = ", ".join("--" + k.replace("_", "-") for k in engine)
         raise UsageError(f"{shown}: vLLM's engine flags, but the pipeline has no vLLM stage")
 
 
