@@ -3,11 +3,15 @@
 
 Owns: ``VllmEngine``'s lifecycle: creating the ``AsyncLLM`` from
 ``VllmArgs`` (model resolution, the model's vocabulary layout, its
-tokenizer, its multimodal class, the ids it stops on, profiling), closing
-it, and the ``generate``/``abort`` entry points.  The parts live beside it:
+tokenizer, its multimodal class, the ids it stops on, profiling; the
+``EngineInfo`` it reports: capacity, context and settings as vLLM
+resolved them, read back from its config), closing it, and the
+``generate``/``abort`` entry points.  The parts live beside it:
 
 * ``vllm_setup.py``: engine args, process environment, ``VocabLayout``
-  (and the process layout on CPU);
+  (and the process layout on CPU), the settings read back;
+* ``vllm_check.py``: vLLM's verdict on a stage's engine args before any
+  engine starts (the server's);
 * ``vllm_prompt.py``: input pieces into prompts (chat template, media,
   vLLM's sender-side multimodal cache);
 * ``vllm_resume.py``: continuing a migrated execution after the chunks

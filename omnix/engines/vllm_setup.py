@@ -1,8 +1,11 @@
 """How a vLLM stage's ``AsyncLLM`` is built: engine args, environment, layout.
 
-Owns: ``engine_args`` (the ``AsyncEngineArgs`` of a stage: also the direct
-baseline of ``omnix bench engines``, so both run the same settings),
-``set_env_defaults`` (the process environment a vLLM stage runs with),
+Owns: ``engine_args`` (the ``AsyncEngineArgs`` of a stage: omnix's
+defaults, ``omnix_defaults``, under the stage's own settings,
+``omnix.pipelines.vllm_args.vllm_kwargs``; also the direct baseline of
+``omnix bench engines``, so both run the same settings),
+``engine_settings`` (a running engine's config read back, by engine
+argument name), ``set_env_defaults`` (the process environment a vLLM stage runs with),
 ``VocabLayout`` (what a model's ``omnix.json`` says about its vocabulary)
 and ``has_tokenizer``.  Does not own running the engine (``vllm_engine.py``
 and the ``vllm_*`` modules beside it) nor the models (``omnix.models``).
