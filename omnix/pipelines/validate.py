@@ -210,9 +210,9 @@ def _vllm_problems(eng: VllmArgs) -> list[str]:
         from omnix.pipelines.vllm_args import check_engine_args
 
         problems.extend(check_engine_args(eng.engine_args))
-    if eng.chat_template:
-        from omnix.pipelines.vllm_args import load_chat_template
+    from omnix.pipelines.vllm_args import load_chat_template, vllm_installed
 
+    if eng.chat_template and vllm_installed():
         try:
             load_chat_template(eng.chat_template)
         except (OSError, ValueError) as exc:

@@ -181,8 +181,18 @@ def one_line(exc: BaseException) -> str:
     return _one_line(str(exc)) or type(exc).__name__
 
 
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
 def check_engine_args(table: dict[str, Any]) -> list[str]:
-    """Every problem of a stage's ``engine_args`` table, one line each."""
+    """Every problem of a stage's ``engine_args`` table, one line each.
+    Where vLLM is not installed (a laptop replaying a trace) there is
+    nothing to check against: the engine checks the table when it starts."""
+    if not vllm_installed():
+        return []
     problems = []
     for key, value in table.items():
         try:
@@ -214,7 +224,8 @@ def setting(args: VllmArgs, key: str) -> Any:
     entry, else its typed field), without importing vLLM when the table
     does not name it; None when the stage leaves it to vLLM."""
     if key in args.engine_args:
-        return convert(key, args.engine_args[key])
+        value = args.engine_args[key]
+        return convert(key, value) if vllm_installed() else value
     value = getattr(args, key, None)
     return None if key in TYPED and value == TYPED[key] else value
 

@@ -181,3 +181,14 @@ def test_a_config_that_names_no_architecture(tmp_path):
     d = _folder(tmp_path, "codec", config_json={"omnix_model": "codec"})
     with pytest.raises(FolderError, match="names no architecture"):
         derive_pipeline(d, gpu=False)
+
+
+def test_any_architecture_vllm_serves_is_a_text_stage(tmp_path):
+    d = _folder(
+        tmp_path, "llama", config_json={"architectures": ["LlamaForCausalLM"], "dtype": "bfloat16"}
+    )
+    cfg = derive_pipeline(d, gpu=True)
+    (stage,) = cfg.stages
+    assert cfg.name == "llama" and isinstance(stage.engine, VllmArgs)
+    assert stage.engine.dtype == "bfloat16" and not stage.engine.enforce_eager
+    assert "LlamaForCausalLM on vLLM" in cfg.description
