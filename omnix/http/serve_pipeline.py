@@ -130,11 +130,11 @@ def _with_flags(
                 more["chat_template"] = template
             changes["engine"] = msgspec.structs.replace(eng, **more)
         stages.append(msgspec.structs.replace(st, **changes) if changes else st)
-    _vllm_flags_apply(pipeline.stages, flags)
+    _check_flags_apply(pipeline.stages, flags)
     return msgspec.structs.replace(pipeline, stages=tuple(stages))
 
 
-def _vllm_flags_apply(stages: tuple[StageConfig, ...], flags: dict[str, Any]) -> None:
+def _check_flags_apply(stages: tuple[StageConfig, ...], flags: dict[str, Any]) -> None:
     """Engine flags for a pipeline without a vLLM stage would be dropped:
     an error, but for --served-model-name, which names the server too."""
     engine = [k for k in flags if k != "served_model_name"]
