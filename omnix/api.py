@@ -59,6 +59,7 @@ from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
 from omnix.pipelines.validate import load_pipeline
+from omnix.transport.work import EngineInfo
 
 if TYPE_CHECKING:
     from omnix.events.disklog import LogConfig
@@ -629,6 +630,19 @@ class Omni:
         if self.retention is not None:
             return self.retention.status(request_id)
         return "retained" if request_id in self.log.state.requests else "unknown"
+
+    def engines(self) -> list[tuple[str, int, EngineInfo]]:
+        """(stage, replica, what its engine said of itself when it became
+        ready) of every ready replica the runtime spawned or took in; empty
+        for a runtime that does not run workers (the test runtimes)."""
+        from omnix.stages.runtime import StageRuntime
+
+        if not isinstance(self.runtime, StageRuntime):
+            return []
+        return [
+            (stage, replica, EngineInfo(r.engine, r.capacity, r.device, r.model, r.settings))
+            for stage, replica, r in self.runtime.engines()
+        ]
 
     async def profile(
         self, action: Literal["start", "stop"], stages: Sequence[str] = ()

@@ -2,7 +2,8 @@
 
 Owns: the top-level parser, lazy dispatch and how a verb's user error
 ends: one line, ``omnix VERB: error: MESSAGE``, exit status 2 (argparse's
-own style, for errors found after parsing too: ``omnix.usage``), and
+own style, for errors found after parsing too: ``omnix.usage``; a flag the
+verb does not have is reported so as well, with the closest it has), and
 Ctrl-C ends with status 130 and no traceback.  Each verb lives in the
 module that owns the capability and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``, raising ``UsageError`` for what its user must fix;
@@ -13,6 +14,7 @@ from importing vLLM.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
@@ -71,15 +73,45 @@ def main(argv: list[str] | None = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     parser = build_parser()
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()
     if not getattr(args, "_module", None):
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         parser.print_help()
         return 0
+    if extra:
+        return _unrecognized(parser, args, extra)
     module = importlib.import_module(args._module)
     try:
         return run_reporting(args._prog, lambda: int(module.run(args) or 0))
     except KeyboardInterrupt:
         return 130
+
+
+def _unrecognized(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
+) -> int:
+    """A flag the verb does not have: one line naming it as the verb's
+    error (``omnix serve: error: ...``), with the verb's closest flags."""
+    verb = _verb_parser(parser, args.verb)
+    known = sorted(verb._option_string_actions) if verb is not None else []
+    flags = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
+    near = [n for f in flags for n in difflib.get_close_matches(f, known, n=2, cutoff=0.7)]
+    hint = f" (did you mean {', '.join(dict.fromkeys(near))}?)" if near else ""
+    where = " (neither omnix's nor one of vLLM's engine flags)" if args.verb == "serve" else ""
+    print(
+        f"{args._prog}: error: unrecognized arguments: {' '.join(extra)}{where}{hint}",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _verb_parser(parser: argparse.ArgumentParser, verb: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser | None = action.choices.get(verb)
+            return found
+    return None
 
 
 if __name__ == "__main__":

@@ -234,3 +234,95 @@ def test_bench_bad_flags(argv, says):
     code, err = omnix("bench", name, *rest)
     first = next(i for i, line in enumerate(err) if "error: " in line)
     one_line_error(code, err[: first + 1], f"bench {name}", *says)
+
+
+# -- omnix serve PATH and vLLM's engine flags (issue 30): before any engine starts ------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.model_fixtures import session_models
+
+    return session_models(tmp_path_factory)
+
+
+def test_serve_a_folder_that_does_not_exist(tmp_path):
+    code, err = omnix("serve", tmp_path / "nope", "--port", "0")
+    one_line_error(code, err, "serve", f"{tmp_path}/nope: no such folder", "never downloads")
+    assert len(err) == 1
+
+
+def test_serve_a_folder_with_no_config(tmp_path):
+    code, err = omnix("serve", "--model", tmp_path, "--port", "0")
+    one_line_error(code, err, "serve", str(tmp_path), "no config.json", "no model_index.json")
+    assert len(err) == 1
+
+
+def test_serve_an_architecture_nothing_here_serves(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLMM"]}')
+    code, err = omnix("serve", tmp_path, "--port", "0")
+    last = one_line_error(
+        code, err, "serve", "architecture Qwen2ForCausalLMM is not one omnix serves"
+    )
+    # what is served, listed: the table's rows
+    for kind in ("Qwen3OmniMoeForConditionalGeneration", "text-to-image", "vLLM serves"):
+        assert kind in last
+    assert "near: Qwen2ForCausalLM" in last and len(err) == 1
+
+
+def test_serve_a_flag_vllm_does_not_know(tiny):
+    code, err = omnix("serve", tiny.thinker, "--max-model-lenn", "256")
+    one_line_error(
+        code, err, "serve", "unrecognized arguments: --max-model-lenn 256",
+        "neither omnix's nor one of vLLM's engine flags", "did you mean --max-model-len?",
+    )  # fmt: skip
+    assert len(err) == 1
+
+
+def test_serve_a_value_vllms_parser_refuses(tiny):
+    code, err = omnix("serve", tiny.thinker, "--dtype", "fp7")
+    one_line_error(code, err, "serve", "argument --dtype: invalid choice: 'fp7'")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--tensor-parallel-size", "0"), ("tensor_parallel_size", "greater than or equal to 1")),
+        (("--quantization", "bogus"), ("Unknown quantization method: bogus",)),
+        (("--max-model-len", "100000"), ("max_model_len (100000) is greater than the derived",)),
+    ],
+)
+def test_serve_a_value_vllm_refuses_in_its_own_words(tiny, flags, says):
+    code, err = omnix("serve", tiny.thinker, "--port", "0", *flags)
+    one_line_error(code, err, "serve", "stage 'llm': vLLM refuses it: ", *says)
+    assert len(err) == 1  # before any engine started: no worker wrote a line
+
+
+def test_serve_devices_that_are_not_devices(tiny):
+    code, err = omnix("serve", tiny.thinker, "--port", "0", "--stage-devices", "llm=0,x")
+    assert code == 2 and "devices '0,x' is not a list of GPU numbers" in "\n".join(err), err
+    code, err = omnix("serve", tiny.thinker, "--port", "0", "--stage-devices", "talker=0")
+    one_line_error(code, err, "serve", "--stage-devices 'talker=0'", "(llm)")
+
+
+def test_serve_a_pipeline_file_whose_engine_args_vllm_does_not_have(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'name = "p"\n[[stages]]\nname = "thinker"\n'
+        'engine = { kind = "vllm", model = "thinker", engine_args = { max_modl_len = 64 } }\n'
+        '[outputs]\ntext = "thinker"\n'
+    )
+    code, err = omnix("serve", "--pipeline", path, "--port", "0")
+    assert code == 2 and not any("Traceback" in line for line in err), err
+    assert "stage 'thinker': engine_args.max_modl_len is not one of vLLM" in err[-1]
+    assert "did you mean max_model_len?" in err[-1]
+
+
+def test_serve_engine_flags_for_a_pipeline_without_a_vllm_stage(omni_toml):
+    code, err = omnix("serve", "--pipeline", omni_toml, "--port", "0", "--max-model-len", "64")
+    one_line_error(code, err, "serve", "--max-model-len", "the pipeline has no vLLM stage")
+
+
+def test_serve_a_folder_and_a_pipeline(tiny, omni_toml):
+    code, err = omnix("serve", tiny.thinker, "--pipeline", omni_toml)
+    one_line_error(code, err, "serve", "give one", "omnix pipelines show --model PATH")

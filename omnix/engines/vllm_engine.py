@@ -3,11 +3,15 @@
 
 Owns: ``VllmEngine``'s lifecycle: creating the ``AsyncLLM`` from
 ``VllmArgs`` (model resolution, the model's vocabulary layout, its
-tokenizer, its multimodal class, the ids it stops on, profiling), closing
-it, and the ``generate``/``abort`` entry points.  The parts live beside it:
+tokenizer, its multimodal class, the ids it stops on, profiling; the
+``EngineInfo`` it reports: capacity, context and settings as vLLM
+resolved them, read back from its config), closing it, and the
+``generate``/``abort`` entry points.  The parts live beside it:
 
 * ``vllm_setup.py``: engine args, process environment, ``VocabLayout``
-  (and the process layout on CPU);
+  (and the process layout on CPU), the settings read back;
+* ``vllm_check.py``: vLLM's verdict on a stage's engine args before any
+  engine starts (the server's);
 * ``vllm_prompt.py``: input pieces into prompts (chat template, media,
   vLLM's sender-side multimodal cache);
 * ``vllm_resume.py``: continuing a migrated execution after the chunks
@@ -42,11 +46,13 @@ from omnix.engines.vllm_prompt import PromptRenderer
 from omnix.engines.vllm_setup import (
     VocabLayout,
     engine_args,
+    engine_settings,
     has_tokenizer,
     set_env_defaults,
 )
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
+from omnix.pipelines.vllm_args import load_chat_template
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 __all__ = ["VllmEngine", "VocabLayout", "engine_args", "set_env_defaults"]
@@ -106,7 +112,10 @@ class VllmEngine:
         self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
         model_cls = await asyncio.to_thread(self._multimodal_cls)
         self._eos_ids = await asyncio.to_thread(self._end_ids)
-        prompts = PromptRenderer(self.folder, self.layout, self._llm, self._tokenizer, model_cls)
+        template = load_chat_template(args.chat_template) if args.chat_template else None
+        prompts = PromptRenderer(
+            self.folder, self.layout, self._llm, self._tokenizer, model_cls, template
+        )
         if args.talker_context:
             layer, media_ids = capture_settings(self.folder)
             await self._llm.collective_rpc("omnix_capture_start", args=(layer, media_ids))
@@ -118,10 +127,17 @@ class VllmEngine:
             self._eos_ids,
             prompts,
             dead,
+            max_model_len=int(self._llm.model_config.max_model_len),
             talker_context=args.talker_context,
         )
+        # What vLLM resolved, not what the stage asked: its own config.
+        config = self._llm.vllm_config
         return EngineInfo(
-            engine="vllm", capacity=args.max_num_seqs, device=self._device, model=str(self.folder)
+            engine="vllm",
+            capacity=int(config.scheduler_config.max_num_seqs),
+            device=self._device,
+            model=str(self.folder),
+            settings=engine_settings(config),
         )
 
     def _make_llm(self) -> type[BaseException]:

@@ -75,6 +75,9 @@ class Loaded:
     eos_ids: frozenset[int]
     prompts: PromptRenderer
     dead: type[BaseException]
+    #: the context the engine runs with, as vLLM resolved it (the stage
+    #: may leave it to vLLM, or name it in engine_args)
+    max_model_len: int
     #: emit the talker's context before the first piece's text (see
     #: ``VllmArgs.talker_context``)
     talker_context: bool = False
@@ -217,7 +220,7 @@ class Generation:
         engine_input, n_prompt = await m.prompts.render(prompt, extra, media)
         self.prompt_tokens += n_prompt
         try:
-            left = budget(request, self.args.max_model_len, n_prompt) - len(resumed)
+            left = budget(request, m.max_model_len, n_prompt) - len(resumed)
             if skip or left <= 0:
                 # Nothing runs: with nothing left of the budget, the lost
                 # replica had used it all.

@@ -43,12 +43,15 @@ class PromptRenderer:
         llm: Any,
         tokenizer: Any,
         model_cls: Any,
+        chat_template: str | None = None,
     ) -> None:
         self.folder = folder
         self.layout = layout
         self.llm = llm
         self.tokenizer = tokenizer
         self.model_cls = model_cls
+        #: the stage's own template (vLLM's --chat-template), over the tokenizer's
+        self.chat_template = chat_template
 
     def prompt_ids(self, piece: InputPiece, args: VllmArgs) -> list[int]:
         """The piece's text ids (per the stage's ``args.input_mode``), mapped into this model's
@@ -105,12 +108,14 @@ class PromptRenderer:
         else:
             return list(piece.token_ids)
         tok = self._need_tokenizer("chat")
-        if not getattr(tok, "chat_template", None):
+        if not (self.chat_template or getattr(tok, "chat_template", None)):
             raise ValueError(
                 f"input_mode 'chat' but the tokenizer in {self.folder} has no chat template: "
-                "use input_mode 'text' or add a chat_template"
+                "use input_mode 'text' or give the stage a chat_template (--chat-template)"
             )
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True
+        )
         return self._encode(text, special=False)
 
     def _with_placeholders(self, m: ChatMessage) -> str:

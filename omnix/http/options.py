@@ -39,3 +39,6 @@ class HttpOptions:
     #: Hosts whose http(s) media URLs may be fetched (``media/``); none:
     #: only ``data:`` URLs.
     allowed_media_domains: frozenset[str] = frozenset()
+    #: The names the server answers to as ``model`` (``--served-model-name``,
+    #: as vLLM's): the first is the one it reports; none: the pipeline's name.
+    served_model_names: tuple[str, ...] = ()

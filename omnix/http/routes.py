@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from omnix.http.admin import engines
 from omnix.http.admin import router as admin
 from omnix.http.audio import router as audio
 from omnix.http.audio import voices
@@ -39,6 +40,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     admin.VERSION,
     admin.HEALTH,
     admin.READY,
+    engines.ENGINES,
     admin.METRICS,
     admin.START_PROFILE,
     admin.STOP_PROFILE,

@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -42,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from omnix.http.options import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, HttpOptions
 from omnix.http.serve_config import ConfigError, apply_config, defaults_of
+from omnix.http.serve_pipeline import ServedPipeline, check_with_vllm, served_pipeline
+from omnix.pipelines.vllm_args import add_engine_flags
 from omnix.transport.sockets import check_endpoint
 from omnix.usage import UsageError, arg_type, port_number
 
@@ -68,7 +71,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _operator_flags,
     ):
         group(parser)
-    parser.set_defaults(_serve_options=defaults_of(parser))
+    # vLLM's engine flags come from the installed vLLM, whose import takes
+    # seconds: only when the command line may hold one (or asks for help).
+    dests = add_engine_flags(parser) if _may_name_engine_flags(parser) else []
+    parser.usage = (
+        "%(prog)s [PATH] [--pipeline NAME|FILE] [--host H] [--port P] [--api-key KEY] "
+        "[vLLM engine flags] [...]  (%(prog)s --help lists every flag)"
+    )
+    parser.set_defaults(_serve_options=defaults_of(parser), _vllm_dests=dests)
+
+
+def _may_name_engine_flags(parser: argparse.ArgumentParser) -> bool:
+    """Whether the command line has a flag that is not omnix's own (or
+    asks for help, or reads flags from a file)."""
+    own = set(parser._option_string_actions)
+    for token in _serve_argv():
+        if token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if name in ("-h", "--help", "--config") or (
+            token.startswith("-") and name not in own and not _is_number(token)
+        ):
+            return True
+    return False
+
+
+def _serve_argv() -> list[str]:
+    """This process's command line after ``serve`` when it is ``omnix
+    serve ...`` (``omnix.cli`` sets ``sys.argv`` for a call too), else
+    nothing: a parser built for another purpose gets omnix's flags only."""
+    argv = sys.argv[1:]
+    verb = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    return argv[verb + 1 :] if verb is not None and argv[verb] == "serve" else []
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
 
 
 def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
@@ -76,10 +118,37 @@ def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
     from omnix.pipelines.registry import DEFAULT_PIPELINE
 
     parser.add_argument(
+        "model_path",
+        nargs="?",
+        default=None,
+        metavar="PATH",
+        help="a local model folder to serve, as `vllm serve PATH`: its config.json or "
+        "model_index.json decides the pipeline (docs/models.md, 'Serving a model folder')",
+    )
+    parser.add_argument(
+        "--model", default=None, metavar="PATH", help="the model folder, as PATH gives it"
+    )
+    parser.add_argument(
         "--pipeline",
-        default=DEFAULT_PIPELINE,
+        default=None,
         metavar="NAME|PATH",
-        help=f"built-in pipeline name or a TOML/YAML/JSON config file (default: {DEFAULT_PIPELINE})",
+        help="built-in pipeline name or a TOML/YAML/JSON config file (default, with no model "
+        f"folder: {DEFAULT_PIPELINE})",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE|TEMPLATE",
+        help="vLLM's --chat-template: the chat template of every vLLM stage, a file or the "
+        "template itself (default: the tokenizer's own)",
+    )
+    parser.add_argument(
+        "--stage-devices",
+        action="append",
+        default=None,
+        metavar="STAGE=DEVICES",
+        help="the GPUs a stage's replicas use, e.g. thinker=0,1 (repeat per stage; over the "
+        "pipeline's own devices; ignored on a machine without a GPU)",
     )
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST})"
@@ -257,7 +326,7 @@ def _operator_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _http_options(args: argparse.Namespace) -> HttpOptions:
+def _http_options(args: argparse.Namespace, names: tuple[str, ...] = ()) -> HttpOptions:
     """The HTTP layer's options from the flags; ``UsageError`` (one line
     naming the flag) for a value that is not one."""
     from omnix.http.core.cors import parse_origins
@@ -277,16 +346,17 @@ def _http_options(args: argparse.Namespace) -> HttpOptions:
         resume_grace_s=args.resume_grace,
         allowed_origins=origins,
         allowed_media_domains=_domains(args.allowed_media_domains),
+        served_model_names=names,
     )
 
 
-def _build_omni(args: argparse.Namespace) -> Omni:
-    """The pipeline, its models and the ``Omni`` serving it, as the flags
+def _build_omni(args: argparse.Namespace, served: ServedPipeline) -> Omni:
+    """The pipeline's models and the ``Omni`` serving it, as the flags
     say; ``UsageError`` for what the operator must fix, in one line."""
     from omnix.api import Omni
     from omnix.events.disklog import LogError
     from omnix.models.prepare import prepare_models
-    from omnix.pipelines.validate import PipelineError, load_pipeline
+    from omnix.pipelines.validate import PipelineError
     from omnix.stages.runtime import RuntimeConfigError
 
     try:
@@ -296,9 +366,10 @@ def _build_omni(args: argparse.Namespace) -> Omni:
     if args.archive and args.log_dir is None:
         raise UsageError("--archive moves released log segments aside: it needs --log-dir DIR")
     try:
-        pipeline = load_pipeline(args.pipeline)
+        pipeline = served.pipeline
         spawn = _spawn_choice(args.spawn)
         prepare_models(pipeline, args.model_dir, build=not args.no_build)
+        check_with_vllm(served)
         return Omni(
             pipeline,
             log_dir=args.log_dir,
@@ -327,8 +398,9 @@ def _build_omni(args: argparse.Namespace) -> Omni:
 async def serve(args: argparse.Namespace) -> int:
     from omnix.http.app import HttpServer
 
-    options = _http_options(args)
-    omni = _build_omni(args)
+    served = served_pipeline(args)
+    options = _http_options(args, served.names)
+    omni = _build_omni(args, served)
     pipeline = omni.pipeline
     server = HttpServer(omni, options, host=args.host, port=args.port, access_log=args.access_log)
     try:
@@ -424,7 +496,7 @@ def _spawn_choice(text: str) -> bool | list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.config:
         try:
-            apply_config(args, args._serve_options, args.config)
+            apply_config(args, args._serve_options, args.config, frozenset(args._vllm_dests))
         except ConfigError as bad:
             raise UsageError(str(bad)) from None
     logging.basicConfig(

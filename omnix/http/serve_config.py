@@ -11,6 +11,7 @@ the file.  Does not own what any option means (``serve.py``).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -57,19 +58,41 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 
 def apply_config(
-    args: argparse.Namespace, options: dict[str, argparse.Action], path: str | Path
+    args: argparse.Namespace,
+    options: dict[str, argparse.Action],
+    path: str | Path,
+    engine: frozenset[str] = frozenset(),
 ) -> None:
     """Set ``args`` from the file at ``path`` where the command line left
-    an option at its default."""
+    an option at its default.  ``engine``: the options that are vLLM's
+    engine flags, whose values are read as vLLM's command line reads them
+    (``omnix.pipelines.vllm_args.through``)."""
     for key, value in read_config(path).items():
         dest = str(key).replace("-", "_")
         action = options.get(dest)
         if action is None:
-            known = ", ".join(sorted(d.replace("_", "-") for d in options))
-            raise ConfigError(f"--config {path}: unknown option {key!r} (options: {known})")
-        if getattr(args, dest) != action.default:
+            own = ", ".join(sorted(d.replace("_", "-") for d in options if d not in engine))
+            vllm = f"; and vLLM's {len(engine)} engine arguments" if engine else ""
+            near = difflib.get_close_matches(dest, list(options), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(n.replace('_', '-') for n in near)}?" if near else ""
+            raise ConfigError(
+                f"--config {path}: unknown option {key!r} (options: {own}{vllm}){hint}"
+            )
+        if getattr(args, dest, argparse.SUPPRESS) != action.default:
             continue  # given on the command line: it wins
-        setattr(args, dest, _value(path, key, action, value))
+        if dest in engine:
+            setattr(args, dest, _engine_value(path, key, action, value))
+        else:
+            setattr(args, dest, _value(path, key, action, value))
+
+
+def _engine_value(path: str | Path, key: str, action: argparse.Action, value: Any) -> Any:
+    from omnix.pipelines.vllm_args import through
+
+    try:
+        return through(action, value)
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+        raise ConfigError(f"--config {path}: {key} = {value!r}: {exc}") from None
 
 
 def _value(path: str | Path, key: str, action: argparse.Action, value: Any) -> Any:

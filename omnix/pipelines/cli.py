@@ -1,7 +1,9 @@
 """``omnix pipelines``: list, show and validate pipeline configs.
 
-Owns: the verb's arguments and printing.  Loading and validation are
-``validate.py``'s.
+Owns: the verb's arguments and printing (a summary, JSON, or a TOML
+pipeline file; ``show --model PATH`` prints what ``omnix serve PATH``
+serves).  Loading and validation are ``validate.py``'s, deriving a
+folder's pipeline ``folder.py``'s.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import sys
 
 import msgspec
 
-from omnix.pipelines.config import engine_kind, engine_model
+from omnix.pipelines.config import PipelineConfig, engine_kind, engine_model
 from omnix.pipelines.registry import DEFAULT_PIPELINE, builtin_names
+from omnix.pipelines.toml_out import pipeline_toml
 from omnix.pipelines.validate import PipelineError, load_pipeline, stage_output_modality
 from omnix.usage import UsageError
 
@@ -23,13 +26,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = sub.add_parser("show", help="print a pipeline's stages, edges and outputs")
     show.set_defaults(_prog=show.prog)
     show.add_argument(
-        "pipeline", nargs="?", default=DEFAULT_PIPELINE, help="built-in name or config path"
+        "pipeline",
+        nargs="?",
+        default=None,
+        help=f"built-in name or config path (default: {DEFAULT_PIPELINE})",
+    )
+    show.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="the pipeline `omnix serve PATH` derives from a model folder, as TOML that "
+        "`omnix serve --pipeline FILE` serves unchanged",
     )
     show.add_argument("--json", action="store_true", help="print the decoded config as JSON")
+    show.add_argument(
+        "--toml", action="store_true", help="print the config as TOML (a pipeline file)"
+    )
     val = sub.add_parser(
         "validate", help="check config files (all of them); exit 1 if any is invalid"
     )
     val.add_argument("pipelines", nargs="+", help="built-in names or config paths")
+
+
+def _shown(args: argparse.Namespace) -> PipelineConfig:
+    """The pipeline ``show`` prints: derived from ``--model``, else loaded."""
+    if args.model and args.pipeline:
+        raise UsageError(f"give a pipeline ({args.pipeline}) or --model {args.model}, not both")
+    try:
+        if args.model:
+            from omnix.pipelines.devices import visible_gpus
+            from omnix.pipelines.folder import FolderError, derive_pipeline
+
+            try:
+                return derive_pipeline(args.model, gpu=bool(visible_gpus()))
+            except FolderError as exc:
+                raise UsageError(str(exc)) from None
+        return load_pipeline(args.pipeline or DEFAULT_PIPELINE)
+    except PipelineError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _header(args: argparse.Namespace) -> str:
+    if not args.model:
+        return ""
+    return (
+        f"The pipeline `omnix serve {args.model}` serves (derived on this machine).\n"
+        f"Edit it and serve it with: omnix serve --pipeline THIS_FILE"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:12s} {cfg.description}{mark}")
         return 0
     if action == "show":
-        try:
-            cfg = load_pipeline(args.pipeline)
-        except PipelineError as exc:
-            raise UsageError(str(exc)) from None
+        cfg = _shown(args)
         if args.json:
             print(msgspec.json.format(msgspec.json.encode(cfg).decode()))
+            return 0
+        if args.toml or args.model:
+            print(pipeline_toml(cfg, _header(args)), end="")
             return 0
         print(f"pipeline {cfg.name}: {cfg.description}")
         for st in cfg.stages:

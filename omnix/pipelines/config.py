@@ -25,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -37,7 +37,15 @@ _STRICT = dict(frozen=True, forbid_unknown_fields=True, kw_only=True)
 class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     """An autoregressive stage on vLLM ``AsyncLLM``.  ``model`` is a local
     folder, or the name of a tiny model omnix builds (``thinker``,
-    ``talker``) resolved against the model cache."""
+    ``talker``) resolved against the model cache.
+
+    ``dtype`` .. ``gpu_memory_utilization`` are vLLM's engine arguments of
+    those names with omnix's defaults (docs/engines.md, "Engine arguments":
+    small, exact and eager, for the tiny models on a laptop); 0 leaves one
+    to vLLM's own default.  ``engine_args`` takes any of vLLM's
+    ``EngineArgs`` fields by vLLM's name (checked against the installed
+    vLLM when the pipeline is validated) and wins over the fields above:
+    ``omnix.pipelines.vllm_args.vllm_kwargs`` is the one place they meet."""
 
     model: str
     dtype: str = "float32"
@@ -63,6 +71,12 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # the hidden states at the talker's layer for the media positions, the
     # media's grids), captured inside vLLM (``omnix.engines.vllm_capture``).
     talker_context: bool = False
+    # vLLM's ``--chat-template``: a file, or the template itself ("": the
+    # tokenizer's own).  A front-end setting in vLLM, not an engine
+    # argument, so a field of its own.
+    chat_template: str = ""
+    # vLLM's EngineArgs by field name: the explicit table, over the fields above.
+    engine_args: dict[str, Any] = {}
 
 
 class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):
@@ -207,6 +221,13 @@ class StageConfig(msgspec.Struct, **_STRICT):
     # Audio and image parts a source stage takes besides text (None: text
     # only); checked at admission.
     media: MediaLimits | None = None
+    # The accelerators the stage's replicas use, as indices into the GPUs
+    # the server sees ("0,1"; "": all of them, as the process finds them).
+    # Replicas take consecutive groups of them, each as wide as a replica's
+    # tensor x pipeline parallelism (``omnix.pipelines.devices``); a worker
+    # sees its group as CUDA_VISIBLE_DEVICES.  Ignored on a machine
+    # without GPUs (the server logs it).
+    devices: str = ""
 
     @property
     def retries(self) -> bool:

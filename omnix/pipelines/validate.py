@@ -21,6 +21,7 @@ from omnix.pipelines.config import (
     TalkerArgs,
     VllmArgs,
 )
+from omnix.pipelines.devices import device_problems
 from omnix.pipelines.engines import engine_kinds
 
 SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
@@ -160,21 +161,63 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
         problems.append(f"abort_timeout_s must be > 0, got {cfg.abort_timeout_s}")
     problems.extend(_media_problems(cfg))
     problems.extend(_speech_problems(cfg))
+    for st in cfg.stages:
+        problems.extend(device_problems(st))
+        if isinstance(st.engine, VllmArgs):
+            problems.extend(f"stage {st.name!r}: {p}" for p in _vllm_problems(st.engine))
     if problems:
         raise PipelineError(source, problems)
 
 
 def _speech_problems(cfg: PipelineConfig) -> list[str]:
     """A thinker that feeds a talker its context runs eagerly: the capture
-    is a hook in the model's forward, which a compiled forward skips."""
-    return [
-        f"stage {st.name!r}: talker_context needs enforce_eager = true (the hidden-state "
-        "capture hooks the model's forward, which a compiled or graph-captured run skips)"
-        for st in cfg.stages
-        if isinstance(st.engine, VllmArgs)
-        and st.engine.talker_context
-        and not st.engine.enforce_eager
-    ]
+    is a hook in the model's forward, which a compiled forward skips; and
+    the capture is omnix's worker extension, which the stage may not swap."""
+    problems = []
+    for st in cfg.stages:
+        eng = st.engine
+        if not isinstance(eng, VllmArgs) or not eng.talker_context:
+            continue
+        if eng.engine_args.get("enforce_eager", eng.enforce_eager) is not True:
+            problems.append(
+                f"stage {st.name!r}: talker_context needs enforce_eager = true (the hidden-state "
+                "capture hooks the model's forward, which a compiled or graph-captured run skips)"
+            )
+        if eng.engine_args.get("worker_extension_cls"):
+            problems.append(
+                f"stage {st.name!r}: engine_args.worker_extension_cls: talker_context runs "
+                "omnix's own worker extension (the hidden-state capture); leave it out"
+            )
+    return problems
+
+
+def _vllm_problems(eng: VllmArgs) -> list[str]:
+    """A vLLM stage's own settings: its typed fields' ranges (0 leaves one
+    to vLLM), its ``engine_args`` checked against the installed vLLM, its
+    chat template."""
+    problems = []
+    for field in ("max_model_len", "max_num_seqs"):
+        if getattr(eng, field) < 0:
+            problems.append(f"{field} must be >= 0 (0: vLLM's default), got {getattr(eng, field)}")
+    if not 0 <= eng.gpu_memory_utilization <= 1:
+        problems.append(
+            "gpu_memory_utilization must be from 0 (vLLM's default) to 1, got "
+            f"{eng.gpu_memory_utilization}"
+        )
+    if eng.kv_cache_gib < 0:
+        problems.append(f"kv_cache_gib must be >= 0 (0: vLLM's default), got {eng.kv_cache_gib}")
+    if eng.engine_args:
+        from omnix.pipelines.vllm_args import check_engine_args
+
+        problems.extend(check_engine_args(eng.engine_args))
+    from omnix.pipelines.vllm_args import load_chat_template, vllm_installed
+
+    if eng.chat_template and vllm_installed():
+        try:
+            load_chat_template(eng.chat_template)
+        except (OSError, ValueError) as exc:
+            problems.append(f"chat_template: {exc}")
+    return problems
 
 
 def _media_problems(cfg: PipelineConfig) -> list[str]:

@@ -163,6 +163,7 @@ class Handshake:
         slot.state = "ready"
         slot.capacity = ready.capacity
         slot.engine = ready.engine
+        slot.ready = ready
         slot.last_seen = slot.joined_at = time.monotonic()
         slot.failures = 0
         self._emit(

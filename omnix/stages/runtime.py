@@ -71,6 +71,7 @@ from omnix.stages.errors import (
     StageRuntimeError,
     WorkerStartError,
 )
+from omnix.stages.gpus import gpu_plan
 from omnix.stages.handshake import Handshake, private_endpoint
 from omnix.stages.liveness import Liveness
 from omnix.stages.placement import pin_process, runtime_plan
@@ -167,6 +168,9 @@ class StageRuntime:
             pipeline, vllm_cpu_placement, self.worker_env, self.worker_cpus
         )
         self.pin_server = pin_server
+        # The GPUs each spawned replica sees (its stage's devices); a device
+        # this machine lacks is refused here, before any worker starts.
+        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages)
         if shutdown_grace_s < 0:
             raise ValueError(
                 f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)"
@@ -218,6 +222,7 @@ class StageRuntime:
             worker_env=self.worker_env,
             worker_cpus=self.worker_cpus,
             cpu_plan=self.cpu_plan,
+            worker_gpus=self.worker_gpus,
             forward_worker_output=self.forward_worker_output,
             on_exit=self._on_proc_exit,
             closed=lambda: self._closed,
@@ -237,6 +242,14 @@ class StageRuntime:
         """The replica's credit count (0 unless ready)."""
         s = self._slots.get(stage, replica)
         return s.capacity if s.state == "ready" else 0
+
+    def engines(self) -> list[tuple[str, int, m.Ready]]:
+        """(stage, replica, what its READY said) of every ready replica."""
+        return [
+            (s.stage, s.replica, s.ready)
+            for s in self._slots.all()
+            if s.ready is not None and s.state == "ready"
+        ]
 
     def in_flight(self, stage: str, replica: int) -> int:
         """Requests started on the replica and not yet finished/failed/lost."""

@@ -20,6 +20,7 @@ from typing import Literal
 
 from omnix.pipelines.config import PipelineConfig, StageConfig
 from omnix.stages.procs import WorkerProcess
+from omnix.transport import messages as m
 from omnix.transport.work import WorkItem
 
 SlotState = Literal["down", "starting", "joining", "ready"]
@@ -54,6 +55,7 @@ class Slot:
         "outbox",
         "pid",
         "proc",
+        "ready",
         "replica",
         "restart_handle",
         "stage",
@@ -77,6 +79,8 @@ class Slot:
         self.pid = 0
         self.capacity = 0
         self.engine = ""
+        #: what the worker's READY said of its engine (None until ready)
+        self.ready: m.Ready | None = None
         self.active: dict[str, Run] = {}
         # Requests waiting for one of this replica's credits, oldest first:
         # a released request keeps its credit until the worker acknowledges

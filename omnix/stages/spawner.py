@@ -3,7 +3,7 @@
 Owns: ``Spawner``.  It starts one ``omnix.stages.worker_cli`` process per
 replica of the stages the runtime spawns, with the environment a worker
 runs in (``spawn_env``: one OpenMP thread, this omnix on ``PYTHONPATH``, the
-CPUs the placement gives it, a fresh incarnation token, the parent's pid,
+CPUs the placement gives it, the GPUs its stage's ``devices`` give it, a fresh incarnation token, the parent's pid,
 the shared worker token), reports a process's exit (``on_exit``), restarts
 a replica with backoff by how many starts failed in a row, and at shutdown
 gives running workers a grace to exit, then SIGTERM, then SIGKILL.  Every
@@ -45,6 +45,7 @@ class Spawner:
         worker_env: dict[str, str],
         worker_cpus: dict[str, str],
         cpu_plan: CpuPlan | None,
+        worker_gpus: dict[str, str],
         forward_worker_output: bool,
         on_exit: Callable[[WorkerProcess], None],
         closed: Callable[[], bool],
@@ -54,6 +55,8 @@ class Spawner:
         self.worker_env = worker_env
         self.worker_cpus = worker_cpus
         self.cpu_plan = cpu_plan
+        #: worker id -> its CUDA_VISIBLE_DEVICES (``gpus.gpu_plan``)
+        self.worker_gpus = worker_gpus
         self.forward_worker_output = forward_worker_output
         self._on_exit = on_exit
         self._closed = closed
@@ -122,6 +125,8 @@ class Spawner:
             env[ENGINE_CPUS_ENV] = plan.engines[wid]
         if cpus:
             env[CPUS_ENV] = cpus
+        if wid in self.worker_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.worker_gpus[wid]
         return env
 
     def schedule_restart(self, slot: Slot) -> None:

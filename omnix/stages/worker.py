@@ -284,7 +284,8 @@ class Worker:
         info = self._info
         assert info is not None
         self._outbox.send(
-            m.READY, m.Ready(self.token, info.engine, info.capacity, info.device, info.model)
+            m.READY,
+            m.Ready(self.token, info.engine, info.capacity, info.device, info.model, info.settings),
         )
         log.info(
             "worker %s/%d ready: engine %s, capacity %d, pid %d",

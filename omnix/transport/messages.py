@@ -39,7 +39,9 @@ from omnix.pipelines.config import StageConfig
 from omnix.transport.codec import FrameDecoder
 from omnix.transport.work import WorkItem
 
-PROTOCOL_VERSION = 4  # 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED; 4: WorkItem.feeds
+# 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED; 4: WorkItem.feeds;
+# 5: READY carries the engine's settings, a stage its devices and engine_args
+PROTOCOL_VERSION = 5
 
 # -- message type bytes (first frame) ---------------------------------------
 HELLO = b"H"
@@ -106,6 +108,8 @@ class Ready(msgspec.Struct, **_MSG):
     capacity: int
     device: str = "cpu"
     model: str = ""
+    #: ``EngineInfo.settings``: the engine's configuration as it resolved it
+    settings: dict[str, Any] = {}
 
 
 class StartFailed(msgspec.Struct, **_MSG):

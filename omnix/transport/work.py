@@ -18,6 +18,8 @@ merging of its own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import numpy as np
 
@@ -84,10 +86,16 @@ class EngineOutput(msgspec.Struct):
 
 
 class EngineInfo(msgspec.Struct, frozen=True):
+    """What a started engine says of itself: its kind, how many requests
+    it runs at once, where, which model, and ``settings``: its engine's
+    own configuration as it resolved it (a vLLM stage's engine arguments
+    read back from vLLM's config), plain values by name."""
+
     engine: str
     capacity: int
     device: str = "cpu"
     model: str = ""
+    settings: dict[str, Any] = {}
 
 
 class PieceOutput(msgspec.Struct, frozen=True, array_like=True):

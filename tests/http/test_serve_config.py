@@ -9,7 +9,7 @@ import re
 import pytest
 
 from omnix.http.serve import add_arguments
-from omnix.http.serve_config import ConfigError, apply_config
+from omnix.http.serve_config import ConfigError, apply_config, defaults_of
 
 
 def _serve_args(*argv: str) -> argparse.Namespace:
@@ -55,3 +55,34 @@ def test_a_bad_config_file_names_the_key(tmp_path, text, says):
     args = _serve_args()
     with pytest.raises(ConfigError, match=re.escape(says)):
         apply_config(args, args._serve_options, cfg)
+
+
+def test_a_config_file_takes_vllms_engine_flags(tmp_path):
+    """As ``vllm serve --config`` takes them: by vLLM's names, read as its
+    command line reads them, the command line winning."""
+    pytest.importorskip("vllm")
+    from omnix.http.serve_pipeline import engine_flags
+    from omnix.pipelines.vllm_args import add_engine_flags
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = add_engine_flags(parser)
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(
+        "model: /models/x\nmax-model-len: 8k\nserved_model_name: [a, b]\nenforce-eager: false\n"
+        "seed: 3\n"
+    )
+    args = parser.parse_args(["--seed", "9"])
+    apply_config(args, defaults_of(parser), cfg, frozenset(dests))
+    assert args.model == "/models/x"
+    args._vllm_dests = dests
+    assert engine_flags(args) == {
+        "max_model_len": 8000,
+        "served_model_name": ["a", "b"],
+        "enforce_eager": False,
+        "seed": 9,  # the command line wins
+    }
+    bad = tmp_path / "bad.toml"
+    bad.write_text("max-model-len = 'lots'\n")
+    with pytest.raises(ConfigError, match=re.escape("max-model-len = 'lots'")):
+        apply_config(parser.parse_args([]), defaults_of(parser), bad, frozenset(dests))

@@ -71,7 +71,7 @@ def speech_plan(body: SpeechRequest, served: Served, *, traceparent: str = "") -
         stage_params=params,
         seed=served.seed(body.seed),
         api=API_SPEECH,
-        model=served.model,
+        model=served.model_for(body.model),
         traceparent=traceparent,
         response=opts,
     )

@@ -256,7 +256,7 @@ def chat_plan(
                 stage_params=params,
                 seed=(seed + i) % 2**63,
                 api=API_CHAT,
-                model=served.model,
+                model=served.model_for(body.model),
                 traceparent=traceparent,
                 response=msgspec.structs.replace(
                     opts,

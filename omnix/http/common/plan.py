@@ -75,12 +75,16 @@ class Served:
         self,
         pipeline: PipelineConfig,
         *,
+        names: tuple[str, ...] = (),
         new_request_id: Callable[[], str],
         new_seed: Callable[[], int],
     ) -> None:
         self.pipeline = pipeline
         self.graph = PipelineGraph(pipeline)
-        self.model = pipeline.name
+        #: the names a request's ``model`` may give (vLLM's
+        #: ``--served-model-name``); the first is the one reported
+        self.names = names or (pipeline.name,)
+        self.model = self.names[0]
         self._fresh_id = new_request_id
         self.new_seed = new_seed
         #: diffusers stages' models as their folders describe them (images)
@@ -96,14 +100,20 @@ class Served:
         return given if given is not None else self.new_seed()
 
     def check_model(self, model: str) -> None:
-        if model and model != self.model:
+        if model and model not in self.names:
+            served = " or ".join(repr(n) for n in self.names)
             raise ApiError(
                 404,
-                f"The model {model!r} does not exist on this server: it serves {self.model!r} "
+                f"The model {model!r} does not exist on this server: it serves {served} "
                 "(see GET /v1/models). Pass that name, or omit model.",
                 param="model",
                 code="model_not_found",
             )
+
+    def model_for(self, asked: str | None) -> str:
+        """The name a response reports: the one the request gave, as vLLM
+        answers, else the first served name."""
+        return asked if asked and asked in self.names else self.model
 
     def output_stage(self, modality: Modality) -> str:
         return self.pipeline.outputs.get(modality, "")

@@ -9,8 +9,9 @@ counting a chat's prompt as that stage's engine builds it (its chat
 template with the generation prompt for ``input_mode = "chat"``, the
 joined text otherwise); and the 400 a request gets when its prompt, or its
 prompt plus the ``max_tokens`` it asks of that stage, does not fit the
-stage's ``max_model_len`` (as vLLM and OpenAI answer, before anything is
-admitted).  Audio and image parts are not counted: the model's processor
+stage's ``max_model_len`` as its running engine reports it (as vLLM and
+OpenAI answer, before anything is admitted).  The stage's chat template
+(vLLM's ``--chat-template``) counts as the engine renders it.  Audio and image parts are not counted: the model's processor
 expands them in the worker, so a prompt that fits here can still overflow
 there with its media, and then fails as the engine's error.
 
@@ -21,30 +22,57 @@ nor the routes that call it (``core.submit``, ``omnix.http.models.router``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from omnix.events.types import ChatMessage, RequestSpec
 from omnix.http.core.errors import ApiError
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import PipelineConfig, VllmArgs
+from omnix.pipelines.vllm_args import load_chat_template, setting
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-class PromptTokens:
-    """The source stage's tokenizer, when it has one (``available``)."""
+#: The engine settings of a stage's ready replicas (``Omni.engine_settings``).
+Settings = Callable[[str], list[dict[str, Any]]]
 
-    def __init__(self, pipeline: PipelineConfig) -> None:
+
+class PromptTokens:
+    """The source stage's tokenizer, when it has one (``available``).
+
+    ``settings`` gives what the stage's running engines report of their
+    configuration: the context checked is the one vLLM resolved
+    (``max_model_len`` read back from the engine), so a stage that leaves
+    it to vLLM, or names it in ``engine_args``, is held to the engine's
+    own; before any replica is ready it is the stage config's."""
+
+    def __init__(self, pipeline: PipelineConfig, settings: Settings | None = None) -> None:
         source = pipeline.stages[0]
         engine = source.engine
-        #: the stage whose prompt is counted, and its context
+        #: the stage whose prompt is counted
         self.stage = source.name
-        self.max_model_len = engine.max_model_len if isinstance(engine, VllmArgs) else 0
         self._args = engine if isinstance(engine, VllmArgs) else None
+        self._settings = settings
+        self._configured: int | None = None
+        self._template: str | None = None
         self._tokenizer: Any = None
         self._loading: asyncio.Lock | None = None
         self._missing = self._args is None
+
+    @property
+    def max_model_len(self) -> int:
+        """The stage's context in tokens (0: unknown, nothing is checked)."""
+        if self._args is None:
+            return 0
+        for reported in self._settings(self.stage) if self._settings is not None else ():
+            value = reported.get("max_model_len")
+            if isinstance(value, int) and value > 0:
+                return value
+        if self._configured is None:
+            value = setting(self._args, "max_model_len")
+            self._configured = value if isinstance(value, int) and value > 0 else 0
+        return self._configured
 
     @property
     def available(self) -> bool:
@@ -69,6 +97,8 @@ class PromptTokens:
             folder = resolve_model(self._args.model)
         except (FileNotFoundError, ValueError):
             return None
+        if self._args.chat_template:
+            self._template = load_chat_template(self._args.chat_template)
         for where in (folder / "text_tokenizer", folder):
             if any((where / f).is_file() for f in _TOKENIZER_FILES):
                 from transformers import AutoTokenizer
@@ -81,11 +111,15 @@ class PromptTokens:
         """The prompt's token ids as the stage's engine builds them (media
         parts left out)."""
         assert self._args is not None
-        if self._args.input_mode == "chat" and getattr(tok, "chat_template", None):
+        if self._args.input_mode == "chat" and (
+            self._template or getattr(tok, "chat_template", None)
+        ):
             chat = [{"role": m.role, "content": m.content} for m in messages] or [
                 {"role": "user", "content": prompt}
             ]
-            ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template(
+                chat, chat_template=self._template, add_generation_prompt=True, tokenize=True
+            )
             # transformers 5 answers a BatchEncoding-like mapping for one chat.
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         text = "\n".join(m.content for m in messages) or prompt
@@ -108,6 +142,8 @@ class PromptTokens:
         else:
             n = len(await asyncio.to_thread(self.prompt_ids, tok, spec.messages, spec.prompt))
         limit = self.max_model_len
+        if limit <= 0:
+            return
         asked = spec.stage_params.get(self.stage)
         max_tokens = asked.max_tokens if asked is not None else None
         param = "messages" if spec.messages else "prompt"

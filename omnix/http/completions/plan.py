@@ -215,7 +215,7 @@ def completion_plan(
             stage_params=params,
             seed=(seed + i) % 2**63,
             api=API_COMPLETIONS,
-            model=served.model,
+            model=served.model_for(body.model),
             traceparent=traceparent,
             response=msgspec.structs.replace(opts, group=group),
             raw_prompt=raw,

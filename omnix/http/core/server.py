@@ -54,8 +54,13 @@ class Server:
         if telemetry is not None and omni.retention is not None:
             telemetry.follow_retention(omni.retention)
         self.metrics: Handler | None = None if telemetry is None else metrics_handler(telemetry)
-        self.served = Served(omni.pipeline, new_request_id=new_request_id, new_seed=new_seed)
-        self.tokens = PromptTokens(omni.pipeline)
+        self.served = Served(
+            omni.pipeline,
+            names=options.served_model_names,
+            new_request_id=new_request_id,
+            new_seed=new_seed,
+        )
+        self.tokens = PromptTokens(omni.pipeline, self.engine_settings)
         self.media = MediaDecoder(
             omni.pipeline.input_media,
             allowed_domains=options.allowed_media_domains,
@@ -67,6 +72,10 @@ class Server:
         #: The OpenAPI document (``app.build_app`` sets it).
         self.openapi: Document | None = None
         self._tokenizer_load: asyncio.Task[object] | None = None
+
+    def engine_settings(self, stage: str) -> list[dict[str, object]]:
+        """What the ready replicas of ``stage`` report of their engine's configuration."""
+        return [info.settings for name, _, info in self.omni.engines() if name == stage]
 
     def not_accepting(self) -> ApiError:
         """The 503 of a request outside the ``serving`` phase."""

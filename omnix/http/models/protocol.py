@@ -20,6 +20,10 @@ class ModelCard(msgspec.Struct, kw_only=True):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "omnix"
+    #: as vLLM's card: what the name serves (the pipeline) and the context
+    #: of its first stage as the engine reports it (None: not a vLLM stage)
+    root: str = ""
+    max_model_len: int | None = None
     #: omnix: what the pipeline can produce and its stages, in order.
     modalities: list[str]
     stages: list[str]

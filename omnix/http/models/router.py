@@ -1,6 +1,7 @@
 """``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``.
 
-Owns the handlers: the served pipeline as OpenAI's model list, and vLLM's
+Owns the handlers: the served pipeline as OpenAI's model list (one card
+per served name, as vLLM lists its ``--served-model-name``s), and vLLM's
 tokenizer routes on the first stage's tokenizer (chat messages counted as
 the chat route counts them: text parts only; 404 on a pipeline whose
 first stage has none).  The tokenizer routes are left out of the
@@ -34,13 +35,19 @@ from omnix.http.models.protocol import (
 
 async def models(server: Server, request: web.Request) -> web.Response:
     p = server.omni.pipeline
-    card = ModelCard(
-        id=server.served.model,
-        created=server.started_at,
-        modalities=list(p.outputs),
-        stages=list(server.omni.graph.stage_names),
-    )
-    return json_response(ModelList(data=[card]))
+    limit = server.tokens.max_model_len
+    cards = [
+        ModelCard(
+            id=name,
+            created=server.started_at,
+            root=p.name,
+            max_model_len=limit or None,
+            modalities=list(p.outputs),
+            stages=list(server.omni.graph.stage_names),
+        )
+        for name in server.served.names
+    ]
+    return json_response(ModelList(data=cards))
 
 
 async def _tokenizer(server: Server) -> Any:

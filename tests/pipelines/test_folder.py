@@ -1,0 +1,194 @@
+"""What a model folder is served as (``omnix serve PATH``), and the TOML
+``omnix pipelines show --model PATH`` prints for it, which loads back to
+the very same pipeline.  The tiny folders ``omnix models init`` builds
+stand for each kind: a Qwen2 chat model, a diffusers FluxPipeline, the
+Qwen3-Omni thinker alone and the whole Qwen3-Omni."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omnix.pipelines.config import (
+    Code2WavArgs,
+    DiffusersArgs,
+    TalkerArgs,
+    VllmArgs,
+    engine_kind,
+)
+from omnix.pipelines.folder import KINDS, FolderError, derive_pipeline
+from omnix.pipelines.registry import builtin_names
+from omnix.pipelines.toml_out import pipeline_toml
+from omnix.pipelines.validate import load_pipeline, parse_pipeline
+from tests.model_fixtures import session_models
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return session_models(tmp_path_factory)
+
+
+def test_a_chat_model_is_one_vllm_stage_left_to_vllm(tiny):
+    cfg = derive_pipeline(tiny.thinker, gpu=False)
+    (stage,) = cfg.stages
+    assert cfg.name == "thinker" and dict(cfg.outputs) == {"text": "llm"}
+    eng = stage.engine
+    assert isinstance(eng, VllmArgs) and eng.model == str(Path(tiny.thinker).resolve())
+    # vllm serve's choices: vLLM's context, batch and memory share; the
+    # checkpoint's own dtype; eager on CPU (inductor would compile first) ...
+    assert (eng.max_model_len, eng.max_num_seqs, eng.gpu_memory_utilization) == (0, 0, 0)
+    assert eng.dtype == "float32" and eng.enforce_eager and not eng.talker_context
+    # ... and CUDA graphs on a GPU
+    assert not derive_pipeline(tiny.thinker, gpu=True).stages[0].engine.enforce_eager
+
+
+def test_a_diffusers_folder_is_one_text_to_image_stage(tiny):
+    cfg = derive_pipeline(tiny.image, gpu=False)
+    (stage,) = cfg.stages
+    assert dict(cfg.outputs) == {"image": "image"} and isinstance(stage.engine, DiffusersArgs)
+    # its VAE's sample size is the model's own resolution
+    assert stage.engine.default_size == 64 and stage.engine.dtype == "float32"
+    assert derive_pipeline(tiny.image, gpu=True).stages[0].engine.dtype == "bfloat16"
+
+
+def test_a_qwen3_omni_thinker_folder_is_the_thinker_alone(tiny):
+    cfg = derive_pipeline(tiny.omni_thinker, gpu=False)
+    (stage,) = cfg.stages
+    assert stage.name == "thinker" and dict(cfg.outputs) == {"text": "thinker"}
+    assert isinstance(stage.engine, VllmArgs) and not stage.engine.talker_context
+    # text, audio and image in
+    assert stage.media is not None and stage.media.audio and stage.media.image
+    assert stage.engine.limit_mm_per_prompt == {"audio": 1, "image": 1, "video": 0}
+
+
+def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny):
+    cfg = derive_pipeline(tiny.omni, gpu=False)
+    ref = load_pipeline("tiny-omni")
+    # The same graph as the built-in: stages, engines, edges, outputs, media.
+    assert [(s.name, engine_kind(s.engine)) for s in cfg.stages] == [
+        (s.name, engine_kind(s.engine)) for s in ref.stages
+    ]
+    assert cfg.edges == ref.edges and dict(cfg.outputs) == dict(ref.outputs)
+    thinker, talker, code2wav = cfg.stages
+    assert thinker.media == ref.stages[0].media
+    assert isinstance(thinker.engine, VllmArgs) and thinker.engine.talker_context
+    assert thinker.engine.enforce_eager  # the capture needs it, on a GPU too
+    assert derive_pipeline(tiny.omni, gpu=True).stages[0].engine.enforce_eager
+    assert thinker.engine.limit_mm_per_prompt == ref.stages[0].engine.limit_mm_per_prompt
+    folder = str(Path(tiny.omni).resolve())
+    assert isinstance(talker.engine, TalkerArgs) and talker.engine.model == folder
+    assert isinstance(code2wav.engine, Code2WavArgs) and code2wav.engine.model == folder
+    assert (code2wav.engine.chunk_frames, code2wav.engine.context_frames) == (25, 25)
+
+
+def test_every_derived_and_built_in_pipeline_round_trips_through_toml(tiny):
+    derived = [
+        derive_pipeline(p, gpu=g)
+        for p in (tiny.thinker, tiny.image, tiny.omni_thinker, tiny.omni)
+        for g in (False, True)
+    ]
+    for cfg in derived + [load_pipeline(n) for n in builtin_names()]:
+        text = pipeline_toml(cfg, header="a header\non two lines")
+        assert text.startswith("# a header\n# on two lines\n")
+        assert parse_pipeline(text, "toml", cfg.name) == cfg, text
+
+
+def test_toml_writes_engine_args_tables_and_odd_keys(tiny, tmp_path):
+    cfg = derive_pipeline(tiny.thinker, gpu=False)
+    st = cfg.stages[0]
+    import msgspec
+
+    eng = msgspec.structs.replace(
+        st.engine,
+        engine_args={
+            "max_model_len": 256,
+            "served_model_name": ["a", "b"],
+            "hf_overrides": {"x.y": 1},
+        },
+        chat_template='{{ "quote\\" and \\u00e9" }}\n',
+    )
+    cfg = msgspec.structs.replace(
+        cfg, stages=(msgspec.structs.replace(st, engine=eng, devices="0"),)
+    )
+    text = pipeline_toml(cfg)
+    assert "[stages.engine.engine_args]" in text and 'devices = "0"' in text
+    assert parse_pipeline(text, "toml") == cfg
+
+
+def test_pipelines_show_model_prints_what_pipeline_file_serves(tiny, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "omnix.cli", "pipelines", "show", "--model", str(tiny.omni)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, check=True,
+    ).stdout  # fmt: skip
+    assert out.startswith(f"# The pipeline `omnix serve {tiny.omni}` serves")
+    saved = tmp_path / "omni.toml"
+    saved.write_text(out)
+    assert load_pipeline(saved) == derive_pipeline(tiny.omni, gpu=False)
+
+
+# -- what is not served -------------------------------------------------------------------
+
+
+def _folder(tmp_path: Path, name: str, **files: object) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    for fname, content in files.items():
+        (d / fname.replace("_json", ".json")).write_text(
+            content if isinstance(content, str) else json.dumps(content)
+        )
+    return d
+
+
+def test_a_missing_path_a_file_and_a_folder_without_a_config(tmp_path):
+    with pytest.raises(FolderError, match="no such folder: give a local model folder"):
+        derive_pipeline(tmp_path / "nope", gpu=False)
+    (tmp_path / "x.toml").write_text("")
+    with pytest.raises(FolderError, match=r"is a file, not a model folder.*--pipeline FILE"):
+        derive_pipeline(tmp_path / "x.toml", gpu=False)
+    with pytest.raises(FolderError, match=r"has no config.json .* and no model_index.json"):
+        derive_pipeline(_folder(tmp_path, "empty"), gpu=False)
+    with pytest.raises(FolderError, match=r"config.json: cannot read it as JSON"):
+        derive_pipeline(_folder(tmp_path, "bad", config_json="{nope"), gpu=False)
+
+
+def test_an_architecture_nothing_here_serves_lists_what_is(tmp_path):
+    d = _folder(tmp_path, "m", config_json={"architectures": ["Qwen2ForCausalLMM"]})
+    with pytest.raises(FolderError) as err:
+        derive_pipeline(d, gpu=False)
+    msg = str(err.value)
+    assert "architecture Qwen2ForCausalLMM is not one omnix serves" in msg
+    assert "near: Qwen2ForCausalLM" in msg
+    for kind in KINDS:  # every row of the table is named
+        assert kind.serves in msg
+    assert "\n" not in msg
+
+
+def test_a_diffusers_pipeline_that_is_not_text_to_image(tmp_path):
+    d = _folder(tmp_path, "video", model_index_json={"_class_name": "StableVideoDiffusionPipeline"})
+    with pytest.raises(FolderError, match="a diffusers StableVideoDiffusionPipeline is not one"):
+        derive_pipeline(d, gpu=False)
+
+
+def test_a_config_that_names_no_architecture(tmp_path):
+    d = _folder(tmp_path, "codec", config_json={"omnix_model": "codec"})
+    with pytest.raises(FolderError, match="names no architecture"):
+        derive_pipeline(d, gpu=False)
+
+
+def test_any_architecture_vllm_serves_is_a_text_stage(tmp_path):
+    d = _folder(
+        tmp_path, "llama", config_json={"architectures": ["LlamaForCausalLM"], "dtype": "bfloat16"}
+    )
+    cfg = derive_pipeline(d, gpu=True)
+    (stage,) = cfg.stages
+    assert cfg.name == "llama" and isinstance(stage.engine, VllmArgs)
+    assert stage.engine.dtype == "bfloat16" and not stage.engine.enforce_eager
+    assert "LlamaForCausalLM on vLLM" in cfg.description
