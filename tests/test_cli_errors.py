@@ -9,6 +9,7 @@ none starts a worker.  A mistake argparse can see is reported by argparse
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +23,13 @@ TRACE = ROOT / "replay" / "scripted-omni-normal.trace"
 
 
 def omnix(*argv: str | Path, cwd: Path = ROOT) -> tuple[int, list[str]]:
-    """Run ``omnix ARGV``; its exit status and stderr lines."""
+    """Run ``omnix ARGV``; its exit status and stderr lines.  vLLM is told
+    to log its warnings, as a user's shell may: the notes it makes while
+    the CLI imports it (Triton without a CPU backend) stay out anyway."""
     done = subprocess.run(
         [sys.executable, "-m", "omnix.cli", *map(str, argv)],
         cwd=cwd,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
         capture_output=True,
         text=True,
         timeout=120,

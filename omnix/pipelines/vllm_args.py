@@ -54,13 +54,21 @@ def import_vllm() -> None:
     vLLM yet and does not say how vLLM should log (``VLLM_LOGGING_LEVEL``:
     the server; a worker sets it before it imports vLLM), vLLM's logger
     is set to ERROR first: the server only reads vLLM's definitions and
-    checks configs, and its output is omnix's, not vLLM's notes on the
-    platform (an engine configures vLLM's logging afresh)."""
+    checks configs, and its output is omnix's (an engine configures vLLM's
+    logging afresh).  Whatever the level, the notes vLLM makes while it is
+    imported are dropped: they describe the platform of the process that
+    imports it (the server's: Triton without a CPU backend), not the
+    workers' where engines run."""
     if "vllm.engine.arg_utils" in sys.modules:
         return
     if "vllm" not in sys.modules and "VLLM_LOGGING_LEVEL" not in os.environ:
         logging.getLogger("vllm").setLevel(logging.ERROR)
-    import vllm.engine.arg_utils  # noqa: F401
+    disabled = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        import vllm.engine.arg_utils  # noqa: F401
+    finally:
+        logging.disable(disabled)
 
 
 def vllm_version() -> str:
