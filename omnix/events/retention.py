@@ -18,7 +18,8 @@ clock read in here (bar ``sweep``, below) nor of dict order:
   position), oldest first, and only ended ones: the reducer refuses a
   ``Released`` naming a request in flight;
 * after an event that makes a release due (the log shows retention only
-  admissions, terminal events, chunks that carry a blob and server events,
+  admissions, terminal events, chunks and progress events that carry a blob
+  and server events,
   ``log.OBSERVED_TYPES``: the time bound is compared at those, and by
   ``sweep``): ``time`` once the oldest
   ended request's terminal ``ts_ns`` is ``window_s`` plus 1/64 of it
@@ -71,6 +72,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    Progress,
     Rejected,
     Released,
     ReleaseReason,
@@ -301,7 +303,7 @@ class Retention:
     def _observe(self, ev: Event) -> None:
         # The log's observer (see OBSERVED_TYPES: the events that change
         # what is counted here; the time bound is compared at them).
-        if type(ev) is Chunk:
+        if type(ev) is Chunk or type(ev) is Progress:
             blob = ev.blob
             r = self._reqs.get(ev.request_id)
             if blob is not None and r is not None:
@@ -531,7 +533,7 @@ class Retention:
         try:
             observe = self._observe
             for ev in log.read(start):
-                if type(ev) is Chunk:
+                if type(ev) is Chunk or type(ev) is Progress:
                     if ev.blob is not None:
                         observe(ev)
                 elif type(ev) in OBSERVED_TYPES:

@@ -66,13 +66,27 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
 
 
 class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):
-    """A diffusion stage: a diffusers pipeline loaded from a local folder."""
+    """A diffusion stage: a diffusers pipeline loaded from a local folder.
+
+    ``output_modality``: what its pipeline makes (``video`` for a
+    text-to-video folder; the engine checks the folder agrees).
+    ``max_batch``: concurrent requests of equal shape run as one pipeline
+    call (1: none; a batch holds that many times one request's
+    activations).  ``edit``: what an image edit without a mask is
+    (``auto``: the family's own; ``image_to_image``; ``reference``, a
+    reference-image edit such as Flux Kontext).  ``default_frames`` and
+    ``default_fps``: a video's, when the request names neither."""
 
     model: str
     dtype: str = "float32"
     device: str = "auto"
     default_steps: int = 8
     default_size: int = 64
+    output_modality: Literal["image", "video"] = "image"
+    max_batch: int = 1
+    edit: Literal["auto", "image_to_image", "reference"] = "auto"
+    default_frames: int = 17
+    default_fps: int = 16
 
 
 class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):

@@ -108,6 +108,16 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
             )
         if st.max_queue < 0:
             problems.append(f"stage {st.name!r}: max_queue must be >= 0, got {st.max_queue}")
+        if isinstance(st.engine, DiffusersArgs):
+            for field in ("max_batch", "default_steps", "default_size", "default_frames"):
+                if getattr(st.engine, field) < 1:
+                    got = getattr(st.engine, field)
+                    problems.append(f"stage {st.name!r}: engine.{field} must be >= 1, got {got}")
+            if not 1 <= st.engine.default_fps <= 120:
+                problems.append(
+                    f"stage {st.name!r}: engine.default_fps must be 1..120, "
+                    f"got {st.engine.default_fps}"
+                )
     incoming: dict[str, list[str]] = {n: [] for n in names}
     for i, e in enumerate(cfg.edges):
         where = f"edge #{i + 1} ({e.source} -> {e.target})"
@@ -233,7 +243,7 @@ def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:
     if isinstance(eng, (VllmArgs, ScriptedArgs)):
         return eng.output_modality
     if isinstance(eng, DiffusersArgs):
-        return "image"
+        return eng.output_modality
     if isinstance(eng, AudioEngineArgs):
         return "audio"
     if isinstance(eng, TalkerArgs):

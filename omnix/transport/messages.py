@@ -39,7 +39,8 @@ from omnix.pipelines.config import StageConfig
 from omnix.transport.codec import FrameDecoder
 from omnix.transport.work import WorkItem
 
-PROTOCOL_VERSION = 4  # 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED; 4: WorkItem.feeds
+PROTOCOL_VERSION = 5  # 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED; 4: WorkItem.feeds;
+# 5: ProgressRec.preview (a partial image)
 
 # -- message type bytes (first frame) ---------------------------------------
 HELLO = b"H"
@@ -182,9 +183,14 @@ class Output(msgspec.Struct, tag="o", **_REC):
 
 
 class ProgressRec(msgspec.Struct, tag="p", **_REC):
+    """A step done; ``preview``: a partial image decoded at it (the
+    ``Progress`` event's blob), of type ``media_type``."""
+
     request_id: str
     step: int
     total: int
+    preview: bytes = b""
+    media_type: str = ""
 
 
 class Done(msgspec.Struct, tag="f", **_REC):

@@ -349,7 +349,7 @@ async def test_speech_plan_stream_true():
 
 
 async def test_refusal_rules_of_a_flux_model():
-    from omnix.engines.diffusers_engine import DiffusionModel, refusal
+    from omnix.engines.diffusers_model import DiffusionModel, refusal
 
     schnell = DiffusionModel(pipeline="FluxPipeline", guidance_embeds=False)
     dev = DiffusionModel(pipeline="FluxPipeline", guidance_embeds=True)

@@ -21,7 +21,7 @@ from typing import Final
 
 import msgspec
 
-from omnix.engines.diffusers_engine import refusal
+from omnix.engines.diffusers_model import refusal
 from omnix.events.types import StageParams
 from omnix.http.common.fields import (
     JsonObjectFormat,

@@ -57,3 +57,36 @@ class ImagesResponse(msgspec.Struct, kw_only=True):
     request_ids: list[str]
     #: the file format, when the request named one (as OpenAI answers it)
     output_format: str | UnsetType = UNSET
+    #: the images' size (edits: the size chosen from the input when not asked)
+    size: str | UnsetType = UNSET
+
+
+class ImageTokenDetails(msgspec.Struct, kw_only=True):
+    image_tokens: int = 0
+    text_tokens: int = 0
+
+
+class ImageStreamUsage(msgspec.Struct, kw_only=True):
+    """OpenAI counts its image models' tokens; a diffusion pipeline has
+    none to count: zeros."""
+
+    input_tokens: int = 0
+    input_tokens_details: ImageTokenDetails = msgspec.field(default_factory=ImageTokenDetails)
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ImageStreamEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An SSE event of a streamed image response: ``image_generation.`` or
+    ``image_edit.`` ``partial_image`` (with its ``partial_image_index``)
+    and ``completed`` (with ``usage``), as OpenAI streams them."""
+
+    type: str
+    b64_json: str
+    created_at: int
+    size: str
+    quality: str
+    background: str
+    output_format: str
+    partial_image_index: int | None = None
+    usage: ImageStreamUsage | None = None

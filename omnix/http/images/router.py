@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omnix.engines.diffusers_engine import TRUE_CFG_PIPELINES, describe_model
+from omnix.engines.diffusers_model import TRUE_CFG_PIPELINES, describe_model
 from omnix.http.common import doc
 from omnix.http.common.sampling import DIFFUSION_PARAMS
 from omnix.http.core.body import read_body, traceparent
