@@ -140,3 +140,18 @@ async def image_engine(tiny_models):
     await engine.start()
     yield engine
     await engine.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def batch_engine(tiny_models):
+    """The tiny image model batching up to 4 equal-shape requests, its
+    edits Kontext's reference-image edit (the stage's ``edit``)."""
+    from omnix.engines.diffusers_engine import DiffusersEngine
+    from omnix.pipelines.config import DiffusersArgs
+
+    engine = DiffusersEngine(
+        DiffusersArgs(model="image", device="cpu", max_batch=4, edit="reference")
+    )
+    await engine.start()
+    yield engine
+    await engine.close()
