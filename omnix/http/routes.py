@@ -32,6 +32,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     audio.TRANSCRIPTIONS,
     voices.VOICES,
     images.IMAGES,
+    images.EDITS,
     files.FILE,
     models.MODELS,
     models.TOKENIZE,

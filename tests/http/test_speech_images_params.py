@@ -27,10 +27,10 @@ from omnix.events.types import (
 from omnix.http.audio.protocol import SpeechRequest
 from omnix.http.audio.speech import speech_plan
 from omnix.http.common.plan import Served
+from omnix.http.core.body import files_url as _files_url
 from omnix.http.core.errors import ApiError
 from omnix.http.images.plan import image_plan
 from omnix.http.images.protocol import ImageRequest
-from omnix.http.images.router import files_url as _files_url
 from omnix.http.render import render_response
 from omnix.pipelines.validate import parse_pipeline
 

@@ -83,6 +83,20 @@ async def read_body(
     return body
 
 
+#: A Host header usable in an absolute URL: a name or IPv4 address, or a
+#: bracketed IPv6 address, and an optional port.
+_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
+
+
+def files_url(request: web.Request) -> str:
+    """The absolute URL of ``GET /v1/files/`` as the client reached this
+    server (its Host header), "" when the Host is not usable."""
+    host = request.host
+    if not host or not _HOST.match(host):
+        return ""
+    return f"{request.scheme}://{host}/v1/files/"
+
+
 def traceparent(request: web.Request) -> str:
     """The request's W3C ``traceparent`` header if well-formed, else ""."""
     header = request.headers.get("traceparent")

@@ -73,7 +73,16 @@ class DecodedMedia(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     kind: MediaKind
     array: np.ndarray
     rate: int = 0
+    fps: float = 0.0
     source_bytes: int
+
+
+class FilePart(msgspec.Struct, frozen=True):
+    """An uploaded file to decode as ``kind``, named ``param`` in errors."""
+
+    param: str
+    kind: MediaKind
+    data: bytes
 
 
 class Source(msgspec.Struct, frozen=True, kw_only=True):

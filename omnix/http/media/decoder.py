@@ -18,9 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 from omnix.http.common.fields import MediaContentPart
 from omnix.http.media.b64 import b64decode
-from omnix.http.media.common import AUDIO_MEDIA_TYPES, DecodedMedia, Source, bad, too_big
+from omnix.http.media.common import (
+    AUDIO_MEDIA_TYPES,
+    DecodedMedia,
+    FilePart,
+    Source,
+    bad,
+    too_big,
+)
 from omnix.http.media.fetch import fetch_all
-from omnix.http.media.image import decode_image
+from omnix.http.media.image import decode_image, decode_mask
 from omnix.http.media.locate import Locator
 from omnix.http.media.sound import decode_audio, from_extension
 from omnix.pipelines.config import MediaLimits
@@ -87,6 +94,37 @@ class MediaDecoder:
         if source.url:
             raise ValueError(f"{param} is a remote URL: decode() fetches it")
         return self._decode_source(source, None)
+
+    async def decode_files(self, files: Sequence[FilePart]) -> list[DecodedMedia]:
+        """Uploaded files (a form's, ``(param, kind, bytes)``), checked
+        against the limits and decoded in the pool, in order: ``image``
+        as RGB, ``mask`` as repaint weights.  The kinds the pipeline takes
+        and how many are the route's to check."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self._pool, self._decode_file, f) for f in files]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        out: list[DecodedMedia] = []
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            out.append(r)
+        return out
+
+    def _decode_file(self, part: FilePart) -> DecodedMedia:
+        limits = self.limits
+        param, data = part.param, part.data
+        if limits is None:  # pragma: no cover - the route checks it first
+            raise bad(param, f"{param}: this pipeline takes no media.", "unsupported_input")
+        if len(data) > limits.max_part_bytes:
+            raise too_big(param, len(data), limits.max_part_bytes)
+        if not data:
+            raise bad(param, f"{param} is empty: send an image file.")
+        if part.kind == "mask":
+            array = decode_mask(param, data, limits)
+        else:
+            array = decode_image(param, data, limits)
+        array.flags.writeable = False
+        return DecodedMedia(param=param, kind=part.kind, array=array, source_bytes=len(data))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
