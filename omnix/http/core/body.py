@@ -6,8 +6,10 @@ it; msgspec's errors as 400s naming the field), the rules every route that
 submits requests applies before reading its body (``generation``: a JSON
 route takes ``Content-Type: application/json`` only, 415 otherwise, so a
 web page cannot make a browser start a generation without a CORS
-preflight; a valid ``X-Request-Id`` names what it submits), and the W3C
-``traceparent`` a request carries (``traceparent``).
+preflight; a valid ``X-Request-Id`` names what it submits), the W3C
+``traceparent`` a request carries (``traceparent``) and the absolute URL
+of ``GET /v1/files/`` as the client reached the server (``files_url``,
+from its Host header: image and video answers by URL).
 
 Does not own what a body means (each room's ``plan.py``).
 """
