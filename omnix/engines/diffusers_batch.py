@@ -6,7 +6,13 @@ when it frees the oldest job is run together with every waiting job of
 the same key (``Job.key``: the same task, size, steps and guidance), up
 to ``max_batch``, as one pipeline call.  Before forming a group the
 batcher lets the event loop run a few turns, so requests that arrived
-together (one WORK message) start together.  ``run_group`` (in the
+together (one WORK message) start together; and while recent calls saw
+more requests at once than wait now (clients that send their next
+request when their last one is answered come back a few milliseconds
+after the call ends), it holds the group open for them, at most a
+quarter of the last call's time (20 ms at most), so a steady load of
+``k`` clients runs in calls of ``k`` rather than alternating short and
+long ones.  A lone client never waits: its recent concurrency is 1.  ``run_group`` (in the
 pipeline thread) makes the call with a step callback that, after each
 step: posts each live job its progress (and a partial image where it
 asked for one), drops a job whose request was aborted (it is posted
@@ -42,6 +48,12 @@ from omnix.engines.diffusers_jobs import (
 #: start: the generate calls of one WORK message reach ``submit`` within
 #: a few turns of each other.
 _SETTLE_TURNS = 4
+#: How long a group is held open for expected requests: this share of the
+#: last call's duration, at most ``_HOLD_MAX_S``.
+_HOLD_SHARE = 0.25
+_HOLD_MAX_S = 0.02
+#: Calls whose concurrency the expectation remembers.
+_RECENT = 4
 
 
 class _Aborted(Exception):
@@ -71,11 +83,16 @@ class Batcher:
         self.history = history
         self._waiting: list[Job] = []
         self._task: asyncio.Task[None] | None = None
+        self._arrived = asyncio.Event()
+        #: requests seen at once around each recent call (waiting + running)
+        self._recent: collections.deque[int] = collections.deque(maxlen=_RECENT)
+        self._last_call_s = 0.0
         #: sizes of the calls made, newest last (tests and the bench read it)
         self.calls: collections.deque[int] = collections.deque(maxlen=256)
 
     def submit(self, job: Job) -> None:
         self._waiting.append(job)
+        self._arrived.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="omnix-diffusion")
 
@@ -93,12 +110,37 @@ class Batcher:
             if settle and self.max_batch > 1:
                 for _ in range(_SETTLE_TURNS):
                     await asyncio.sleep(0)
+            await self._hold()
             group = self._take()
             if group:
                 self.calls.append(len(group))
-                await loop.run_in_executor(self._pool, self.run_group, group)
+                t0 = loop.time()
+                running = asyncio.ensure_future(
+                    loop.run_in_executor(self._pool, self.run_group, group)
+                )
+                self._arrived.clear()
+                await running
+                self._last_call_s = loop.time() - t0
+                self._recent.append(len(group) + len(self._waiting))
             # Jobs that came while the call ran waited a whole call already.
             settle = False
+
+    async def _hold(self) -> None:
+        """Wait a little for the requests recent calls saw at once."""
+        if self.max_batch <= 1 or not self._recent:
+            return
+        want = min(self.max_batch, max(self._recent))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(_HOLD_SHARE * self._last_call_s, _HOLD_MAX_S)
+        while len(self._waiting) < want:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
 
     def _take(self) -> list[Job]:
         """The oldest live job and the waiting jobs of its key."""
