@@ -128,6 +128,7 @@ class DiffusersEngine:
         )
 
     def _load(self, folder: Path) -> Any:
+        import diffusers
         import torch
         from diffusers import DiffusionPipeline
         from diffusers.utils import logging as dlog
@@ -140,9 +141,14 @@ class DiffusersEngine:
         dlog.disable_progress_bar()
         tlog.disable_progress_bar()
         own = _fp32_components(folder, dtype)
-        pipe = DiffusionPipeline.from_pretrained(
-            str(folder), dtype=dtype, local_files_only=True, **own
-        )
+        # The folder's own class: DiffusionPipeline's from_pretrained reads
+        # a passed component of an optional slot (Wan's transformer) as a
+        # keyword and loads the component anyway.
+        index = json.loads((folder / "model_index.json").read_text())
+        cls = getattr(diffusers, str(index.get("_class_name", "")), None)
+        if not (isinstance(cls, type) and issubclass(cls, DiffusionPipeline)):
+            cls = DiffusionPipeline
+        pipe = cls.from_pretrained(str(folder), dtype=dtype, local_files_only=True, **own)
         pipe = pipe.to(self.device)
         self._ready(pipe)
         # Pipelines pad the prompt to max_sequence_length (Flux: 512) whatever

@@ -118,6 +118,10 @@ class DiffusionModel(msgspec.Struct, frozen=True):
     size_multiple: int = 8
     #: a video family's frame step (frames = step * k + 1); 0 for images
     frame_step: int = 0
+    #: the most frames and the longest side the model's positions reach
+    #: (Wan: ``rope_max_seq_len`` latent positions per axis); 0: no bound
+    max_frames: int = 0
+    max_side: int = 0
 
     @property
     def makes(self) -> Literal["image", "video"]:
@@ -167,11 +171,19 @@ def describe_model(args: DiffusersArgs) -> DiffusionModel | None:
         pipeline = str(index.get("_class_name", ""))
         value = _json(folder / "transformer" / "config.json").get("guidance_embeds")
         family = VIDEO_FAMILIES.get(pipeline)
+        multiple = _size_multiple(folder, pipeline)
+        max_frames = max_side = 0
+        rope = _json(folder / "transformer" / "config.json").get("rope_max_seq_len")
+        if family is not None and isinstance(rope, int) and rope > 0:
+            max_frames = family.frame_step * (rope - 1) + 1
+            max_side = multiple * rope
         return DiffusionModel(
             pipeline=pipeline,
             guidance_embeds=value if isinstance(value, bool) else None,
-            size_multiple=_size_multiple(folder, pipeline),
+            size_multiple=multiple,
             frame_step=family.frame_step if family is not None else 0,
+            max_frames=max_frames,
+            max_side=max_side,
         )
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return None

@@ -29,7 +29,7 @@ def encode_image(rgb: np.ndarray, pil_format: str) -> bytes:
 
 def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
     """``frames``: uint8 (count, height, width, 3) -> an H.264 MP4 (yuv420p,
-    CRF 18, one frame per 1/fps s).  Odd sides are padded by one edge
+    CRF 18, one frame per 1/fps s, one encoder thread: deterministic).  Odd sides are padded by one edge
     pixel: 4:2:0 chroma needs even ones."""
     import av
 
@@ -43,6 +43,10 @@ def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": "18", "preset": "veryfast"}
+        # One encoder thread: with x264's own threads the same frames gave
+        # other bytes (the first encode of a process differed from the
+        # next), and a seed must give the same file.
+        stream.codec_context.thread_count = 1
         for i in range(count):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frames[i]), format="rgb24")
             for packet in stream.encode(frame):

@@ -155,3 +155,19 @@ async def batch_engine(tiny_models):
     await engine.start()
     yield engine
     await engine.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def video_engine(tiny_models):
+    """The tiny Wan 2.2 text/image-to-video model, batching up to 2."""
+    from omnix.engines.diffusers_engine import DiffusersEngine
+    from omnix.pipelines.config import DiffusersArgs
+
+    engine = DiffusersEngine(
+        DiffusersArgs(
+            model="video", device="cpu", output_modality="video", default_size=32, max_batch=2
+        )
+    )
+    await engine.start()
+    yield engine
+    await engine.close()
