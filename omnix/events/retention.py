@@ -419,13 +419,37 @@ class Retention:
         """Decide the oldest ended request: it leaves the counters now and its
         blobs and tombstone wait for its ``Released`` to be stored."""
         rid = self._ended.popleft()
+        self._decided(rid)
+        self._due_ns = self._next_due()
+        return rid
+
+    def _decided(self, rid: str) -> None:
         r = self._reqs.pop(rid)
         self._pending[rid] = r
         self._events -= r.events
         self._bytes -= r.nbytes
         self._unref(r)
+
+    # -- a client's deletion -------------------------------------------------------
+    def delete(self, request_ids: tuple[str, ...]) -> Released | None:
+        """Release these ended requests now because a client deleted them
+        (``DELETE /v1/videos/{id}``): one ``Released(reason="deleted")``
+        stamped with the log clock's reading, an input as a sweep's is.
+        Ids not ended or not retained are left alone; None when none is
+        left to release.  Call it between appends (not from a listener)."""
+        ended = set(self._ended)
+        ids = [rid for rid in dict.fromkeys(request_ids) if rid in ended]
+        if not ids:
+            return None
+        gone = set(ids)
+        self._ended = deque(rid for rid in self._ended if rid not in gone)
+        for rid in ids:
+            self._decided(rid)
         self._due_ns = self._next_due()
-        return rid
+        ev = Released(request_ids=tuple(ids), reason="deleted", ts_ns=self.log.clock.now_ns())
+        self.log.before_release()
+        self._append(ev)
+        return ev
 
     def _unref(self, r: _Req) -> None:
         refs = self._refs

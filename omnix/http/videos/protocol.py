@@ -23,8 +23,8 @@ class VideoForm(msgspec.Struct, **REQUEST):
     """``POST /v1/videos``' text fields (the ``input_reference`` image is
     the form's one file).  ``seconds``, ``size``, ``model`` and ``prompt``
     are OpenAI's; ``width``, ``height``, ``num_frames``, ``fps``, ``seed``,
-    ``num_inference_steps``, ``guidance_scale`` and ``negative_prompt``
-    vLLM-Omni's."""
+    ``num_inference_steps``, ``guidance_scale``, ``true_cfg_scale`` and
+    ``negative_prompt`` vLLM-Omni's."""
 
     prompt: Annotated[str, Meta(min_length=1, max_length=32000)]
     model: str = ""
@@ -37,6 +37,7 @@ class VideoForm(msgspec.Struct, **REQUEST):
     seed: Seed | None = None
     num_inference_steps: Steps | None = None
     guidance_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    true_cfg_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
     negative_prompt: Annotated[str, Meta(max_length=32000)] | None = None
     user: str | None = None
 
@@ -65,6 +66,11 @@ class Video(msgspec.Struct, kw_only=True):
     size: str
     fps: int
     num_frames: int
+    #: times the generation started over from step 0 (a server restarted
+    #: mid-job on its log: a diffusion stage cannot continue from a step)
+    restarts: int = 0
+    #: what the client asked where rounding changed it ("seconds=4 size=720x1280")
+    asked: str | None = None
     request_ids: list[str]
 
 
