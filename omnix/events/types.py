@@ -64,7 +64,7 @@ or ``deleted`` (schema v7): a client deleted them (``DELETE /v1/videos/{id}``)."
 MediaKind = Literal["audio", "image", "mask", "video"]
 """What a message's media part holds (decoded at admission).  ``mask``
 (schema v7): an image edit's mask, the weight to repaint each pixel with
-(uint8, 255 = repaint); ``video`` (schema v7): decoded video frames."""
+(uint8, 255 = repaint); ``video`` (schema v7): an encoded video file."""
 
 
 # --------------------------------------------------------------------------
@@ -93,8 +93,11 @@ class MediaPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
     ``blob`` holds the decoded array, as the admission decoded it once:
     audio as float32 mono samples at ``rate`` Hz (shape ``(n,)``), an image
     as uint8 RGB (shape ``(height, width, 3)``), a mask as uint8 repaint
-    weights (shape ``(height, width)``, 255 = repaint), a video as uint8
-    RGB frames (shape ``(frames, height, width, 3)``) sampled at ``fps``.
+    weights (shape ``(height, width)``, 255 = repaint), a video as its
+    encoded file (uint8 bytes, shape ``(n,)``: the engine decodes it,
+    sampling ``fps`` frames a second, at most ``frames``).  ``in_video``:
+    an audio part that is the sound track of the video part before it (the
+    model hears it with the video: Qwen3-Omni's ``use_audio_in_video``).
     ``at`` is the character offset in the message's ``content`` where the
     part stood among the text parts, so the engine's prompt keeps the
     client's order.
@@ -104,7 +107,9 @@ class MediaPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
     blob: BlobRef
     at: int = 0
     rate: int = 0
-    fps: float = 0.0  # schema v7: a video's frames per second
+    fps: float = 0.0  # schema v7: a video's sampling rate for the model
+    frames: int = 0  # schema v7: the most frames sampled from a video (0: no cap)
+    in_video: bool = False  # schema v7: a video's sound track
 
 
 class ChatMessage(msgspec.Struct, frozen=True, array_like=True, gc=False):

@@ -196,6 +196,17 @@ class MediaLimits(msgspec.Struct, **_STRICT):
     max_image_parts: int = 1
     #: the rate audio is resampled to for the model's processor
     sample_rate: int = 16_000
+    # Video parts (``video_url``): how many, how long, and what the model
+    # sees of them: ``video_fps`` frames a second, at most
+    # ``max_video_frames`` (the frames of ``max_pixels`` at most each).
+    # ``video_audio``: a video's sound track is heard with it where the
+    # stage takes audio (Qwen3-Omni's ``use_audio_in_video``).
+    video: bool = False
+    max_video_parts: int = 1
+    max_video_seconds: float = 60.0
+    video_fps: float = 2.0
+    max_video_frames: int = 16
+    video_audio: bool = True
 
 
 class StageConfig(msgspec.Struct, **_STRICT):

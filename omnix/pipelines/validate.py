@@ -207,12 +207,15 @@ def _media_problems(cfg: PipelineConfig) -> list[str]:
             "max_pixels",
             "max_audio_parts",
             "max_image_parts",
+            "max_video_parts",
+            "max_video_frames",
             "sample_rate",
         ):
             if getattr(m, field) < (0 if field.endswith("_parts") else 1):
                 problems.append(f"{where}.{field} must be positive, got {getattr(m, field)}")
-        if m.max_audio_seconds <= 0:
-            problems.append(f"{where}.max_audio_seconds must be > 0, got {m.max_audio_seconds}")
+        for name in ("max_audio_seconds", "max_video_seconds", "video_fps"):
+            if getattr(m, name) <= 0:
+                problems.append(f"{where}.{name} must be > 0, got {getattr(m, name)}")
         eng = st.engine
         if isinstance(eng, VllmArgs):
             if eng.input_mode != "chat":
@@ -222,6 +225,7 @@ def _media_problems(cfg: PipelineConfig) -> list[str]:
             for kind, on, most in (
                 ("audio", m.audio, m.max_audio_parts),
                 ("image", m.image, m.max_image_parts),
+                ("video", m.video, m.max_video_parts),
             ):
                 limit = eng.limit_mm_per_prompt.get(kind)
                 if on and limit is not None and limit < most:

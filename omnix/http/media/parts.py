@@ -23,7 +23,7 @@ MEDIA_TYPES: Final[dict[MediaKind, str]] = {
     "audio": "audio/pcm-f32",
     "image": "image/rgb8",
     "mask": "image/mask8",
-    "video": "video/rgb8",
+    "video": "video/file",
 }
 
 
@@ -47,7 +47,9 @@ async def referenced(decoded: list[DecodedMedia]) -> tuple[Media, tuple[DecodedB
         lambda: [array_ref(d.array, MEDIA_TYPES[d.kind]) for d in decoded]
     )
     media = {
-        d.param: MediaPart(kind=d.kind, blob=ref, rate=d.rate, fps=d.fps)
+        d.param: MediaPart(
+            kind=d.kind, blob=ref, rate=d.rate, fps=d.fps, frames=d.frames, in_video=d.in_video
+        )
         for d, ref in zip(decoded, refs, strict=True)
     }
     blobs = tuple(DecodedBlob(ref=ref, array=d.array) for d, ref in zip(decoded, refs, strict=True))
