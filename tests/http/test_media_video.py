@@ -140,3 +140,33 @@ async def test_a_video_chat_is_admitted_with_the_video_and_its_track():
         # A silent video beside an audio part is fine.
         async with http.post(url, json=_chat(_video(audio=False), audio)) as r:
             assert r.status == 200, await r.text()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_video_of_an_allowed_host_is_fetched():
+    from aiohttp import web
+
+    data = mp4_bytes(1.0)
+
+    async def video(request: web.Request) -> web.Response:
+        return web.Response(body=data, content_type="video/mp4")
+
+    app = web.Application()
+    app.router.add_get("/clip.mp4", video)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    dec = MediaDecoder(LIMITS, allowed_domains=frozenset({"127.0.0.1"}))
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/clip.mp4"
+        got = await dec.decode([(P, VideoUrlPart(video_url=VideoUrl(url=url)))])
+        assert [g.kind for g in got] == ["video", "audio"]
+        assert got[0].array.tobytes() == data
+        elsewhere = VideoUrlPart(video_url=VideoUrl(url="https://example.com/a.mp4"))
+        with pytest.raises(ApiError) as info:
+            await dec.decode([(P, elsewhere)])
+        assert info.value.code == "media_domain_not_allowed"
+    finally:
+        dec.close()
+        await runner.cleanup()
