@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -340,6 +340,44 @@ def build_image(out: Path, seed: int) -> ModelInfo:
 # -- video ----------------------------------------------------------------------
 
 
+def _wan22_vae(cls: Any) -> Any:
+    """Wan 2.2 TI2V's VAE at the size of diffusers' tests: 48 latent
+    channels, 2x2 patching, 16x spatial and 4x temporal compression."""
+    return cls(
+        base_dim=3,
+        z_dim=48,
+        in_channels=12,
+        out_channels=12,
+        is_residual=True,
+        patch_size=2,
+        latents_mean=[0.0] * 48,
+        latents_std=[1.0] * 48,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        scale_factor_spatial=16,
+        scale_factor_temporal=4,
+        temperal_downsample=[False, True, True],
+    )
+
+
+def _wan22_transformer(cls: Any) -> Any:
+    """A 2-layer Wan transformer over those latents (diffusers' test size)."""
+    return cls(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=48,
+        out_channels=48,
+        text_dim=32,
+        freq_dim=256,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+
+
 def build_video(out: Path, seed: int) -> ModelInfo:
     """A tiny Wan 2.2 text/image-to-video pipeline (``WanPipeline`` with
     ``expand_timesteps``, as Wan2.2-TI2V-5B: a 48-channel VAE with 2x2
@@ -372,21 +410,7 @@ def build_video(out: Path, seed: int) -> ModelInfo:
         torch.manual_seed(derived_seed(seed, "video", component))
 
     seeded("vae")
-    vae = AutoencoderKLWan(
-        base_dim=3,
-        z_dim=48,
-        in_channels=12,
-        out_channels=12,
-        is_residual=True,
-        patch_size=2,
-        latents_mean=[0.0] * 48,
-        latents_std=[1.0] * 48,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        scale_factor_spatial=16,
-        scale_factor_temporal=4,
-        temperal_downsample=[False, True, True],
-    )
+    vae = _wan22_vae(AutoencoderKLWan)
     seeded("text_encoder")
     text_encoder = T5EncoderModel(
         T5Config(
@@ -401,20 +425,7 @@ def build_video(out: Path, seed: int) -> ModelInfo:
         )
     )
     seeded("transformer")
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=12,
-        in_channels=48,
-        out_channels=48,
-        text_dim=32,
-        freq_dim=256,
-        ffn_dim=32,
-        num_layers=2,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
-    )
+    transformer = _wan22_transformer(WanTransformer3DModel)
     pipe = WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,

@@ -135,6 +135,39 @@ def _steps(body: ImageBody) -> int | None:
     return body.steps or body.num_inference_steps
 
 
+def _params(
+    body: ImageBody,
+    served: Served,
+    stage: str,
+    steps: int | None,
+    width: int | None,
+    height: int | None,
+) -> dict[str, StageParams]:
+    """Every stage's parameters: ``sampling_params_list`` (generations),
+    the body's diffusion fields on the image stage; each checked against
+    the engine that will run it."""
+    given = body.sampling_params_list if isinstance(body, ImageRequest) else None
+    params = stage_params(served, given)
+    put(
+        params,
+        stage,
+        StageParams(
+            num_inference_steps=steps,
+            guidance_scale=body.guidance_scale,
+            width=width,
+            height=height,
+            negative_prompt=body.negative_prompt,
+            true_cfg_scale=body.true_cfg_scale,
+            output_format=body.output_format,
+            strength=body.strength if isinstance(body, ImageEditForm) else None,
+            partial_images=body.partial_images or None,
+        ),
+    )
+    check_engines(served, params)
+    check_diffusion(served, params)
+    return params
+
+
 def image_plan(
     body: ImageBody,
     served: Served,
@@ -161,25 +194,7 @@ def image_plan(
     if edit is not None and not all(shown):
         shown = (edit.width, edit.height)
     _image_options(body, served, stage, files_url)
-    given = body.sampling_params_list if isinstance(body, ImageRequest) else None
-    params = stage_params(served, given)
-    put(
-        params,
-        stage,
-        StageParams(
-            num_inference_steps=steps,
-            guidance_scale=body.guidance_scale,
-            width=width,
-            height=height,
-            negative_prompt=body.negative_prompt,
-            true_cfg_scale=body.true_cfg_scale,
-            output_format=body.output_format,
-            strength=body.strength if isinstance(body, ImageEditForm) else None,
-            partial_images=body.partial_images or None,
-        ),
-    )
-    check_engines(served, params)
-    check_diffusion(served, params)
+    params = _params(body, served, stage, steps, width, height)
     seed = served.seed(body.seed)
     gid, rids = group_ids(served, body.n)
     messages: tuple[ChatMessage, ...] = ()
