@@ -48,6 +48,7 @@ from omnix.events.types import (
     Modality,
     Rejected,
     RejectReason,
+    Released,
     RequestSpec,
 )
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
@@ -618,6 +619,22 @@ class Omni:
         if rs is None or rs.terminal:
             return False
         self.sequencer.emit(CancelRequested(request_id=request_id, reason=reason))
+        return True
+
+    def delete(self, request_id: str) -> bool:
+        """Release an ended request now, as its client deleted it (its
+        events, blobs and state go, as retention's release does: a
+        ``Released(reason="deleted")``).  False when it is unknown, in
+        flight, or already released."""
+        rs = self.log.state.requests.get(request_id)
+        if rs is None or not rs.terminal:
+            return False
+        if self.retention is not None:
+            return self.retention.delete((request_id,)) is not None
+        self.log.before_release()
+        self.sequencer.append(
+            Released(request_ids=(request_id,), reason="deleted", ts_ns=self.log.clock.now_ns())
+        )
         return True
 
     def state(self, request_id: str) -> RequestState | None:

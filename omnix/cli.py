@@ -32,7 +32,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "telemetry": ("omnix.telemetry.cli", "re-emit the spans and metrics of a captured trace"),
     "bench": (
         "omnix.bench.cli",
-        "benchmarks that print figures (log, hop, engines, http, media, replay, telemetry, failover, serve, soak)",
+        "benchmarks that print figures (log, hop, engines, http, media, replay, telemetry, failover, serve, soak, speech, diffusion)",
     ),
 }
 

@@ -22,6 +22,7 @@ BENCHES = {
     "serve": "load a live OpenAI-compatible server: chat, audio, speech, images (TTFT, TTFP, RTF, E2EL)",
     "soak": "server RSS growth per request over 2,000 chat requests with audio (retention)",
     "speech": "Qwen3-Omni speech against transformers: oracle equality, TTFP, RTF, throughput",
+    "diffusion": "images/s alone and 4 at a time (batched), steps run after a cancel",
 }
 
 

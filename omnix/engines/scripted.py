@@ -182,6 +182,12 @@ class ScriptedEngine:
                     data=b"scripted-image-%d" % n,
                     media_type="application/x-scripted",
                 )
+            case "video":
+                return EngineOutput(
+                    modality="video",
+                    data=b"scripted-video-%d" % n,
+                    media_type="application/x-scripted",
+                )
             case _:
                 assert_never(m)
 

@@ -75,6 +75,8 @@ class MediaGrids(msgspec.Struct, frozen=True, omit_defaults=True):
     video_grid_thw: tuple[tuple[int, int, int], ...] = ()
     audio_seqlens: tuple[int, ...] = ()
     video_second_per_grid: tuple[float, ...] = ()
+    #: videos heard with their sound tracks (Qwen3-Omni's use_audio_in_video)
+    use_audio_in_video: bool = False
 
 
 @dataclass
@@ -431,9 +433,17 @@ def _media_info(g: MediaGrids) -> Any:
     def tensor(rows: tuple[Any, ...], dtype: Any = torch.long) -> torch.Tensor | None:
         return torch.tensor(rows, dtype=dtype) if rows else None
 
+    # vLLM's Qwen3-Omni places a video's frames 2 s per temporal patch apart
+    # when its processor said nothing (its mrope positions' default).
+    per_grid = g.video_second_per_grid or (2.0,) * len(g.video_grid_thw)
     return MediaInfo(
         image_grid_thw=tensor(g.image_grid_thw),
         video_grid_thw=tensor(g.video_grid_thw),
         audio_seqlens=tensor(g.audio_seqlens),
-        second_per_grids=tensor(g.video_second_per_grid, torch.float32),
+        second_per_grids=tensor(per_grid, torch.float32),
+        # Not ``g.use_audio_in_video``: transformers' generate hands its
+        # talker the grids and seconds per grid but not that flag (5.19),
+        # so the reference places a video's sound as the positions of
+        # the interleaved prompt say without it; this talker equals it.
+        use_audio_in_video=False,
     )

@@ -131,17 +131,24 @@ def _same(internal: str, external: str) -> bool:
 
 def _grids(features: list[Any]) -> dict[str, Any]:
     """What the talker's positions need of the media, from vLLM's processed
-    items: image / video grids (t, h, w) and audio feature lengths."""
-    out: dict[str, list[Any]] = {}
+    items: image / video grids (t, h, w), audio feature lengths, a video's
+    seconds per temporal patch, and whether videos were heard with their
+    sound (Qwen3-Omni's ``use_audio_in_video``: the talker's positions
+    interleave the two as the thinker's did)."""
+    out: dict[str, Any] = {}
     for feature in features or ():
         data = feature.data
         if data is None:
             continue
+        if "use_audio_in_video" in data and bool(data["use_audio_in_video"].data.reshape(-1)[0]):
+            out["use_audio_in_video"] = True
         for key, name, width in (
             ("image_grid_thw", "image_grid_thw", 3),
             ("video_grid_thw", "video_grid_thw", 3),
             ("audio_feature_lengths", "audio_seqlens", 0),
             ("video_second_per_grid", "video_second_per_grid", 0),
+            # vLLM's name for it (the processor's output, renamed)
+            ("second_per_grid_ts", "video_second_per_grid", 0),
         ):
             if key in data:
                 value = data[key].data

@@ -217,7 +217,8 @@ class Generation:
             skip = resume.finished or (ended and not self.codec)
             resumed = () if skip else resume.token_ids
         extra = resumed_ids(resumed, self.codec, m.layout, m.folder) if resumed else []
-        engine_input, n_prompt = await m.prompts.render(prompt, extra, media)
+        kwargs = m.prompts.processor_kwargs(piece) if piece.media else None
+        engine_input, n_prompt = await m.prompts.render(prompt, extra, media, kwargs)
         self.prompt_tokens += n_prompt
         try:
             left = budget(request, m.max_model_len, n_prompt) - len(resumed)

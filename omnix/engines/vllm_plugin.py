@@ -21,19 +21,18 @@ What it patches, only where torchvision is not installed (where it is,
    ``Qwen2VLImageProcessorKwargs`` and, as transformers' own fallback does,
    ``Qwen2VLImageProcessor`` = ``Qwen2VLImageProcessorPil``.
 2. The video slot of the Qwen-Omni processors (``Qwen3OmniMoeProcessor``,
-   ``Qwen2_5OmniProcessor``): their only video processor needs torchvision,
-   so loading the processor fails even for audio or images.  The slot gets
-   ``UnavailableVideoProcessor``, which loads from the same config and
-   refuses any video with a clear error; it stands in as
+   ``Qwen2_5OmniProcessor``): transformers' only video processor for them,
+   ``Qwen2VLVideoProcessor``, needs torchvision, so loading the processor
+   fails even for audio or images.  The slot gets omnix's
+   ``QwenVideoProcessor`` (``video_processor.py``: the same
+   ``pixel_values_videos`` and ``video_grid_thw`` for the same frames, on
+   torch alone), loaded from the same config; it stands in as
    ``transformers.Qwen2VLVideoProcessor`` (the class the processor configs
    name) and is registered with ``AutoVideoProcessor`` for the Omni config
    classes.  ``transformers.VideoProcessorMixin`` (the base class the
    processor checks its slots against, absent from the top-level module
-   without torchvision) is exported back.
-
-Video input therefore needs another route (decode frames with PyAV and
-send them as images) or a clear refusal before the request reaches vLLM.
-Serve such models with ``limit_mm_per_prompt={..., "video": 0}``.
+   without torchvision) is exported back.  vLLM decodes videos itself
+   (OpenCV); with this the thinker takes them.
 
 Does not own: building the model folder (``omnix.models.qwen3_omni``), media decoding
 and resampling (omnix resamples audio to 16 kHz: vLLM's resampler needs
@@ -51,7 +50,7 @@ import logging
 import os
 import sys
 import types
-from typing import Any, NoReturn
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +66,7 @@ STANDIN_FOR = "Qwen2VLVideoProcessor"
 #: The base class ``ProcessorMixin`` checks a video slot against, by name.
 VIDEO_MIXIN = "VideoProcessorMixin"
 
-VIDEO_REFUSAL = (
-    "video input is not available: this process has no torchvision, which "
-    "transformers' video processors need (omnix's torchvision shim is active); "
-    "send video as decoded frames (images) instead"
-)
-
 _applied = False
-_placeholder: type | None = None
 
 
 def torchvision_available() -> bool:
@@ -160,43 +152,13 @@ def _shim_qwen2vl_image_module() -> None:
 # -- 2. the video slot ----------------------------------------------------------------
 
 
-def _unavailable_video_processor_class() -> type:
-    """Build (once per process) the placeholder class; it must subclass
-    transformers' ``VideoProcessorMixin`` for the processor's slot check, so
-    it is defined only once transformers is importable."""
-    global _placeholder
-    if _placeholder is not None:
-        return _placeholder
-    from transformers.video_processing_utils import VideoProcessorMixin
-
-    class UnavailableVideoProcessor(VideoProcessorMixin):
-        """Fills a processor's video slot where torchvision is missing.
-
-        Loads from the model's processor config (keeping its attributes, so
-        code that reads ``merge_size`` or ``temporal_patch_size`` still
-        works) and refuses any video it is given."""
-
-        model_input_names = ["pixel_values_videos", "video_grid_thw"]
-
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-
-        def __call__(self, videos: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
-            raise ValueError(VIDEO_REFUSAL)
-
-        def preprocess(self, videos: Any, **kwargs: Any) -> NoReturn:
-            raise ValueError(VIDEO_REFUSAL)
-
-    _placeholder = UnavailableVideoProcessor
-    return UnavailableVideoProcessor
-
-
 def _shim_video_processor() -> None:
     import transformers
     from transformers.models.auto.video_processing_auto import AutoVideoProcessor
     from transformers.video_processing_utils import VideoProcessorMixin
 
-    placeholder = _unavailable_video_processor_class()
+    from omnix.engines.video_processor import QwenVideoProcessor
+
     # ProcessorMixin.check_argument_for_proper_class looks the slot's base
     # class up by name on the top-level module.
     if not isinstance(vars(transformers).get(VIDEO_MIXIN), type):
@@ -204,9 +166,9 @@ def _shim_video_processor() -> None:
     # A config naming Qwen2VLVideoProcessor (directly, or inferred from
     # "image_processor_type": "Qwen2VLImageProcessor") resolves through the
     # top-level module, where without torchvision a dummy that raises sits.
-    setattr(transformers, STANDIN_FOR, placeholder)
+    setattr(transformers, STANDIN_FOR, QwenVideoProcessor)
     # A config naming no video processor resolves through the model type.
     for name in OMNI_CONFIGS:
         config_cls = getattr(transformers, name, None)
         if isinstance(config_cls, type):
-            AutoVideoProcessor.register(config_cls, placeholder, exist_ok=True)
+            AutoVideoProcessor.register(config_cls, QwenVideoProcessor, exist_ok=True)

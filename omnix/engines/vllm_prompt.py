@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import collections
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
+
+import numpy as np
 
 from omnix.engines.vllm_setup import VocabLayout
 from omnix.events.types import ChatMessage
@@ -126,6 +128,8 @@ class PromptRenderer:
             return m.content
         text, out, prev, counts = m.content, [], 0, collections.Counter[str]()
         for part in m.media:
+            if part.in_video:
+                continue  # a video's sound track: the video's placeholder holds it
             counts[part.kind] += 1
             out.append(text[prev : part.at])
             ph = self._placeholder(part.kind, counts[part.kind])
@@ -148,7 +152,11 @@ class PromptRenderer:
 
     def media(self, piece: InputPiece) -> dict[str, list[Any]]:
         """vLLM's ``multi_modal_data`` for the piece: audio as (samples,
-        rate), images as PIL images (what the HF processors take)."""
+        rate), images as PIL images (what the HF processors take), videos
+        as vLLM's own video loader decodes their files (frames and their
+        metadata: ``fps`` frames a second, at most ``frames``); a video's
+        sound track as an audio item (``processor_kwargs`` then asks the
+        processor to hear it with the video)."""
         from PIL import Image
 
         kinds = [p for m in piece.messages for p in m.media]
@@ -158,14 +166,33 @@ class PromptRenderer:
             )
         data: dict[str, list[Any]] = {}
         for part, arr in zip(kinds, piece.media, strict=True):
-            if part.kind == "audio":
-                data.setdefault("audio", []).append((arr, part.rate))
-            else:
-                data.setdefault("image", []).append(Image.fromarray(arr, mode="RGB"))
+            match part.kind:
+                case "audio":
+                    data.setdefault("audio", []).append((arr, part.rate))
+                case "image":
+                    data.setdefault("image", []).append(Image.fromarray(arr, mode="RGB"))
+                case "video":
+                    data.setdefault("video", []).append(_load_video(arr, part.fps, part.frames))
+                case "mask":
+                    raise ValueError("a mask reached a vLLM stage: masks are for image edits")
+                case _:
+                    assert_never(part.kind)
         return data
 
+    @staticmethod
+    def processor_kwargs(piece: InputPiece) -> dict[str, Any]:
+        """The multimodal processor's options for the piece: Qwen3-Omni's
+        ``use_audio_in_video`` when a video comes with its sound track."""
+        if any(p.in_video for m in piece.messages for p in m.media):
+            return {"use_audio_in_video": True}
+        return {}
+
     async def render(
-        self, prompt: list[int], resumed: list[int], media: dict[str, list[Any]] | None
+        self,
+        prompt: list[int],
+        resumed: list[int],
+        media: dict[str, list[Any]] | None,
+        processor_kwargs: dict[str, Any] | None = None,
     ) -> tuple[Any, int]:
         """vLLM's engine input for the piece's prompt followed by its resumed
         ids (already in this model's vocabulary), and the prompt's own length
@@ -182,9 +209,10 @@ class PromptRenderer:
         if media is None:
             (rendered,) = renderer.render_cmpl([{"prompt_token_ids": ids}])
             return rendered, len(prompt)
-        (rendered,) = await renderer.render_cmpl_async(
-            [{"prompt_token_ids": ids, "multi_modal_data": media}]
-        )
+        request: dict[str, Any] = {"prompt_token_ids": ids, "multi_modal_data": media}
+        if processor_kwargs:
+            request["mm_processor_kwargs"] = processor_kwargs
+        (rendered,) = await renderer.render_cmpl_async([request])
         return rendered, len(rendered["prompt_token_ids"]) - len(ids) + len(prompt)
 
     def unsent(self, rendered: Any) -> None:
@@ -210,3 +238,14 @@ class PromptRenderer:
         if not text:
             return []
         return list(self._need_tokenizer("text").encode(text, add_special_tokens=special))
+
+
+def _load_video(file: np.ndarray, fps: float, frames: int) -> Any:
+    """A video file (its bytes as uint8) decoded by vLLM's own loader (the
+    one its server uses, ``VLLM_VIDEO_LOADER_BACKEND``, OpenCV by default):
+    ``fps`` frames a second, at most ``frames``; (frames, metadata)."""
+    from vllm import envs
+    from vllm.multimodal.video import VIDEO_LOADER_REGISTRY
+
+    loader = VIDEO_LOADER_REGISTRY.load(envs.VLLM_VIDEO_LOADER_BACKEND)
+    return loader.load_bytes(file.tobytes(), num_frames=frames or -1, fps=fps if fps > 0 else -1)

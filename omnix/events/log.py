@@ -41,6 +41,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    Progress,
     Rejected,
     Released,
     WorkerJoined,
@@ -50,7 +51,7 @@ from omnix.events.types import (
 Listener = Callable[[Event], None]
 
 #: The events the log shows its observer (``set_observer``), besides chunks
-#: that carry a blob: a request's first and last events and server events.
+#: and progress events (a partial image, schema v7) that carry a blob: a request's first and last events and server events.
 OBSERVED_TYPES: frozenset[type] = frozenset(
     (Admitted, Rejected, Finished, Failed, Cancelled, Released, WorkerJoined, WorkerLost)
 )
@@ -172,7 +173,7 @@ class EventLog:
         if observer is not None:
             # Only what retention counts: admissions, ends, chunks with a
             # blob, server events.  The rest (most events) skip the call.
-            if type(ev) is Chunk:
+            if type(ev) is Chunk or type(ev) is Progress:
                 if ev.blob is not None:
                     observer(ev)
             elif type(ev) in OBSERVED_TYPES:

@@ -31,6 +31,9 @@ API_COMPLETIONS: Final = "completions"
 API_SPEECH: Final = "audio.speech"
 API_IMAGES: Final = "images.generations"
 API_TRANSCRIPTION: Final = "audio.transcriptions"
+#: ``POST /v1/images/edits`` records ``ImageOptions`` (``edit``) under this api.
+API_IMAGE_EDITS: Final = "images.edits"
+API_VIDEOS: Final = "videos"
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 """An encoded audio response's format (chat's ``pcm16`` is ``pcm``)."""
@@ -109,9 +112,11 @@ class SpeechOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=
 
 
 class ImageOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=API_IMAGES):
-    """``POST /v1/images/generations``.  ``files_url``: the absolute URL of
+    """``POST /v1/images/generations`` and ``POST /v1/images/edits``
+    (``edit``, schema v7).  ``files_url``: the absolute URL of
     ``GET /v1/files/`` as the client reached the server (``url`` answers);
-    ``output_format``: the file format the client named ("" none)."""
+    ``output_format``: the file format the client named ("" none);
+    ``size``: the images' ``WxH`` (schema v7; the streamed events say it)."""
 
     render: int = 1
     stream: bool = False
@@ -121,6 +126,8 @@ class ImageOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=A
     files_url: str = ""
     output_format: str = ""
     group: Group | None = None
+    edit: bool = False
+    size: str = ""
 
 
 class TranscriptionOptions(
@@ -139,9 +146,33 @@ class TranscriptionOptions(
     temperature: float = 0.0
 
 
+class VideoOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=API_VIDEOS):
+    """``POST /v1/videos`` (schema v7): a video job, answered as OpenAI's
+    ``Video`` object.  ``video_stage``: the stage whose chunk is the MP4;
+    ``seconds``, ``size``, ``fps``, ``num_frames``: what the job makes, as
+    the route mapped the request onto what the pipeline accepts;
+    ``asked``: what the client asked for where it differs (``"seconds=4
+    size=720x1280"``), "" when nothing was rounded."""
+
+    render: int = 1
+    stream: bool = False  # never: a job is polled
+    usage_stage: str = ""
+    video_stage: str = ""
+    seconds: str = ""
+    size: str = ""
+    fps: int = 0
+    num_frames: int = 0
+    asked: str = ""
+
+
 #: How the client asked to receive the response, per API (tag: the API).
 ResponseOptions = (
-    ChatOptions | CompletionOptions | SpeechOptions | ImageOptions | TranscriptionOptions
+    ChatOptions
+    | CompletionOptions
+    | SpeechOptions
+    | ImageOptions
+    | TranscriptionOptions
+    | VideoOptions
 )
 
 
@@ -150,7 +181,7 @@ def group_of(response: ResponseOptions | None) -> Group | None:
     match response:
         case ChatOptions() | CompletionOptions() | ImageOptions():
             return response.group
-        case SpeechOptions() | TranscriptionOptions() | None:
+        case SpeechOptions() | TranscriptionOptions() | VideoOptions() | None:
             return None
         case _:
             assert_never(response)
@@ -329,8 +360,10 @@ __all__ = [
     "API_CHAT",
     "API_COMPLETIONS",
     "API_IMAGES",
+    "API_IMAGE_EDITS",
     "API_SPEECH",
     "API_TRANSCRIPTION",
+    "API_VIDEOS",
     "AUDIO_FORMATS",
     "DEFAULT_SAMPLE_RATE",
     "AudioFormat",
@@ -345,6 +378,7 @@ __all__ = [
     "StreamFormat",
     "TranscriptionFormat",
     "TranscriptionOptions",
+    "VideoOptions",
     "from_legacy",
     "group_of",
 ]

@@ -18,7 +18,8 @@ clock read in here (bar ``sweep``, below) nor of dict order:
   position), oldest first, and only ended ones: the reducer refuses a
   ``Released`` naming a request in flight;
 * after an event that makes a release due (the log shows retention only
-  admissions, terminal events, chunks that carry a blob and server events,
+  admissions, terminal events, chunks and progress events that carry a blob
+  and server events,
   ``log.OBSERVED_TYPES``: the time bound is compared at those, and by
   ``sweep``): ``time`` once the oldest
   ended request's terminal ``ts_ns`` is ``window_s`` plus 1/64 of it
@@ -71,6 +72,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    Progress,
     Rejected,
     Released,
     ReleaseReason,
@@ -301,7 +303,7 @@ class Retention:
     def _observe(self, ev: Event) -> None:
         # The log's observer (see OBSERVED_TYPES: the events that change
         # what is counted here; the time bound is compared at them).
-        if type(ev) is Chunk:
+        if type(ev) is Chunk or type(ev) is Progress:
             blob = ev.blob
             r = self._reqs.get(ev.request_id)
             if blob is not None and r is not None:
@@ -417,13 +419,37 @@ class Retention:
         """Decide the oldest ended request: it leaves the counters now and its
         blobs and tombstone wait for its ``Released`` to be stored."""
         rid = self._ended.popleft()
+        self._decided(rid)
+        self._due_ns = self._next_due()
+        return rid
+
+    def _decided(self, rid: str) -> None:
         r = self._reqs.pop(rid)
         self._pending[rid] = r
         self._events -= r.events
         self._bytes -= r.nbytes
         self._unref(r)
+
+    # -- a client's deletion -------------------------------------------------------
+    def delete(self, request_ids: tuple[str, ...]) -> Released | None:
+        """Release these ended requests now because a client deleted them
+        (``DELETE /v1/videos/{id}``): one ``Released(reason="deleted")``
+        stamped with the log clock's reading, an input as a sweep's is.
+        Ids not ended or not retained are left alone; None when none is
+        left to release.  Call it between appends (not from a listener)."""
+        ended = set(self._ended)
+        ids = [rid for rid in dict.fromkeys(request_ids) if rid in ended]
+        if not ids:
+            return None
+        gone = set(ids)
+        self._ended = deque(rid for rid in self._ended if rid not in gone)
+        for rid in ids:
+            self._decided(rid)
         self._due_ns = self._next_due()
-        return rid
+        ev = Released(request_ids=tuple(ids), reason="deleted", ts_ns=self.log.clock.now_ns())
+        self.log.before_release()
+        self._append(ev)
+        return ev
 
     def _unref(self, r: _Req) -> None:
         refs = self._refs
@@ -531,7 +557,7 @@ class Retention:
         try:
             observe = self._observe
             for ev in log.read(start):
-                if type(ev) is Chunk:
+                if type(ev) is Chunk or type(ev) is Progress:
                     if ev.blob is not None:
                         observe(ev)
                 elif type(ev) in OBSERVED_TYPES:

@@ -32,16 +32,20 @@ import msgspec
 
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 
-SCHEMA_VERSION = 6  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 7  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
-# 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings
+# 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
+# 7: media: image edits and video (MediaKind "mask" and "video", MediaPart.fps, Modality "video",
+# StageParams strength / partial_images / num_frames / fps, Progress.blob (a partial image),
+# ReleaseReason "deleted", ImageOptions.edit / .size, VideoOptions)
 
-Modality = Literal["text", "audio", "image", "codec", "hidden"]
+Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
 thinker's context for its talker: prompt ids, hidden states, media grids)
-are intermediates no client sees."""
-OutputModality = Literal["text", "audio", "image", "codec"]
+are intermediates no client sees; ``video`` (schema v7) an encoded video
+file."""
+OutputModality = Literal["text", "audio", "image", "codec", "video"]
 """What a stage's engine outputs (a ``hidden`` context comes beside it)."""
 
 CancelReason = Literal["client", "disconnect", "deadline", "shutdown"]
@@ -54,10 +58,13 @@ FailReason = Literal[
     "not_resumed",
 ]
 RejectReason = Literal["overloaded", "not_ready", "shutting_down"]
-ReleaseReason = Literal["time", "count", "bytes"]
-"""Which retention bound released ended requests (``omnix.events.retention``)."""
-MediaKind = Literal["audio", "image"]
-"""What a chat message's media part holds (decoded at admission)."""
+ReleaseReason = Literal["time", "count", "bytes", "deleted"]
+"""Which retention bound released ended requests (``omnix.events.retention``),
+or ``deleted`` (schema v7): a client deleted them (``DELETE /v1/videos/{id}``)."""
+MediaKind = Literal["audio", "image", "mask", "video"]
+"""What a message's media part holds (decoded at admission).  ``mask``
+(schema v7): an image edit's mask, the weight to repaint each pixel with
+(uint8, 255 = repaint); ``video`` (schema v7): an encoded video file."""
 
 
 # --------------------------------------------------------------------------
@@ -81,19 +88,28 @@ class BlobRef(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 class MediaPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A decoded audio clip or image in a chat message.
+    """A decoded audio clip, image, mask or video in a message.
 
     ``blob`` holds the decoded array, as the admission decoded it once:
     audio as float32 mono samples at ``rate`` Hz (shape ``(n,)``), an image
-    as uint8 RGB (shape ``(height, width, 3)``).  ``at`` is the character
-    offset in the message's ``content`` where the part stood among the
-    text parts, so the engine's prompt keeps the client's order.
+    as uint8 RGB (shape ``(height, width, 3)``), a mask as uint8 repaint
+    weights (shape ``(height, width)``, 255 = repaint), a video as its
+    encoded file (uint8 bytes, shape ``(n,)``: the engine decodes it,
+    sampling ``fps`` frames a second, at most ``frames``).  ``in_video``:
+    an audio part that is the sound track of the video part before it (the
+    model hears it with the video: Qwen3-Omni's ``use_audio_in_video``).
+    ``at`` is the character offset in the message's ``content`` where the
+    part stood among the text parts, so the engine's prompt keeps the
+    client's order.
     """
 
     kind: MediaKind
     blob: BlobRef
     at: int = 0
     rate: int = 0
+    fps: float = 0.0  # schema v7: a video's sampling rate for the model
+    frames: int = 0  # schema v7: the most frames sampled from a video (0: no cap)
+    in_video: bool = False  # schema v7: a video's sound track
 
 
 class ChatMessage(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -150,6 +166,14 @@ class StageParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     negative_prompt: str | None = None
     true_cfg_scale: float | None = None
     output_format: str | None = None
+    # schema v7, diffusion (docs/http.md "Image edits", "Videos"): how much
+    # of an edited image is repainted (image-to-image, inpaint: the
+    # pipeline's ``strength``), partial images to stream (previews at that
+    # many denoising checkpoints), and a video's frame count and rate.
+    strength: float | None = None
+    partial_images: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -294,12 +318,15 @@ class StageStarted(RequestEvent, frozen=True, kw_only=True, tag="stage_started")
 
 @final
 class Progress(RequestEvent, frozen=True, kw_only=True, tag="progress"):
-    """Step ``step`` of ``total`` done (diffusion steps, decoder frames)."""
+    """Step ``step`` of ``total`` done (diffusion steps, decoder frames).
+    ``blob``: a partial image decoded at this step (schema v7), when the
+    request asked for partial images."""
 
     stage: str
     replica: int
     step: int
     total: int
+    blob: BlobRef | None = None
 
 
 @final

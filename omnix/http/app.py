@@ -86,8 +86,12 @@ def build_app(
     )
     app.on_startup.append(server.load_tokenizer)
     for route in ROUTES:
-        add = app.router.add_get if route.method == "GET" else app.router.add_post
-        add(route.path, _handler(server, route))  # a GET answers HEAD too
+        add = {
+            "GET": app.router.add_get,  # a GET answers HEAD too
+            "POST": app.router.add_post,
+            "DELETE": app.router.add_delete,
+        }[route.method]
+        add(route.path, _handler(server, route))
     app[OMNI_KEY] = omni
     app[SERVER_KEY] = server
     if tel is not None and telemetry is True:

@@ -48,6 +48,7 @@ from omnix.events.options import (
     ImageOptions,
     SpeechOptions,
     TranscriptionOptions,
+    VideoOptions,
 )
 from omnix.events.types import (
     Admitted,
@@ -97,6 +98,7 @@ from omnix.http.core.groups import (
     split,
 )
 from omnix.http.images import render as images_render
+from omnix.http.videos import render as videos_render
 
 __all__ = [
     "API_CHAT",
@@ -141,6 +143,8 @@ def whole_response(members: list[Summary]) -> Rendered:
             return transcription_render.whole(members[0], opts)
         case SpeechOptions():
             return speech_render.whole(members[0])
+        case VideoOptions():
+            return videos_render.whole(members[0], opts)
         case None:
             spec = members[0].spec
             api = spec.api if spec is not None else ""
@@ -149,7 +153,7 @@ def whole_response(members: list[Summary]) -> Rendered:
             assert_never(opts)
 
 
-def _open(s: Summary, ev: Admitted) -> tuple[ApiStream, Head, bool]:
+def _open(s: Summary, ev: Admitted, blobs: BlobStore) -> tuple[ApiStream, Head, bool]:
     """The stream of a request admitted with a streamed response: its
     renderer, its head, and whether its SSE events carry ``id:``."""
     opts = ev.spec.response
@@ -166,7 +170,10 @@ def _open(s: Summary, ev: Admitted) -> tuple[ApiStream, Head, bool]:
         case TranscriptionOptions():
             stream_ = transcription_render.TranscriptionStream(s, opts)
             return stream_, sse_head(rid), transcription_render.stream_ids(opts)
-        case ImageOptions() | None:
+        case ImageOptions():
+            stream__ = images_render.ImageStream(s, opts, blobs)
+            return stream__, sse_head(rid), images_render.stream_ids(opts)
+        case VideoOptions() | None:
             raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed form")
         case _:
             assert_never(opts)
@@ -227,11 +234,14 @@ class StreamRenderer:
                 if response is None or not response.stream:
                     return []
                 s.collect_media = False
-                self._stream, self.head, self.ids = _open(s, ev)
+                self._stream, self.head, self.ids = _open(s, ev, s.blobs)
                 return self._stream.admitted(ev)
             case StageFinished():
                 s.finished[ev.stage] = ev
                 return []
+            case Progress():
+                s.progressed(ev)
+                return stream.progress(ev) if stream is not None else []
             case Finished():
                 s.terminal = ev
                 return self._end(stream.finished(ev) if stream is not None else [])
@@ -246,7 +256,6 @@ class StreamRenderer:
                 Chunk()
                 | Routed()
                 | StageStarted()
-                | Progress()
                 | StageFailed()
                 | CancelRequested()
                 | DeadlineExpired()
@@ -275,7 +284,7 @@ def _member_stream(s: Summary) -> StreamTail:
             return chat_render.ChatStream(s, opts, member=True)
         case CompletionOptions():
             return completions_render.CompletionStream(s, opts, member=True)
-        case SpeechOptions() | ImageOptions() | TranscriptionOptions() | None:
+        case SpeechOptions() | ImageOptions() | TranscriptionOptions() | VideoOptions() | None:
             raise ValueError(f"request {s.request_id}: no stream of n choices for its api")
         case _:
             assert_never(opts)

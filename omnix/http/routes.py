@@ -4,8 +4,8 @@
 ``openapi.OpenApi`` describes them, so a route cannot be served without
 its description (or a stated reason it has none: ``Undescribed``) nor
 described without being served.  Each row is its room's (``chat``,
-``completions``, ``audio``, ``images``, ``models``, ``requests``,
-``files``, ``admin``): adding a route is a module in a room and a row
+``completions``, ``audio``, ``images``, ``videos``, ``models``,
+``requests``, ``files``, ``admin``): adding a route is a module in a room and a row
 here.  The order is the document's.
 """
 
@@ -25,6 +25,7 @@ from omnix.http.images import router as images
 from omnix.http.models import router as models
 from omnix.http.requests import listing
 from omnix.http.requests import router as requests
+from omnix.http.videos import router as videos
 
 ROUTES: Final[tuple[Route, ...]] = (
     chat.CHAT,
@@ -33,6 +34,12 @@ ROUTES: Final[tuple[Route, ...]] = (
     audio.TRANSCRIPTIONS,
     voices.VOICES,
     images.IMAGES,
+    images.EDITS,
+    videos.CREATE,
+    videos.LIST,
+    videos.RETRIEVE,
+    videos.DELETE,
+    videos.CONTENT,
     files.FILE,
     models.MODELS,
     models.TOKENIZE,

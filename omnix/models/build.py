@@ -1,7 +1,7 @@
 """Builders of the tiny random-weight models the built-in pipelines use.
 
 Owns: one builder per tiny model (``thinker``, ``talker``, ``code2wav``,
-``image``), the talker's vocabulary layout, atomic builds into the model
+``image``, ``video``), the talker's vocabulary layout, atomic builds into the model
 cache and ``ensure_models`` (build only what is missing).  Does not own
 where the cache is or how names resolve (``paths.py``), the tokenizer
 (``tokenizer.py``), the codec module (``omnix.models.codec``) or any
@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -337,6 +337,107 @@ def build_image(out: Path, seed: int) -> ModelInfo:
     return ModelInfo(name="image", seed=seed, layout={"default_size": 64, "text_vocab": n_text})
 
 
+# -- video ----------------------------------------------------------------------
+
+
+def _wan22_vae(cls: Any) -> Any:
+    """Wan 2.2 TI2V's VAE at the size of diffusers' tests: 48 latent
+    channels, 2x2 patching, 16x spatial and 4x temporal compression."""
+    return cls(
+        base_dim=3,
+        z_dim=48,
+        in_channels=12,
+        out_channels=12,
+        is_residual=True,
+        patch_size=2,
+        latents_mean=[0.0] * 48,
+        latents_std=[1.0] * 48,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        scale_factor_spatial=16,
+        scale_factor_temporal=4,
+        temperal_downsample=[False, True, True],
+    )
+
+
+def _wan22_transformer(cls: Any) -> Any:
+    """A 2-layer Wan transformer over those latents (diffusers' test size)."""
+    return cls(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=48,
+        out_channels=48,
+        text_dim=32,
+        freq_dim=256,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+
+
+def build_video(out: Path, seed: int) -> ModelInfo:
+    """A tiny Wan 2.2 text/image-to-video pipeline (``WanPipeline`` with
+    ``expand_timesteps``, as Wan2.2-TI2V-5B: a 48-channel VAE with 2x2
+    patching, 16x spatial and 4x temporal compression; a 2-layer Wan
+    transformer; a 1-layer T5 encoder), at the sizes of diffusers' own Wan
+    2.2 TI2V tests: 32x32 videos of 4k+1 frames.  The same components run
+    ``WanImageToVideoPipeline`` (the first frame from an image).  The
+    byte-level tokenizer stands in for T5's."""
+    import torch
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    from omnix.models.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        n_text = build_tokenizer(Path(tmp))
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_file=str(Path(tmp) / "tokenizer.json"),
+            pad_token=ENDOFTEXT,
+            eos_token=IM_END,
+            model_max_length=64,
+        )
+
+    def seeded(component: str) -> None:
+        torch.manual_seed(derived_seed(seed, "video", component))
+
+    seeded("vae")
+    vae = _wan22_vae(AutoencoderKLWan)
+    seeded("text_encoder")
+    text_encoder = T5EncoderModel(
+        T5Config(
+            vocab_size=pad64(n_text),
+            d_model=32,
+            d_kv=16,
+            d_ff=64,
+            num_layers=1,
+            num_heads=2,
+            relative_attention_num_buckets=8,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    seeded("transformer")
+    transformer = _wan22_transformer(WanTransformer3DModel)
+    pipe = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        transformer=transformer,
+        expand_timesteps=True,
+    )
+    pipe.save_pretrained(str(out))  # type: ignore[attr-defined]
+    return ModelInfo(name="video", seed=seed, layout={"default_size": 32, "text_vocab": n_text})
+
+
 BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "thinker": build_thinker,
     "talker": build_talker,
@@ -344,6 +445,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "image": build_image,
     "omni_thinker": build_omni_thinker,
     "omni": build_omni,
+    "video": build_video,
 }
 
 

@@ -1,7 +1,7 @@
 """Where the tiny models live and how a stage's ``model`` names one.
 
 Owns: the model cache location (``default_model_dir``), ``ModelPaths`` (the
-four tiny model folders), ``resolve_model`` (a tiny name -> its folder in the
+tiny model folders), ``resolve_model`` (a tiny name -> its folder in the
 cache; anything else is a local folder used as is), the ``omnix.json``
 marker a finished build writes, and folder digests.  Does not own building
 (``build.py``) nor loading (``omnix.engines``).  Imports nothing heavy: the
@@ -17,7 +17,15 @@ from pathlib import Path
 import msgspec
 
 #: The models ``omnix models init`` builds, in build order.
-TINY_MODELS: tuple[str, ...] = ("thinker", "talker", "code2wav", "image", "omni_thinker", "omni")
+TINY_MODELS: tuple[str, ...] = (
+    "thinker",
+    "talker",
+    "code2wav",
+    "image",
+    "omni_thinker",
+    "omni",
+    "video",
+)
 
 #: Written last into a built folder; its presence means "complete".
 MARKER = "omnix.json"
@@ -36,6 +44,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     image: str
     omni_thinker: str
     omni: str
+    video: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

@@ -80,13 +80,27 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
 
 
 class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT):
-    """A diffusion stage: a diffusers pipeline loaded from a local folder."""
+    """A diffusion stage: a diffusers pipeline loaded from a local folder.
+
+    ``output_modality``: what its pipeline makes (``video`` for a
+    text-to-video folder; the engine checks the folder agrees).
+    ``max_batch``: concurrent requests of equal shape run as one pipeline
+    call (1: none; a batch holds that many times one request's
+    activations).  ``edit``: what an image edit without a mask is
+    (``auto``: the family's own; ``image_to_image``; ``reference``, a
+    reference-image edit such as Flux Kontext).  ``default_frames`` and
+    ``default_fps``: a video's, when the request names neither."""
 
     model: str
     dtype: str = "float32"
     device: str = "auto"
     default_steps: int = 8
     default_size: int = 64
+    output_modality: Literal["image", "video"] = "image"
+    max_batch: int = 1
+    edit: Literal["auto", "image_to_image", "reference"] = "auto"
+    default_frames: int = 17
+    default_fps: int = 16
 
 
 class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):
@@ -196,6 +210,17 @@ class MediaLimits(msgspec.Struct, **_STRICT):
     max_image_parts: int = 1
     #: the rate audio is resampled to for the model's processor
     sample_rate: int = 16_000
+    # Video parts (``video_url``): how many, how long, and what the model
+    # sees of them: ``video_fps`` frames a second, at most
+    # ``max_video_frames`` (the frames of ``max_pixels`` at most each).
+    # ``video_audio``: a video's sound track is heard with it where the
+    # stage takes audio (Qwen3-Omni's ``use_audio_in_video``).
+    video: bool = False
+    max_video_parts: int = 1
+    max_video_seconds: float = 60.0
+    video_fps: float = 2.0
+    max_video_frames: int = 16
+    video_audio: bool = True
 
 
 class StageConfig(msgspec.Struct, **_STRICT):

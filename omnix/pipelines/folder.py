@@ -42,6 +42,7 @@ from omnix.pipelines.config import (
     TalkerArgs,
     VllmArgs,
 )
+from omnix.pipelines.families import VIDEO_FAMILIES
 
 QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"
 
@@ -128,14 +129,34 @@ def text_model(f: Folder, gpu: bool) -> PipelineConfig:
     return _single(f, f"{f.architecture} on vLLM (text in, text out)", stage, {"text": "llm"})
 
 
-def text_to_image(f: Folder, gpu: bool) -> PipelineConfig:
+def _diffusers(f: Folder, gpu: bool, **more: Any) -> DiffusersArgs:
     size = _read(f.path / "vae" / "config.json").get("sample_size")
     kw: dict[str, Any] = {"model": str(f.path), "dtype": "bfloat16" if gpu else "float32"}
     if isinstance(size, int) and size > 0:
         kw["default_size"] = size
-    stage = StageConfig(name="image", engine=DiffusersArgs(**kw), timeout_s=300)
+    return DiffusersArgs(**kw, **more)
+
+
+def text_to_image(f: Folder, gpu: bool) -> PipelineConfig:
+    stage = StageConfig(name="image", engine=_diffusers(f, gpu), timeout_s=300)
     what = f"{f.pipeline_class} on diffusers (text in, image out)"
     return _single(f, what, stage, {"image": "image"})
+
+
+def text_to_video(f: Folder, gpu: bool) -> PipelineConfig:
+    """A video job's stage as ``tiny-video`` runs it: a first frame taken
+    where the family has image-to-video, the generation restarted after a
+    server's kill -9 (a diffusion stage cannot continue from a step)."""
+    first_frame = bool(VIDEO_FAMILIES[f.pipeline_class].image_to_video)
+    stage = StageConfig(
+        name="video",
+        engine=_diffusers(f, gpu, output_modality="video"),
+        timeout_s=1800,
+        retry=True,
+        media=MediaLimits(image=True, max_image_parts=1) if first_frame else None,
+    )
+    what = f"{f.pipeline_class} on diffusers (text{', a first frame' if first_frame else ''} in, video out)"
+    return _single(f, what, stage, {"video": "video"})
 
 
 def qwen3_omni(f: Folder, gpu: bool) -> PipelineConfig:
@@ -148,22 +169,22 @@ def qwen3_omni(f: Folder, gpu: bool) -> PipelineConfig:
         engine=_vllm(
             f,
             gpu,
-            limit_mm_per_prompt={"audio": 1, "image": 1, "video": 0},
+            limit_mm_per_prompt={"audio": 1, "image": 1, "video": 1},
             # Capturing the talker's context hooks the model's forward, which
             # runs only eagerly; the talker and Code2Wav share the GPU unless
             # devices place them elsewhere.
             **({"talker_context": True, "enforce_eager": True} if speaks else {}),
             **({"gpu_memory_utilization": 0.7} if speaks and gpu else {}),
         ),
-        media=MediaLimits(audio=True, image=True, max_audio_seconds=120.0),
+        media=MediaLimits(audio=True, image=True, video=True, max_audio_seconds=120.0),
     )
     if not speaks:
-        what = "the Qwen3-Omni thinker on vLLM (text, audio, image in; text out)"
+        what = "the Qwen3-Omni thinker on vLLM (text, audio, image, video in; text out)"
         return _single(f, what, thinker, {"text": "thinker"})
     return PipelineConfig(
         name=f.name,
         description=f"{f.path}: Qwen3-Omni thinker -> talker -> code2wav "
-        "(text, audio, image in; text + audio out)",
+        "(text, audio, image, video in; text + audio out)",
         stages=(
             thinker,
             StageConfig(
@@ -188,6 +209,10 @@ def _is_text_to_image(f: Folder) -> bool:
     return bool(f.index) and f.pipeline_class in text_to_image_classes()
 
 
+def _is_text_to_video(f: Folder) -> bool:
+    return bool(f.index) and f.pipeline_class in VIDEO_FAMILIES
+
+
 def _vllm_serves(f: Folder) -> bool:
     return bool(f.config) and f.architecture in vllm_architectures()
 
@@ -208,6 +233,13 @@ KINDS: tuple[Kind, ...] = (
         "FluxPipeline, StableDiffusionPipeline, ...): one diffusers stage",
         _is_text_to_image,
         text_to_image,
+    ),
+    Kind(
+        "text-to-video",
+        f"a diffusers text-to-video pipeline ({', '.join(sorted(VIDEO_FAMILIES))}): one diffusers "
+        "stage serving /v1/videos",
+        _is_text_to_video,
+        text_to_video,
     ),
     Kind(
         "vLLM",
@@ -266,7 +298,8 @@ def _not_served(f: Folder) -> str:
     served = "; ".join(k.serves for k in KINDS)
     if f.index:
         what = f"a diffusers {f.pipeline_class or 'pipeline without _class_name'}"
-        near = difflib.get_close_matches(f.pipeline_class, sorted(text_to_image_classes()), n=3)
+        known = text_to_image_classes() | VIDEO_FAMILIES.keys()
+        near = difflib.get_close_matches(f.pipeline_class, sorted(known), n=3)
     elif not f.architecture:
         return (
             f"{f.path}/config.json names no architecture (no architectures, and no model_type "

@@ -160,6 +160,15 @@ def _check_params(p: StageParams, where: str) -> None:
         raise bad("logit_bias", "must map at most 300 token ids to biases between -100 and 100")
     if p.logprobs is not None and not (0 <= p.logprobs <= 20):
         raise bad("logprobs", "must be between 0 and 20")
+    # schema v7: diffusion (the HTTP bodies' ranges)
+    if p.strength is not None and not (0.0 < p.strength <= 1.0):
+        raise bad("strength", "must be in (0, 1]")
+    if p.partial_images is not None and not (0 <= p.partial_images <= 3):
+        raise bad("partial_images", "must be between 0 and 3")
+    if p.num_frames is not None and not (1 <= p.num_frames <= 10000):
+        raise bad("num_frames", "must be between 1 and 10000")
+    if p.fps is not None and not (1 <= p.fps <= 120):
+        raise bad("fps", "must be between 1 and 120")
     if p.json_schema is not None:
         try:
             schema = msgspec.json.decode(p.json_schema)

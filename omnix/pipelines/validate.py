@@ -109,6 +109,16 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
             )
         if st.max_queue < 0:
             problems.append(f"stage {st.name!r}: max_queue must be >= 0, got {st.max_queue}")
+        if isinstance(st.engine, DiffusersArgs):
+            for field in ("max_batch", "default_steps", "default_size", "default_frames"):
+                if getattr(st.engine, field) < 1:
+                    got = getattr(st.engine, field)
+                    problems.append(f"stage {st.name!r}: engine.{field} must be >= 1, got {got}")
+            if not 1 <= st.engine.default_fps <= 120:
+                problems.append(
+                    f"stage {st.name!r}: engine.default_fps must be 1..120, "
+                    f"got {st.engine.default_fps}"
+                )
     incoming: dict[str, list[str]] = {n: [] for n in names}
     for i, e in enumerate(cfg.edges):
         where = f"edge #{i + 1} ({e.source} -> {e.target})"
@@ -240,12 +250,15 @@ def _media_problems(cfg: PipelineConfig) -> list[str]:
             "max_pixels",
             "max_audio_parts",
             "max_image_parts",
+            "max_video_parts",
+            "max_video_frames",
             "sample_rate",
         ):
             if getattr(m, field) < (0 if field.endswith("_parts") else 1):
                 problems.append(f"{where}.{field} must be positive, got {getattr(m, field)}")
-        if m.max_audio_seconds <= 0:
-            problems.append(f"{where}.max_audio_seconds must be > 0, got {m.max_audio_seconds}")
+        for name in ("max_audio_seconds", "max_video_seconds", "video_fps"):
+            if getattr(m, name) <= 0:
+                problems.append(f"{where}.{name} must be > 0, got {getattr(m, name)}")
         eng = st.engine
         if isinstance(eng, VllmArgs):
             if eng.input_mode != "chat":
@@ -255,6 +268,7 @@ def _media_problems(cfg: PipelineConfig) -> list[str]:
             for kind, on, most in (
                 ("audio", m.audio, m.max_audio_parts),
                 ("image", m.image, m.max_image_parts),
+                ("video", m.video, m.max_video_parts),
             ):
                 limit = eng.limit_mm_per_prompt.get(kind)
                 if on and limit is not None and limit < most:
@@ -276,7 +290,7 @@ def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:
     if isinstance(eng, (VllmArgs, ScriptedArgs)):
         return eng.output_modality
     if isinstance(eng, DiffusersArgs):
-        return "image"
+        return eng.output_modality
     if isinstance(eng, AudioEngineArgs):
         return "audio"
     if isinstance(eng, TalkerArgs):

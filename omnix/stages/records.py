@@ -64,14 +64,18 @@ def deliver(
                     logprobs=rec.logprobs,
                 )
             )
-        elif not _other(slot, rec, emit, credit_back):
+        elif not _other(slot, rec, blobs, emit, credit_back):
             continue
         if slot.state != "ready":
             return  # an event listener shut us down or lost the slot
 
 
 def _other(
-    slot: Slot, rec: m.Record, emit: Callable[[Event], None], credit_back: Callable[[Slot], None]
+    slot: Slot,
+    rec: m.Record,
+    blobs: BlobStore,
+    emit: Callable[[Event], None],
+    credit_back: Callable[[Slot], None],
 ) -> bool:
     """Every record but an output (every kind is handled: a new one fails
     the type check at ``assert_never``); False when it emitted nothing
@@ -89,9 +93,15 @@ def _other(
                 emit(StageStarted(request_id=rid, stage=stage, replica=replica))
         case m.ProgressRec():
             if live:
+                preview = blobs.put(rec.preview, rec.media_type) if rec.preview else None
                 emit(
                     Progress(
-                        request_id=rid, stage=stage, replica=replica, step=rec.step, total=rec.total
+                        request_id=rid,
+                        stage=stage,
+                        replica=replica,
+                        step=rec.step,
+                        total=rec.total,
+                        blob=preview,
                     )
                 )
         case m.Done():

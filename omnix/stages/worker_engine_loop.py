@@ -133,7 +133,7 @@ class EngineLoop:
                 )
                 req.chunks += 1
             elif out.total > 0:
-                record(m.ProgressRec(rid, out.step, out.total))
+                record(m.ProgressRec(rid, out.step, out.total, out.preview, out.media_type))
             # else: payload-free finish metadata, not a chunk
 
     def _finished(self, req: Req) -> None:

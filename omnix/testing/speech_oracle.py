@@ -51,6 +51,14 @@ class Reference:
         self.model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
             str(self.folder), dtype=torch.float32
         ).eval()
+        talker = self.model.talker
+        if not hasattr(talker.config, "audio_config"):
+            # transformers 5.19's talker rope index reads the audio window
+            # from its own config, which has none, when a prompt's audio is
+            # not its only media (a video's sound track, audio beside an
+            # image): generate fails there.  The thinker's window is the one
+            # that cut the audio (omnix's talker does the same).
+            talker.config.audio_config = self.model.config.thinker_config.audio_config
         self._codes: Any = None
         decode = self.model.code2wav.chunked_decode
 
@@ -61,16 +69,26 @@ class Reference:
         self.model.code2wav.chunked_decode = keep_codes
 
     def prompt(
-        self, text: str, audio: Sequence[np.ndarray] = (), images: Sequence[Any] = ()
+        self,
+        text: str,
+        audio: Sequence[np.ndarray] = (),
+        images: Sequence[Any] = (),
+        videos: Sequence[np.ndarray] = (),
+        use_audio_in_video: bool = False,
     ) -> Any:
         """The processor's inputs for one user turn: one placeholder per
-        media item (audio first, then images), then the text, a line each:
-        vLLM's rendering of such a chat for a checkpoint whose template
-        takes plain-text content (the tiny one's)."""
+        media item (audio first, then images, then videos), then the text,
+        a line each: vLLM's rendering of such a chat for a checkpoint whose
+        template takes plain-text content (the tiny one's).  With
+        ``use_audio_in_video`` the audio are the videos' sound tracks: they
+        have no placeholder of their own (the processor interleaves them
+        into the videos')."""
         tok = self.processor.tokenizer
+        own_audio = 0 if use_audio_in_video else len(audio)
         parts = (
-            [f"{tok.audio_bos_token}{tok.audio_token}{tok.audio_eos_token}"] * len(audio)
+            [f"{tok.audio_bos_token}{tok.audio_token}{tok.audio_eos_token}"] * own_audio
             + [f"{tok.vision_bos_token}{tok.image_token}{tok.vision_eos_token}"] * len(images)
+            + [f"{tok.vision_bos_token}{tok.video_token}{tok.vision_eos_token}"] * len(videos)
             + [text]
         )
         chat = tok.apply_chat_template(
@@ -78,10 +96,17 @@ class Reference:
             tokenize=False,
             add_generation_prompt=True,
         )
+        # The processor interleaves a video's frames and sound at its own
+        # default rate (13 positions a second); the model (and vLLM) place
+        # them at the checkpoint's: the tiny one says 25.
+        rate = self.model.config.thinker_config.position_id_per_seconds
         return self.processor(
             text=chat,
             audio=list(audio) or None,
             images=list(images) or None,
+            videos=list(videos) or None,
+            use_audio_in_video=use_audio_in_video,
+            position_id_per_seconds=rate,
             return_tensors="pt",
         )
 
@@ -92,6 +117,8 @@ class Reference:
         speaker: str,
         audio: Sequence[np.ndarray] = (),
         images: Sequence[Any] = (),
+        videos: Sequence[np.ndarray] = (),
+        use_audio_in_video: bool = False,
         thinker_max_tokens: int = 32,
         talker_max_tokens: int = 64,
         chunk_frames: int = 25,
@@ -102,7 +129,7 @@ class Reference:
         Code2Wav stage with those settings produces)."""
         import torch
 
-        inputs = self.prompt(text, audio, images)
+        inputs = self.prompt(text, audio, images, videos, use_audio_in_video)
         eos = self.model.generation_config.eos_token_id
         start = time.perf_counter()
         with torch.no_grad():
@@ -115,6 +142,7 @@ class Reference:
                 thinker_do_sample=False,
                 talker_do_sample=False,
                 talker_max_new_tokens=talker_max_tokens,
+                use_audio_in_video=use_audio_in_video,
             )
         seconds = time.perf_counter() - start
         codes = self._codes

@@ -40,8 +40,9 @@ from omnix.transport.codec import FrameDecoder
 from omnix.transport.work import WorkItem
 
 # 2: WORK carries a list of WorkItems; 3: PROFILE/PROFILED; 4: WorkItem.feeds;
-# 5: READY carries the engine's settings, a stage its devices and engine_args
-PROTOCOL_VERSION = 5
+# 5: READY carries the engine's settings, a stage its devices and engine_args;
+# 6: ProgressRec.preview (a partial image)
+PROTOCOL_VERSION = 6
 
 # -- message type bytes (first frame) ---------------------------------------
 HELLO = b"H"
@@ -186,9 +187,14 @@ class Output(msgspec.Struct, tag="o", **_REC):
 
 
 class ProgressRec(msgspec.Struct, tag="p", **_REC):
+    """A step done; ``preview``: a partial image decoded at it (the
+    ``Progress`` event's blob), of type ``media_type``."""
+
     request_id: str
     step: int
     total: int
+    preview: bytes = b""
+    media_type: str = ""
 
 
 class Done(msgspec.Struct, tag="f", **_REC):

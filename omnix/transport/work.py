@@ -73,6 +73,9 @@ class EngineOutput(msgspec.Struct):
     #: per token of ``token_ids``, when the request asked for logprobs
     #: (recorded as ``Chunk.logprobs``)
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: a progress output's partial image (an encoded file of type
+    #: ``media_type``), recorded as its ``Progress`` event's blob
+    preview: bytes = b""
 
     @property
     def has_payload(self) -> bool:

@@ -207,3 +207,25 @@ def test_speech(tmp_path_factory):
         "throughput_ratio_vs_transformers",
     )  # fmt: skip
     assert out["oracle_equal"] is True
+
+
+@pytest.mark.engines
+@pytest.mark.skipif(
+    importlib.util.find_spec("diffusers") is None, reason="real engines unavailable: no diffusers"
+)
+def test_diffusion(tmp_path_factory):
+    """tiny-image on its real diffusers engine: a few images per level, one cancel."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
+    out = bench(
+        "diffusion", "--requests", "4", "--rounds", "1", "--cancels", "1", "--steps", "2",
+        timeout=300,
+    )  # fmt: skip
+    has(
+        out,
+        "images_per_s_c1", "images_per_s_c4", "images_per_s_c4_over_c1", "e2e_ms_p50_c1",
+        "e2e_ms_p50_c4", "cancel_steps_after_p50", "cancel_steps_after_max", "cancel_ms_p50",
+        "load_avg_1m",
+    )  # fmt: skip
+    assert out["errors"] == 0 and out["requests"] == 4 and out["pipeline"] == "tiny-image"

@@ -140,3 +140,34 @@ async def image_engine(tiny_models):
     await engine.start()
     yield engine
     await engine.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def batch_engine(tiny_models):
+    """The tiny image model batching up to 4 equal-shape requests, its
+    edits Kontext's reference-image edit (the stage's ``edit``)."""
+    from omnix.engines.diffusers_engine import DiffusersEngine
+    from omnix.pipelines.config import DiffusersArgs
+
+    engine = DiffusersEngine(
+        DiffusersArgs(model="image", device="cpu", max_batch=4, edit="reference")
+    )
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def video_engine(tiny_models):
+    """The tiny Wan 2.2 text/image-to-video model, batching up to 2."""
+    from omnix.engines.diffusers_engine import DiffusersEngine
+    from omnix.pipelines.config import DiffusersArgs
+
+    engine = DiffusersEngine(
+        DiffusersArgs(
+            model="video", device="cpu", output_modality="video", default_size=32, max_batch=2
+        )
+    )
+    await engine.start()
+    yield engine
+    await engine.close()

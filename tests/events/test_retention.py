@@ -327,3 +327,34 @@ async def test_a_trace_exported_within_the_window_replays_exactly() -> None:
         if type(ev) is Chunk and ev.blob is not None
     }
     assert held and held <= set(omni.blobs.digests())
+
+
+def test_a_client_deletion_releases_an_ended_request_now() -> None:
+    """``Retention.delete``: an ended request's events, state and blobs go
+    at once, as ``Released(reason="deleted")``; one in flight stays; a
+    partial image (a ``Progress`` blob, schema v7) is counted and goes
+    with its request."""
+    from omnix.events.types import Progress
+
+    policy = RetentionPolicy(window_s=None, max_requests=100, max_bytes=None)
+    log, blobs, ret, clock = new_log(policy)
+    video = blobs.put(b"an mp4" * 10)
+    preview = blobs.put(b"a partial image")
+    feed(log, start("job"), clock)
+    log.append(Progress(request_id="job", stage="s", replica=0, step=1, total=2, blob=preview))
+    log.append(Chunk(request_id="job", stage="s", replica=0, index=0, modality="video", blob=video))
+    assert ret.delete(("job",)) is None  # in flight: not deleted
+    feed(log, start("other"), clock)
+    feed(log, finish("job", chunks=1), clock)
+    assert ret.blobs_retained_bytes == video.nbytes + preview.nbytes
+    ev = ret.delete(("job", "other", "nope"))
+    assert ev is not None and ev.reason == "deleted" and ev.request_ids == ("job",)
+    assert ret.status("job") == "released" and log.events_for("job") == []
+    assert ret.blobs_retained_bytes == 0
+    assert ret.status("other") == "retained"
+    assert ret.delete(("job",)) is None  # already gone
+    # Blobs put since the last collection wait one more (a worker may be
+    # about to refer to one): the next release deletes them.
+    feed(log, finish("other"), clock)
+    assert ret.delete(("other",)) is not None
+    assert video not in blobs and preview not in blobs

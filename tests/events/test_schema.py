@@ -217,7 +217,7 @@ def test_fixture_covers_every_event_type() -> None:
 def test_released_round_trips() -> None:
     ev = Released(pos=7, ts_ns=123, request_ids=("req-a", "req-b"), reason="count")
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 6
+    assert data[0] == SCHEMA_VERSION == 7
     assert decode_event(data) == ev
     assert decode_events(encode_events([ev])) == [ev]
 
@@ -263,6 +263,45 @@ def test_v5_sampling_params_and_chunk_logprobs_round_trip() -> None:
     assert decode_events(encode_events([adm, chunk])) == [adm, chunk]
     # Without them, a chunk encodes as before (the default is trailing).
     plain = msgspec.structs.replace(chunk, logprobs=())
+    assert decode_event(encode_event(plain)) == plain
+
+
+def test_v7_media_fields_round_trip() -> None:
+    """Schema v7: edit and video media, diffusion fields, a partial image
+    on a Progress event, video options, a client's deletion."""
+    from omnix.events.options import ImageOptions, VideoOptions
+    from omnix.events.types import MediaPart
+
+    ref = BlobRef(digest="a" * 32, nbytes=12, dtype="uint8", shape=(2, 2, 3))
+    spec = RequestSpec(
+        prompt="x",
+        messages=(
+            ChatMessage(
+                "user",
+                "x",
+                media=(
+                    MediaPart(kind="image", blob=ref),
+                    MediaPart(kind="mask", blob=ref),
+                    MediaPart(kind="video", blob=ref, fps=2.5),
+                ),
+            ),
+        ),
+        outputs=("video",),
+        stage_params={"v": StageParams(strength=0.5, partial_images=2, num_frames=9, fps=16)},
+        response=VideoOptions(video_stage="v", seconds="1", size="32x32", fps=16, num_frames=17),
+    )
+    adm = Admitted(pos=0, ts_ns=T0, request_id="r", pipeline="p", spec=spec)
+    edit = msgspec.structs.replace(
+        adm, spec=msgspec.structs.replace(spec, response=ImageOptions(edit=True, size="8x8"))
+    )
+    prog = Progress(
+        pos=1, ts_ns=T0, request_id="r", stage="v", replica=0, step=1, total=2, blob=ref
+    )
+    gone = Released(pos=2, ts_ns=T0, request_ids=("r",), reason="deleted")
+    events = [adm, edit, prog, gone]
+    assert decode_events(encode_events(events)) == events
+    # A Progress without a partial image encodes as before (the default trails).
+    plain = msgspec.structs.replace(prog, blob=None)
     assert decode_event(encode_event(plain)) == plain
 
 

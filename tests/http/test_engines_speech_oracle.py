@@ -18,11 +18,12 @@ import io
 
 import numpy as np
 import pytest
+import pytest_asyncio
 import soundfile as sf
 
 from omnix.events.types import Chunk
 from omnix.replay.drive import drive
-from omnix.testing.media import audio_part, image_part
+from omnix.testing.media import audio_part, image_part, video_part
 from omnix.trace import export_trace, read_trace
 
 from .conftest import real_engine_marks
@@ -36,11 +37,15 @@ TALKER_TOKENS = 48
 TEXT = "Describe what you get."
 
 
-@pytest.fixture(scope="module")
-def reference(server):
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def reference(server):
     from omnix.models.paths import resolve_model
     from omnix.testing.speech_oracle import Reference
 
+    # The server loads its prompt tokenizer in a thread as it starts;
+    # transformers' lazy module is not safe to import from two threads at
+    # once ("cannot import name 'AutoProcessor'" now and then).
+    await server.state.tokens.tokenizer()
     ref = Reference(resolve_model("omni"))
     th = ref.model.config.thinker_config
     MEDIA_IDS.update({th.audio_token_id, th.image_token_id, th.video_token_id})
@@ -48,9 +53,22 @@ def reference(server):
 
 
 def _media(kind: str) -> tuple[list[dict], list[np.ndarray], list]:
-    """The chat parts and the same media as the reference takes them."""
+    """The chat parts and the same media as the reference takes them (a
+    video: its frames as vLLM's loader decodes them, its sound track as
+    omnix decodes it at admission)."""
     from PIL import Image
 
+    if kind == "video":
+        from omnix.engines.vllm_prompt import _load_video
+        from omnix.http.media.video import check_video
+        from omnix.pipelines.config import MediaLimits
+
+        part = video_part(2.0)
+        data = base64.b64decode(part["video_url"]["url"].split(",", 1)[1])
+        limits = MediaLimits(audio=True, video=True, max_video_frames=8)
+        track = check_video("video", data, limits).track
+        frames, _ = _load_video(np.frombuffer(data, np.uint8), 2.0, 8)
+        return [part], [track], [frames]
     if kind == "audio":
         part = audio_part(seconds=1.5, rate=16000)
         wav, rate = sf.read(
@@ -71,7 +89,13 @@ def _stage_chunks(server, rid: str, stage: str) -> list[Chunk]:
 
 @pytest.mark.parametrize(
     ("kind", "voice"),
-    [("text", "chelsie"), ("text", "ethan"), ("audio", "aiden"), ("image", "ethan")],
+    [
+        ("text", "chelsie"),
+        ("text", "ethan"),
+        ("audio", "aiden"),
+        ("image", "ethan"),
+        ("video", "chelsie"),
+    ],
 )
 async def test_greedy_speech_equals_transformers(server, client, reference, kind, voice):
     parts, audio, images = _media(kind)
@@ -89,11 +113,14 @@ async def test_greedy_speech_equals_transformers(server, client, reference, kind
         },
     )
     rid = resp.id.removeprefix("chatcmpl-")
+    videos = images if kind == "video" else []
     want = reference.speak(
         TEXT,
         speaker=voice,
         audio=audio,
-        images=images,
+        images=[] if kind == "video" else images,
+        videos=videos,
+        use_audio_in_video=kind == "video",
         thinker_max_tokens=THINKER_TOKENS,
         talker_max_tokens=TALKER_TOKENS,
     )

@@ -403,9 +403,11 @@ def test_kinds_the_pipeline_does_not_take_are_refused() -> None:
     text_only.close()
 
 
-def test_video_is_refused_with_its_reason(decoder: MediaDecoder) -> None:
+def test_video_is_refused_where_the_pipeline_takes_none(decoder: MediaDecoder) -> None:
+    # (Video input itself is supported: test_media_video.py.)
     part = video_url("data:video/mp4;base64,AAAA")
-    refused(decoder, part, "unsupported_input", P, "video input is not supported", "torchvision")
+    err = refused(decoder, part, "unsupported_input", P, "does not take video input")
+    assert "takes text and audio and image" in err.message
 
 
 # -- URLs ---------------------------------------------------------------------------

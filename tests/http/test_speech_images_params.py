@@ -27,10 +27,10 @@ from omnix.events.types import (
 from omnix.http.audio.protocol import SpeechRequest
 from omnix.http.audio.speech import speech_plan
 from omnix.http.common.plan import Served
+from omnix.http.core.body import files_url as _files_url
 from omnix.http.core.errors import ApiError
 from omnix.http.images.plan import image_plan
 from omnix.http.images.protocol import ImageRequest
-from omnix.http.images.router import files_url as _files_url
 from omnix.http.render import render_response
 from omnix.pipelines.validate import parse_pipeline
 
@@ -349,7 +349,7 @@ async def test_speech_plan_stream_true():
 
 
 async def test_refusal_rules_of_a_flux_model():
-    from omnix.engines.diffusers_engine import DiffusionModel, refusal
+    from omnix.engines.diffusers_model import DiffusionModel, refusal
 
     schnell = DiffusionModel(pipeline="FluxPipeline", guidance_embeds=False)
     dev = DiffusionModel(pipeline="FluxPipeline", guidance_embeds=True)

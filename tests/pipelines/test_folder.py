@@ -64,9 +64,10 @@ def test_a_qwen3_omni_thinker_folder_is_the_thinker_alone(tiny):
     (stage,) = cfg.stages
     assert stage.name == "thinker" and dict(cfg.outputs) == {"text": "thinker"}
     assert isinstance(stage.engine, VllmArgs) and not stage.engine.talker_context
-    # text, audio and image in
-    assert stage.media is not None and stage.media.audio and stage.media.image
-    assert stage.engine.limit_mm_per_prompt == {"audio": 1, "image": 1, "video": 0}
+    # text, audio, image and video in
+    m = stage.media
+    assert m is not None and m.audio and m.image and m.video
+    assert stage.engine.limit_mm_per_prompt == {"audio": 1, "image": 1, "video": 1}
 
 
 def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny):
@@ -78,7 +79,10 @@ def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny):
     ]
     assert cfg.edges == ref.edges and dict(cfg.outputs) == dict(ref.outputs)
     thinker, talker, code2wav = cfg.stages
-    assert thinker.media == ref.stages[0].media
+    # the same kinds of media (tiny-omni's video limits fit its 2,048 positions)
+    m, tm = thinker.media, ref.stages[0].media
+    assert m is not None and tm is not None
+    assert (m.audio, m.image, m.video) == (tm.audio, tm.image, tm.video)
     assert isinstance(thinker.engine, VllmArgs) and thinker.engine.talker_context
     assert thinker.engine.enforce_eager  # the capture needs it, on a GPU too
     assert derive_pipeline(tiny.omni, gpu=True).stages[0].engine.enforce_eager
@@ -89,10 +93,25 @@ def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny):
     assert (code2wav.engine.chunk_frames, code2wav.engine.context_frames) == (25, 25)
 
 
+def test_a_diffusers_video_folder_is_tiny_videos_stage(tiny):
+    cfg = derive_pipeline(tiny.video, gpu=False)
+    ref = load_pipeline("tiny-video")
+    (stage,) = cfg.stages
+    (ref_stage,) = ref.stages
+    assert dict(cfg.outputs) == dict(ref.outputs) == {"video": "video"}
+    eng = stage.engine
+    assert isinstance(eng, DiffusersArgs) and eng.output_modality == "video"
+    assert eng.model == str(Path(tiny.video).resolve())
+    # a first frame in (Wan has image-to-video), a job restarted after a kill -9
+    assert stage.media is not None and stage.media.image and stage.media.max_image_parts == 1
+    assert stage.retry == ref_stage.retry is True
+    assert "WanPipeline on diffusers (text, a first frame in, video out)" in cfg.description
+
+
 def test_every_derived_and_built_in_pipeline_round_trips_through_toml(tiny):
     derived = [
         derive_pipeline(p, gpu=g)
-        for p in (tiny.thinker, tiny.image, tiny.omni_thinker, tiny.omni)
+        for p in (tiny.thinker, tiny.image, tiny.video, tiny.omni_thinker, tiny.omni)
         for g in (False, True)
     ]
     for cfg in derived + [load_pipeline(n) for n in builtin_names()]:
@@ -171,7 +190,7 @@ def test_an_architecture_nothing_here_serves_lists_what_is(tmp_path):
     assert "\n" not in msg
 
 
-def test_a_diffusers_pipeline_that_is_not_text_to_image(tmp_path):
+def test_a_diffusers_pipeline_omnix_does_not_run(tmp_path):
     d = _folder(tmp_path, "video", model_index_json={"_class_name": "StableVideoDiffusionPipeline"})
     with pytest.raises(FolderError, match="a diffusers StableVideoDiffusionPipeline is not one"):
         derive_pipeline(d, gpu=False)

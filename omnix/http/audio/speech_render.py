@@ -14,7 +14,7 @@ Does not own the dispatch over APIs nor the entry points
 from __future__ import annotations
 
 from omnix.events.options import SpeechOptions
-from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished
+from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished, Progress
 from omnix.http.audio.protocol import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
 from omnix.http.common.audio import MEDIA_TYPES, StreamEncoder, encode_audio
 from omnix.http.common.rendering import Head, Rendered, b64, sse, typed_sse_error
@@ -67,6 +67,9 @@ class SpeechStream:
             arr = self.s.chunk_audio(ev)
             return self._out(self.encoder.write(arr)) if arr is not None else []
         return []
+
+    def progress(self, ev: Progress) -> list[bytes]:
+        return []  # no steps to show
 
     def finished(self, ev: Finished) -> list[bytes]:
         out = self._out(self.encoder.finish())

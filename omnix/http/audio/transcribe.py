@@ -26,21 +26,19 @@ byte of the response (``transcription_render.py``).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import posixpath
 from typing import Final
 
 import msgspec
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_request import FileField
 
 from omnix.events.options import API_TRANSCRIPTION, ChatOptions, TranscriptionOptions
 from omnix.events.types import MediaPart
 from omnix.http.audio.protocol import TranscriptionForm
 from omnix.http.chat.plan import chat_plan
 from omnix.http.chat.protocol import ChatCompletionRequest
+from omnix.http.common import form as common_form
 from omnix.http.common.fields import (
     AudioUrl,
     AudioUrlPart,
@@ -50,20 +48,13 @@ from omnix.http.common.fields import (
     Message,
     TextPart,
 )
+from omnix.http.common.form import Upload
 from omnix.http.common.plan import DecodedBlob, Plan, Served
-from omnix.http.core.errors import ApiError, from_decode_error
+from omnix.http.core.errors import ApiError
 from omnix.http.media.common import AUDIO_MEDIA_TYPES
 
 #: The form field that carries the clip (the decoder names it in errors).
 FILE: Final = "file"
-
-
-class Upload(msgspec.Struct, frozen=True):
-    """The uploaded file: its bytes and what the client called it."""
-
-    data: bytes
-    filename: str
-    content_type: str
 
 
 #: OpenAI fields this route knows and does not take, with what to do.
@@ -152,6 +143,13 @@ _FORM_HINT = (
     "(curl -F file=@clip.wav -F model=... ; the openai client's "
     "audio.transcriptions.create(file=...) does this)"
 )
+_SPEC: Final = common_form.FormSpec(
+    route="POST /v1/audio/transcriptions",
+    hint=_FORM_HINT,
+    texts=_TEXT_FIELDS,
+    files=frozenset({FILE}),
+    unsupported=UNSUPPORTED_FIELDS,
+)
 
 
 # --------------------------------------------------------------------------
@@ -163,80 +161,14 @@ async def read_form(request: web.Request) -> tuple[TranscriptionForm, Upload]:
     """The form's fields and its ``file``.  Raises ``ApiError`` 400 naming
     the field at fault; 413 (aiohttp's, past ``client_max_size``) while
     reading."""
-    if request.content_type != "multipart/form-data":
-        got = request.content_type or "no Content-Type"
-        raise _bad(
-            None,
-            f"POST /v1/audio/transcriptions takes a multipart/form-data body, got {got}: "
-            f"{_FORM_HINT}.",
-            "invalid_form",
-        )
-    try:
-        fields = await request.post()  # bounded by client_max_size (413)
-    except web.HTTPException:
-        raise
-    except (ValueError, AssertionError, HttpProcessingError) as exc:
-        why = (exc.message if isinstance(exc, HttpProcessingError) else str(exc)).strip()
-        raise _bad(
-            None,
-            f"The multipart/form-data body could not be read ({why or type(exc).__name__}): "
-            f"{_FORM_HINT}.",
-            "invalid_form",
-        ) from None
-    texts: dict[str, str] = {}
-    seen: set[str] = set()
-    upload: FileField | None = None
-    for key, value in fields.items():
-        name = key.removesuffix("[]")
-        if name in UNSUPPORTED_FIELDS:
-            raise _bad(
-                key, f"{key} is not supported: {UNSUPPORTED_FIELDS[name]}", "unsupported_parameter"
-            )
-        if key != name or (name != FILE and name not in _TEXT_FIELDS):
-            known = ", ".join(["file", *sorted(_TEXT_FIELDS)])
-            raise _bad(
-                key,
-                f"Unknown form field {key!r}: this route takes {known}. Remove it.",
-                "unknown_field",
-            )
-        if key in seen:
-            raise _bad(key, f"The form has {key!r} more than once: send it once.")
-        seen.add(key)
-        if name == FILE:
-            if not isinstance(value, FileField):
-                raise _bad(
-                    FILE,
-                    "file must be an uploaded file (a part with a filename, as "
-                    "curl -F file=@clip.wav sends it), not a text field.",
-                )
-            upload = value
-        elif isinstance(value, FileField):
-            raise _bad(key, f"{key} must be a text field, not a file.")
-        else:
-            # A part with a non-text Content-Type comes as bytes.
-            text = value if isinstance(value, str) else _utf8(key, bytes(value))
-            if text != "":  # an empty field is an absent one
-                texts[name] = text
-    if upload is None:
+    form = await common_form.read_form(request, _SPEC)
+    uploads = form.files.get(FILE)
+    if not uploads:
         raise _bad(FILE, f"The form has no file field: {_FORM_HINT}.")
-    form = _form(texts)
-    # A spooled file may sit on disk: read it off the loop.
-    data = await asyncio.to_thread(_read_and_close, upload)
-    if not data:
+    upload = uploads[0]
+    if not upload.data:
         raise _bad(FILE, f"The uploaded file {upload.filename!r} is empty: send an audio clip.")
-    return form, Upload(data=data, filename=upload.filename, content_type=upload.content_type)
-
-
-def _read_and_close(upload: FileField) -> bytes:
-    with upload.file:
-        return upload.file.read()
-
-
-def _utf8(key: str, value: bytes) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _bad(key, f"{key} is not UTF-8 text: send it as a text field.") from None
+    return _form(form.texts), upload
 
 
 def _form(texts: dict[str, str]) -> TranscriptionForm:
@@ -255,13 +187,7 @@ def _form(texts: dict[str, str]) -> TranscriptionForm:
             f"language {lang!r} is not an ISO-639-1 code: give the audio's language as two "
             "letters (en, fr, zh...), or omit it.",
         )
-    try:
-        form = msgspec.convert(texts, TranscriptionForm, strict=False)
-    except msgspec.ValidationError as exc:
-        err = from_decode_error(exc)
-        # Its words are about JSON bodies; the same facts, about a form.
-        message = err.message.replace("Invalid request body at", "Invalid form field", 1)
-        raise ApiError(err.status, message, param=err.param, code=err.code) from None
+    form = common_form.form_struct(texts, TranscriptionForm)
     if form.language is not None:
         form = msgspec.structs.replace(form, language=form.language.strip().lower())
     if form.stream and form.response_format != "json":

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnix.events.options import TranscriptionOptions
-from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished, RequestSpec
+from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished, Progress, RequestSpec
 from omnix.http.audio.protocol import (
     DurationUsage,
     Transcription,
@@ -100,6 +100,9 @@ class TranscriptionStream:
         if ev.stage == self.text_stage and ev.modality == "text" and ev.text:
             return [sse(TranscriptTextDelta(delta=ev.text))]
         return []
+
+    def progress(self, ev: Progress) -> list[bytes]:
+        return []  # no steps to show
 
     def finished(self, ev: Finished) -> list[bytes]:
         return [sse(TranscriptTextDone(text="".join(self.s.text), usage=_usage(self.s)))]

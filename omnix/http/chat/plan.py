@@ -26,6 +26,7 @@ from omnix.http.common.plan import DecodedBlob, Media, Plan, Served, group_ids, 
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import bad, put, sampling_extras, text_params
 from omnix.http.core.errors import ApiError
+from omnix.http.media.decoder import TRACK
 
 #: Roles whose message must have content (OpenAI refuses ``content: null``
 #: on them; an assistant message may be null, having made tool calls).
@@ -79,9 +80,29 @@ def _messages(conv: list[Message], where: str, media: Media) -> tuple[ChatMessag
                 if m.role != "user":
                     raise bad(param, f"{param}: only user messages may carry audio or images.")
                 parts.append(msgspec.structs.replace(decoded, at=at))
+                track = media.get(param + TRACK)  # a video's sound track, heard with it
+                if track is not None:
+                    parts.append(msgspec.structs.replace(track, at=at))
             text = "\n".join(texts)
         out.append(ChatMessage(role=m.role, content=text, media=tuple(parts)))
+    _check_tracks(out, where)
     return tuple(out)
+
+
+def _check_tracks(messages: list[ChatMessage], where: str) -> None:
+    """A video heard with its sound track leaves no room for other audio:
+    vLLM's Qwen3-Omni then takes every audio item of the prompt as a
+    video's track (``use_audio_in_video`` holds for the whole prompt)."""
+    parts = [p for m in messages for p in m.media]
+    if any(p.in_video for p in parts) and any(p.kind == "audio" and not p.in_video for p in parts):
+        raise ApiError(
+            400,
+            f"{where}: a video with a sound track and an audio part in one request: the model "
+            "hears a video's sound with it, and then takes no other audio. Send the audio in "
+            "another request, or a video without sound.",
+            param=where,
+            code="unsupported_input",
+        )
 
 
 def _check_contents(convs: list[list[Message]], batched: bool) -> None:

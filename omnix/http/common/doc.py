@@ -157,6 +157,11 @@ STAGE_PARAM_RANGES: Final[dict[str, dict[str, Any]]] = {
         "maxProperties": 300,
     },
     "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+    # schema v7 (diffusion)
+    "strength": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
+    "partial_images": {"type": "integer", "minimum": 0, "maximum": 3},
+    "num_frames": {"type": "integer", "minimum": 1, "maximum": 10000},
+    "fps": {"type": "integer", "minimum": 1, "maximum": 120},
     # JSON text of a JSON Schema object
     "json_schema": {"type": "string", "pattern": "^\\s*[{]"},
 }

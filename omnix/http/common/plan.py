@@ -21,7 +21,7 @@ from contextvars import ContextVar
 import msgspec
 import numpy as np
 
-from omnix.engines.diffusers_engine import DiffusionModel, describe_model
+from omnix.engines.diffusers_model import DiffusionModel, describe_model
 from omnix.events.options import DEFAULT_SAMPLE_RATE, Group
 from omnix.events.types import BlobRef, MediaPart, Modality, RequestSpec
 from omnix.http.core.errors import ApiError

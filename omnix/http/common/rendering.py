@@ -30,6 +30,7 @@ from omnix.events.types import (
     Chunk,
     Failed,
     Finished,
+    Progress,
     Rejected,
     RequestEvent,
     TerminalEvent,
@@ -221,6 +222,8 @@ class ApiStream(Protocol):
 
     def chunk(self, ev: Chunk) -> list[bytes]: ...
 
+    def progress(self, ev: Progress) -> list[bytes]: ...
+
     def finished(self, ev: Finished) -> list[bytes]: ...
 
     def ended(self, ev: Failed | Cancelled) -> list[bytes]: ...
@@ -251,6 +254,9 @@ class StreamTail:
 
     def chunk(self, ev: Chunk) -> list[bytes]:
         raise NotImplementedError
+
+    def progress(self, ev: Progress) -> list[bytes]:
+        return []  # text streams show no steps
 
     def finished(self, ev: Finished) -> list[bytes]:
         raise NotImplementedError

@@ -21,7 +21,7 @@ from typing import Final
 
 import msgspec
 
-from omnix.engines.diffusers_engine import refusal
+from omnix.engines.diffusers_model import refusal
 from omnix.events.types import StageParams
 from omnix.http.common.fields import (
     JsonObjectFormat,
@@ -59,8 +59,17 @@ ENGINE_PARAMS: Final[dict[str, frozenset[str]]] = {
     # Qwen3-Omni's talker: the reference's penalty over its own codes.
     "qwen3_omni_talker": frozenset({"repetition_penalty"}),
 }
-#: ``StageParams`` fields only a diffusers stage honours (schema v5).
-DIFFUSION_PARAMS: Final = ("negative_prompt", "true_cfg_scale", "output_format")
+#: ``StageParams`` fields only a diffusers stage honours (schema v5; v7: an
+#: edit's strength, partial images, a video's frames and rate).
+DIFFUSION_PARAMS: Final = (
+    "negative_prompt",
+    "true_cfg_scale",
+    "output_format",
+    "strength",
+    "partial_images",
+    "num_frames",
+    "fps",
+)
 #: The request field a ``StageParams`` field comes from, where they differ.
 _HTTP_NAME: Final = {"json_schema": "response_format", "json_object": "response_format"}
 #: At most this many ``logit_bias`` entries (OpenAI's limit).

@@ -27,9 +27,11 @@ from omnix.events.options import (
     ResponseOptions,
     SpeechOptions,
     TranscriptionOptions,
+    VideoOptions,
 )
 from omnix.events.types import (
     Admitted,
+    BlobRef,
     Cancelled,
     CancelRequested,
     Chunk,
@@ -75,6 +77,10 @@ class Summary:
         self.audio_rate = 0  # from a blob's media type, when it says
         self.images: list[bytes] = []
         self.image_digests: list[str] = []  # response_format url: the files' blobs
+        self.video_stage = ""
+        self.video: BlobRef | None = None  # the encoded video file's blob
+        #: the media stage's last progress: (step, total), (0, 0) before any
+        self.progress: tuple[int, int] = (0, 0)
         self.finished: dict[str, StageFinished] = {}
         self.terminal: TerminalEvent | None = None
 
@@ -95,11 +101,12 @@ class Summary:
                 self.terminal = ev
             case Finished() | Cancelled() | Failed():
                 self.terminal = ev
+            case Progress():
+                self.progressed(ev)
             case (
                 Chunk()
                 | Routed()
                 | StageStarted()
-                | Progress()
                 | StageFailed()
                 | CancelRequested()
                 | DeadlineExpired()
@@ -126,16 +133,25 @@ class Summary:
             case ImageOptions():
                 self.image_stage = opts.image_stage
                 self.image_urls = opts.response_format == "url"
+            case VideoOptions():
+                self.video_stage = opts.video_stage
             case None:
                 pass
             case _:
                 assert_never(opts)
+
+    def progressed(self, ev: Progress) -> None:
+        """A step of the stage whose output is the answer's image or video."""
+        if ev.stage in (self.image_stage, self.video_stage):
+            self.progress = (ev.step, ev.total)
 
     def chunk(self, ev: Chunk) -> None:
         if ev.modality == "text" and ev.stage == self.text_stage:
             self.text.append(ev.text)
             self.token_ids.extend(ev.token_ids)
             self.logprobs.extend(ev.logprobs)
+        elif ev.modality == "video" and ev.stage == self.video_stage:
+            self.video = ev.blob  # kept by reference: the file is served as is
         elif not self.collect_media:
             pass
         elif ev.modality == "audio" and ev.stage == self.audio_stage:

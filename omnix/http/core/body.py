@@ -6,8 +6,10 @@ it; msgspec's errors as 400s naming the field), the rules every route that
 submits requests applies before reading its body (``generation``: a JSON
 route takes ``Content-Type: application/json`` only, 415 otherwise, so a
 web page cannot make a browser start a generation without a CORS
-preflight; a valid ``X-Request-Id`` names what it submits), and the W3C
-``traceparent`` a request carries (``traceparent``).
+preflight; a valid ``X-Request-Id`` names what it submits), the W3C
+``traceparent`` a request carries (``traceparent``) and the absolute URL
+of ``GET /v1/files/`` as the client reached the server (``files_url``,
+from its Host header: image and video answers by URL).
 
 Does not own what a body means (each room's ``plan.py``).
 """
@@ -81,6 +83,20 @@ async def read_body(
     except msgspec.DecodeError as exc:
         raise from_decode_error(exc, unsupported) from None
     return body
+
+
+#: A Host header usable in an absolute URL: a name or IPv4 address, or a
+#: bracketed IPv6 address, and an optional port.
+_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
+
+
+def files_url(request: web.Request) -> str:
+    """The absolute URL of ``GET /v1/files/`` as the client reached this
+    server (its Host header), "" when the Host is not usable."""
+    host = request.host
+    if not host or not _HOST.match(host):
+        return ""
+    return f"{request.scheme}://{host}/v1/files/"
 
 
 def traceparent(request: web.Request) -> str:

@@ -24,7 +24,7 @@ from aiohttp import web
 from omnix.http.core.errors import ApiError, Handler
 
 #: Methods the API's routes take.
-_METHODS = "GET, POST, OPTIONS"
+_METHODS = "GET, POST, DELETE, OPTIONS"
 #: Headers a browser may send, when its preflight names none.
 _ALLOW_HEADERS = "Authorization, Content-Type, X-Request-Id, Last-Event-ID, traceparent"
 #: Response headers a page's script may read besides the CORS-safelisted ones.

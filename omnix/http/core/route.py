@@ -54,7 +54,7 @@ Operation = Callable[[DocContext], dict[str, Any] | None]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    method: Literal["GET", "POST"]
+    method: Literal["GET", "POST", "DELETE"]
     path: str
     handle: RouteHandler
     doc: Operation | Undescribed

@@ -1,44 +1,35 @@
-"""``POST /v1/images/generations``: the handler, its table row, its description.
+"""``POST /v1/images/generations`` and ``POST /v1/images/edits``: the
+handlers, their table rows, the generations' description.
 
-Owns: the handler (the absolute URL of ``GET /v1/files/`` as the client
-reached this server, for ``url`` answers: ``files_url``), and the route's
+Owns: the generations handler (the absolute URL of ``GET /v1/files/`` as
+the client reached this server, for ``url`` answers: ``files_url``), its
 OpenAPI operation, published for a pipeline that makes images, with its
 request schema as this pipeline takes it (what a diffusers stage's model,
-as its folder describes it, can honour).
+as its folder describes it, can honour); the edits row (its handler is
+``edits.py``'s; a multipart form, which the document leaves out).
 
-Does not own the plan (``plan.py``) nor the bytes (``render.py``).
+Does not own the plans (``plan.py``, ``edits.py``) nor the bytes
+(``render.py``).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from aiohttp import web
 
-from omnix.engines.diffusers_engine import TRUE_CFG_PIPELINES, describe_model
+from omnix.engines.diffusers_model import TRUE_CFG_PIPELINES, describe_model
 from omnix.http.common import doc
 from omnix.http.common.sampling import DIFFUSION_PARAMS
-from omnix.http.core.body import read_body, traceparent
+from omnix.http.core.body import files_url, read_body, traceparent
 from omnix.http.core.live import respond
-from omnix.http.core.route import DocContext, Route, Schemas
+from omnix.http.core.route import DocContext, Route, Schemas, Undescribed
 from omnix.http.core.server import Server
+from omnix.http.images import edits as edits_room
 from omnix.http.images.plan import DEFAULT_QUALITIES, image_plan
-from omnix.http.images.protocol import ImageRequest, ImagesResponse
+from omnix.http.images.protocol import ImageRequest, ImagesResponse, ImageStreamEvent
 from omnix.pipelines.config import DiffusersArgs, PipelineConfig
-
-#: A Host header usable in an absolute URL: a name or IPv4 address, or a
-#: bracketed IPv6 address, and an optional port.
-_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?$")
-
-
-def files_url(request: web.Request) -> str:
-    """The absolute URL of ``GET /v1/files/`` as the client reached this
-    server (its Host header), "" when the Host is not usable."""
-    host = request.host
-    if not host or not _HOST.match(host):
-        return ""
-    return f"{request.scheme}://{host}/v1/files/"
+from omnix.pipelines.families import PREVIEW_FAMILIES
 
 
 async def images(server: Server, request: web.Request) -> web.StreamResponse:
@@ -55,9 +46,15 @@ def _operation(ctx: DocContext) -> dict[str, Any] | None:
     return doc.post(
         "Image generation (OpenAI-compatible)",
         ImageRequest,
-        doc.json_body(
-            ImagesResponse, "Generated images: base64 files, or URLs of GET /v1/files/{digest}"
-        ),
+        {
+            "description": "Generated images: base64 files, or URLs of GET /v1/files/{digest}; "
+            "stream=true: image_generation.partial_image events, then "
+            "image_generation.completed",
+            "content": {
+                "application/json": {"schema": doc.ref(ImagesResponse)},
+                "text/event-stream": doc.sse(doc.ref(ImageStreamEvent)),
+            },
+        },
         "n > 1 submits n requests, admitted together or not at all.",
     )
 
@@ -70,9 +67,11 @@ def _shape_diffusion(image: dict[str, Any], pipeline: PipelineConfig) -> None:
     if not isinstance(args, DiffusersArgs):
         ip["response_format"] = {"const": "b64_json", "default": "b64_json"}
         for field in DIFFUSION_PARAMS:
-            del ip[field]
+            ip.pop(field, None)
         return
     model = describe_model(args)
+    if model is not None and model.pipeline not in PREVIEW_FAMILIES:
+        ip.pop("partial_images", None)  # sampling.check_diffusion refuses it
     if model is None or model.pipeline not in TRUE_CFG_PIPELINES:
         return
     if model.guidance_embeds is False:
@@ -100,6 +99,18 @@ def _shape(schemas: Schemas, ctx: DocContext) -> None:
     _shape_diffusion(image, pipeline)
     # steps is an alias of num_inference_steps: one of them.
     image["not"] = {"required": ["steps", "num_inference_steps"]}
+    # plan._image_options: a stream is of one image; partial images are streamed.
+    streamed = {"required": ["stream"], "properties": {"stream": {"const": True}}}
+    image["allOf"] = [
+        {"if": streamed, "then": {"properties": {"n": {"maximum": 1}}}},
+        {
+            "if": {
+                "required": ["partial_images"],
+                "properties": {"partial_images": {"type": "integer", "minimum": 1}},
+            },
+            "then": streamed,
+        },
+    ]
     # WxH, each a multiple of 8 in 8..4096 (plan._size).
     side = "(" + "|".join(str(v) for v in range(4096, 7, -8)) + ")"
     ip["size"] = doc.nullable({"type": "string", "pattern": f"^{side}x{side}$"})
@@ -111,6 +122,15 @@ IMAGES = Route(
     images,
     _operation,
     submits="json",
-    types=(ImageRequest, ImagesResponse),
+    types=(ImageRequest, ImagesResponse, ImageStreamEvent),
     shape=_shape,
+)
+
+
+EDITS = Route(
+    "POST",
+    "/v1/images/edits",
+    edits_room.edits,
+    Undescribed("a multipart form, which the document's JSON schemas do not describe"),
+    submits="form",
 )

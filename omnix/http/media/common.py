@@ -64,8 +64,10 @@ class DecodedMedia(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     """One media part, decoded and within the pipeline's limits.
 
     ``array`` is read-only: float32 mono samples of shape ``(n,)`` at
-    ``rate`` Hz for audio, uint8 RGB of shape ``(height, width, 3)`` for an
-    image (``rate == 0``).  ``source_bytes`` is the encoded size (after
+    ``rate`` Hz for audio (``in_video``: a video's sound track), uint8 RGB
+    of shape ``(height, width, 3)`` for an image (``rate == 0``), uint8
+    repaint weights for a mask, the encoded file's bytes for a video (the
+    engine samples ``fps`` frames a second of it, at most ``frames``).  ``source_bytes`` is the encoded size (after
     base64), for admission cost metrics.
     """
 
@@ -73,7 +75,18 @@ class DecodedMedia(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     kind: MediaKind
     array: np.ndarray
     rate: int = 0
+    fps: float = 0.0
+    frames: int = 0
+    in_video: bool = False
     source_bytes: int
+
+
+class FilePart(msgspec.Struct, frozen=True):
+    """An uploaded file to decode as ``kind``, named ``param`` in errors."""
+
+    param: str
+    kind: MediaKind
+    data: bytes
 
 
 class Source(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,7 +109,7 @@ def bad(param: str, message: str, code: str = "invalid_media") -> ApiError:
 
 
 def a_kind(kind: MediaKind) -> str:
-    return "an image" if kind == "image" else "an audio"
+    return {"image": "an image", "video": "a video", "mask": "a mask"}.get(kind, "an audio")
 
 
 def shown(url: str) -> str:

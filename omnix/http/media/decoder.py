@@ -18,11 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 from omnix.http.common.fields import MediaContentPart
 from omnix.http.media.b64 import b64decode
-from omnix.http.media.common import AUDIO_MEDIA_TYPES, DecodedMedia, Source, bad, too_big
+from omnix.http.media.common import (
+    AUDIO_MEDIA_TYPES,
+    DecodedMedia,
+    FilePart,
+    Source,
+    bad,
+    too_big,
+)
 from omnix.http.media.fetch import fetch_all
-from omnix.http.media.image import decode_image
+from omnix.http.media.image import decode_image, decode_mask
 from omnix.http.media.locate import Locator
 from omnix.http.media.sound import decode_audio, from_extension
+from omnix.http.media.video import check_video
 from omnix.pipelines.config import MediaLimits
 
 
@@ -76,7 +84,7 @@ class MediaDecoder:
         for r in results:
             if isinstance(r, BaseException):
                 raise r
-            out.append(r)
+            out.extend(r)
         return out
 
     def decode_sync(self, param: str, part: MediaContentPart) -> DecodedMedia:
@@ -86,12 +94,47 @@ class MediaDecoder:
         source = self.locator.locate(param, part)
         if source.url:
             raise ValueError(f"{param} is a remote URL: decode() fetches it")
-        return self._decode_source(source, None)
+        return self._decode_source(source, None)[0]
+
+    async def decode_files(self, files: Sequence[FilePart]) -> list[DecodedMedia]:
+        """Uploaded files (a form's, ``(param, kind, bytes)``), checked
+        against the limits and decoded in the pool, in order: ``image``
+        as RGB, ``mask`` as repaint weights.  The kinds the pipeline takes
+        and how many are the route's to check."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self._pool, self._decode_file, f) for f in files]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        out: list[DecodedMedia] = []
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            out.append(r)
+        return out
+
+    def _decode_file(self, part: FilePart) -> DecodedMedia:
+        limits = self.limits
+        param, data = part.param, part.data
+        if limits is None:  # pragma: no cover - the route checks it first
+            raise bad(param, f"{param}: this pipeline takes no media.", "unsupported_input")
+        if len(data) > limits.max_part_bytes:
+            raise too_big(param, len(data), limits.max_part_bytes)
+        if not data:
+            raise bad(param, f"{param} is empty: send an image file.")
+        if part.kind == "mask":
+            array = decode_mask(param, data, limits)
+        else:
+            array = decode_image(param, data, limits)
+        array.flags.writeable = False
+        return DecodedMedia(param=param, kind=part.kind, array=array, source_bytes=len(data))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _decode_source(self, source: Source, fetched: tuple[bytes, str] | None) -> DecodedMedia:
+    def _decode_source(
+        self, source: Source, fetched: tuple[bytes, str] | None
+    ) -> list[DecodedMedia]:
+        """The part decoded: one array, or for a video with a sound track
+        two (the file, then the track as ``param + TRACK``)."""
         param = source.param
         hint = source.hint
         if fetched is not None:
@@ -107,6 +150,8 @@ class MediaDecoder:
             raise too_big(param, len(data), limits.max_part_bytes)
         if not data:
             raise bad(param, f"{param} holds no data.")
+        if source.kind == "video":
+            return _video(param, data, limits)
         if source.kind == "image":
             array = decode_image(param, data, limits)
             rate = 0
@@ -114,6 +159,40 @@ class MediaDecoder:
             array = decode_audio(param, data, hint, source.rate, limits)
             rate = limits.sample_rate
         array.flags.writeable = False
-        return DecodedMedia(
-            param=param, kind=source.kind, array=array, rate=rate, source_bytes=len(data)
+        return [
+            DecodedMedia(
+                param=param, kind=source.kind, array=array, rate=rate, source_bytes=len(data)
+            )
+        ]
+
+
+#: A video's sound track is decoded under its part's name and this suffix.
+TRACK = "#audio"
+
+
+def _video(param: str, data: bytes, limits: MediaLimits) -> list[DecodedMedia]:
+    checked = check_video(param, data, limits)
+    checked.file.flags.writeable = False
+    out = [
+        DecodedMedia(
+            param=param,
+            kind="video",
+            array=checked.file,
+            fps=limits.video_fps,
+            frames=limits.max_video_frames,
+            source_bytes=len(data),
         )
+    ]
+    if checked.track is not None:
+        checked.track.flags.writeable = False
+        out.append(
+            DecodedMedia(
+                param=param + TRACK,
+                kind="audio",
+                array=checked.track,
+                rate=limits.sample_rate,
+                in_video=True,
+                source_bytes=0,
+            )
+        )
+    return out

@@ -64,6 +64,41 @@ def decode_image(param: str, data: bytes, limits: MediaLimits) -> np.ndarray:
     return array
 
 
+def decode_mask(param: str, data: bytes, limits: MediaLimits) -> np.ndarray:
+    """An image edit's mask as uint8 repaint weights of shape (height,
+    width): OpenAI's convention is the mask's alpha, 0 where the image is
+    to be repainted, so the weight is ``255 - alpha`` (diffusers' masks are
+    white where they repaint).  The mask must have an alpha channel."""
+    most = limits.max_pixels
+    try:
+        img = Image.open(io.BytesIO(data), formats=_IMAGE_FORMATS)
+    except Image.DecompressionBombError:
+        raise too_many_pixels(param, None, most) from None
+    except Exception:
+        raise bad(
+            param,
+            f"{param} is not a {_ACCEPTED_IMAGES} image this server can read; send a PNG "
+            "whose alpha is 0 where the image is to be edited.",
+        ) from None
+    with img:
+        width, height = img.size
+        if width * height > most:
+            raise too_many_pixels(param, (width, height), most)
+        has_alpha = img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info
+        if not has_alpha:
+            raise bad(
+                param,
+                f"{param} has no alpha channel ({img.mode} image): a mask marks the area to "
+                "edit with alpha 0 (fully transparent) and keeps the rest opaque. Send an RGBA "
+                "PNG.",
+            )
+        try:
+            alpha = np.asarray(ImageOps.exif_transpose(img).convert("RGBA"))[..., 3]
+        except Exception as exc:
+            raise bad(param, f"{param}: the mask could not be decoded ({why(exc)}).") from None
+    return np.ascontiguousarray(255 - alpha)
+
+
 def _decode_into_numpy(img: ImageFile.ImageFile) -> np.ndarray | None:
     """Decode an RGB image's pixels into a numpy buffer of shape (height,
     width, 4) (Pillow keeps RGB as four bytes a pixel), returned; None when

@@ -1,8 +1,7 @@
 """The cheap checks of media parts, on the event loop: no decoding.
 
 Owns ``Locator``: for one pipeline's ``MediaLimits``, the kinds of part it
-takes and how many of each (a video part is refused: no video
-processor), and where each part's bytes are (``Source``): the base64 of a
+takes (audio, image, video) and how many of each, and where each part's bytes are (``Source``): the base64 of a
 ``data:`` URL or ``input_audio`` (its size checked from its length, before
 decoding; a raw ``pcm16`` rate a data URL declares), or an ``http(s)`` URL
 of an allowed host (``check_host``: exact host names; never ``file://``, a
@@ -54,39 +53,34 @@ class Locator:
         self.pipeline = pipeline
 
     def check_kinds(self, parts: Sequence[tuple[str, MediaContentPart]]) -> None:
-        counts = {"audio": 0, "image": 0}
+        counts = {"audio": 0, "image": 0, "video": 0}
         for param, part in parts:
-            if isinstance(part, VideoUrlPart):
-                raise bad(
-                    param,
-                    f"{param} is a video_url part: video input is not supported on this "
-                    "server (the Qwen3-Omni thinker's video processor needs torchvision, "
-                    "which this server does not have). Send the audio track as input_audio "
-                    "and key frames as image_url parts instead.",
-                    "unsupported_input",
-                )
-            kind: MediaKind = "image" if isinstance(part, ImageUrlPart) else "audio"
+            kind = kind_of(part)
             limits = self.limits
             name = f"pipeline '{self.pipeline}'" if self.pipeline else "this pipeline"
             if limits is None:
                 raise bad(
                     param,
                     f"{param} is {a_kind(kind)} part, but {name} takes text input only. Send text "
-                    f"parts only, or use a pipeline that takes audio and image input (the "
+                    f"parts only, or use a pipeline that takes audio, image and video input (the "
                     f"built-in {MEDIA_PIPELINE} does).",
                     "unsupported_input",
                 )
-            accepted = limits.audio if kind == "audio" else limits.image
-            if not accepted:
-                takes = [k for k, ok in (("audio", limits.audio), ("image", limits.image)) if ok]
+            takes = {"audio": limits.audio, "image": limits.image, "video": limits.video}
+            if not takes[kind]:
+                ok = [k for k, on in takes.items() if on]
                 raise bad(
                     param,
                     f"{param} is {a_kind(kind)} part, but {name} does not take {kind} input "
-                    f"(it takes text{''.join(' and ' + k for k in takes)}). Remove the part.",
+                    f"(it takes text{''.join(' and ' + k for k in ok)}). Remove the part.",
                     "unsupported_input",
                 )
             counts[kind] += 1
-            most = limits.max_audio_parts if kind == "audio" else limits.max_image_parts
+            most = {
+                "audio": limits.max_audio_parts,
+                "image": limits.max_image_parts,
+                "video": limits.max_video_parts,
+            }[kind]
             if counts[kind] > most:
                 raise bad(
                     param,
@@ -115,13 +109,18 @@ class Locator:
             return Source(param=param, kind="audio", b64=data, hint=AUDIO_FORMATS[fmt])
         if isinstance(part, ImageUrlPart):
             return self._url(param, "image", part.image_url.url)
+        if isinstance(part, VideoUrlPart):
+            return self._url(param, "video", part.video_url.url)
         assert isinstance(part, AudioUrlPart)
         return self._url(param, "audio", part.audio_url.url)
 
     def _url(self, param: str, kind: MediaKind, url: str) -> Source:
         if url[:5].lower() == "data:":
             return self._data_url(param, kind, url)
-        example = "data:image/png;base64,..." if kind == "image" else "data:audio/wav;base64,..."
+        example = {
+            "image": "data:image/png;base64,...",
+            "video": "data:video/mp4;base64,...",
+        }.get(kind, "data:audio/wav;base64,...")
         inline = f"send the bytes inline as a data: URL ({example})"
         if len(url) > _MAX_URL_CHARS:
             raise bad(
@@ -210,6 +209,18 @@ class Locator:
                     "image/* (PNG, JPEG, WebP, GIF, BMP) and audio as input_audio or audio_url.",
                     "unsupported_media_format",
                 )
+        elif kind == "video":
+            if (
+                media_type
+                and not media_type.startswith("video/")
+                and media_type != "application/octet-stream"
+            ):
+                raise bad(
+                    param,
+                    f"{param}: a video_url part holds {media_type} data; send videos as "
+                    "video/* (MP4, WebM, QuickTime, Matroska).",
+                    "unsupported_media_format",
+                )
         elif media_type:
             if media_type not in AUDIO_MEDIA_TYPES and media_type != "application/octet-stream":
                 raise bad(
@@ -242,3 +253,12 @@ class Locator:
             raise too_big(param, size, self.limits.max_part_bytes)
         if size <= 0:
             raise bad(param, f"{param} holds no data (the base64 text is empty).")
+
+
+def kind_of(part: MediaContentPart) -> MediaKind:
+    """What a content part holds."""
+    if isinstance(part, ImageUrlPart):
+        return "image"
+    if isinstance(part, VideoUrlPart):
+        return "video"
+    return "audio"
