@@ -2,7 +2,8 @@
 
 Owns: the per-API option Structs a ``RequestSpec`` records in ``response``
 (schema v6): ``ChatOptions``, ``CompletionOptions``, ``SpeechOptions``,
-``ImageOptions``, ``TranscriptionOptions``, in the one tagged union
+``ImageOptions``, ``TranscriptionOptions`` (and, schema v7, a realtime
+session's response: ``RealtimeOptions``), in the one tagged union
 ``ResponseOptions`` whose tags are the ``RequestSpec.api`` names; ``Group``
 (a member of a batch or of ``n`` samples); ``RawPrompt`` (a completion
 prompt the source stage takes as is, in ``RequestSpec.raw_prompt``); and
@@ -31,6 +32,7 @@ API_COMPLETIONS: Final = "completions"
 API_SPEECH: Final = "audio.speech"
 API_IMAGES: Final = "images.generations"
 API_TRANSCRIPTION: Final = "audio.transcriptions"
+API_REALTIME: Final = "realtime"
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 """An encoded audio response's format (chat's ``pcm16`` is ``pcm``)."""
@@ -139,9 +141,43 @@ class TranscriptionOptions(
     temperature: float = 0.0
 
 
+OutputModalities = tuple[Literal["text", "audio"], ...]
+
+
+class RealtimeOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=API_REALTIME):
+    """One response of a ``/v1/realtime`` session (schema v7).  The
+    request's id is the response's (``resp_...``); ``session`` the session
+    it belongs to; ``item`` the id of the assistant item it adds and
+    ``previous_item`` the item before it in the conversation ("" none);
+    ``conversation`` the conversation it joins ("" for an out-of-band
+    response, ``conversation: "none"``); ``modalities`` the output
+    modalities the client asked for (``["audio"]`` carries a transcript);
+    ``max_output_tokens`` 0 for ``"inf"``; ``metadata`` echoed."""
+
+    render: int = 1
+    stream: bool = True
+    session: str = ""
+    item: str = ""
+    previous_item: str = ""
+    conversation: str = ""
+    modalities: OutputModalities = ("text",)
+    usage_stage: str = ""
+    text_stage: str = ""
+    audio_stage: str = ""
+    sample_rate: int = DEFAULT_SAMPLE_RATE
+    voice: str = ""
+    max_output_tokens: int = 0
+    metadata: dict[str, str] = {}
+
+
 #: How the client asked to receive the response, per API (tag: the API).
 ResponseOptions = (
-    ChatOptions | CompletionOptions | SpeechOptions | ImageOptions | TranscriptionOptions
+    ChatOptions
+    | CompletionOptions
+    | SpeechOptions
+    | ImageOptions
+    | TranscriptionOptions
+    | RealtimeOptions
 )
 
 
@@ -150,7 +186,7 @@ def group_of(response: ResponseOptions | None) -> Group | None:
     match response:
         case ChatOptions() | CompletionOptions() | ImageOptions():
             return response.group
-        case SpeechOptions() | TranscriptionOptions() | None:
+        case SpeechOptions() | TranscriptionOptions() | RealtimeOptions() | None:
             return None
         case _:
             assert_never(response)
@@ -329,6 +365,7 @@ __all__ = [
     "API_CHAT",
     "API_COMPLETIONS",
     "API_IMAGES",
+    "API_REALTIME",
     "API_SPEECH",
     "API_TRANSCRIPTION",
     "AUDIO_FORMATS",
@@ -339,7 +376,9 @@ __all__ = [
     "Group",
     "ImageOptions",
     "ImageResponseFormat",
+    "OutputModalities",
     "RawPrompt",
+    "RealtimeOptions",
     "ResponseOptions",
     "SpeechOptions",
     "StreamFormat",

@@ -32,10 +32,11 @@ import msgspec
 
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 
-SCHEMA_VERSION = 6  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 7  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
-# 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings
+# 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
+# 7: RealtimeOptions (a /v1/realtime response), the cancel reason "interrupted"
 
 Modality = Literal["text", "audio", "image", "codec", "hidden"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -44,7 +45,9 @@ are intermediates no client sees."""
 OutputModality = Literal["text", "audio", "image", "codec"]
 """What a stage's engine outputs (a ``hidden`` context comes beside it)."""
 
-CancelReason = Literal["client", "disconnect", "deadline", "shutdown"]
+CancelReason = Literal["client", "disconnect", "deadline", "shutdown", "interrupted"]
+"""Who stopped a request; ``interrupted`` (schema v7): a realtime
+session's user spoke over its response (server VAD)."""
 FailReason = Literal[
     "stage_lost",
     "stage_error",

@@ -46,6 +46,7 @@ from omnix.events.options import (
     ChatOptions,
     CompletionOptions,
     ImageOptions,
+    RealtimeOptions,
     SpeechOptions,
     TranscriptionOptions,
 )
@@ -141,6 +142,11 @@ def whole_response(members: list[Summary]) -> Rendered:
             return transcription_render.whole(members[0], opts)
         case SpeechOptions():
             return speech_render.whole(members[0])
+        case RealtimeOptions():
+            raise ValueError(
+                f"request {rids[0]}: a realtime response has no HTTP form "
+                "(omnix.http.realtime.render renders its server events)"
+            )
         case None:
             spec = members[0].spec
             api = spec.api if spec is not None else ""
@@ -166,8 +172,8 @@ def _open(s: Summary, ev: Admitted) -> tuple[ApiStream, Head, bool]:
         case TranscriptionOptions():
             stream_ = transcription_render.TranscriptionStream(s, opts)
             return stream_, sse_head(rid), transcription_render.stream_ids(opts)
-        case ImageOptions() | None:
-            raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed form")
+        case ImageOptions() | RealtimeOptions() | None:
+            raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed HTTP form")
         case _:
             assert_never(opts)
 
@@ -275,7 +281,9 @@ def _member_stream(s: Summary) -> StreamTail:
             return chat_render.ChatStream(s, opts, member=True)
         case CompletionOptions():
             return completions_render.CompletionStream(s, opts, member=True)
-        case SpeechOptions() | ImageOptions() | TranscriptionOptions() | None:
+        case (
+            SpeechOptions() | ImageOptions() | TranscriptionOptions() | RealtimeOptions() | None
+        ):
             raise ValueError(f"request {s.request_id}: no stream of n choices for its api")
         case _:
             assert_never(opts)

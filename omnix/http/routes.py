@@ -5,7 +5,7 @@
 its description (or a stated reason it has none: ``Undescribed``) nor
 described without being served.  Each row is its room's (``chat``,
 ``completions``, ``audio``, ``images``, ``models``, ``requests``,
-``files``, ``admin``): adding a route is a module in a room and a row
+``files``, ``admin``, ``realtime``): adding a route is a module in a room and a row
 here.  The order is the document's.
 """
 
@@ -22,6 +22,7 @@ from omnix.http.core.route import Route
 from omnix.http.files import router as files
 from omnix.http.images import router as images
 from omnix.http.models import router as models
+from omnix.http.realtime import router as realtime
 from omnix.http.requests import listing
 from omnix.http.requests import router as requests
 
@@ -31,6 +32,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     audio.SPEECH,
     audio.TRANSCRIPTIONS,
     voices.VOICES,
+    realtime.REALTIME,
     images.IMAGES,
     files.FILE,
     models.MODELS,

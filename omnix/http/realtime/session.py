@@ -1,0 +1,310 @@
+"""One realtime session: what each client event does.
+
+Owns ``Session``: its configuration, conversation, input audio buffer and
+the one response that may run at a time, and the handling of every client
+event (``handle``): ``session.update``; ``input_audio_buffer.append`` /
+``.commit`` / ``.clear``; ``conversation.item.create`` / ``.delete`` /
+``.retrieve`` / ``.truncate``; ``response.create`` (one request admitted
+through the log, its conversation as input; ``running.py`` streams it)
+and ``response.cancel`` (the request cancelled through the log).  A client
+event that cannot be done raises ``ApiError``; the connection answers it
+with an ``error`` event and the session goes on as it was.
+
+Does not own the socket nor parsing messages (``connection.py``), nor the
+events a response renders (``render.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from msgspec import UNSET
+
+from omnix.events.types import CancelReason
+from omnix.http.common.plan import DecodedBlob
+from omnix.http.core.errors import ApiError
+from omnix.http.core.server import Server
+from omnix.http.core.submit import admit
+from omnix.http.realtime.audio_in import (
+    InputBuffer,
+    audio_entry,
+    decode_b64_audio,
+    input_audio_item,
+)
+from omnix.http.realtime.config import SessionConfig
+from omnix.http.realtime.conversation import Conversation, Entry
+from omnix.http.realtime.protocol import (
+    AppendEvent,
+    ClearEvent,
+    ClientEvent,
+    CommitEvent,
+    Content,
+    Item,
+    ItemCreateEvent,
+    ItemDeleteEvent,
+    ItemIn,
+    ItemRetrieveEvent,
+    ItemTruncateEvent,
+    ResponseCancelEvent,
+    ResponseCreateEvent,
+    ResponseParams,
+    SessionUpdateEvent,
+    server_event,
+)
+from omnix.http.realtime.respond import new_id, response_plan
+from omnix.http.realtime.running import RunningResponse
+
+Send = Callable[[list[bytes]], Awaitable[None]]
+
+#: A session's configuration is said to expire this long after it starts
+#: (informational: omnix closes no session for its age).
+SESSION_EXPIRES_S = 3600
+
+
+def bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+class Session:
+    """One session (see the module's docstring).  ``send`` writes server
+    events to the client, in order."""
+
+    def __init__(self, server: Server, send: Send) -> None:
+        self.server = server
+        self.served = server.served
+        self.send = send
+        self.id = new_id("sess")
+        self.created = int(time.time())
+        self.config = SessionConfig.for_pipeline(self.served)
+        self.conversation = Conversation(id=new_id("conv"))
+        self.buffer = InputBuffer(server.omni.pipeline.input_media)
+        self.running: RunningResponse | None = None
+        self._n = 0
+
+    def event(self, type_: str, **fields: Any) -> bytes:
+        """A session event (ids ``event_s<n>``; a response's come from the log)."""
+        self._n += 1
+        return server_event(type_, f"event_s{self._n}", **fields)
+
+    def session_event(self, type_: str) -> bytes:
+        shown = self.config.shown(self.id, self.created + SESSION_EXPIRES_S)
+        return self.event(type_, session=shown)
+
+    async def handle(self, ev: ClientEvent) -> None:
+        match ev:
+            case SessionUpdateEvent():
+                self.config = self.config.update(self.served, ev.session)
+                await self.send([self.session_event("session.updated")])
+            case AppendEvent():
+                self.buffer.append(ev.audio)
+            case CommitEvent():
+                await self.commit()
+            case ClearEvent():
+                self.buffer.clear()
+                await self.send([self.event("input_audio_buffer.cleared")])
+            case ItemCreateEvent():
+                await self.create_item(ev)
+            case ItemDeleteEvent():
+                self.conversation.delete(ev.item_id)
+                await self.send([self.event("conversation.item.deleted", item_id=ev.item_id)])
+            case ItemRetrieveEvent():
+                entry = self.conversation.find(ev.item_id)
+                await self.send([self.event("conversation.item.retrieved", item=_full(entry))])
+            case ItemTruncateEvent():
+                await self.truncate(ev)
+            case ResponseCreateEvent():
+                await self.respond(ev)
+            case ResponseCancelEvent():
+                self.cancel_response(ev.response_id, "client")
+
+    # -- input ------------------------------------------------------------------
+
+    async def commit(self, upto_ms: int | None = None) -> None:
+        """The buffer (up to ``upto_ms`` into it) made a user audio item."""
+        pcm = self.buffer.take(upto_ms)
+        item_id = new_id("item")
+        entry = await audio_entry(self.server.media, input_audio_item(item_id), pcm)
+        before = self.conversation.insert(entry)
+        prev = before or None
+        await self.send(
+            [
+                self.event("input_audio_buffer.committed", item_id=item_id, previous_item_id=prev),
+                self.event("conversation.item.added", item=entry.item, previous_item_id=prev),
+                self.event("conversation.item.done", item=entry.item, previous_item_id=prev),
+            ]
+        )
+
+    async def entry_of(self, given: ItemIn, param: str) -> Entry:
+        """A client's message item as a conversation entry (audio decoded)."""
+        if given.type != "message":
+            raise bad(
+                f"{param}.type",
+                f"{param}.type: omnix takes message items only, not {given.type!r} "
+                "(no tools are called).",
+                "unsupported_value",
+            )
+        if given.role is None or given.content is None:
+            raise bad(param, f"{param}: a message item needs a role and content.")
+        item = Item(id=given.id or new_id("item"), role=given.role)
+        texts: list[str] = []
+        audio: bytes | None = None
+        at = 0
+        for i, c in enumerate(given.content):
+            where = f"{param}.content[{i}]"
+            if c.type in ("input_audio", "audio"):
+                if given.role != "user" or audio is not None or not c.audio:
+                    raise bad(
+                        where,
+                        f"{where}: one input_audio part (base64 pcm16 at 24 kHz) per user item.",
+                    )
+                audio = decode_b64_audio(c.audio, f"{where}.audio")
+                at = len("\n".join(texts))
+                item.content.append(Content(type="input_audio", transcript=c.transcript))
+                continue
+            text = c.text if c.text is not None else c.transcript
+            if text is None:
+                raise bad(where, f"{where}: a {c.type} part needs its text.")
+            texts.append(text)
+            item.content.append(Content(type=c.type, text=c.text, transcript=c.transcript))
+        if audio is None:
+            return Entry(item=item)
+        return await audio_entry(self.server.media, item, audio, at)
+
+    async def create_item(self, ev: ItemCreateEvent) -> None:
+        entry = await self.entry_of(ev.item, "item")
+        before = self.conversation.insert(entry, ev.previous_item_id)
+        prev = before or None
+        await self.send(
+            [
+                self.event("conversation.item.added", item=entry.item, previous_item_id=prev),
+                self.event("conversation.item.done", item=entry.item, previous_item_id=prev),
+            ]
+        )
+
+    async def truncate(self, ev: ItemTruncateEvent) -> None:
+        entry = self.conversation.find(ev.item_id)
+        running = self.running
+        if entry.item.role != "assistant" or not entry.audio_ms:
+            if running is None or running.item != ev.item_id:
+                raise bad("item_id", "only an assistant item with audio can be truncated.")
+        if ev.content_index != 0:
+            raise bad("content_index", "an assistant item has one content part (index 0).")
+        heard = running.audio_ms if running is not None and running.item == ev.item_id else 0
+        if not 0 <= ev.audio_end_ms <= max(entry.audio_ms, heard):
+            raise bad(
+                "audio_end_ms",
+                f"audio_end_ms {ev.audio_end_ms} is past the item's audio "
+                f"({max(entry.audio_ms, heard)} ms).",
+            )
+        entry.truncated = True
+        entry.audio_ms = ev.audio_end_ms
+        for c in entry.item.content:
+            if c.type == "output_audio":
+                c.transcript = ""
+        await self.send(
+            [
+                self.event(
+                    "conversation.item.truncated",
+                    item_id=ev.item_id,
+                    content_index=0,
+                    audio_end_ms=ev.audio_end_ms,
+                )
+            ]
+        )
+
+    # -- responses -----------------------------------------------------------------
+
+    async def respond(self, ev: ResponseCreateEvent) -> None:
+        if self.running is not None:
+            raise bad(
+                None,
+                f"a response ({self.running.rid}) is already running: wait for its "
+                "response.done, or cancel it (response.cancel).",
+                "conversation_already_has_active_response",
+            )
+        await self.start_response(ev.response)
+
+    async def start_response(self, params: ResponseParams | None = None) -> None:
+        server = self.server
+        cfg = self.config.for_response(self.served, params)
+        conv = self.conversation
+        entries: list[Entry] | None = None
+        if params is not None and params.input is not UNSET:
+            entries = [await self._input_entry(it, i) for i, it in enumerate(params.input)]
+        context = list(conv) if entries is None else entries
+        blobs: tuple[DecodedBlob, ...] = tuple(b for e in context for b in e.blobs)
+        item_id = new_id("item")
+        plan = response_plan(
+            self.served,
+            cfg,
+            conv.messages(cfg.instructions, entries),
+            blobs,
+            session=self.id,
+            conversation=conv.id,
+            item=item_id,
+            previous_item=conv.last_id if cfg.conversation else "",
+        )
+        rejected = await admit(server, plan)
+        rid = plan.request_ids[0]
+        entry = Entry(item=Item(id=item_id, role="assistant", status="in_progress"))
+        if cfg.conversation and rejected is None:
+            conv.insert(entry)
+        self.running = RunningResponse(server, rid, item_id, self.send, self._ended(entry))
+        self.running.start()
+
+    async def _input_entry(self, given: ItemIn, i: int) -> Entry:
+        if given.type == "item_reference":
+            if given.id is None:
+                raise bad(f"response.input[{i}].id", "an item_reference needs the item's id.")
+            return self.conversation.find(given.id, f"response.input[{i}].id")
+        return await self.entry_of(given, f"response.input[{i}]")
+
+    def _ended(self, entry: Entry) -> Callable[[RunningResponse], None]:
+        def ended(r: RunningResponse) -> None:
+            """The response ended: its item holds what it said."""
+            entry.item = r.stream.item(entry.item.status if not r.stream.done else _done(r))
+            entry.audio_ms = r.audio_ms if not entry.truncated else entry.audio_ms
+            if self.running is r:
+                self.running = None
+
+        return ended
+
+    def cancel_response(self, response_id: str | None, reason: CancelReason) -> bool:
+        running = self.running
+        if running is None:
+            if reason != "client":
+                return False
+            raise bad(None, "no response is running to cancel.", "response_cancel_not_active")
+        if response_id and response_id != running.rid:
+            raise bad(
+                "response_id",
+                f"response {response_id!r} is not the one running ({running.rid}).",
+                "response_not_found",
+            )
+        return running.cancel(reason)
+
+    def close(self) -> None:
+        """The client went away: its running response is cancelled."""
+        if self.running is not None:
+            self.running.cancel("disconnect")
+            self.running.close()
+
+
+def _done(r: RunningResponse) -> str:
+    return "completed" if r.stream.status == "completed" else "incomplete"
+
+
+def _full(entry: Entry) -> Item:
+    """An item as ``retrieve`` shows it: with its input audio (base64)."""
+    if not entry.pcm:
+        return entry.item
+    content = [
+        Content(type=c.type, audio=base64.b64encode(entry.pcm).decode(), transcript=c.transcript)
+        if c.type == "input_audio"
+        else c
+        for c in entry.item.content
+    ]
+    return Item(id=entry.id, status=entry.item.status, role=entry.item.role, content=content)
