@@ -281,9 +281,7 @@ def _member_stream(s: Summary) -> StreamTail:
             return chat_render.ChatStream(s, opts, member=True)
         case CompletionOptions():
             return completions_render.CompletionStream(s, opts, member=True)
-        case (
-            SpeechOptions() | ImageOptions() | TranscriptionOptions() | RealtimeOptions() | None
-        ):
+        case SpeechOptions() | ImageOptions() | TranscriptionOptions() | RealtimeOptions() | None:
             raise ValueError(f"request {s.request_id}: no stream of n choices for its api")
         case _:
             assert_never(opts)
