@@ -68,9 +68,9 @@ class InputBuffer:
         seconds = int((limits.max_audio_seconds if limits else 0) * 1000) * BYTES_PER_MS
         self.max_bytes = min(seconds, limits.max_part_bytes if limits else 0) // 2 * 2
         self.pcm = bytearray()
-        #: milliseconds of audio taken by earlier commits and clears: where
-        #: this buffer starts on the session's audio clock
-        self.start_ms = 0
+        #: bytes of audio taken by earlier commits and clears: where this
+        #: buffer starts on the session's audio clock
+        self.start = 0
 
     @property
     def ms(self) -> int:
@@ -98,8 +98,11 @@ class InputBuffer:
         return pcm
 
     def take(self, upto_ms: int | None = None) -> bytes:
-        """The buffer's audio (up to ``upto_ms`` into it), taken out of it."""
-        end = len(self.pcm) if upto_ms is None else min(len(self.pcm), upto_ms * BYTES_PER_MS)
+        """The buffer's audio (up to ``upto_ms`` on the session's audio
+        clock), taken out of it."""
+        end = len(self.pcm)
+        if upto_ms is not None:
+            end = min(end, max(0, upto_ms * BYTES_PER_MS - self.start))
         if end < MIN_COMMIT_MS * BYTES_PER_MS:
             raise ApiError(
                 400,
@@ -109,11 +112,28 @@ class InputBuffer:
             )
         pcm = bytes(self.pcm[:end])
         del self.pcm[:end]
-        self.start_ms += end // BYTES_PER_MS
+        self.start += end
         return pcm
 
+    @property
+    def start_ms(self) -> int:
+        """Where the buffer starts on the session's audio clock."""
+        return self.start // BYTES_PER_MS
+
+    @property
+    def end_ms(self) -> int:
+        """Where the buffer ends on the session's audio clock."""
+        return (self.start + len(self.pcm)) // BYTES_PER_MS
+
+    def drop_before(self, ms: int) -> None:
+        """Let go of the audio before ``ms`` on the session's audio clock
+        (server VAD keeps only the padding before speech)."""
+        n = min(len(self.pcm), max(0, ms * BYTES_PER_MS - self.start))
+        del self.pcm[:n]
+        self.start += n
+
     def clear(self) -> None:
-        self.start_ms += self.ms
+        self.start += len(self.pcm)
         self.pcm.clear()
 
 

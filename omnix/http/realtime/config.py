@@ -25,6 +25,7 @@ from msgspec import UNSET
 
 from omnix.http.common.plan import Served
 from omnix.http.core.errors import ApiError
+from omnix.http.realtime import vad
 from omnix.http.realtime.protocol import (
     AudioFormat,
     AudioInputOut,
@@ -81,8 +82,9 @@ class SessionConfig:
             audio_in=audio_in,
             modalities=("audio",) if audio_out else ("text",),
             voice=voices[0] if voices else "default",
-            # Server VAD by default, as OpenAI's sessions start, where audio comes in.
-            turn_detection=TurnDetectionOut() if audio_in else None,
+            # Server VAD by default, as OpenAI's sessions start, where audio
+            # comes in (and Silero is installed: ``vad.available``).
+            turn_detection=TurnDetectionOut() if audio_in and vad.available() is None else None,
         )
 
     def shown(self, session_id: str, expires_at: int) -> SessionObject:
@@ -150,6 +152,9 @@ class SessionConfig:
             )
         if not self.audio_in:
             raise unsupported(param, f"the pipeline {self.model!r} takes no audio input.")
+        missing = vad.available()
+        if missing is not None:
+            raise unsupported(param, f"{missing}; send null and commit turns yourself.")
         out = TurnDetectionOut()
         for name in ("threshold", "prefix_padding_ms", "silence_duration_ms"):
             value = getattr(td, name)
@@ -157,7 +162,11 @@ class SessionConfig:
                 if value < 0 or (name == "threshold" and value > 1):
                     raise unsupported(f"{param}.{name}", "out of range.", "invalid_value")
                 setattr(out, name, value)
-        for name in ("create_response", "interrupt_response", "idle_timeout_ms"):
+        if td.idle_timeout_ms is not None:
+            raise unsupported(
+                f"{param}.idle_timeout_ms", "idle timeouts are not offered; send null."
+            )
+        for name in ("create_response", "interrupt_response"):
             value = getattr(td, name)
             if value is not None:
                 setattr(out, name, value)

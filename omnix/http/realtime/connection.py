@@ -95,7 +95,7 @@ class Connection:
     def __init__(self, server: Server, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self._lock = asyncio.Lock()
-        self.session = Session(server, self.send)
+        self.session = Session(server, self.send, self.error)
         self._errors = 0
 
     async def send(self, frames: list[bytes]) -> None:

@@ -16,6 +16,7 @@ events a response renders (``render.py``).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from omnix.http.core.errors import ApiError
 from omnix.http.core.server import Server
 from omnix.http.core.submit import admit
 from omnix.http.realtime.audio_in import (
+    BYTES_PER_MS,
     InputBuffer,
     audio_entry,
     decode_b64_audio,
@@ -52,12 +54,16 @@ from omnix.http.realtime.protocol import (
     ResponseCreateEvent,
     ResponseParams,
     SessionUpdateEvent,
+    TurnDetectionOut,
     server_event,
 )
 from omnix.http.realtime.respond import new_id, response_plan
 from omnix.http.realtime.running import RunningResponse
+from omnix.http.realtime.turns import Turns
 
 Send = Callable[[list[bytes]], Awaitable[None]]
+#: Answers an error no client event is waiting on (the connection's).
+OnError = Callable[[ApiError, str | None], Awaitable[None]]
 
 #: A session's configuration is said to expire this long after it starts
 #: (informational: omnix closes no session for its age).
@@ -72,8 +78,11 @@ class Session:
     """One session (see the module's docstring).  ``send`` writes server
     events to the client, in order."""
 
-    def __init__(self, server: Server, send: Send) -> None:
+    def __init__(self, server: Server, send: Send, on_error: OnError) -> None:
         self.server = server
+        self.on_error = on_error
+        self.closed = False
+        self._next: asyncio.Task[None] | None = None
         self.served = server.served
         self.send = send
         self.id = new_id("sess")
@@ -82,6 +91,12 @@ class Session:
         self.conversation = Conversation(id=new_id("conv"))
         self.buffer = InputBuffer(server.omni.pipeline.input_media)
         self.running: RunningResponse | None = None
+        self.turns = Turns(self.config.turn_detection)
+        #: the item the speech server VAD heard start will be
+        self._speech_item = ""
+        #: server VAD committed a turn while a response was still ending:
+        #: answer it once that one has
+        self._respond_next = False
         self._n = 0
 
     def event(self, type_: str, **fields: Any) -> bytes:
@@ -97,9 +112,10 @@ class Session:
         match ev:
             case SessionUpdateEvent():
                 self.config = self.config.update(self.served, ev.session)
+                self.turns.configure(self.config.turn_detection)
                 await self.send([self.session_event("session.updated")])
             case AppendEvent():
-                self.buffer.append(ev.audio)
+                await self.append(ev.audio)
             case CommitEvent():
                 await self.commit()
             case ClearEvent():
@@ -122,10 +138,55 @@ class Session:
 
     # -- input ------------------------------------------------------------------
 
-    async def commit(self, upto_ms: int | None = None) -> None:
-        """The buffer (up to ``upto_ms`` into it) made a user audio item."""
+    async def append(self, audio: str) -> None:
+        """Audio appended; with server VAD, the turns it completes."""
+        buffer = self.buffer
+        pcm = buffer.append(audio)
+        td = self.config.turn_detection
+        if td is None:
+            return
+        for turn in await self.turns.feed(pcm, buffer.end_ms - len(pcm) // BYTES_PER_MS):
+            if turn.kind == "started":
+                await self.speech_started(turn.ms, td)
+            else:
+                await self.speech_stopped(turn.ms, td)
+        if not self.turns.speaking:
+            buffer.drop_before(buffer.end_ms - td.prefix_padding_ms)
+
+    async def speech_started(self, ms: int, td: TurnDetectionOut) -> None:
+        self.buffer.drop_before(ms)
+        self._speech_item = new_id("item")
+        await self.send(
+            [
+                self.event(
+                    "input_audio_buffer.speech_started",
+                    audio_start_ms=ms,
+                    item_id=self._speech_item,
+                )
+            ]
+        )
+        if td.interrupt_response and self.running is not None:
+            self.cancel_response(None, "interrupted")
+
+    async def speech_stopped(self, ms: int, td: TurnDetectionOut) -> None:
+        item_id = self._speech_item or new_id("item")
+        self._speech_item = ""
+        await self.send(
+            [self.event("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=item_id)]
+        )
+        await self.commit(ms, item_id)
+        if not td.create_response:
+            return
+        if self.running is None:
+            await self.start_response()
+        else:
+            self._respond_next = True
+
+    async def commit(self, upto_ms: int | None = None, item_id: str = "") -> None:
+        """The buffer (up to ``upto_ms`` on the session's audio clock) made
+        a user audio item."""
         pcm = self.buffer.take(upto_ms)
-        item_id = new_id("item")
+        item_id = item_id or new_id("item")
         entry = await audio_entry(self.server.media, input_audio_item(item_id), pcm)
         before = self.conversation.insert(entry)
         prev = before or None
@@ -269,8 +330,23 @@ class Session:
             entry.audio_ms = r.audio_ms if not entry.truncated else entry.audio_ms
             if self.running is r:
                 self.running = None
+            if self._respond_next:
+                self._respond_next = False
+                self._next = asyncio.create_task(self._respond_after(r))
 
         return ended
+
+    async def _respond_after(self, previous: RunningResponse) -> None:
+        """Answer the turn server VAD committed while ``previous`` was
+        ending, once its last events have left."""
+        if previous.task is not None:
+            await asyncio.wait([previous.task])
+        if self.running is not None or self.closed:
+            return
+        try:
+            await self.start_response()
+        except ApiError as err:
+            await self.on_error(err, None)
 
     def cancel_response(self, response_id: str | None, reason: CancelReason) -> bool:
         running = self.running
@@ -288,6 +364,7 @@ class Session:
 
     def close(self) -> None:
         """The client went away: its running response is cancelled."""
+        self.closed = True
         if self.running is not None:
             self.running.cancel("disconnect")
             self.running.close()

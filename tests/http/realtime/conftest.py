@@ -21,11 +21,11 @@ from omnix.testing.pipelines import scripted_omni_toml
 
 from ..conftest import _serve
 
-#: A scripted omni pipeline that takes audio input (at most 2 s a turn).
+#: A scripted omni pipeline that takes audio input (at most 4 s a turn).
 FAST = scripted_omni_toml(
     "rt-omni",
     thinker='engine = { kind = "scripted", chunks_per_piece = 8, delay_ms = 2 }\n'
-    "media = { audio = true, max_audio_seconds = 2.0 }",
+    "media = { audio = true, max_audio_seconds = 4.0 }",
     edge_thinker='forward = "chunk"\nevery = 2',
 )
 
@@ -77,11 +77,12 @@ def client_for(server: HttpServer, api_key: str = "unused") -> Any:
 
 async def until(conn: Any, type_: str, seen: list[Any] | None = None) -> Any:
     """Read events up to the first of ``type_`` (returned); the others
-    go to ``seen``."""
+    go to ``seen``.  An error event on the way fails the test."""
     while True:
         ev = await conn.recv()
         if ev.type == type_:
             return ev
+        assert ev.type != "error", ev
         if seen is not None:
             seen.append(ev)
 

@@ -123,8 +123,8 @@ async def test_an_oversized_event_is_refused(ws):
 
 
 async def test_the_buffer_has_a_limit(ws):
-    # The test pipeline takes 2 s a turn: 2.1 s does not fit.
-    await ws.send(event("input_audio_buffer.append", audio=b64(pcm16(1.5))))
+    # The test pipeline takes 4 s a turn: 4.1 s does not fit.
+    await ws.send(event("input_audio_buffer.append", audio=b64(pcm16(3.5))))
     err = await error_of(ws, event("input_audio_buffer.append", audio=b64(pcm16(0.6))))
     assert err["code"] == "input_audio_buffer_full"
 
