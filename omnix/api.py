@@ -49,6 +49,7 @@ from omnix.events.types import (
     Rejected,
     RejectReason,
     RequestSpec,
+    SessionChanged,
 )
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
@@ -618,6 +619,12 @@ class Omni:
             return False
         self.sequencer.emit(CancelRequested(request_id=request_id, reason=reason))
         return True
+
+    def record(self, ev: SessionChanged) -> SessionChanged:
+        """Append a realtime session's change (an input; it decides nothing)."""
+        stored = self.sequencer.append(ev)
+        assert isinstance(stored, SessionChanged)  # the log returns what it stored
+        return stored
 
     def state(self, request_id: str) -> RequestState | None:
         return self.log.state.requests.get(request_id)

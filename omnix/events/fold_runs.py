@@ -39,6 +39,7 @@ from omnix.events.types import (
     Rejected,
     Released,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -216,6 +217,8 @@ def _fold_before(fold: FoldTarget, runs: dict[str, _Runs], ev: Event) -> _Runs |
             case Rejected() | CancelRequested() | DeadlineExpired() | Cancelled() | Failed():
                 _fold_request(fold, runs, ev.request_id)
                 return None
+            case SessionChanged():
+                return None  # about no request: every run stays open
             case WorkerJoined() | WorkerLost() | Released():
                 for open_runs in runs.values():
                     _close_runs(fold, open_runs)

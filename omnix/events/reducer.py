@@ -59,6 +59,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -186,7 +187,7 @@ class Fold:
             reduce_request(self.requests.get(ev.request_id), ev)
         elif type(ev) is Released:
             self._check_released(ev)
-        else:
+        elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
             reduce_worker(self.workers.get(ev.worker_id), ev)
 
     def _check_released(self, ev: Released) -> None:
@@ -254,6 +255,8 @@ class Fold:
                 self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
         elif type(ev) is Released:
             self._release(ev)
+        elif type(ev) is SessionChanged:
+            pass  # a realtime session's state: no request's nor worker's
         elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
             # Exact types rather than isinstance(ev, RequestEvent): see types.py.
             wid = ev.worker_id

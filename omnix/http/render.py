@@ -63,6 +63,7 @@ from omnix.events.types import (
     Rejected,
     Released,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -259,6 +260,7 @@ class StreamRenderer:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
             ):
                 return []
             case _:

@@ -53,6 +53,7 @@ from omnix.events.types import (
     Released,
     RequestSpec,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -161,7 +162,7 @@ class Orchestrator:
         match ev:
             case StageFinished():
                 return self._on_stage_finished(ev, state)
-            case StageStarted() | Progress() | Rejected() | Released():
+            case StageStarted() | Progress() | Rejected() | Released() | SessionChanged():
                 return []  # nothing to decide
             case Admitted():
                 return self._on_admitted(ev, state)

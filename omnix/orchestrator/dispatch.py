@@ -36,6 +36,7 @@ from omnix.events.types import (
     Released,
     RequestSpec,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -90,6 +91,7 @@ class Dispatcher:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
             ):
                 pass  # no effect: a worker's report, or one the orchestrator decides on
             case Admitted():

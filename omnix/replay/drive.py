@@ -44,6 +44,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -464,6 +465,7 @@ def _cause(ev: Event) -> int:
             | WorkerJoined()
             | WorkerLost()
             | Released()
+            | SessionChanged()
         ):
             return -1  # no cause field: an input, or the worker's own
         case _:

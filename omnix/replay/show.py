@@ -32,6 +32,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -122,6 +123,9 @@ def describe(ev: Event, t0: int | None = None) -> str:
             return f"{head} {ev.worker_id} {ev.reason}"
         case Released():
             return f"{head} {len(ev.request_ids)} ended request(s) released ({ev.reason})"
+        case SessionChanged():
+            what = ev.item.id if ev.item is not None else ev.item_id
+            return f"{head} {ev.session} {ev.op}{' ' + what if what else ''}"
         case _:
             assert_never(ev)
 

@@ -28,6 +28,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -120,6 +121,7 @@ class BufferSource:
                 | StageFinished()
                 | WorkerJoined()
                 | Released()
+                | SessionChanged()
             ):
                 pass  # nothing read back: the fold's state has what they tell
             case _:

@@ -43,6 +43,7 @@ from omnix.events.types import (
     Released,
     RequestSpec,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -107,6 +108,7 @@ class Summary:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
             ):
                 pass
             case _:

@@ -37,6 +37,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -178,6 +179,7 @@ class GroupStream:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
             ):
                 return []
             case _:

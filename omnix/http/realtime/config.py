@@ -23,6 +23,7 @@ from typing import Any
 
 from msgspec import UNSET
 
+from omnix.events.sessions import SessionSettings, TurnSettings
 from omnix.http.common.plan import Served
 from omnix.http.core.errors import ApiError
 from omnix.http.realtime import vad
@@ -85,6 +86,49 @@ class SessionConfig:
             # Server VAD by default, as OpenAI's sessions start, where audio
             # comes in (and Silero is installed: ``vad.available``).
             turn_detection=TurnDetectionOut() if audio_in and vad.available() is None else None,
+        )
+
+    def settings(self, conversation: str) -> SessionSettings:
+        """The configuration as the log records it (``SessionChanged``)."""
+        td = self.turn_detection
+        turns = None
+        if td is not None:
+            turns = TurnSettings(
+                threshold=td.threshold,
+                prefix_padding_ms=td.prefix_padding_ms,
+                silence_duration_ms=td.silence_duration_ms,
+                create_response=td.create_response,
+                interrupt_response=td.interrupt_response,
+            )
+        return SessionSettings(
+            model=self.model,
+            conversation=conversation,
+            instructions=self.instructions,
+            modalities=self.modalities,
+            voice=self.voice,
+            max_output_tokens=self.max_output_tokens,
+            turns=turns,
+        )
+
+    def recorded(self, s: SessionSettings) -> SessionConfig:
+        """This configuration with what the log recorded (a resumed session)."""
+        td = None
+        if s.turns is not None:
+            t = s.turns
+            td = TurnDetectionOut(
+                threshold=t.threshold,
+                prefix_padding_ms=t.prefix_padding_ms,
+                silence_duration_ms=t.silence_duration_ms,
+                create_response=t.create_response,
+                interrupt_response=t.interrupt_response,
+            )
+        return replace(
+            self,
+            instructions=s.instructions,
+            modalities=s.modalities,
+            voice=s.voice,
+            max_output_tokens=s.max_output_tokens,
+            turn_detection=td,
         )
 
     def shown(self, session_id: str, expires_at: int) -> SessionObject:

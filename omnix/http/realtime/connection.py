@@ -9,7 +9,9 @@ anything the session refuses) answered with OpenAI's ``error`` event
 naming the client event (``event_id``), the session going on as it was.
 Sends are serialized (one lock), so a response's events and the session's
 never interleave inside a message.  When the client goes, its running
-response is cancelled (``disconnect``).
+response is cancelled (``disconnect``).  A resumed session (``Resumed``)
+goes on with the response it had in flight, from after the event the
+client names.
 
 Does not own what the events do (``session.py``) nor the route
 (``router.py``).
@@ -27,7 +29,7 @@ from aiohttp import WSMsgType, web
 from omnix.http.core.errors import ApiError, from_decode_error
 from omnix.http.core.server import Server
 from omnix.http.realtime.protocol import CLIENT_EVENTS, NOT_TAKEN, ClientEvent, error_event
-from omnix.http.realtime.session import Session
+from omnix.http.realtime.session import Resumed, Session
 
 log = logging.getLogger("omnix.http.realtime")
 
@@ -92,10 +94,17 @@ def parse(text: str) -> ClientEvent:
 class Connection:
     """One client's socket and its session."""
 
-    def __init__(self, server: Server, ws: web.WebSocketResponse) -> None:
+    def __init__(
+        self,
+        server: Server,
+        ws: web.WebSocketResponse,
+        resumed: Resumed | None = None,
+        after: str = "",
+    ) -> None:
         self.ws = ws
         self._lock = asyncio.Lock()
-        self.session = Session(server, self.send, self.error)
+        self.session = Session(server, self.send, self.error, resumed)
+        self._after = after
         self._errors = 0
 
     async def send(self, frames: list[bytes]) -> None:
@@ -119,6 +128,7 @@ class Connection:
         session = self.session
         try:
             await self.send([session.session_event("session.created")])
+            session.resume_response(self._after)
             async for msg in self.ws:
                 if msg.type == WSMsgType.TEXT:
                     await self.on_text(msg.data)

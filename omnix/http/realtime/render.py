@@ -97,6 +97,8 @@ class ResponseStream:
         self.status = "in_progress"
         self._pos = -1
         self._k = 0
+        #: the event ids of what the last ``feed`` returned, in order
+        self.ids: list[str] = []
 
     @property
     def text(self) -> str:
@@ -109,12 +111,14 @@ class ResponseStream:
     def _event(self, type_: str, **fields: Any) -> bytes:
         eid = f"event_{self._pos}" if self._k == 0 else f"event_{self._pos}_{self._k}"
         self._k += 1
+        self.ids.append(eid)
         return server_event(type_, eid, **fields)
 
     def feed(self, ev: Event) -> list[bytes]:
         if self.done:
             return []
         self._pos, self._k = ev.pos, 0
+        self.ids = []
         if type(ev) is Chunk:
             self.s.chunk(ev)
             return [] if self.stopped else self._chunk(ev)

@@ -7,7 +7,9 @@ disk (a ``--log-dir`` log: ``core.respond.durable``); ``cancel`` (through
 the log: ``Omni.cancel``, one terminal event, every stage aborted); and
 the session's callback once the request ended, called before the final
 events leave, so that a client answering ``response.done`` with a new
-``response.create`` finds no response running.
+``response.create`` finds no response running.  A resumed client (a
+server restarted on its log, the request continued) names the last event
+it had (``after``): what it rendered to up to there is not sent again.
 
 Does not own the session (``session.py``) nor the events' bytes
 (``render.py``).
@@ -30,6 +32,15 @@ log = logging.getLogger("omnix.http.realtime")
 Send = Callable[[list[bytes]], Awaitable[None]]
 
 
+def event_place(event_id: str) -> tuple[int, int]:
+    """Where a response's event stands: ``event_<pos>[_<k>]`` -> (pos, k);
+    any other id (a session's) -> (-1, 0), before every response event."""
+    head, _, rest = event_id.removeprefix("event_").partition("_")
+    if not head.isdigit() or (rest and not rest.isdigit()):
+        return (-1, 0)
+    return int(head), int(rest or 0)
+
+
 class RunningResponse:
     """One response's request, followed to its end."""
 
@@ -40,6 +51,7 @@ class RunningResponse:
         item: str,
         send: Send,
         ended: Callable[[RunningResponse], None],
+        after: str = "",
     ) -> None:
         self.server = server
         self.rid = rid
@@ -48,6 +60,8 @@ class RunningResponse:
         self._send = send
         self._ended = ended
         self._told = False
+        #: a resumed client had the events up to this place: send what follows
+        self._after = event_place(after) if after else None
         self.task: asyncio.Task[None] | None = None
 
     @property
@@ -66,6 +80,13 @@ class RunningResponse:
         if self.task is not None:
             self.task.cancel()
 
+    def _new(self, frames: list[bytes]) -> list[bytes]:
+        """What the client has not had of ``frames`` (a resumed client)."""
+        after = self._after
+        if after is None:
+            return frames
+        return [f for f, i in zip(frames, self.stream.ids, strict=True) if event_place(i) > after]
+
     def _end(self) -> None:
         if not self._told:
             self._told = True
@@ -79,7 +100,7 @@ class RunningResponse:
         try:
             async for ev in omni.events(self.rid):
                 last = ev.pos
-                buf += stream.feed(ev)
+                buf += self._new(stream.feed(ev))
                 if stream.done:
                     break
                 if buf and caught_up(omni, self.rid, ev.pos):

@@ -16,10 +16,10 @@ events a response renders (``render.py``).
 
 from __future__ import annotations
 
-import asyncio
-import base64
+import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from msgspec import UNSET
@@ -29,21 +29,15 @@ from omnix.http.common.plan import DecodedBlob
 from omnix.http.core.errors import ApiError
 from omnix.http.core.server import Server
 from omnix.http.core.submit import admit
-from omnix.http.realtime.audio_in import (
-    BYTES_PER_MS,
-    InputBuffer,
-    audio_entry,
-    decode_b64_audio,
-    input_audio_item,
-)
+from omnix.http.realtime.audio_in import InputBuffer, audio_entry, input_audio_item
 from omnix.http.realtime.config import SessionConfig
 from omnix.http.realtime.conversation import Conversation, Entry
+from omnix.http.realtime.items import entry_from, retrieved
 from omnix.http.realtime.protocol import (
     AppendEvent,
     ClearEvent,
     ClientEvent,
     CommitEvent,
-    Content,
     Item,
     ItemCreateEvent,
     ItemDeleteEvent,
@@ -54,9 +48,9 @@ from omnix.http.realtime.protocol import (
     ResponseCreateEvent,
     ResponseParams,
     SessionUpdateEvent,
-    TurnDetectionOut,
     server_event,
 )
+from omnix.http.realtime.record import Folded, Recorder
 from omnix.http.realtime.respond import new_id, response_plan
 from omnix.http.realtime.running import RunningResponse
 from omnix.http.realtime.turns import Turns
@@ -74,35 +68,54 @@ def bad(param: str | None, message: str, code: str = "invalid_value") -> ApiErro
     return ApiError(400, message, param=param, code=code)
 
 
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A session taken up again from the log (``record.restore``)."""
+
+    id: str
+    folded: Folded
+
+
 class Session:
     """One session (see the module's docstring).  ``send`` writes server
     events to the client, in order."""
 
-    def __init__(self, server: Server, send: Send, on_error: OnError) -> None:
+    def __init__(
+        self, server: Server, send: Send, on_error: OnError, resumed: Resumed | None = None
+    ) -> None:
         self.server = server
         self.on_error = on_error
         self.closed = False
-        self._next: asyncio.Task[None] | None = None
         self.served = server.served
         self.send = send
-        self.id = new_id("sess")
         self.created = int(time.time())
         self.config = SessionConfig.for_pipeline(self.served)
-        self.conversation = Conversation(id=new_id("conv"))
         self.buffer = InputBuffer(server.omni.pipeline.input_media)
         self.running: RunningResponse | None = None
-        self.turns = Turns(self.config.turn_detection)
-        #: the item the speech server VAD heard start will be
-        self._speech_item = ""
-        #: server VAD committed a turn while a response was still ending:
-        #: answer it once that one has
-        self._respond_next = False
+        # Session events' ids: unique to this connection (a resumed
+        # session's earlier connections used others).
+        self._tag = secrets.token_hex(2)
         self._n = 0
+        if resumed is None:
+            self.id = new_id("sess")
+            self.conversation = Conversation(id=new_id("conv"))
+            self.recorder = Recorder(server.omni, self.id)
+            self.recorder.settings(self.config.settings(self.conversation.id), opened=True)
+        else:
+            self.id = resumed.id
+            self.conversation = resumed.folded.conversation
+            settings = resumed.folded.settings
+            assert settings is not None
+            self.config = self.config.recorded(settings)
+            self.recorder = Recorder(server.omni, self.id)
+        self._resumed = resumed.folded if resumed is not None else None
+        self.turns = Turns(self)
 
     def event(self, type_: str, **fields: Any) -> bytes:
-        """A session event (ids ``event_s<n>``; a response's come from the log)."""
+        """A session event (ids ``event_s<tag>_<n>``; a response's come
+        from the log)."""
         self._n += 1
-        return server_event(type_, f"event_s{self._n}", **fields)
+        return server_event(type_, f"event_s{self._tag}_{self._n}", **fields)
 
     def session_event(self, type_: str) -> bytes:
         shown = self.config.shown(self.id, self.created + SESSION_EXPIRES_S)
@@ -113,9 +126,10 @@ class Session:
             case SessionUpdateEvent():
                 self.config = self.config.update(self.served, ev.session)
                 self.turns.configure(self.config.turn_detection)
+                self.recorder.settings(self.config.settings(self.conversation.id))
                 await self.send([self.session_event("session.updated")])
             case AppendEvent():
-                await self.append(ev.audio)
+                await self.turns.append(ev.audio)
             case CommitEvent():
                 await self.commit()
             case ClearEvent():
@@ -125,10 +139,11 @@ class Session:
                 await self.create_item(ev)
             case ItemDeleteEvent():
                 self.conversation.delete(ev.item_id)
+                self.recorder.deleted(ev.item_id)
                 await self.send([self.event("conversation.item.deleted", item_id=ev.item_id)])
             case ItemRetrieveEvent():
                 entry = self.conversation.find(ev.item_id)
-                await self.send([self.event("conversation.item.retrieved", item=_full(entry))])
+                await self.send([self.event("conversation.item.retrieved", item=retrieved(entry))])
             case ItemTruncateEvent():
                 await self.truncate(ev)
             case ResponseCreateEvent():
@@ -138,58 +153,13 @@ class Session:
 
     # -- input ------------------------------------------------------------------
 
-    async def append(self, audio: str) -> None:
-        """Audio appended; with server VAD, the turns it completes."""
-        buffer = self.buffer
-        pcm = buffer.append(audio)
-        td = self.config.turn_detection
-        if td is None:
-            return
-        for turn in await self.turns.feed(pcm, buffer.end_ms - len(pcm) // BYTES_PER_MS):
-            if turn.kind == "started":
-                await self.speech_started(turn.ms, td)
-            else:
-                await self.speech_stopped(turn.ms, td)
-        if not self.turns.speaking:
-            buffer.drop_before(buffer.end_ms - td.prefix_padding_ms)
-
-    async def speech_started(self, ms: int, td: TurnDetectionOut) -> None:
-        self.buffer.drop_before(ms)
-        self._speech_item = new_id("item")
-        await self.send(
-            [
-                self.event(
-                    "input_audio_buffer.speech_started",
-                    audio_start_ms=ms,
-                    item_id=self._speech_item,
-                )
-            ]
-        )
-        if td.interrupt_response and self.running is not None:
-            self.cancel_response(None, "interrupted")
-
-    async def speech_stopped(self, ms: int, td: TurnDetectionOut) -> None:
-        item_id = self._speech_item or new_id("item")
-        self._speech_item = ""
-        await self.send(
-            [self.event("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=item_id)]
-        )
-        await self.commit(ms, item_id)
-        if not td.create_response:
-            return
-        if self.running is None:
-            await self.start_response()
-        else:
-            self._respond_next = True
-
     async def commit(self, upto_ms: int | None = None, item_id: str = "") -> None:
         """The buffer (up to ``upto_ms`` on the session's audio clock) made
         a user audio item."""
         pcm = self.buffer.take(upto_ms)
         item_id = item_id or new_id("item")
         entry = await audio_entry(self.server.media, input_audio_item(item_id), pcm)
-        before = self.conversation.insert(entry)
-        prev = before or None
+        prev = self._add(entry)
         await self.send(
             [
                 self.event("input_audio_buffer.committed", item_id=item_id, previous_item_id=prev),
@@ -198,46 +168,15 @@ class Session:
             ]
         )
 
-    async def entry_of(self, given: ItemIn, param: str) -> Entry:
-        """A client's message item as a conversation entry (audio decoded)."""
-        if given.type != "message":
-            raise bad(
-                f"{param}.type",
-                f"{param}.type: omnix takes message items only, not {given.type!r} "
-                "(no tools are called).",
-                "unsupported_value",
-            )
-        if given.role is None or given.content is None:
-            raise bad(param, f"{param}: a message item needs a role and content.")
-        item = Item(id=given.id or new_id("item"), role=given.role)
-        texts: list[str] = []
-        audio: bytes | None = None
-        at = 0
-        for i, c in enumerate(given.content):
-            where = f"{param}.content[{i}]"
-            if c.type in ("input_audio", "audio"):
-                if given.role != "user" or audio is not None or not c.audio:
-                    raise bad(
-                        where,
-                        f"{where}: one input_audio part (base64 pcm16 at 24 kHz) per user item.",
-                    )
-                audio = decode_b64_audio(c.audio, f"{where}.audio")
-                at = len("\n".join(texts))
-                item.content.append(Content(type="input_audio", transcript=c.transcript))
-                continue
-            text = c.text if c.text is not None else c.transcript
-            if text is None:
-                raise bad(where, f"{where}: a {c.type} part needs its text.")
-            texts.append(text)
-            item.content.append(Content(type=c.type, text=c.text, transcript=c.transcript))
-        if audio is None:
-            return Entry(item=item)
-        return await audio_entry(self.server.media, item, audio, at)
+    def _add(self, entry: Entry, previous: str | None = None) -> str | None:
+        """Put ``entry`` in the conversation and the log; the item before it."""
+        before = self.conversation.insert(entry, previous)
+        self.recorder.added(entry, before)
+        return before or None
 
     async def create_item(self, ev: ItemCreateEvent) -> None:
-        entry = await self.entry_of(ev.item, "item")
-        before = self.conversation.insert(entry, ev.previous_item_id)
-        prev = before or None
+        entry = await entry_from(self.server.media, ev.item, "item")
+        prev = self._add(entry, ev.previous_item_id)
         await self.send(
             [
                 self.event("conversation.item.added", item=entry.item, previous_item_id=prev),
@@ -262,6 +201,7 @@ class Session:
             )
         entry.truncated = True
         entry.audio_ms = ev.audio_end_ms
+        self.recorder.truncated(ev.item_id, ev.audio_end_ms)
         for c in entry.item.content:
             if c.type == "output_audio":
                 c.transcript = ""
@@ -321,7 +261,7 @@ class Session:
             if given.id is None:
                 raise bad(f"response.input[{i}].id", "an item_reference needs the item's id.")
             return self.conversation.find(given.id, f"response.input[{i}].id")
-        return await self.entry_of(given, f"response.input[{i}]")
+        return await entry_from(self.server.media, given, f"response.input[{i}]")
 
     def _ended(self, entry: Entry) -> Callable[[RunningResponse], None]:
         def ended(r: RunningResponse) -> None:
@@ -330,23 +270,23 @@ class Session:
             entry.audio_ms = r.audio_ms if not entry.truncated else entry.audio_ms
             if self.running is r:
                 self.running = None
-            if self._respond_next:
-                self._respond_next = False
-                self._next = asyncio.create_task(self._respond_after(r))
+            self.turns.response_ended(r)
 
         return ended
 
-    async def _respond_after(self, previous: RunningResponse) -> None:
-        """Answer the turn server VAD committed while ``previous`` was
-        ending, once its last events have left."""
-        if previous.task is not None:
-            await asyncio.wait([previous.task])
-        if self.running is not None or self.closed:
+    def resume_response(self, after: str) -> None:
+        """A resumed session's response still in flight (a server restarted
+        on its log continues it): follow it, from after ``after``."""
+        if self._resumed is None or not self._resumed.running:
             return
-        try:
-            await self.start_response()
-        except ApiError as err:
-            await self.on_error(err, None)
+        folded = self._resumed
+        conv = self.conversation
+        item = folded.running_item
+        entry = conv.find(item) if conv.has(item) else Entry(item=Item(id=item, role="assistant"))
+        self.running = RunningResponse(
+            self.server, folded.running, item, self.send, self._ended(entry), after
+        )
+        self.running.start()
 
     def cancel_response(self, response_id: str | None, reason: CancelReason) -> bool:
         running = self.running
@@ -372,16 +312,3 @@ class Session:
 
 def _done(r: RunningResponse) -> str:
     return "completed" if r.stream.status == "completed" else "incomplete"
-
-
-def _full(entry: Entry) -> Item:
-    """An item as ``retrieve`` shows it: with its input audio (base64)."""
-    if not entry.pcm:
-        return entry.item
-    content = [
-        Content(type=c.type, audio=base64.b64encode(entry.pcm).decode(), transcript=c.transcript)
-        if c.type == "input_audio"
-        else c
-        for c in entry.item.content
-    ]
-    return Item(id=entry.id, status=entry.item.status, role=entry.item.role, content=content)
