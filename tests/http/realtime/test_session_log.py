@@ -10,16 +10,19 @@ stopped (the request's continuation), not from the start."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from omnix import cli
 from omnix.events.types import Admitted, Chunk, Routed, SessionChanged
 from omnix.http.options import HttpOptions
 from omnix.http.realtime.record import fold_session
 from omnix.pipelines.validate import parse_pipeline
+from omnix.replay.client import client_bytes
 from omnix.replay.drive import drive
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.served import ServeProcess
@@ -92,11 +95,22 @@ async def test_the_session_folds_back_from_the_log_and_replays(tmp_path: Path):
         second = list(folded.conversation)[-1]
         assert second.truncated and second.audio_ms == 5
     data = export_from_dir(log_dir, None, session=sid)
+    out = tmp_path / "session.trace"
+    assert (
+        cli.main(["trace", "export", "--log-dir", str(log_dir), "--session", sid, "-o", str(out)])
+        == 0
+    )
+    assert out.read_bytes() == data  # the command writes what export_from_dir makes
     trace = read_trace(data)
     rids = [e.request_id for e in trace.events if isinstance(e, Admitted)]
     assert len(rids) == 2 and set(trace.request_ids) >= set(rids)
     assert any(isinstance(e, SessionChanged) and e.op == "opened" for e in trace.events)
     assert drive(trace).ok
+    # Each response's server events render again from the trace.
+    lines = [json.loads(x) for x in client_bytes(trace, rids[0]).splitlines()]
+    assert lines[0]["type"] == "response.created" and lines[-1]["type"] == "response.done"
+    assert lines[-1]["response"]["status"] == "completed"
+    assert any(x["type"] == "response.output_audio.delta" for x in lines)
 
 
 class _Prepend:
