@@ -37,6 +37,7 @@ from omnix.events.clock import Clock, SystemClock
 from omnix.events.log import EventLog, LogClosed, MemoryLog
 from omnix.events.reducer import RequestState
 from omnix.events.retention import RequestStatusKind, Retention, RetentionPolicy
+from omnix.events.transitions import IllegalTransition
 from omnix.events.types import (
     TERMINAL_TYPES,
     Admitted,
@@ -45,6 +46,7 @@ from omnix.events.types import (
     Chunk,
     DeadlineExpired,
     Event,
+    InputAppended,
     Modality,
     Rejected,
     RejectReason,
@@ -618,6 +620,17 @@ class Omni:
         if rs is None or rs.terminal:
             return False
         self.sequencer.emit(CancelRequested(request_id=request_id, reason=reason))
+        return True
+
+    def append_input(self, request_id: str, text: str, last: bool = False) -> bool:
+        """More input for a running request whose input streams
+        (``RequestSpec.input_streams``): its source stages' next piece;
+        False when the request takes no more (it ended, or its last piece
+        came)."""
+        try:
+            self.sequencer.append(InputAppended(request_id=request_id, text=text, last=last))
+        except IllegalTransition:
+            return False
         return True
 
     def record(self, ev: SessionChanged) -> SessionChanged:

@@ -62,7 +62,7 @@ from omnix.events.blobs import BlobMissing, BlobStore, MemoryBlobStore, blob_dig
 from omnix.events.codec import SchemaError, decode_events, encode_events
 from omnix.events.log import EventLog
 from omnix.events.options import RealtimeOptions
-from omnix.events.reducer import Fold, IllegalTransition, RequestState
+from omnix.events.reducer import Fold, IllegalTransition, RequestState, state_bytes
 from omnix.events.types import (
     SCHEMA_VERSION,
     Admitted,
@@ -176,7 +176,7 @@ _state_encoder = msgspec.msgpack.Encoder()
 
 
 def request_digest(rs: RequestState) -> str:
-    return blob_digest(_state_encoder.encode(rs))
+    return blob_digest(state_bytes(rs))
 
 
 @dataclass

@@ -35,6 +35,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -214,7 +215,14 @@ def _fold_before(fold: FoldTarget, runs: dict[str, _Runs], ev: Event) -> _Runs |
         match ev:
             case Progress() | StageFailed() | Chunk() | Routed():  # (the caller takes these two)
                 rid, stage = ev.request_id, ev.stage
-            case Rejected() | CancelRequested() | DeadlineExpired() | Cancelled() | Failed():
+            case (
+                Rejected()
+                | CancelRequested()
+                | DeadlineExpired()
+                | Cancelled()
+                | Failed()
+                | InputAppended()
+            ):
                 _fold_request(fold, runs, ev.request_id)
                 return None
             case SessionChanged():

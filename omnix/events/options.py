@@ -37,8 +37,9 @@ API_REALTIME: Final = "realtime"
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 """An encoded audio response's format (chat's ``pcm16`` is ``pcm``)."""
 AUDIO_FORMATS: Final[tuple[AudioFormat, ...]] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
-StreamFormat = Literal["", "audio", "sse"]
-"""How speech streams: ``""`` not at all (one file), raw bytes, or SSE."""
+StreamFormat = Literal["", "audio", "sse", "websocket"]
+"""How speech streams: ``""`` not at all (one file), raw bytes, SSE, or
+(schema v7) sentence by sentence over ``/v1/audio/speech/stream``."""
 ImageResponseFormat = Literal["b64_json", "url"]
 TranscriptionFormat = Literal["json", "text", "verbose_json"]
 

@@ -38,7 +38,8 @@ SCHEMA_VERSION = 7  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Re
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
 # 7: RealtimeOptions (a /v1/realtime response), the cancel reason "interrupted",
-# SessionChanged (a realtime session's settings and conversation items)
+# SessionChanged (a realtime session's settings and conversation items),
+# RequestSpec.input_streams and InputAppended (a client's text into a running request)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -199,6 +200,9 @@ class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
     options: dict[str, str] = {}
     response: ResponseOptions | None = None  # schema v6
     raw_prompt: RawPrompt | None = None  # schema v6
+    #: schema v7: more input follows admission (``InputAppended``), its
+    #: source stages' input stays open until a piece says it is the last
+    input_streams: bool = False
 
     def __post_init__(self) -> None:
         # Only a spec of the old form pays: new specs have no ``options``.
@@ -262,6 +266,17 @@ class Rejected(RequestEvent, frozen=True, kw_only=True, tag="rejected"):
     spec: RequestSpec
     reason: RejectReason
     message: str = ""
+
+
+@final
+class InputAppended(RequestEvent, frozen=True, kw_only=True, tag="input_appended"):
+    """The client sent more input to a running request whose input streams
+    (``RequestSpec.input_streams``; schema v7): ``text`` goes to its source
+    stages as their next input piece, ``last`` closes their input.  An
+    input, as ``Admitted`` is for the first piece."""
+
+    text: str
+    last: bool = False
 
 
 @final
@@ -476,6 +491,7 @@ RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
     Cancelled,
     Failed,
     Finished,
+    InputAppended,
 ]
 #: The one tagged union every event decodes as (``Event.__args__`` is flat:
 #: a Union of a Union flattens).

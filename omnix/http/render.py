@@ -59,6 +59,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -261,6 +262,7 @@ class StreamRenderer:
                 | WorkerLost()
                 | Released()
                 | SessionChanged()
+                | InputAppended()
             ):
                 return []
             case _:

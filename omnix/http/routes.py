@@ -15,7 +15,7 @@ from typing import Final
 
 from omnix.http.admin import router as admin
 from omnix.http.audio import router as audio
-from omnix.http.audio import voices
+from omnix.http.audio import speech_stream, voices
 from omnix.http.chat import router as chat
 from omnix.http.completions import router as completions
 from omnix.http.core.route import Route
@@ -30,6 +30,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     chat.CHAT,
     completions.COMPLETIONS,
     audio.SPEECH,
+    speech_stream.SPEECH_STREAM,
     audio.TRANSCRIPTIONS,
     voices.VOICES,
     realtime.REALTIME,

@@ -48,6 +48,7 @@ from omnix.events.types import (
     Failed,
     FailReason,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -174,6 +175,9 @@ class Orchestrator:
                 return self._on_stage_failed(ev, state)
             case DeadlineExpired():
                 return self._on_deadline(ev, state)
+            case InputAppended():
+                plan = self._live.get(ev.request_id)
+                return [] if plan is None else self._router.append_input(plan, ev, state)
             case WorkerJoined():
                 self._placement.joined(ev)
                 return self._router.drain(ev.stage, ev, state)

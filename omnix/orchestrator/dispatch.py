@@ -31,6 +31,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -92,6 +93,7 @@ class Dispatcher:
                 | WorkerLost()
                 | Released()
                 | SessionChanged()
+                | InputAppended()
             ):
                 pass  # no effect: a worker's report, or one the orchestrator decides on
             case Admitted():
@@ -225,6 +227,8 @@ class Dispatcher:
                     out.append(self._join(group))
                     group = []
                 group.append(ev)
+            elif isinstance(ev, InputAppended):
+                out.append(InputPiece(text=ev.text))
         if group:
             out.append(self._join(group))
         return tuple(out)

@@ -39,6 +39,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -466,6 +467,7 @@ def _cause(ev: Event) -> int:
             | WorkerLost()
             | Released()
             | SessionChanged()
+            | InputAppended()
         ):
             return -1  # no cause field: an input, or the worker's own
         case _:

@@ -27,6 +27,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -112,6 +113,9 @@ def describe(ev: Event, t0: int | None = None) -> str:
             return f"{head} {ev.request_id} {ev.reason}{_cause(ev.cause)}"
         case DeadlineExpired():
             return f"{head} {ev.request_id} scope={ev.scope}"
+        case InputAppended():
+            last = " last" if ev.last else ""
+            return f"{head} {ev.request_id} {_short(ev.text, 60)!r}{last}"
         case Failed():
             stage = f" stage={ev.stage}" if ev.stage else ""
             return f"{head} {ev.request_id} {ev.reason}{stage} {_short(ev.message, 60)}{_cause(ev.cause)}"

@@ -23,6 +23,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -122,6 +123,7 @@ class BufferSource:
                 | WorkerJoined()
                 | Released()
                 | SessionChanged()
+                | InputAppended()
             ):
                 pass  # nothing read back: the fold's state has what they tell
             case _:

@@ -65,3 +65,39 @@ def test_a_v6_record_reads_as_before() -> None:
     data = bytearray(encode_event(adm))
     data[0] = 6
     assert decode_event(bytes(data)) == adm
+
+
+def test_input_appended_round_trips_and_keeps_to_the_rules() -> None:
+    import pytest
+
+    from omnix.events.log import MemoryLog
+    from omnix.events.transitions import IllegalTransition
+    from omnix.events.types import InputAppended
+
+    log = MemoryLog()
+    spec = RequestSpec(prompt="Hello.", outputs=("audio",), input_streams=True)
+    log.append(Admitted(request_id="r", pipeline="p", spec=spec))
+    assert log.state.requests["r"].input_open
+    ev = log.append(InputAppended(request_id="r", text="More."))
+    assert decode_event(encode_event(ev)) == ev
+    log.append(InputAppended(request_id="r", text="", last=True))
+    assert not log.state.requests["r"].input_open
+    with pytest.raises(IllegalTransition, match="takes no more input"):
+        log.append(InputAppended(request_id="r", text="late"))
+    log.append(Admitted(request_id="s", pipeline="p", spec=RequestSpec(prompt="x")))
+    with pytest.raises(IllegalTransition, match="takes no more input"):
+        log.append(InputAppended(request_id="s", text="x"))
+
+
+def test_a_state_without_streamed_input_hashes_as_before() -> None:
+    """``input_open`` enters a state's digest only when set, so traces of
+    earlier omnix verify (tests/replay holds them)."""
+    import msgspec
+
+    from omnix.events.log import MemoryLog
+    from omnix.events.reducer import state_bytes
+
+    log = MemoryLog()
+    log.append(Admitted(request_id="r", pipeline="p", spec=RequestSpec(prompt="x")))
+    rs = log.state.requests["r"]
+    assert state_bytes(rs) == msgspec.msgpack.encode(msgspec.structs.astuple(rs)[:-1])

@@ -38,6 +38,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -109,6 +110,7 @@ class Summary:
                 | WorkerLost()
                 | Released()
                 | SessionChanged()
+                | InputAppended()
             ):
                 pass
             case _:

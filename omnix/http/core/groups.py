@@ -32,6 +32,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -180,6 +181,7 @@ class GroupStream:
                 | WorkerLost()
                 | Released()
                 | SessionChanged()
+                | InputAppended()
             ):
                 return []
             case _:
