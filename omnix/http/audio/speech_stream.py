@@ -148,20 +148,23 @@ class SpeechSession:
                     await self.ws.send_str(m)
 
     async def run(self) -> None:
+        closed = False
         try:
             async for msg in self.ws:
                 if msg.type == WSMsgType.TEXT:
                     try:
-                        closing = await self.on_text(msg.data)
+                        closed = await self.on_text(msg.data)
                     except ApiError as err:
                         await self.send([message("error", message=err.message, code=err.code)])
                         continue
-                    if closing:
+                    if closed:
                         break
                 elif msg.type == WSMsgType.BINARY:
                     await self.send([message("error", message="send JSON text messages")])
                 elif msg.type == WSMsgType.ERROR:
                     break
+            if not closed:
+                return  # the client went: the finally cancels what runs
             if self.task is not None:
                 await self.task
             else:

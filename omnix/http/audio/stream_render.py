@@ -6,16 +6,21 @@ each later one an ``InputAppended``) and it returns the WebSocket
 messages they make, in vLLM-Omni's shape: per sentence ``audio.start``
 (``sentence_index``, ``sentence_text``, ``format``, ``sample_rate``),
 its audio as binary messages of raw pcm16 as the decoder produces it, and
-``audio.done`` (``total_bytes``); at the end ``session.done``
+``audio.done`` (``total_bytes``) once the next sentence's audio starts or
+the speech ends (a stage reports no end per input piece, so a sentence's
+audio is known whole only then); at the end ``session.done``
 (``total_sentences``), or for a request that failed or was cancelled an
 ``error`` (``message``).  Text messages are ``str``, audio ``bytes``.
 
 Which sentence an audio chunk speaks is read from the log: an input piece
 is a sentence (the admission is the first, each ``InputAppended`` the
 next); a stage's input piece (``Routed``) speaks the earliest sentence
-among its sources; a chunk the sentence of the piece that produced it
-(``Chunk.piece``).  A decoder piece that joins the end of one sentence to
-the start of the next is told as the first.
+among its sources.  A chunk of a stage that reads the sentences itself
+speaks the sentence of the piece that produced it (``Chunk.piece``: the
+engine that reads them says which); a later stage's (a decoder, whose
+engine says no piece) that of the latest piece it was given, which it
+decodes as it comes.  A decoder piece that joins the end of one sentence
+to the start of the next is told as the first.
 
 Does not own the socket nor the sentences' splitting (``speech_stream.py``).
 """
@@ -61,6 +66,9 @@ class SentenceStream:
         self.sentences: list[str] = []
         self._seg: dict[int, int] = {}  # log position -> sentence
         self._routed: dict[tuple[str, int], int] = {}  # (stage, piece) -> sentence
+        self._latest: dict[str, int] = {}  # stage -> its latest piece's sentence
+        self._reads: set[str] = set()  # the stages that read the sentences
+        self._inputs: set[int] = set()  # positions of the input pieces
         self._open = -1  # the latest sentence whose audio started
         self._active = False  # its audio.done is still to come
         self._bytes = 0
@@ -73,15 +81,20 @@ class SentenceStream:
         if type(ev) is Routed:
             segs = [self._seg[p] for p in ev.sources if p in self._seg]
             if segs:
-                self._routed.setdefault((ev.stage, ev.seq), min(segs))
+                seg = self._routed.setdefault((ev.stage, ev.seq), min(segs))
+                self._latest[ev.stage] = max(self._latest.get(ev.stage, 0), seg)
+            if ev.sources and ev.sources[0] in self._inputs:
+                self._reads.add(ev.stage)
             return []
         if type(ev) is InputAppended:
+            self._inputs.add(ev.pos)
             if ev.text:
                 self._seg[ev.pos] = len(self.sentences)
                 self.sentences.append(ev.text)
             return []
         if type(ev) is Admitted:
             self.s.admitted(ev)
+            self._inputs.add(ev.pos)
             self._seg[ev.pos] = 0
             self.sentences.append(ev.spec.prompt)
             return []
@@ -97,7 +110,10 @@ class SentenceStream:
 
     def _chunk(self, ev: Chunk) -> list[Message]:
         s = self.s
-        seg = self._routed.get((ev.stage, ev.piece), -1)
+        if ev.stage in self._reads:
+            seg = self._routed.get((ev.stage, ev.piece), -1)
+        else:
+            seg = self._latest.get(ev.stage, -1)
         self._seg[ev.pos] = seg
         if ev.modality != "audio" or ev.stage != s.audio_stage:
             return []
