@@ -22,6 +22,7 @@ BENCHES = {
     "serve": "load a live OpenAI-compatible server: chat, audio, speech, images (TTFT, TTFP, RTF, E2EL)",
     "soak": "server RSS growth per request over 2,000 chat requests with audio (retention)",
     "speech": "Qwen3-Omni speech against transformers: oracle equality, TTFP, RTF, throughput",
+    "realtime": "voice sessions over /v1/realtime: TTFA against HTTP, barge-in gap, sessions ok",
 }
 
 
