@@ -115,7 +115,13 @@ async def _session(base: str, model: str, pcm: bytes, a: dict[str, Any]) -> dict
                     await conn.response.cancel()
             elif ev.type == "response.done":
                 out["status2"] = ev.response.status
+                details = ev.response.status_details
+                if ev.response.status == "failed" and details is not None:
+                    out["error"] = str(details.error)
                 break
+            elif ev.type == "error":
+                out["error"] = ev.error.message
+                return out
         out["gap_ms"] = max(0.0, last - t_cancel) * 1000 if t_cancel else None
         late = await _late_audio(conn)
         out["ok"] = (
@@ -169,6 +175,9 @@ async def _chat(base: str, model: str, pcm: bytes, max_tokens: int) -> float | N
 
 async def _client(base: str, model: str, a: dict[str, Any]) -> list[dict[str, Any]]:
     pcm = _tone(a["audio_s"])
+    # Warm both paths up (first compilations, first allocations): not measured.
+    await _session(base, model, pcm, a)
+    await _chat(base, model, pcm, a["max_tokens"])
     rounds = []
     for _ in range(a["runs"]):
         sessions = await asyncio.gather(
@@ -232,7 +241,12 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"{name}_runs"] = xs
     out["sessions_ok"] = ok
     out["sessions_total"] = total
-    errors = [x["error"] for r in rounds for x in r["sessions"] if "error" in x]
+    errors = [
+        x.get("error") or f"turns ended {x.get('status1')}, {x.get('status2')}"
+        for r in rounds
+        for x in r["sessions"]
+        if not x.get("ok")
+    ]
     out["errors"] = errors[:5]
     return out
 

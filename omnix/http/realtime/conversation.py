@@ -126,16 +126,24 @@ class Conversation:
         self.entries.remove(self.find(item_id))
 
     def messages(
-        self, instructions: str, entries: list[Entry] | None = None
+        self, instructions: str, entries: list[Entry] | None = None, max_audio: int | None = None
     ) -> tuple[ChatMessage, ...]:
         """What a response reads: the instructions as a system message,
         then each item (``entries``: a response's own ``input`` instead of
-        the conversation)."""
+        the conversation).  ``max_audio``: the audio clips one prompt may
+        hold (the pipeline's ``max_audio_parts``): the newest items keep
+        theirs, older ones are read without it (a model such as tiny-omni's
+        thinker takes one clip a prompt; the items stay in the conversation)."""
+        msgs = [e.message() for e in (self.entries if entries is None else entries)]
+        if max_audio is not None:
+            left = max_audio
+            for i in range(len(msgs) - 1, -1, -1):
+                n = len(msgs[i].media)
+                if n > left:
+                    msgs[i] = ChatMessage(role=msgs[i].role, content=msgs[i].content)
+                left = max(0, left - n)
         out = [ChatMessage(role="system", content=instructions)] if instructions else []
-        for e in self.entries if entries is None else entries:
-            msg = e.message()
-            if msg.content or msg.media:
-                out.append(msg)
+        out += [m for m in msgs if m.content or m.media]
         return tuple(out)
 
 

@@ -90,7 +90,10 @@ class Session:
         self.send = send
         self.created = int(time.time())
         self.config = SessionConfig.for_pipeline(self.served)
-        self.buffer = InputBuffer(server.omni.pipeline.input_media)
+        media = server.omni.pipeline.input_media
+        self.buffer = InputBuffer(media)
+        #: the audio clips one prompt may hold (None: no audio input)
+        self._max_audio = media.max_audio_parts if media is not None and media.audio else None
         self.running: RunningResponse | None = None
         # Session events' ids: unique to this connection (a resumed
         # session's earlier connections used others).
@@ -241,7 +244,7 @@ class Session:
         plan = response_plan(
             self.served,
             cfg,
-            conv.messages(cfg.instructions, entries),
+            conv.messages(cfg.instructions, entries, self._max_audio),
             blobs,
             session=self.id,
             conversation=conv.id,

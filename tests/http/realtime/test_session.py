@@ -367,3 +367,20 @@ async def test_another_model_is_404(rt_server):
         async with client_for(rt_server).realtime.connect(model="gpt-realtime"):
             pass
     assert exc.value.response.status_code == 404
+
+
+async def test_a_prompt_holds_the_newest_audio_the_model_takes(rt_server):
+    """tiny-omni's thinker takes one clip a prompt (``max_audio_parts``):
+    a second spoken turn is heard, the first stays in the conversation
+    without its audio in the context."""
+    async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
+        await until(conn, "session.created")
+        await manual(conn, output_modalities=["text"])
+        for _ in range(2):
+            await conn.input_audio_buffer.append(audio=b64(pcm16(0.3)))
+            await conn.input_audio_buffer.commit()
+            await until(conn, "conversation.item.done")
+            await conn.response.create()
+            done = await until(conn, "response.done")
+    spec = admitted(rt_server, done.response.id).spec
+    assert [(m.role, len(m.media)) for m in spec.messages] == [("assistant", 0), ("user", 1)]
