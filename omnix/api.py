@@ -37,6 +37,7 @@ from omnix.events.clock import Clock, SystemClock
 from omnix.events.log import EventLog, LogClosed, MemoryLog
 from omnix.events.reducer import RequestState
 from omnix.events.retention import RequestStatusKind, Retention, RetentionPolicy
+from omnix.events.transitions import IllegalTransition
 from omnix.events.types import (
     TERMINAL_TYPES,
     Admitted,
@@ -45,11 +46,13 @@ from omnix.events.types import (
     Chunk,
     DeadlineExpired,
     Event,
+    InputAppended,
     Modality,
     Rejected,
     RejectReason,
     Released,
     RequestSpec,
+    SessionChanged,
 )
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
@@ -636,6 +639,23 @@ class Omni:
             Released(request_ids=(request_id,), reason="deleted", ts_ns=self.log.clock.now_ns())
         )
         return True
+
+    def append_input(self, request_id: str, text: str, last: bool = False) -> bool:
+        """More input for a running request whose input streams
+        (``RequestSpec.input_streams``): its source stages' next piece;
+        False when the request takes no more (it ended, or its last piece
+        came)."""
+        try:
+            self.sequencer.append(InputAppended(request_id=request_id, text=text, last=last))
+        except IllegalTransition:
+            return False
+        return True
+
+    def record(self, ev: SessionChanged) -> SessionChanged:
+        """Append a realtime session's change (an input; it decides nothing)."""
+        stored = self.sequencer.append(ev)
+        assert isinstance(stored, SessionChanged)  # the log returns what it stored
+        return stored
 
     def state(self, request_id: str) -> RequestState | None:
         return self.log.state.requests.get(request_id)

@@ -61,7 +61,8 @@ import omnix
 from omnix.events.blobs import BlobMissing, BlobStore, MemoryBlobStore, blob_digest
 from omnix.events.codec import SchemaError, decode_events, encode_events
 from omnix.events.log import EventLog
-from omnix.events.reducer import Fold, IllegalTransition, RequestState
+from omnix.events.options import RealtimeOptions
+from omnix.events.reducer import Fold, IllegalTransition, RequestState, state_bytes
 from omnix.events.types import (
     SCHEMA_VERSION,
     Admitted,
@@ -76,6 +77,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     is_decision,
 )
 from omnix.orchestrator.decide import RULES_VERSION
@@ -175,7 +177,7 @@ _state_encoder = msgspec.msgpack.Encoder()
 
 
 def request_digest(rs: RequestState) -> str:
-    return blob_digest(_state_encoder.encode(rs))
+    return blob_digest(state_bytes(rs))
 
 
 @dataclass
@@ -245,8 +247,11 @@ def export_trace(
     *,
     rules_version: int = RULES_VERSION,
     max_window: int = MAX_WINDOW,
+    span: tuple[int, int] | None = None,
 ) -> bytes:
     """The trace of ``request_ids`` (``None``: the whole log) as bytes.
+    ``span``: log positions the window must cover besides the requests'
+    (a realtime session's own events: ``session_span``).
 
     Deterministic: the same log, pipeline and request ids (in any order,
     duplicates ignored) give the same bytes.  Raises ``TraceError`` for an
@@ -266,9 +271,9 @@ def export_trace(
         prefix: list[int] = []
     else:
         targets = tuple(sorted(set(request_ids)))
-        if not targets:
+        if not targets and span is None:
             raise TraceError("no request ids given: name at least one request to export")
-        first, last, t_start = _closure_window(log, targets)
+        first, last, t_start = _closure_window(log, targets, span)
         if t_start - first > max_window:
             # Never idle for too long: start later, and leave out whole the
             # requests live across the new start (their admission is before it).
@@ -317,12 +322,14 @@ def export_trace(
     return _encode(renumbered, blobs, pipeline, targets, origin, rules_version, cut)
 
 
-def _closure_window(log: EventLog, targets: tuple[str, ...]) -> tuple[int, int, int]:
+def _closure_window(
+    log: EventLog, targets: tuple[str, ...], span: tuple[int, int] | None = None
+) -> tuple[int, int, int]:
     """``(first, last)`` log positions of the dependency-closed window, and
-    the first target's admission."""
+    the first target's admission (or ``span``'s start, when earlier)."""
     state = log.state
-    starts: list[int] = []
-    ends: list[int] = []
+    starts: list[int] = [span[0]] if span is not None else []
+    ends: list[int] = [span[1]] if span is not None else []
     for rid in targets:
         rs = state.requests.get(rid)
         if rs is None:
@@ -451,6 +458,8 @@ def _encode(
             digests.add(ev.blob.digest)
         elif type(ev) is Admitted:
             digests.update(p.blob.digest for m in ev.spec.messages for p in m.media)
+        elif type(ev) is SessionChanged:
+            digests.update(p.blob.digest for p in ev.media)
     payloads: dict[str, bytes] = {}
     for d in sorted(digests):
         try:
@@ -477,17 +486,41 @@ def _encode(
     return _PREFIX.pack(TRACE_MAGIC, TRACE_FORMAT_VERSION) + _file_encoder.encode(body)
 
 
+def session_span(log: EventLog, session: str) -> tuple[list[str], tuple[int, int]]:
+    """A realtime session in ``log``: its responses' request ids, and the
+    first and last positions of its own events (``SessionChanged``).
+    Raises ``TraceError`` when the log holds none of it."""
+    rids: list[str] = []
+    first = last = -1
+    for ev in log.read(0, log.next_pos):
+        if type(ev) is SessionChanged and ev.session == session:
+            first = ev.pos if first < 0 else first
+            last = ev.pos
+        elif type(ev) is Admitted:
+            opts = ev.spec.response
+            if isinstance(opts, RealtimeOptions) and opts.session == session:
+                rids.append(ev.request_id)
+    if first < 0:
+        raise TraceError(
+            f"session {session!r} is not in this log (its id is the one session.created "
+            "returned, sess_...)"
+        )
+    return rids, (first, last)
+
+
 def export_from_dir(
     log_dir: str | os.PathLike[str],
     request_ids: Sequence[str] | None,
     *,
     rules_version: int | None = None,
+    session: str = "",
 ) -> bytes:
     """``export_trace`` for a server's ``--log-dir`` (``DIR/events``,
     ``DIR/blobs``, ``DIR/pipeline.json``, ``DIR/server.json``).  Reads the
     log offline without locking it, so it works beside a running server.
     The rules version is the one the server recorded in ``server.json``
-    unless given."""
+    unless given.  ``session``: a realtime session's trace (its events and
+    its responses), with ``request_ids`` added."""
     from omnix.events.blobs import DiskBlobStore
     from omnix.events.disklog import iter_log
     from omnix.events.log import MemoryLog
@@ -528,8 +561,17 @@ def export_from_dir(
     log = MemoryLog(
         events=itertools.chain(() if first is None else (first,), events), keep_released=True
     )
+    span = None
+    if session:
+        rids, span = session_span(log, session)
+        request_ids = [*rids, *(request_ids or ())]
     return export_trace(
-        log, DiskBlobStore(root / "blobs"), pipeline, request_ids, rules_version=rules_version
+        log,
+        DiskBlobStore(root / "blobs"),
+        pipeline,
+        request_ids,
+        rules_version=rules_version,
+        span=span,
     )
 
 

@@ -23,6 +23,7 @@ BENCHES = {
     "soak": "server RSS growth per request over 2,000 chat requests with audio (retention)",
     "speech": "Qwen3-Omni speech against transformers: oracle equality, TTFP, RTF, throughput",
     "diffusion": "images/s alone and 4 at a time (batched), steps run after a cancel",
+    "realtime": "voice sessions over /v1/realtime: TTFA against HTTP, barge-in gap, sessions ok",
 }
 
 

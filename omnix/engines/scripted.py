@@ -6,7 +6,8 @@ processes and no model; it is never a product default.
 
 Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
 
-* For each input piece it yields ``chunks_per_piece`` outputs, sleeping
+* For each input piece it yields ``chunks_per_piece`` outputs (each
+  saying which piece it answers, ``EngineOutput.piece``), sleeping
   ``delay_ms`` before each: text ``"t{n} "``; for ``output_modality =
   "codec"`` one codec frame ``token_ids=(n,)``; for ``"audio"`` a small
   float32 array (240 samples of value ``n``); for ``"image"`` opaque bytes
@@ -152,6 +153,7 @@ class ScriptedEngine:
                 if n == a.hang_at:
                     await asyncio.Event().wait()  # until cancelled
                 out = self._echo(piece) if a.echo else self._output(n)
+                out.piece = pieces - 1  # the input piece it answers
                 if request.params.logprobs is not None and out.modality == "text":
                     out.logprobs = _fake_logprobs(out.text, n, request.params.logprobs)
                 yield out

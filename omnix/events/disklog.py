@@ -53,7 +53,7 @@ from omnix.events.segments import (
 from omnix.events.segreader import SegmentReader
 from omnix.events.segwriter import NEVER, LogFailed, SegmentWriter
 from omnix.events.snapshot import SNAPSHOT_DIR
-from omnix.events.types import Event, Released, WorkerJoined, WorkerLost
+from omnix.events.types import Event, Released, SessionChanged, WorkerJoined, WorkerLost
 
 __all__ = [
     "FORMAT_VERSION",
@@ -124,6 +124,7 @@ def _retained(ev: Event, requests: dict[str, RequestState]) -> bool:
         type(ev) is WorkerJoined
         or type(ev) is WorkerLost
         or type(ev) is Released
+        or type(ev) is SessionChanged
         or ev.request_id in requests
     )
 

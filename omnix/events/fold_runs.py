@@ -35,10 +35,12 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -213,9 +215,18 @@ def _fold_before(fold: FoldTarget, runs: dict[str, _Runs], ev: Event) -> _Runs |
         match ev:
             case Progress() | StageFailed() | Chunk() | Routed():  # (the caller takes these two)
                 rid, stage = ev.request_id, ev.stage
-            case Rejected() | CancelRequested() | DeadlineExpired() | Cancelled() | Failed():
+            case (
+                Rejected()
+                | CancelRequested()
+                | DeadlineExpired()
+                | Cancelled()
+                | Failed()
+                | InputAppended()
+            ):
                 _fold_request(fold, runs, ev.request_id)
                 return None
+            case SessionChanged():
+                return None  # about no request: every run stays open
             case WorkerJoined() | WorkerLost() | Released():
                 for open_runs in runs.values():
                     _close_runs(fold, open_runs)

@@ -44,6 +44,7 @@ from omnix.events.types import (
     Progress,
     Rejected,
     Released,
+    SessionChanged,
     WorkerJoined,
     WorkerLost,
 )
@@ -188,6 +189,7 @@ class EventLog:
             and type(ev) is not WorkerJoined
             and type(ev) is not WorkerLost
             and type(ev) is not Released
+            and type(ev) is not SessionChanged
         ):
             # A request's tail wakes only for its own events: an open stream
             # costs nothing when other requests' events are appended.
@@ -453,7 +455,12 @@ class MemoryLog(EventLog):
     def _store(self, ev: Event) -> None:
         self._events.append(ev)
         # Exact types, not isinstance(ev, RequestEvent): see types.py.
-        if type(ev) is not WorkerJoined and type(ev) is not WorkerLost and type(ev) is not Released:
+        if (
+            type(ev) is not WorkerJoined
+            and type(ev) is not WorkerLost
+            and type(ev) is not Released
+            and type(ev) is not SessionChanged
+        ):
             idx = self._index.get(ev.request_id)
             if idx is None:
                 self._index[ev.request_id] = [ev.pos]

@@ -22,7 +22,7 @@ import bisect
 from array import array
 
 from omnix.events.segments import Segment
-from omnix.events.types import Event, Released, WorkerJoined, WorkerLost
+from omnix.events.types import Event, Released, SessionChanged, WorkerJoined, WorkerLost
 
 __all__ = ["LogIndex"]
 
@@ -52,7 +52,9 @@ class LogIndex:
         """Index the stored event ``ev`` whose record starts at ``offset``
         of the last segment (every append: keep it lean)."""
         self.offs.append(offset)
-        if type(ev) is WorkerJoined or type(ev) is WorkerLost:  # exact types: see types.py
+        if (
+            type(ev) is WorkerJoined or type(ev) is WorkerLost or type(ev) is SessionChanged
+        ):  # exact types: see types.py
             self.prev.append(-1)
         elif type(ev) is Released:
             self.prev.append(-1)

@@ -58,7 +58,14 @@ from omnix.events.snapshot import (
     decode_snapshot,
     snapshot_paths,
 )
-from omnix.events.types import SCHEMA_VERSION, Event, Released, WorkerJoined, WorkerLost
+from omnix.events.types import (
+    SCHEMA_VERSION,
+    Event,
+    Released,
+    SessionChanged,
+    WorkerJoined,
+    WorkerLost,
+)
 
 __all__ = ["Recovered", "RecoveryReport", "recover"]
 
@@ -370,6 +377,7 @@ class _Attempt:
                 and type(ev) is not WorkerJoined
                 and type(ev) is not WorkerLost
                 and type(ev) is not Released
+                and type(ev) is not SessionChanged
                 and ev.request_id not in known
             ):
                 # Released before the snapshot: indexed, chained to nothing.

@@ -2,7 +2,8 @@
 
 Owns: the per-API option Structs a ``RequestSpec`` records in ``response``
 (schema v6): ``ChatOptions``, ``CompletionOptions``, ``SpeechOptions``,
-``ImageOptions``, ``TranscriptionOptions``, in the one tagged union
+``ImageOptions``, ``TranscriptionOptions`` (and, schema v7, a realtime
+session's response: ``RealtimeOptions``), in the one tagged union
 ``ResponseOptions`` whose tags are the ``RequestSpec.api`` names; ``Group``
 (a member of a batch or of ``n`` samples); ``RawPrompt`` (a completion
 prompt the source stage takes as is, in ``RequestSpec.raw_prompt``); and
@@ -34,12 +35,14 @@ API_TRANSCRIPTION: Final = "audio.transcriptions"
 #: ``POST /v1/images/edits`` records ``ImageOptions`` (``edit``) under this api.
 API_IMAGE_EDITS: Final = "images.edits"
 API_VIDEOS: Final = "videos"
+API_REALTIME: Final = "realtime"
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 """An encoded audio response's format (chat's ``pcm16`` is ``pcm``)."""
 AUDIO_FORMATS: Final[tuple[AudioFormat, ...]] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
-StreamFormat = Literal["", "audio", "sse"]
-"""How speech streams: ``""`` not at all (one file), raw bytes, or SSE."""
+StreamFormat = Literal["", "audio", "sse", "websocket"]
+"""How speech streams: ``""`` not at all (one file), raw bytes, SSE, or
+(schema v7) sentence by sentence over ``/v1/audio/speech/stream``."""
 ImageResponseFormat = Literal["b64_json", "url"]
 TranscriptionFormat = Literal["json", "text", "verbose_json"]
 
@@ -165,6 +168,35 @@ class VideoOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=A
     asked: str = ""
 
 
+OutputModalities = tuple[Literal["text", "audio"], ...]
+
+
+class RealtimeOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=API_REALTIME):
+    """One response of a ``/v1/realtime`` session (schema v7).  The
+    request's id is the response's (``resp_...``); ``session`` the session
+    it belongs to; ``item`` the id of the assistant item it adds and
+    ``previous_item`` the item before it in the conversation ("" none);
+    ``conversation`` the conversation it joins ("" for an out-of-band
+    response, ``conversation: "none"``); ``modalities`` the output
+    modalities the client asked for (``["audio"]`` carries a transcript);
+    ``max_output_tokens`` 0 for ``"inf"``; ``metadata`` echoed."""
+
+    render: int = 1
+    stream: bool = True
+    session: str = ""
+    item: str = ""
+    previous_item: str = ""
+    conversation: str = ""
+    modalities: OutputModalities = ("text",)
+    usage_stage: str = ""
+    text_stage: str = ""
+    audio_stage: str = ""
+    sample_rate: int = DEFAULT_SAMPLE_RATE
+    voice: str = ""
+    max_output_tokens: int = 0
+    metadata: dict[str, str] = {}
+
+
 #: How the client asked to receive the response, per API (tag: the API).
 ResponseOptions = (
     ChatOptions
@@ -173,6 +205,7 @@ ResponseOptions = (
     | ImageOptions
     | TranscriptionOptions
     | VideoOptions
+    | RealtimeOptions
 )
 
 
@@ -181,7 +214,7 @@ def group_of(response: ResponseOptions | None) -> Group | None:
     match response:
         case ChatOptions() | CompletionOptions() | ImageOptions():
             return response.group
-        case SpeechOptions() | TranscriptionOptions() | VideoOptions() | None:
+        case SpeechOptions() | TranscriptionOptions() | VideoOptions() | RealtimeOptions() | None:
             return None
         case _:
             assert_never(response)
@@ -361,6 +394,7 @@ __all__ = [
     "API_COMPLETIONS",
     "API_IMAGES",
     "API_IMAGE_EDITS",
+    "API_REALTIME",
     "API_SPEECH",
     "API_TRANSCRIPTION",
     "API_VIDEOS",
@@ -372,7 +406,9 @@ __all__ = [
     "Group",
     "ImageOptions",
     "ImageResponseFormat",
+    "OutputModalities",
     "RawPrompt",
+    "RealtimeOptions",
     "ResponseOptions",
     "SpeechOptions",
     "StreamFormat",

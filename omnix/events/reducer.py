@@ -54,11 +54,13 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -103,6 +105,16 @@ class Snapshot(msgspec.Struct, frozen=True):
 
 
 _state_encoder = msgspec.msgpack.Encoder()
+
+
+def state_bytes(rs: RequestState) -> bytes:
+    """A request's state as digests hash it.  ``input_open`` (schema v7)
+    enters only when set: a state without it hashes as the states of
+    earlier omnix did, so the traces they wrote still verify (an
+    array-like Struct encodes as the tuple of its fields)."""
+    if rs.input_open:
+        return _state_encoder.encode(rs)
+    return _state_encoder.encode(msgspec.structs.astuple(rs)[:-1])
 
 
 class Fold:
@@ -186,7 +198,7 @@ class Fold:
             reduce_request(self.requests.get(ev.request_id), ev)
         elif type(ev) is Released:
             self._check_released(ev)
-        else:
+        elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
             reduce_worker(self.workers.get(ev.worker_id), ev)
 
     def _check_released(self, ev: Released) -> None:
@@ -254,6 +266,8 @@ class Fold:
                 self._by_worker.setdefault(worker_id(ev.stage, ev.replica), {})[rid] = None
         elif type(ev) is Released:
             self._release(ev)
+        elif type(ev) is SessionChanged:
+            pass  # a realtime session's state: no request's nor worker's
         elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
             # Exact types rather than isinstance(ev, RequestEvent): see types.py.
             wid = ev.worker_id
@@ -285,7 +299,7 @@ class Fold:
                                 by_worker.pop(rid, None)
                     case StageFailed():
                         self._by_worker.get(worker_id(ev.stage, ev.replica), {}).pop(rid, None)
-                    case Progress() | CancelRequested() | DeadlineExpired():
+                    case Progress() | CancelRequested() | DeadlineExpired() | InputAppended():
                         pass  # no stage starts or ends (a cancelled one ends with its StageFinished)
                     case _:
                         assert_never(ev)
@@ -315,7 +329,7 @@ class Fold:
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=16)
         for rid in sorted(self.requests):
-            h.update(_state_encoder.encode(self.requests[rid]))
+            h.update(state_bytes(self.requests[rid]))
         for wid in sorted(self.workers):
             h.update(_state_encoder.encode(self.workers[wid]))
         return h.hexdigest()

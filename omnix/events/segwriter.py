@@ -68,7 +68,14 @@ from omnix.events.segments import (
     fsync_dir,
     seg_name,
 )
-from omnix.events.types import SCHEMA_VERSION, Event, Released, WorkerJoined, WorkerLost
+from omnix.events.types import (
+    SCHEMA_VERSION,
+    Event,
+    Released,
+    SessionChanged,
+    WorkerJoined,
+    WorkerLost,
+)
 
 __all__ = ["NEVER", "FsyncPolicy", "LogFailed", "SegmentWriter"]
 
@@ -247,7 +254,9 @@ class SegmentWriter:
         # (measured); tests/events/test_disklog.py holds the two equal.
         index = self.index
         index.offs.append(end)
-        if type(ev) is WorkerJoined or type(ev) is WorkerLost:  # exact types: see types.py
+        if (
+            type(ev) is WorkerJoined or type(ev) is WorkerLost or type(ev) is SessionChanged
+        ):  # exact types: see types.py
             index.prev.append(-1)
         elif type(ev) is Released:
             index.prev.append(-1)

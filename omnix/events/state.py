@@ -83,6 +83,8 @@ class RequestState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     last_pos: int = -1
     events: int = 0
     cancel_ts: int = 0
+    #: its source stages take more input (``InputAppended``) until a last piece
+    input_open: bool = False
 
     @property
     def terminal(self) -> bool:

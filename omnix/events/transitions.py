@@ -46,6 +46,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     RequestEventType,
@@ -171,6 +172,15 @@ def reduce_request(rs: RequestState | None, ev: RequestEventType) -> RequestStat
             return _reduce_cancel_requested(rs, ev)
         case DeadlineExpired():
             return replace(rs, last_pos=ev.pos, events=rs.events + 1)
+        case InputAppended():
+            if not rs.input_open:
+                raise IllegalTransition(
+                    rs.request_id,
+                    ev,
+                    "the request takes no more input (it does not stream "
+                    "input, or its last piece came)",
+                )
+            return replace(rs, input_open=not ev.last, last_pos=ev.pos, events=rs.events + 1)
         case Cancelled():
             if rs.status != "cancelling":
                 raise IllegalTransition(rs.request_id, ev, "cancelled without a cancel request")
@@ -203,6 +213,7 @@ def _first_event(ev: RequestEventType) -> RequestState:
             deadline_ns=ev.ts_ns + dl * 1_000_000 if dl > 0 else 0,
             last_pos=ev.pos,
             events=1,
+            input_open=ev.spec.input_streams,
         )
     if type(ev) is Rejected:
         rs = RequestState(

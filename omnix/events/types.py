@@ -31,6 +31,7 @@ from typing import Final, Literal, TypeGuard, Union, final, get_args
 import msgspec
 
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
+from omnix.events.sessions import SessionItem, SessionOp, SessionSettings
 
 SCHEMA_VERSION = 7  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
@@ -38,7 +39,10 @@ SCHEMA_VERSION = 7  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Re
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
 # 7: media: image edits and video (MediaKind "mask" and "video", MediaPart.fps, Modality "video",
 # StageParams strength / partial_images / num_frames / fps, Progress.blob (a partial image),
-# ReleaseReason "deleted", ImageOptions.edit / .size, VideoOptions)
+# ReleaseReason "deleted", ImageOptions.edit / .size, VideoOptions);
+# RealtimeOptions (a /v1/realtime response), the cancel reason "interrupted",
+# SessionChanged (a realtime session's settings and conversation items),
+# RequestSpec.input_streams and InputAppended (a client's text into a running request)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -48,7 +52,9 @@ file."""
 OutputModality = Literal["text", "audio", "image", "codec", "video"]
 """What a stage's engine outputs (a ``hidden`` context comes beside it)."""
 
-CancelReason = Literal["client", "disconnect", "deadline", "shutdown"]
+CancelReason = Literal["client", "disconnect", "deadline", "shutdown", "interrupted"]
+"""Who stopped a request; ``interrupted`` (schema v7): a realtime
+session's user spoke over its response (server VAD)."""
 FailReason = Literal[
     "stage_lost",
     "stage_error",
@@ -218,6 +224,9 @@ class RequestSpec(msgspec.Struct, frozen=True, array_like=True, gc=False):
     options: dict[str, str] = {}
     response: ResponseOptions | None = None  # schema v6
     raw_prompt: RawPrompt | None = None  # schema v6
+    #: schema v7: more input follows admission (``InputAppended``), its
+    #: source stages' input stays open until a piece says it is the last
+    input_streams: bool = False
 
     def __post_init__(self) -> None:
         # Only a spec of the old form pays: new specs have no ``options``.
@@ -281,6 +290,17 @@ class Rejected(RequestEvent, frozen=True, kw_only=True, tag="rejected"):
     spec: RequestSpec
     reason: RejectReason
     message: str = ""
+
+
+@final
+class InputAppended(RequestEvent, frozen=True, kw_only=True, tag="input_appended"):
+    """The client sent more input to a running request whose input streams
+    (``RequestSpec.input_streams``; schema v7): ``text`` goes to its source
+    stages as their next input piece, ``last`` closes their input.  An
+    input, as ``Admitted`` is for the first piece."""
+
+    text: str
+    last: bool = False
 
 
 @final
@@ -459,10 +479,31 @@ class Released(_Base, frozen=True, kw_only=True, tag="released"):
     reason: ReleaseReason
 
 
+@final
+class SessionChanged(_Base, frozen=True, kw_only=True, tag="session_changed"):
+    """A ``/v1/realtime`` session changed (schema v7), an input: it was
+    opened or its settings updated (``settings``), an item was added to its
+    conversation (``item``, its audio in ``media``, after the item
+    ``previous``, "" for first), deleted or truncated (``item_id``,
+    ``audio_end_ms``).  Its responses are requests (``RealtimeOptions``
+    names the session); these events and those requests are the session,
+    so a restarted server takes it up again and a trace replays it whole.
+    No request's state depends on it."""
+
+    session: str
+    op: SessionOp
+    settings: SessionSettings | None = None
+    item: SessionItem | None = None
+    media: tuple[MediaPart, ...] = ()
+    previous: str = ""
+    item_id: str = ""
+    audio_end_ms: int = 0
+
+
 #: Every event about a request.  An ``Event`` narrows to it with
 #: ``isinstance(ev, RequestEvent)``, or on a hot path with
 #: ``type(ev) is not WorkerJoined and type(ev) is not WorkerLost and
-#: type(ev) is not Released``.
+#: type(ev) is not Released and type(ev) is not SessionChanged``.
 RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
     Admitted,
     Rejected,
@@ -477,10 +518,11 @@ RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
     Cancelled,
     Failed,
     Finished,
+    InputAppended,
 ]
 #: The one tagged union every event decodes as (``Event.__args__`` is flat:
 #: a Union of a Union flattens).
-Event = Union[RequestEventType, WorkerJoined, WorkerLost, Released]  # noqa: UP007 (as RequestEventType)
+Event = Union[RequestEventType, WorkerJoined, WorkerLost, Released, SessionChanged]  # noqa: UP007 (as RequestEventType)
 
 #: Events about one stage of one request on one replica: each has ``stage``
 #: and ``replica`` (narrow with ``isinstance(ev, STAGE_EVENT_TYPES)``).
@@ -491,8 +533,8 @@ StageOutputEvent = StageStarted | Progress | Chunk | StageFinished | StageFailed
 TerminalEvent = Rejected | Cancelled | Failed | Finished
 #: Events about a worker replica rather than a request.
 WorkerEventType = WorkerJoined | WorkerLost
-#: Events about no one request: the workers' and retention's.
-ServerEventType = WorkerJoined | WorkerLost | Released
+#: Events about no one request: the workers', retention's, realtime sessions'.
+ServerEventType = WorkerJoined | WorkerLost | Released | SessionChanged
 
 # The tuples below are left to inference (Final, no ``tuple[type, ...]``):
 # the checker then knows each member, so ``isinstance(ev, TERMINAL_TYPES)``
@@ -503,7 +545,7 @@ EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
 TERMINAL_TYPES: Final = (Rejected, Cancelled, Failed, Finished)
 REQUEST_EVENT_TYPES: tuple[type[RequestEventType], ...] = get_args(RequestEventType)
 WORKER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost)
-SERVER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost, Released)
+SERVER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost, Released, SessionChanged)
 
 #: Appended by the orchestrator; everything else is an input.  CancelRequested
 #: is both: a client's is an input, a deadline's is a decision (it has a cause).

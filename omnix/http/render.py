@@ -46,6 +46,7 @@ from omnix.events.options import (
     ChatOptions,
     CompletionOptions,
     ImageOptions,
+    RealtimeOptions,
     SpeechOptions,
     TranscriptionOptions,
     VideoOptions,
@@ -59,10 +60,12 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -145,6 +148,11 @@ def whole_response(members: list[Summary]) -> Rendered:
             return speech_render.whole(members[0])
         case VideoOptions():
             return videos_render.whole(members[0], opts)
+        case RealtimeOptions():
+            raise ValueError(
+                f"request {rids[0]}: a realtime response has no HTTP form "
+                "(omnix.http.realtime.render renders its server events)"
+            )
         case None:
             spec = members[0].spec
             api = spec.api if spec is not None else ""
@@ -173,8 +181,8 @@ def _open(s: Summary, ev: Admitted, blobs: BlobStore) -> tuple[ApiStream, Head, 
         case ImageOptions():
             stream__ = images_render.ImageStream(s, opts, blobs)
             return stream__, sse_head(rid), images_render.stream_ids(opts)
-        case VideoOptions() | None:
-            raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed form")
+        case VideoOptions() | RealtimeOptions() | None:
+            raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed HTTP form")
         case _:
             assert_never(opts)
 
@@ -262,6 +270,8 @@ class StreamRenderer:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
+                | InputAppended()
             ):
                 return []
             case _:
@@ -284,7 +294,14 @@ def _member_stream(s: Summary) -> StreamTail:
             return chat_render.ChatStream(s, opts, member=True)
         case CompletionOptions():
             return completions_render.CompletionStream(s, opts, member=True)
-        case SpeechOptions() | ImageOptions() | TranscriptionOptions() | VideoOptions() | None:
+        case (
+            SpeechOptions()
+            | ImageOptions()
+            | TranscriptionOptions()
+            | VideoOptions()
+            | RealtimeOptions()
+            | None
+        ):
             raise ValueError(f"request {s.request_id}: no stream of n choices for its api")
         case _:
             assert_never(opts)

@@ -5,7 +5,7 @@
 its description (or a stated reason it has none: ``Undescribed``) nor
 described without being served.  Each row is its room's (``chat``,
 ``completions``, ``audio``, ``images``, ``videos``, ``models``,
-``requests``, ``files``, ``admin``): adding a route is a module in a room and a row
+``requests``, ``files``, ``admin``, ``realtime``): adding a route is a module in a room and a row
 here.  The order is the document's.
 """
 
@@ -16,13 +16,14 @@ from typing import Final
 from omnix.http.admin import engines
 from omnix.http.admin import router as admin
 from omnix.http.audio import router as audio
-from omnix.http.audio import voices
+from omnix.http.audio import speech_stream, voices
 from omnix.http.chat import router as chat
 from omnix.http.completions import router as completions
 from omnix.http.core.route import Route
 from omnix.http.files import router as files
 from omnix.http.images import router as images
 from omnix.http.models import router as models
+from omnix.http.realtime import router as realtime
 from omnix.http.requests import listing
 from omnix.http.requests import router as requests
 from omnix.http.videos import router as videos
@@ -31,8 +32,10 @@ ROUTES: Final[tuple[Route, ...]] = (
     chat.CHAT,
     completions.COMPLETIONS,
     audio.SPEECH,
+    speech_stream.SPEECH_STREAM,
     audio.TRANSCRIPTIONS,
     voices.VOICES,
+    realtime.REALTIME,
     images.IMAGES,
     images.EDITS,
     videos.CREATE,

@@ -48,11 +48,13 @@ from omnix.events.types import (
     Failed,
     FailReason,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestSpec,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -161,7 +163,7 @@ class Orchestrator:
         match ev:
             case StageFinished():
                 return self._on_stage_finished(ev, state)
-            case StageStarted() | Progress() | Rejected() | Released():
+            case StageStarted() | Progress() | Rejected() | Released() | SessionChanged():
                 return []  # nothing to decide
             case Admitted():
                 return self._on_admitted(ev, state)
@@ -173,6 +175,9 @@ class Orchestrator:
                 return self._on_stage_failed(ev, state)
             case DeadlineExpired():
                 return self._on_deadline(ev, state)
+            case InputAppended():
+                plan = self._live.get(ev.request_id)
+                return [] if plan is None else self._router.append_input(plan, ev, state)
             case WorkerJoined():
                 self._placement.joined(ev)
                 return self._router.drain(ev.stage, ev, state)

@@ -31,11 +31,13 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestSpec,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -90,6 +92,8 @@ class Dispatcher:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
+                | InputAppended()
             ):
                 pass  # no effect: a worker's report, or one the orchestrator decides on
             case Admitted():
@@ -223,6 +227,8 @@ class Dispatcher:
                     out.append(self._join(group))
                     group = []
                 group.append(ev)
+            elif isinstance(ev, InputAppended):
+                out.append(InputPiece(text=ev.text))
         if group:
             out.append(self._join(group))
         return tuple(out)

@@ -55,6 +55,7 @@ from omnix.events.types import (
     Event,
     Released,
     RequestEvent,
+    SessionChanged,
     WorkerJoined,
     WorkerLost,
     is_decision,
@@ -231,6 +232,8 @@ def _diverged(pos: int, decided: str, recorded: str, about: Event) -> RecoveryEr
             subject = about.worker_id
         case Released():
             subject = "retention"
+        case SessionChanged():
+            subject = about.session
         case _:
             assert_never(about)
     return RecoveryError(

@@ -19,7 +19,7 @@ shape (``plans.py``), nor whether a stopped stage continues
 from __future__ import annotations
 
 from omnix.events.reducer import Fold
-from omnix.events.types import Admitted, Chunk, Event, Routed, StageFinished
+from omnix.events.types import Admitted, Chunk, Event, InputAppended, Routed, StageFinished
 from omnix.orchestrator.placement import Placement
 from omnix.orchestrator.plans import Plan
 from omnix.pipelines.config import EdgeConfig
@@ -40,11 +40,23 @@ class Router:
 
     def start(self, plan: Plan, ev: Admitted, state: Fold) -> list[Event]:
         """A request admitted: its source stages get the admission as their
-        one and last piece."""
+        one and last piece (their first, when its input streams)."""
         self.live[plan.request_id] = plan
         out: list[Event] = []
+        last = not ev.spec.input_streams
         for stage in self.graph.sources(plan.needed):
-            plan.targets[stage].pending.append(((ev.pos,), True))
+            plan.targets[stage].pending.append(((ev.pos,), last))
+            out += self.flush(plan, stage, ev, state)
+        return out
+
+    def append_input(self, plan: Plan, ev: InputAppended, state: Fold) -> list[Event]:
+        """More input for a request whose input streams: its source stages'
+        next piece (their last, when it says so), unless it is cancelling."""
+        if state.requests[ev.request_id].status == "cancelling":
+            return []
+        out: list[Event] = []
+        for stage in self.graph.sources(plan.needed):
+            plan.targets[stage].pending.append(((ev.pos,), ev.last))
             out += self.flush(plan, stage, ev, state)
         return out
 

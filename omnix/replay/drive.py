@@ -39,11 +39,13 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -464,6 +466,8 @@ def _cause(ev: Event) -> int:
             | WorkerJoined()
             | WorkerLost()
             | Released()
+            | SessionChanged()
+            | InputAppended()
         ):
             return -1  # no cause field: an input, or the worker's own
         case _:

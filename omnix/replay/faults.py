@@ -61,6 +61,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageEvent,
     StageOutputEvent,
     StageStarted,
@@ -173,8 +174,8 @@ def check_invariants(events: list[Event], *, require_terminal: bool = True) -> l
             case WorkerJoined():
                 lost.pop(ev.worker_id, None)
                 continue
-            case Released():
-                continue  # retention's: about no request's own history
+            case Released() | SessionChanged():
+                continue  # retention's, a session's: about no request's own history
             case RequestEvent():
                 pass  # below: every request event is held to the rules alike
             case _:

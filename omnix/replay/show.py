@@ -27,11 +27,13 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -111,6 +113,9 @@ def describe(ev: Event, t0: int | None = None) -> str:
             return f"{head} {ev.request_id} {ev.reason}{_cause(ev.cause)}"
         case DeadlineExpired():
             return f"{head} {ev.request_id} scope={ev.scope}"
+        case InputAppended():
+            last = " last" if ev.last else ""
+            return f"{head} {ev.request_id} {_short(ev.text, 60)!r}{last}"
         case Failed():
             stage = f" stage={ev.stage}" if ev.stage else ""
             return f"{head} {ev.request_id} {ev.reason}{stage} {_short(ev.message, 60)}{_cause(ev.cause)}"
@@ -122,6 +127,9 @@ def describe(ev: Event, t0: int | None = None) -> str:
             return f"{head} {ev.worker_id} {ev.reason}"
         case Released():
             return f"{head} {len(ev.request_ids)} ended request(s) released ({ev.reason})"
+        case SessionChanged():
+            what = ev.item.id if ev.item is not None else ev.item_id
+            return f"{head} {ev.session} {ev.op}{' ' + what if what else ''}"
         case _:
             assert_never(ev)
 

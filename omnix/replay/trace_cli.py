@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="request to export (repeatable)",
     )
+    ex.add_argument(
+        "--session",
+        default="",
+        metavar="ID",
+        help="a /v1/realtime session to export whole: its events and its responses (sess_...)",
+    )
     ex.add_argument("--all", action="store_true", help="export the whole log")
     ex.add_argument(
         "--rules",
@@ -63,14 +69,16 @@ def run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from omnix.trace import export_from_dir, write_trace
 
-    if bool(args.request) == bool(args.all):
-        raise UsageError("give --request ID (repeatable) or --all")
+    if (bool(args.request) or bool(args.session)) == bool(args.all):
+        raise UsageError("give --request ID (repeatable), --session ID, or --all")
     data = export_from_dir(
         args.log_dir,
         None if args.all else args.request,
         rules_version=args.rules,
+        session=args.session,
     )
-    out = args.output or (f"{args.request[0]}.trace" if args.request else "log.trace")
+    name = args.session or (args.request[0] if args.request else "log")
+    out = args.output or f"{name}.trace"
     if out == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.flush()

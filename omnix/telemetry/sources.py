@@ -23,11 +23,13 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -120,6 +122,8 @@ class BufferSource:
                 | StageFinished()
                 | WorkerJoined()
                 | Released()
+                | SessionChanged()
+                | InputAppended()
             ):
                 pass  # nothing read back: the fold's state has what they tell
             case _:

@@ -229,3 +229,46 @@ def test_diffusion(tmp_path_factory):
         "load_avg_1m",
     )  # fmt: skip
     assert out["errors"] == 0 and out["requests"] == 4 and out["pipeline"] == "tiny-image"
+
+
+#: thinker -> talker -> code2wav that takes audio, its speech flowing
+#: while the text is written: a voice session's pipeline, in seconds
+REALTIME = """
+name = "smoke-realtime"
+[[stages]]
+name = "thinker"
+engine = { kind = "scripted", chunks_per_piece = 200, delay_ms = 5 }
+media = { audio = true }
+[[stages]]
+name = "talker"
+engine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, output_modality = "codec" }
+[[stages]]
+name = "code2wav"
+engine = { kind = "scripted", chunks_per_piece = 1, delay_ms = 1, output_modality = "audio" }
+[[edges]]
+source = "thinker"
+target = "talker"
+forward = "chunk"
+every = 4
+[[edges]]
+source = "talker"
+target = "code2wav"
+forward = "chunk"
+every = 2
+[outputs]
+text = "thinker"
+audio = "code2wav"
+"""
+
+
+def test_realtime(tmp_path):
+    cfg = tmp_path / "realtime.toml"
+    cfg.write_text(REALTIME)
+    out = bench("realtime", "--pipeline", cfg, "--sessions", "2", "--runs", "2")
+    has(
+        out,
+        "ttfa_p50_ms", "ttfa_ratio_vs_http", "bargein_gap_p50_ms", "sessions_ok",
+        "http_ttfa_p50_ms", "ttfa_p50_ms_min", "ttfa_p50_ms_runs", "sessions_total",
+    )  # fmt: skip
+    assert out["sessions_ok"] == out["sessions_total"] == 4
+    assert len(out["ttfa_p50_ms_runs"]) == 2

@@ -155,6 +155,7 @@ def terminal_error(ev: TerminalEvent) -> tuple[int, bytes, tuple[tuple[str, str]
             "shutdown": (503, "shutdown", "the server is shutting down; retry on another server"),
             "client": (409, "cancelled", f"POST /v1/requests/{rid}/cancel asked for it"),
             "disconnect": (499, "client_disconnected", "its client disconnected"),
+            "interrupted": (409, "interrupted", "its realtime session's user spoke over it"),
         }[ev.reason]
         msg = f"request {rid} was cancelled: {why}"
         return status, error_body(msg, error_type(status), None, code), ()

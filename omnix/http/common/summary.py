@@ -24,6 +24,7 @@ from omnix.events.options import (
     ChatOptions,
     CompletionOptions,
     ImageOptions,
+    RealtimeOptions,
     ResponseOptions,
     SpeechOptions,
     TranscriptionOptions,
@@ -39,11 +40,13 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestSpec,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -113,6 +116,8 @@ class Summary:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
+                | InputAppended()
             ):
                 pass
             case _:
@@ -124,7 +129,7 @@ class Summary:
         self.created = ev.ts_ns // 1_000_000_000
         opts = self.response = ev.spec.response
         match opts:
-            case ChatOptions():
+            case ChatOptions() | RealtimeOptions():
                 self.text_stage, self.audio_stage = opts.text_stage, opts.audio_stage
             case CompletionOptions() | TranscriptionOptions():
                 self.text_stage = opts.text_stage
@@ -204,7 +209,7 @@ class Summary:
         if self.audio_rate:
             return self.audio_rate
         opts = self.response
-        if isinstance(opts, (ChatOptions, SpeechOptions)):
+        if isinstance(opts, (ChatOptions, SpeechOptions, RealtimeOptions)):
             return opts.sample_rate
         return DEFAULT_SAMPLE_RATE
 

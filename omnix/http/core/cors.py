@@ -68,7 +68,7 @@ class Cors:
     def allows(self, origin: str) -> bool:
         return self.any or origin.lower() in self.origins
 
-    def _refuse(self, origin: str) -> ApiError:
+    def refuse(self, origin: str) -> ApiError:
         hint = (
             "this server allows no browser origins"
             if not self.origins
@@ -89,7 +89,7 @@ class Cors:
             return await handler(request)
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             if not self.allows(origin):
-                raise self._refuse(origin)
+                raise self.refuse(origin)
             asked = request.headers.get("Access-Control-Request-Headers", "").strip()
             headers = {
                 "Access-Control-Allow-Methods": _METHODS,
@@ -100,7 +100,7 @@ class Cors:
             }
             return web.Response(status=204, headers=headers)
         if request.method == "POST" and not self.allows(origin):
-            raise self._refuse(origin)
+            raise self.refuse(origin)
         return await handler(request)
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:

@@ -32,11 +32,13 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
     RequestEvent,
     Routed,
+    SessionChanged,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -178,6 +180,8 @@ class GroupStream:
                 | WorkerJoined()
                 | WorkerLost()
                 | Released()
+                | SessionChanged()
+                | InputAppended()
             ):
                 return []
             case _:

@@ -1,0 +1,69 @@
+"""A realtime session's state as the log records it (schema v7).
+
+Owns the values a ``SessionChanged`` event carries: ``SessionSettings``
+(what ``session.update`` set: instructions, output modalities, voice,
+output token limit, ``TurnSettings`` of server VAD, the conversation's
+id) and ``SessionItem`` (a conversation item a client created or
+committed: its id, role and content parts, ``ItemPart``; its audio is the
+event's ``media``, the decoded ``MediaPart`` the model reads).  An assistant item is no
+``SessionItem``: its response's ``Admitted`` (``RealtimeOptions``) places
+it and its chunks are its content.
+
+The rules of ``types.py`` hold here: these are part of the log, so a
+Struct only grows by appending fields with defaults.  Does not own what a
+session does (``omnix.http.realtime``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from omnix.events.options import OutputModalities
+
+SessionOp = Literal["opened", "configured", "item_added", "item_deleted", "item_truncated"]
+"""What changed: the session was opened (``settings``), its settings
+changed (``settings``), an item was added (``item``, after ``previous``),
+deleted or truncated (``item_id``, ``audio_end_ms``)."""
+
+
+class TurnSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Server VAD's parameters (``turn_detection: server_vad``)."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+class SessionSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A session's configuration; ``max_output_tokens`` 0 for ``"inf"``,
+    ``turns`` None when the client commits turns itself."""
+
+    model: str = ""
+    conversation: str = ""
+    instructions: str = ""
+    modalities: OutputModalities = ("text",)
+    voice: str = ""
+    max_output_tokens: int = 0
+    turns: TurnSettings | None = None
+
+
+class ItemPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A content part of an item: ``type`` (``input_text``, ``input_audio``,
+    ``text``, ``output_text``, ``output_audio``), its text or transcript."""
+
+    type: str
+    text: str | None = None
+    transcript: str | None = None
+
+
+class SessionItem(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A conversation item a client added (its audio, as the model reads
+    it, is the event's ``media``)."""
+
+    id: str
+    role: str
+    parts: tuple[ItemPart, ...] = ()

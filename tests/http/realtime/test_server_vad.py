@@ -1,0 +1,120 @@
+"""Server VAD (``turn_detection: server_vad``, a session's default) with a
+real VAD, Silero's: the server finds where speech starts and stops in the
+appended audio, commits the turn and answers it; speech that starts while
+a response plays interrupts it through the log.  The speech is a recorded
+sentence (espeak-ng, committed as a fixture), surrounded by silence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from omnix.events.types import Admitted, Cancelled
+
+from .conftest import b64, client_for, until
+
+pytest.importorskip("silero_vad", reason="server VAD needs the silero-vad package")
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+SPEECH = Path(__file__).parent / "fixtures" / "speech_24k.wav"
+
+
+def speech() -> bytes:
+    pcm, rate = sf.read(SPEECH, dtype="int16")
+    assert rate == 24000
+    return pcm.astype("<i2").tobytes()
+
+
+def silence(seconds: float) -> bytes:
+    return bytes(int(48000 * seconds) // 2 * 2)
+
+
+def tone(seconds: float) -> bytes:
+    t = np.arange(int(24000 * seconds)) / 24000
+    return (np.sin(2 * np.pi * 440 * t) * 6000).astype("<i2").tobytes()
+
+
+async def stream(conn: Any, pcm: bytes, ms: int = 100) -> None:
+    """Append ``pcm`` in pieces of ``ms`` milliseconds, as a microphone would."""
+    step = 48 * ms
+    for i in range(0, len(pcm), step):
+        await conn.input_audio_buffer.append(audio=b64(pcm[i : i + step]))
+
+
+async def test_server_vad_commits_the_turn_and_answers_it(rt_server):
+    said = speech()
+    said_ms = len(said) // 48
+    async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
+        created = await until(conn, "session.created")
+        assert created.session.audio.input.turn_detection.type == "server_vad"
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": {"type": "server_vad"}}},
+            }
+        )
+        await until(conn, "session.updated")
+        await stream(conn, silence(0.5) + said + silence(1.0))
+        started = await until(conn, "input_audio_buffer.speech_started")
+        stopped = await until(conn, "input_audio_buffer.speech_stopped")
+        committed = await until(conn, "input_audio_buffer.committed")
+        response = await until(conn, "response.created")
+        done = await until(conn, "response.done")
+    # Speech is found where it is (windows of 32 ms), reported with the
+    # default 300 ms of padding before it.
+    assert abs(started.audio_start_ms - (500 - 300)) <= 96, started
+    assert abs(stopped.audio_end_ms - (500 + said_ms)) <= 160, stopped
+    assert started.item_id == stopped.item_id == committed.item_id
+    assert done.response.status == "completed" and done.response.id == response.response.id
+    adm = rt_server.omni.log.events_for(done.response.id)[0]
+    assert isinstance(adm, Admitted)
+    (part,) = adm.spec.messages[-1].media
+    heard_ms = rt_server.omni.blobs.get_array(part.blob).size / 16
+    assert abs(heard_ms - (stopped.audio_end_ms - started.audio_start_ms)) <= 2
+
+
+async def test_silence_and_a_tone_are_no_speech(rt_server):
+    async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
+        await until(conn, "session.created")
+        await stream(conn, silence(0.6) + tone(0.8) + silence(0.6))
+        # Nothing was heard: the buffer kept only the padding before speech.
+        await conn.input_audio_buffer.commit()
+        ev = await conn.recv()
+        assert ev.type == "input_audio_buffer.committed", ev
+        item = await until(conn, "conversation.item.added")
+        await conn.conversation.item.retrieve(item_id=item.item.id)
+        got = await until(conn, "conversation.item.retrieved")
+    import base64
+
+    assert len(base64.b64decode(got.item.content[0].audio)) == 48 * 300
+
+
+async def test_speech_over_a_response_interrupts_it(rt_slow):
+    server = rt_slow
+    said = speech()
+    async with client_for(server).realtime.connect(model="rt-slow") as conn:
+        await until(conn, "session.created")
+        await stream(conn, silence(0.3) + said + silence(0.8))
+        first = (await until(conn, "response.created")).response.id
+        await until(conn, "response.output_audio.delta")
+        # The user speaks over the answer.
+        await stream(conn, said[: 48 * 600])
+        await until(conn, "input_audio_buffer.speech_started")
+        done = await until(conn, "response.done")
+        assert done.response.id == first and done.response.status == "cancelled"
+        assert done.response.status_details.reason == "turn_detected"
+        # Their turn ends: it is committed and answered, after the first ended.
+        await stream(conn, said[48 * 600 :] + silence(0.8))
+        await until(conn, "input_audio_buffer.committed")
+        second = (await until(conn, "response.created")).response.id
+        assert second != first
+        await conn.response.cancel()
+        await until(conn, "response.done")
+    events = server.omni.log.events_for(first)
+    assert isinstance(events[-1], Cancelled) and events[-1].reason == "interrupted"

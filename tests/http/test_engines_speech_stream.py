@@ -1,0 +1,42 @@
+"""``/v1/audio/speech/stream`` on ``tiny-tts`` with real engines (the
+talker on vLLM, the codec decoder): each sentence a vLLM sub-request of
+the one running request, spoken while the next is still being written."""
+
+from __future__ import annotations
+
+import websockets
+
+from omnix.events.types import Admitted, Chunk, InputAppended
+
+from .conftest import real_engine_marks
+from .test_speech_stream import read_until, send, url
+
+PIPELINE = "tiny-tts"
+pytestmark = real_engine_marks()
+
+
+async def test_sentences_in_speech_out(server):
+    async with websockets.connect(url(server)) as ws:
+        await send(ws, "session.config", voice="default")
+        await send(ws, "input.text", text="Good morning. The weather")
+        first = await read_until(ws, "audio.start")
+        await send(ws, "input.text", text=" is fine today.")
+        await send(ws, "session.close")
+        rest = await read_until(ws, "session.done")
+    messages = first + rest
+    starts = [m for m in messages if isinstance(m, dict) and m["type"] == "audio.start"]
+    assert [m["sentence_text"] for m in starts] == ["Good morning.", "The weather is fine today."]
+    assert sum(len(m) for m in messages if isinstance(m, bytes)) > 2400
+    assert messages[-1] == {"type": "session.done", "total_sentences": 2}
+    rid = next(
+        e.request_id
+        for e in server.omni.log.read(0, server.omni.log.next_pos)
+        if isinstance(e, Admitted) and e.spec.input_streams
+    )
+    events = server.omni.log.events_for(rid)
+    assert [e.text for e in events if isinstance(e, InputAppended)] == [
+        "The weather is fine today.",
+        "",
+    ]
+    talker = [e for e in events if isinstance(e, Chunk) and e.stage == "talker"]
+    assert {c.piece for c in talker} >= {0, 1}  # each sentence spoken by its own piece
