@@ -176,8 +176,9 @@ class TalkerModel:
             bos, eos_, pad = self.project_text(specials)
         self.tts_bos, self.tts_eos, self.tts_pad = bos, eos_, pad
         self._suppress = torch.tensor(self.layout.suppressed, device=self.device)
-        predictor = talker.code_predictor.model
-        self._predictor_layers = list(predictor.layers[: predictor.config.num_hidden_layers])
+        from omnix.engines.code_predictor import PredictorBackbone
+
+        self._predictor = PredictorBackbone(talker.code_predictor.model)
 
     @classmethod
     def load(cls, folder: str | Path, device: str = "cpu", dtype: str = "float32") -> TalkerModel:
@@ -202,7 +203,7 @@ class TalkerModel:
             )
         torch_dtype = getattr(torch, dtype)
         talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(
-            cfg.talker_config, dtype=torch_dtype
+            cfg.talker_config, dtype=torch_dtype, attn_implementation="sdpa"
         )
         weights = tensors_under(folder, "talker.")
         if not weights:
@@ -442,57 +443,21 @@ class TalkerModel:
         predictor = self.talker.code_predictor
         first = torch.tensor(codes, device=self.device)
         first_embed = self.talker.get_input_embeddings()(first)  # [B, H]
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=predictor.config)
+        backbone = self._predictor
+        backbone.start()
         inputs = torch.stack([hidden, first_embed], dim=1)  # [B, 2, H]
         total = first_embed.clone()
         out_codes = [first]
         groups = self.layout.num_code_groups
         with torch.inference_mode():
             for g in range(groups - 1):
-                last = self._predictor_forward(inputs, cache)
+                last = backbone.forward(inputs)
                 logits = predictor.lm_head[g](last)
                 code = self._choose_residual(logits, samplings)
                 out_codes.append(code)
                 inputs = predictor.model.codec_embedding[g](code)[:, None]
                 total = total + inputs[:, 0]
         return torch.stack(out_codes, dim=1), total
-
-    def _predictor_forward(self, inputs: torch.Tensor, cache: Any) -> torch.Tensor:
-        """The code predictor's backbone on ``inputs`` ([B, q, H]), its last
-        position's normed hidden state: the ops of its ``forward`` (rotary
-        embedding, causal mask, layers, norm), called here without the
-        decorators around that method, which cost more than the tiny
-        layers themselves on the 15 calls a frame takes (measured: a third
-        of a step).  The same ops in the same order, so the same bits
-        (the oracle tests hold it)."""
-        import torch
-        from transformers.masking_utils import create_causal_mask
-
-        model = self.talker.code_predictor.model
-        past = cache.get_seq_length()
-        positions = torch.arange(past, past + inputs.shape[1], device=inputs.device)[None]
-        mask = create_causal_mask(
-            config=model.config,
-            inputs_embeds=inputs,
-            attention_mask=None,
-            past_key_values=cache,
-            position_ids=positions,
-        )
-        rope = model.rotary_emb(inputs, positions)
-        h = inputs
-        for layer in self._predictor_layers:
-            h = layer(
-                h,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                position_embeddings=rope,
-            )
-        out: torch.Tensor = model.norm(h[:, -1])
-        return out
 
     def _choose_residual(self, logits: torch.Tensor, samplings: list[Sampling]) -> torch.Tensor:
         import torch

@@ -91,7 +91,8 @@ def validate_request(graph: PipelineGraph, spec: RequestSpec) -> None:
         if m not in cfg.outputs:
             can = ", ".join(cfg.outputs) or "nothing"
             raise RequestError(
-                f"pipeline {cfg.name!r} cannot produce {m!r} output (it produces: {can})",
+                f"pipeline {cfg.name!r} cannot produce {m!r} output (it produces: {can}): "
+                f"ask for {can} only, or serve a pipeline with a {m} output",
                 "modalities",
                 "unsupported_modality",
             )

@@ -139,3 +139,21 @@ async def test_a_seeded_sampled_request_speaks_the_same_twice(talker, reference)
     b, _ = await _frames(talker, sampled("s2"), _pieces(want.prompt_ids, want.thinker_ids, 1))
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, want.codes[: len(a)])  # sampled, not greedy
+
+
+async def test_a_checkpoint_without_talker_weights_says_so(
+    tiny_models: ModelPaths, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from omnix.engines.talker_model import TalkerModel
+
+    mute = tmp_path / "mute"
+    shutil.copytree(tiny_models.omni_thinker, mute)  # the thinker alone
+    with pytest.raises(ValueError, match="enable_audio_output false: it has no talker"):
+        TalkerModel.load(mute)
+    cfg = json.loads((Path(tiny_models.omni) / "config.json").read_text())
+    (mute / "config.json").write_text(json.dumps(cfg))  # says it speaks; holds no talker
+    with pytest.raises(FileNotFoundError, match=r"holds no talker\.\* weights"):
+        TalkerModel.load(mute)

@@ -164,6 +164,18 @@ async def test_the_qwen3_omni_thinker_folder_answers_text(tiny):
         )
         assert resp.model == "omni_thinker" and resp.choices[0].message.content
         assert resp.usage is not None and 0 < resp.usage.completion_tokens <= 8
+        # a checkpoint that does not speak: audio asked of it is a 400 saying what to do
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.chat.completions.create(
+                model="omni_thinker",
+                messages=[{"role": "user", "content": "Hello there."}],
+                modalities=["text", "audio"],
+                audio={"voice": "default", "format": "wav"},
+                max_tokens=8,
+            )
+        assert "cannot produce 'audio' output (it produces: text): ask for text only" in (
+            err.value.message
+        )
     finally:
         await client.close()
         await served.close()
