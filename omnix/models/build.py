@@ -241,24 +241,9 @@ def build_image(out: Path, seed: int) -> ModelInfo:
         FluxPipeline,
         FluxTransformer2DModel,
     )
-    from transformers import (
-        CLIPTextConfig,
-        CLIPTextModel,
-        PreTrainedTokenizerFast,
-        T5Config,
-        T5EncoderModel,
-    )
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    from omnix.models.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        n_text = build_tokenizer(Path(tmp))
-        tokenizer = PreTrainedTokenizerFast(
-            tokenizer_file=str(Path(tmp) / "tokenizer.json"),
-            pad_token=ENDOFTEXT,
-            eos_token=IM_END,
-            model_max_length=77,
-        )
+    tokenizer, n_text = _byte_tokenizer(77)
     vocab = pad64(n_text)
 
     def seeded(component: str) -> None:
@@ -393,18 +378,9 @@ def build_video(out: Path, seed: int) -> ModelInfo:
         WanPipeline,
         WanTransformer3DModel,
     )
-    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+    from transformers import T5Config, T5EncoderModel
 
-    from omnix.models.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        n_text = build_tokenizer(Path(tmp))
-        tokenizer = PreTrainedTokenizerFast(
-            tokenizer_file=str(Path(tmp) / "tokenizer.json"),
-            pad_token=ENDOFTEXT,
-            eos_token=IM_END,
-            model_max_length=64,
-        )
+    tokenizer, n_text = _byte_tokenizer(64)
 
     def seeded(component: str) -> None:
         torch.manual_seed(derived_seed(seed, "video", component))
@@ -545,3 +521,21 @@ def ensure_models(
         if bar is not None:
             bar.close()
     return ModelPaths.under(root)
+
+
+def _byte_tokenizer(max_length: int) -> tuple[Any, int]:
+    """omnix's byte-level tokenizer as a diffusers pipeline's text encoders
+    take it (standing in for CLIP's and T5's), and its vocabulary size."""
+    from transformers import PreTrainedTokenizerFast
+
+    from omnix.models.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        n_text = build_tokenizer(Path(tmp))
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_file=str(Path(tmp) / "tokenizer.json"),
+            pad_token=ENDOFTEXT,
+            eos_token=IM_END,
+            model_max_length=max_length,
+        )
+    return tokenizer, n_text

@@ -233,32 +233,12 @@ def test_diffusion(tmp_path_factory):
 
 #: thinker -> talker -> code2wav that takes audio, its speech flowing
 #: while the text is written: a voice session's pipeline, in seconds
-REALTIME = """
-name = "smoke-realtime"
-[[stages]]
-name = "thinker"
-engine = { kind = "scripted", chunks_per_piece = 200, delay_ms = 5 }
-media = { audio = true }
-[[stages]]
-name = "talker"
-engine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, output_modality = "codec" }
-[[stages]]
-name = "code2wav"
-engine = { kind = "scripted", chunks_per_piece = 1, delay_ms = 1, output_modality = "audio" }
-[[edges]]
-source = "thinker"
-target = "talker"
-forward = "chunk"
-every = 4
-[[edges]]
-source = "talker"
-target = "code2wav"
-forward = "chunk"
-every = 2
-[outputs]
-text = "thinker"
-audio = "code2wav"
-"""
+REALTIME = scripted_omni_toml(
+    "smoke-realtime",
+    thinker='engine = { kind = "scripted", chunks_per_piece = 200, delay_ms = 5 }\n'
+    "media = { audio = true }",
+    edge_thinker='forward = "chunk"\nevery = 4',
+)
 
 
 def test_realtime(tmp_path):
