@@ -25,7 +25,7 @@ import contextlib
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -49,11 +49,11 @@ from omnix.events.types import (
     InputAppended,
     Modality,
     Rejected,
-    RejectReason,
     Released,
     RequestSpec,
     SessionChanged,
 )
+from omnix.orchestrator.capacity import group_rejections, room
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
 from omnix.orchestrator.recovery import recover_log, restart_inputs
@@ -275,6 +275,15 @@ def _short_stages(
         if have < want:
             out[st.name] = (have, want)
     return out
+
+
+_E = TypeVar("_E", bound=Event)
+
+
+def _stored(ev: Event, kind: type[_E]) -> _E:
+    """The event the log stored, of the kind appended (the log returns what it stored)."""
+    assert isinstance(ev, kind)
+    return ev
 
 
 class Omni:
@@ -533,9 +542,10 @@ class Omni:
         for _, spec in members:
             validate_request(self.graph, spec)
         if len(members) > 1:
-            refused = self._refuse_whole(members)
-            if refused:
-                return refused
+            workers = self.log.state.workers.values()
+            refused = group_rejections(self.orchestrator, self.graph, workers, members)
+            if refused:  # refused whole: one Rejected per member, nothing admitted
+                return [_stored(self.sequencer.append(ev), Rejected) for ev in refused]
         for array, media_type in media:
             self.blobs.put_array(array, media_type)
         out: list[Admitted | Rejected] = []
@@ -551,70 +561,8 @@ class Omni:
 
     def room(self, outputs: tuple[Modality, ...]) -> int:
         """How many requests for ``outputs`` admission would take now, one
-        after the other: per source stage, the free credits of its ready
-        replicas plus its free queue places (the fewest over the sources);
-        0 when a needed stage has no ready replica or is full.  Lets a
-        group (a batch) be admitted whole or refused whole."""
-        orch = self.orchestrator
-        needed = self.graph.needed_stages(tuple(outputs))
-        sources = set(self.graph.sources(needed))
-        workers = self.log.state.workers.values()
-        room: int | None = None
-        for stage in needed:
-            if orch.ready_replicas(stage) == 0:
-                return 0
-            free = sum(
-                max(0, w.capacity - orch.load(stage, w.replica))
-                for w in workers
-                if w.stage == stage and w.alive
-            )
-            places = max(0, self.pipeline.stage(stage).max_queue - orch.queue_length(stage))
-            if stage in sources:
-                room = free + places if room is None else min(room, free + places)
-            elif free == 0 and places == 0:
-                return 0  # admission refuses while a later stage is full too
-        return room or 0
-
-    def _refuse_whole(
-        self, members: Sequence[tuple[str, RequestSpec]]
-    ) -> list[Admitted | Rejected]:
-        """A group admission cannot take whole right now, refused whole: one
-        ``Rejected`` per member (so metrics and traces count each), nothing
-        admitted.  Empty when it fits."""
-        n = len(members)
-        outputs = tuple(members[0][1].outputs)
-        room = self.room(outputs)
-        if room >= n:
-            return []
-        ready = self.ready()
-        idle = [s for s in self.graph.needed_stages(outputs) if ready.get(s, 0) == 0]
-        if idle:
-            reason: RejectReason = "not_ready"
-            message = (
-                f"stage {idle[0]!r} has no ready replica; none of the {n} requests of this call "
-                "was admitted"
-            )
-        else:
-            reason = "overloaded"
-            message = (
-                f"the {n} requests of this call are admitted together or not at all, and the "
-                f"pipeline has room for {room} now; none was admitted (retry later, or split "
-                "the batch)"
-            )
-        out: list[Admitted | Rejected] = []
-        for rid, spec in members:
-            ev = self.sequencer.append(
-                Rejected(
-                    request_id=rid,
-                    pipeline=self.pipeline.name,
-                    spec=spec,
-                    reason=reason,
-                    message=message,
-                )
-            )
-            assert isinstance(ev, Rejected)  # the log returns what it stored
-            out.append(ev)
-        return out
+        after the other (``omnix.orchestrator.capacity.room``)."""
+        return room(self.orchestrator, self.graph, self.log.state.workers.values(), outputs)
 
     def cancel(self, request_id: str, reason: CancelReason = "client") -> bool:
         """Ask to cancel; False when the request is unknown or already over."""
@@ -653,9 +601,7 @@ class Omni:
 
     def record(self, ev: SessionChanged) -> SessionChanged:
         """Append a realtime session's change (an input; it decides nothing)."""
-        stored = self.sequencer.append(ev)
-        assert isinstance(stored, SessionChanged)  # the log returns what it stored
-        return stored
+        return _stored(self.sequencer.append(ev), SessionChanged)
 
     def state(self, request_id: str) -> RequestState | None:
         return self.log.state.requests.get(request_id)
@@ -740,29 +686,37 @@ class Omni:
         return await self.collect(ev.request_id)
 
     async def collect(self, request_id: str) -> RequestResult:
-        text: list[str] = []
-        ids: list[int] = []
-        audio: list[np.ndarray] = []
-        images: list[bytes] = []
-        async for out in self.stream(request_id):
-            if out.modality == "text":
-                text.append(out.text)
-                ids.extend(out.token_ids)
-            elif out.modality == "audio" and out.array is not None:
-                audio.append(out.array)
-            elif out.modality == "image":
-                images.append(out.data)
-        rs = self.log.state.requests[request_id]
-        return RequestResult(
-            request_id=request_id,
-            status=rs.status,
-            reason=rs.reason,
-            text="".join(text),
-            token_ids=ids,
-            audio=np.concatenate(audio) if audio else None,
-            images=images,
-            state=rs,
-        )
+        """The request's whole result, once it ended."""
+        return await _collect(request_id, self.stream(request_id), self.log.state.requests)
+
+
+async def _collect(
+    request_id: str, outputs: AsyncIterator[Output], requests: Mapping[str, RequestState]
+) -> RequestResult:
+    """A request's final outputs gathered into its ``RequestResult``."""
+    text: list[str] = []
+    ids: list[int] = []
+    audio: list[np.ndarray] = []
+    images: list[bytes] = []
+    async for out in outputs:
+        if out.modality == "text":
+            text.append(out.text)
+            ids.extend(out.token_ids)
+        elif out.modality == "audio" and out.array is not None:
+            audio.append(out.array)
+        elif out.modality == "image":
+            images.append(out.data)
+    rs = requests[request_id]
+    return RequestResult(
+        request_id=request_id,
+        status=rs.status,
+        reason=rs.reason,
+        text="".join(text),
+        token_ids=ids,
+        audio=np.concatenate(audio) if audio else None,
+        images=images,
+        state=rs,
+    )
 
 
 class OmniSync:

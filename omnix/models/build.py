@@ -291,21 +291,7 @@ def build_image(out: Path, seed: int) -> ModelInfo:
         axes_dims_rope=(8, 12, 12),
     )
     seeded("vae")
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(16, 32, 32),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=64,
-        scaling_factor=1.0,
-        shift_factor=0.0,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
+    vae = _flux_vae(AutoencoderKL)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
     pipe = FluxPipeline(
         scheduler=scheduler,
@@ -320,6 +306,25 @@ def build_image(out: Path, seed: int) -> ModelInfo:
     # exports when torch is missing, which has no save_pretrained.
     pipe.save_pretrained(str(out))  # type: ignore[attr-defined]
     return ModelInfo(name="image", seed=seed, layout={"default_size": 64, "text_vocab": n_text})
+
+
+def _flux_vae(cls: Any) -> Any:
+    """A 3-level VAE with 4 latent channels (Flux's has 16) for 64x64 images."""
+    return cls(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(16, 32, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=64,
+        scaling_factor=1.0,
+        shift_factor=0.0,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
 
 
 # -- video ----------------------------------------------------------------------

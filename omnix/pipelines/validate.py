@@ -110,15 +110,42 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
         if st.max_queue < 0:
             problems.append(f"stage {st.name!r}: max_queue must be >= 0, got {st.max_queue}")
         if isinstance(st.engine, DiffusersArgs):
-            for field in ("max_batch", "default_steps", "default_size", "default_frames"):
-                if getattr(st.engine, field) < 1:
-                    got = getattr(st.engine, field)
-                    problems.append(f"stage {st.name!r}: engine.{field} must be >= 1, got {got}")
-            if not 1 <= st.engine.default_fps <= 120:
-                problems.append(
-                    f"stage {st.name!r}: engine.default_fps must be 1..120, "
-                    f"got {st.engine.default_fps}"
-                )
+            problems.extend(f"stage {st.name!r}: {p}" for p in _diffusers_problems(st.engine))
+    problems.extend(_edge_problems(cfg, names))
+    cycle = _find_cycle(names, cfg)
+    if cycle:
+        problems.append(f"the edges form a cycle: {' -> '.join(cycle)}; a pipeline must be acyclic")
+    if not cfg.outputs:
+        problems.append(
+            'no [outputs]: say which stage produces each final modality, e.g. text = "thinker"'
+        )
+    for modality, stage in cfg.outputs.items():
+        if stage not in seen:
+            problems.append(
+                f"outputs.{modality} = {stage!r}: no such stage (stages: {', '.join(names)})"
+            )
+            continue
+        produced = stage_output_modality(cfg, stage)
+        if produced is not None and produced != modality:
+            problems.append(
+                f"outputs.{modality} = {stage!r}, but stage {stage!r} produces {produced}, not {modality}"
+            )
+    if cfg.abort_timeout_s <= 0:
+        problems.append(f"abort_timeout_s must be > 0, got {cfg.abort_timeout_s}")
+    problems.extend(_media_problems(cfg))
+    problems.extend(_speech_problems(cfg))
+    for st in cfg.stages:
+        problems.extend(device_problems(st))
+        if isinstance(st.engine, VllmArgs):
+            problems.extend(f"stage {st.name!r}: {p}" for p in _vllm_problems(st.engine))
+    if problems:
+        raise PipelineError(source, problems)
+
+
+def _edge_problems(cfg: PipelineConfig, names: list[str]) -> list[str]:
+    """Edges between unknown stages, loops, duplicates, and fan-in that streams."""
+    problems: list[str] = []
+    seen = set(names)
     incoming: dict[str, list[str]] = {n: [] for n in names}
     for i, e in enumerate(cfg.edges):
         where = f"edge #{i + 1} ({e.source} -> {e.target})"
@@ -149,34 +176,18 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
                     f'for every input to finish, so those edges need forward = "finish" '
                     f"(edge from {streaming[0]!r} streams)"
                 )
-    cycle = _find_cycle(names, cfg)
-    if cycle:
-        problems.append(f"the edges form a cycle: {' -> '.join(cycle)}; a pipeline must be acyclic")
-    if not cfg.outputs:
-        problems.append(
-            'no [outputs]: say which stage produces each final modality, e.g. text = "thinker"'
-        )
-    for modality, stage in cfg.outputs.items():
-        if stage not in seen:
-            problems.append(
-                f"outputs.{modality} = {stage!r}: no such stage (stages: {', '.join(names)})"
-            )
-            continue
-        produced = stage_output_modality(cfg, stage)
-        if produced is not None and produced != modality:
-            problems.append(
-                f"outputs.{modality} = {stage!r}, but stage {stage!r} produces {produced}, not {modality}"
-            )
-    if cfg.abort_timeout_s <= 0:
-        problems.append(f"abort_timeout_s must be > 0, got {cfg.abort_timeout_s}")
-    problems.extend(_media_problems(cfg))
-    problems.extend(_speech_problems(cfg))
-    for st in cfg.stages:
-        problems.extend(device_problems(st))
-        if isinstance(st.engine, VllmArgs):
-            problems.extend(f"stage {st.name!r}: {p}" for p in _vllm_problems(st.engine))
-    if problems:
-        raise PipelineError(source, problems)
+    return problems
+
+
+def _diffusers_problems(eng: DiffusersArgs) -> list[str]:
+    problems = [
+        f"engine.{field} must be >= 1, got {getattr(eng, field)}"
+        for field in ("max_batch", "default_steps", "default_size", "default_frames")
+        if getattr(eng, field) < 1
+    ]
+    if not 1 <= eng.default_fps <= 120:
+        problems.append(f"engine.default_fps must be 1..120, got {eng.default_fps}")
+    return problems
 
 
 def _speech_problems(cfg: PipelineConfig) -> list[str]:
