@@ -330,3 +330,50 @@ async def test_a_transcript_outlives_a_restart(tmp_path: Path):
     assert created.session.id == sid
     assert created.session.audio.input.transcription.model == "rt-omni"
     assert got.item.content[0].transcript == transcript
+
+
+#: A transcription long enough to kill the server in the middle of.
+LONG = scripted_omni_toml(
+    "rt-long",
+    thinker='engine = { kind = "scripted", chunks_per_piece = 120, delay_ms = 25 }\n'
+    "media = { audio = true }",
+)
+
+
+@pytest.mark.skipif(not use_processes(), reason="needs the process runtime")
+async def test_a_transcription_in_flight_goes_on_after_kill_9(tmp_path: Path):
+    cfg, log_dir, port = tmp_path / "p.toml", tmp_path / "log", _free_port()
+    cfg.write_text(LONG)
+    args = ("--pipeline", str(cfg), "--log-dir", str(log_dir), "--port", str(port))
+    first = await ServeProcess.start(*args)
+    second: ServeProcess | None = None
+    seen: list[Any] = []
+    sid = ""
+
+    def reconnecting(ev: Any) -> Any:
+        return {"extra_query": {"session_id": sid, "last_event_id": seen[-1].event_id}}
+
+    try:
+        await first.ready()
+        client = client_for(first)
+        async with client.realtime.connect(model="rt-long", on_reconnecting=reconnecting) as conn:
+            sid = (await until(conn, "session.created")).session.id
+            await manual(conn, audio={"input": {"turn_detection": None, "transcription": {}}})
+            await commit(conn, pcm16(0.3))
+            async for ev in conn:
+                assert ev.type != "error", ev
+                seen.append(ev)
+                if sum(e.type == DELTA for e in seen) == 20 and second is None:
+                    await first.kill9()
+                    second = await ServeProcess.start(*args)
+                    await second.ready()
+                if ev.type == COMPLETED:
+                    break
+    finally:
+        await first.close()
+        if second is not None:
+            await second.close()
+    assert second is not None and [e.type for e in seen].count("session.created") == 1
+    deltas = [e.delta for e in seen if e.type == DELTA]
+    # Every piece once, in order: continued after what the client had.
+    assert "".join(deltas) == seen[-1].transcript == "".join(f"t{n} " for n in range(120))
