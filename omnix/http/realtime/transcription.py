@@ -1,6 +1,6 @@
 """A session's input audio transcription: each committed turn transcribed by a request of its own.
 
-Owns ``transcription_plan``: a committed user audio item as the one
+Owns ``turn_transcription_plan``: a committed user audio item as the one
 request ``POST /v1/audio/transcriptions`` plans for the same clip
 (``audio.transcribe.transcription_plan``: one user message, the clip then
 the instruction with the language and prompt), greedy (temperature 0: the
@@ -49,7 +49,7 @@ MakeEvent = Callable[..., bytes]
 FAILED = "conversation.item.input_audio_transcription.failed"
 
 
-def transcription_plan(
+def turn_transcription_plan(
     served: Served, settings: TranscriptionSettings, entry: Entry, session: str
 ) -> Plan:
     """The request that transcribes ``entry``'s audio (see the module's docstring)."""
@@ -97,7 +97,7 @@ class Transcriptions:
 
     async def _admit(self, settings: TranscriptionSettings, entry: Entry) -> None:
         try:
-            plan = transcription_plan(self.server.served, settings, entry, self.session)
+            plan = turn_transcription_plan(self.server.served, settings, entry, self.session)
             # A refusal is a ``Rejected`` in the log: its stream renders it.
             await admit(self.server, plan)
         except ApiError as err:
