@@ -179,7 +179,10 @@ class RealtimeOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, ta
     ``conversation`` the conversation it joins ("" for an out-of-band
     response, ``conversation: "none"``); ``modalities`` the output
     modalities the client asked for (``["audio"]`` carries a transcript);
-    ``max_output_tokens`` 0 for ``"inf"``; ``metadata`` echoed."""
+    ``max_output_tokens`` 0 for ``"inf"``; ``metadata`` echoed.  A
+    session's input audio transcription is a request with these options
+    too, its ``spec.api`` ``audio.transcriptions``: ``item`` is then the
+    user item whose audio it transcribes, ``conversation`` ""."""
 
     render: int = 1
     stream: bool = True

@@ -2,8 +2,8 @@
 
 Owns the values a ``SessionChanged`` event carries: ``SessionSettings``
 (what ``session.update`` set: instructions, output modalities, voice,
-output token limit, ``TurnSettings`` of server VAD, the conversation's
-id) and ``SessionItem`` (a conversation item a client created or
+output token limit, ``TurnSettings`` of server VAD, ``TranscriptionSettings``
+of input transcription, the conversation's id) and ``SessionItem`` (a conversation item a client created or
 committed: its id, role and content parts, ``ItemPart``; its audio is the
 event's ``media``, the decoded ``MediaPart`` the model reads).  An assistant item is no
 ``SessionItem``: its response's ``Admitted`` (``RealtimeOptions``) places
@@ -38,9 +38,22 @@ class TurnSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
     interrupt_response: bool = True
 
 
+class TranscriptionSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Input audio transcription (``audio.input.transcription``): the
+    served model name it runs on, the audio's ISO-639-1 ``language`` and
+    the ``prompt`` ("" none).  Each committed clip is then a request of its
+    own (api ``audio.transcriptions``, ``RealtimeOptions`` naming the
+    session and the item), whose text is the item's transcript."""
+
+    model: str = ""
+    language: str = ""
+    prompt: str = ""
+
+
 class SessionSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """A session's configuration; ``max_output_tokens`` 0 for ``"inf"``,
-    ``turns`` None when the client commits turns itself."""
+    ``turns`` None when the client commits turns itself, ``transcription``
+    None when input audio is not transcribed."""
 
     model: str = ""
     conversation: str = ""
@@ -49,6 +62,7 @@ class SessionSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
     voice: str = ""
     max_output_tokens: int = 0
     turns: TurnSettings | None = None
+    transcription: TranscriptionSettings | None = None
 
 
 class ItemPart(msgspec.Struct, frozen=True, array_like=True, gc=False):

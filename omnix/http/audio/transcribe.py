@@ -168,10 +168,13 @@ async def read_form(request: web.Request) -> tuple[TranscriptionForm, Upload]:
     upload = uploads[0]
     if not upload.data:
         raise _bad(FILE, f"The uploaded file {upload.filename!r} is empty: send an audio clip.")
-    return _form(form.texts), upload
+    return checked_form(form.texts), upload
 
 
-def _form(texts: dict[str, str]) -> TranscriptionForm:
+def checked_form(texts: dict[str, str]) -> TranscriptionForm:
+    """The form's text fields checked and typed (400 naming the field at
+    fault); a realtime session's transcription settings are checked here
+    too."""
     fmt = texts.get("response_format")
     if fmt in UNSUPPORTED_FORMATS:
         raise _bad(
@@ -295,6 +298,7 @@ __all__ = [
     "Upload",
     "audio_part",
     "check_pipeline",
+    "checked_form",
     "instruction",
     "read_form",
     "transcription_plan",

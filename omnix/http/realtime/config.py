@@ -1,8 +1,8 @@
 """A realtime session's configuration: what ``session.update`` sets and a response overrides.
 
 Owns ``SessionConfig``: the session's instructions, output modalities,
-voice, turn detection and output token limit, with their defaults for the
-served pipeline; ``update`` (a ``session.update``, checked whole before
+voice, turn detection, input transcription and output token limit, with
+their defaults for the served pipeline; ``update`` (a ``session.update``, checked whole before
 anything changes: a bad one leaves the session as it was), ``shown``
 (the session object ``session.created`` / ``session.updated`` send) and
 ``for_response`` (a ``response.create``'s overrides on top: the
@@ -10,7 +10,10 @@ anything changes: a bad one leaves the session as it was), ``shown``
 
 Everything the Realtime API defines and omnix does not do is refused
 naming the field: tools, other audio formats than 24 kHz pcm16, noise
-reduction, input transcription, semantic VAD, a speed other than 1.
+reduction, transcription logprobs (``include``), a transcription on a
+model the server does not serve or a pipeline that cannot transcribe (as
+``POST /v1/audio/transcriptions`` checks it), semantic VAD, a speed other
+than 1.
 
 Does not own the conversation (``conversation.py``) nor the requests a
 response submits (``respond.py``).
@@ -23,7 +26,8 @@ from typing import Any
 
 from msgspec import UNSET
 
-from omnix.events.sessions import SessionSettings, TurnSettings
+from omnix.events.sessions import SessionSettings, TranscriptionSettings, TurnSettings
+from omnix.http.audio import transcribe
 from omnix.http.common.plan import Served
 from omnix.http.core.errors import ApiError
 from omnix.http.realtime import vad
@@ -36,6 +40,8 @@ from omnix.http.realtime.protocol import (
     ResponseParams,
     SessionObject,
     SessionUpdate,
+    Transcription,
+    TranscriptionOut,
     TurnDetection,
     TurnDetectionOut,
 )
@@ -70,6 +76,7 @@ class SessionConfig:
     voice: str = "default"
     max_output_tokens: int = 0
     turn_detection: TurnDetectionOut | None = None
+    transcription: TranscriptionSettings | None = None
 
     @classmethod
     def for_pipeline(cls, served: Served) -> SessionConfig:
@@ -108,6 +115,7 @@ class SessionConfig:
             voice=self.voice,
             max_output_tokens=self.max_output_tokens,
             turns=turns,
+            transcription=self.transcription,
         )
 
     def recorded(self, s: SessionSettings) -> SessionConfig:
@@ -129,17 +137,24 @@ class SessionConfig:
             voice=s.voice,
             max_output_tokens=s.max_output_tokens,
             turn_detection=td,
+            transcription=s.transcription,
         )
 
     def shown(self, session_id: str, expires_at: int) -> SessionObject:
         vad = self.turn_detection
+        tx = self.transcription
+        transcription = None
+        if tx is not None:
+            transcription = TranscriptionOut(
+                model=tx.model, language=tx.language or None, prompt=tx.prompt or None
+            )
         return SessionObject(
             id=session_id,
             model=self.model,
             output_modalities=list(self.modalities),
             instructions=self.instructions,
             audio=AudioOut(
-                input=AudioInputOut(turn_detection=vad),
+                input=AudioInputOut(turn_detection=vad, transcription=transcription),
                 output=AudioOutputOut(voice=self.voice),
             ),
             max_output_tokens=self.max_output_tokens or "inf",
@@ -227,7 +242,10 @@ class SessionConfig:
             served.check_model(u.model)
         _refuse_tools(u.tools, u.tool_choice, u.prompt, "session")
         if u.include:
-            raise unsupported("session.include", "input transcription is not offered.")
+            raise unsupported(
+                "session.include",
+                "omnix gives no log probabilities of input transcripts; send null or [].",
+            )
         if u.instructions is not UNSET:
             new.instructions = u.instructions
         if u.output_modalities is not UNSET:
@@ -249,11 +267,8 @@ class SessionConfig:
                 self._format(inp.format, "session.audio.input.format")
             if inp.noise_reduction not in (UNSET, None):
                 raise unsupported("session.audio.input.noise_reduction", "not offered; send null.")
-            if inp.transcription not in (UNSET, None):
-                raise unsupported(
-                    "session.audio.input.transcription",
-                    "input transcription is not offered; send null.",
-                )
+            if inp.transcription is not UNSET:
+                new.transcription = _transcription(served, inp.transcription)
             if inp.turn_detection is not UNSET:
                 new.turn_detection = self._turn_detection(inp.turn_detection)
         if audio.output is not UNSET:
@@ -316,3 +331,44 @@ def _refuse_tools(tools: Any, tool_choice: Any, prompt: Any, where: str) -> None
         raise unsupported(f"{where}.tool_choice", 'no tools: send "auto" or "none".')
     if prompt not in (UNSET, None):
         raise unsupported(f"{where}.prompt", "stored prompts are not offered; send instructions.")
+
+
+def _transcription(served: Served, t: Transcription | None) -> TranscriptionSettings | None:
+    """Input transcription's settings, checked as ``POST
+    /v1/audio/transcriptions`` checks its form (None: off)."""
+    if t is None:
+        return None
+    param = "session.audio.input.transcription"
+    for name, why in (
+        ("delay", "omnix transcribes a committed turn whole, once"),
+        ("keywords", "give words the audio contains in prompt instead"),
+        ("languages", "give one ISO-639-1 code in language instead"),
+    ):
+        if getattr(t, name) is not None:
+            raise unsupported(f"{param}.{name}", f"not offered ({why}); send null.")
+    try:
+        transcribe.check_pipeline(served)
+    except ApiError as err:
+        raise unsupported(param, err.message, err.code or "unsupported_value") from None
+    model = t.model or served.model
+    if model not in served.names:
+        names = " or ".join(repr(n) for n in served.names)
+        raise unsupported(
+            f"{param}.model",
+            f"omnix transcribes with the model it serves, {names}, not {model!r}; "
+            "give that name, or omit model.",
+            "model_not_found",
+        )
+    texts = {"model": model}
+    for name in ("language", "prompt"):
+        value = getattr(t, name)
+        if value is not None:
+            texts[name] = value
+    try:
+        form = transcribe.checked_form(texts)
+    except ApiError as err:
+        where = f"{param}.{err.param}" if err.param else param
+        raise unsupported(where, err.message, err.code or "invalid_value") from None
+    return TranscriptionSettings(
+        model=model, language=form.language or "", prompt=form.prompt or ""
+    )

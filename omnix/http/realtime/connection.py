@@ -10,7 +10,7 @@ naming the client event (``event_id``), the session going on as it was.
 Sends are serialized (one lock), so a response's events and the session's
 never interleave inside a message.  When the client goes, its running
 response is cancelled (``disconnect``).  A resumed session (``Resumed``)
-goes on with the response it had in flight, from after the event the
+goes on with the requests it had in flight, from after the event the
 client names.
 
 Does not own what the events do (``session.py``) nor the route
@@ -128,7 +128,7 @@ class Connection:
         session = self.session
         try:
             await self.send([session.session_event("session.created")])
-            session.resume_response(self._after)
+            session.resume(self._after)
             async for msg in self.ws:
                 if msg.type == WSMsgType.TEXT:
                     await self.on_text(msg.data)

@@ -46,6 +46,14 @@ class Entry:
     def id(self) -> str:
         return self.item.id
 
+    def transcribed(self, text: str) -> None:
+        """The transcript of the item's input audio (input transcription);
+        the model still reads the audio, not this."""
+        for c in self.item.content:
+            if c.type == "input_audio":
+                c.transcript = text
+                return
+
     def message(self) -> ChatMessage:
         item = self.item
         texts = []

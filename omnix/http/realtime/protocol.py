@@ -5,8 +5,9 @@ each ``type``), their parts (the session's configuration as
 ``session.update`` sets it, a response's overrides, conversation items),
 the objects the server sends back (``SessionObject``, ``Item``,
 ``ResponseObject``, ``Usage``, ``ErrorEvent``) and the framing of a server
-event (``server_event``).  Fields the API defines and omnix does not take
-are refused by the session with an ``error`` event naming them.
+event (``server_event``; ``LogFrames``: the ids of those rendered from the
+log).  Fields the API defines and omnix does not take are refused by the
+session with an ``error`` event naming them.
 
 Does not own what the events do (``session.py``) nor the events a
 response renders from the log (``render.py``).
@@ -48,10 +49,23 @@ class TurnDetection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eagerness: str | None = None
 
 
+class Transcription(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``audio.input.transcription``: the model (a name the server serves;
+    omitted, the first), the audio's ISO-639-1 language, a prompt.  The
+    rest is refused."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+    delay: str | None = None
+    keywords: list[str] | None = None
+    languages: list[str] | None = None
+
+
 class AudioInput(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     format: AudioFormat | UnsetType = UNSET
     noise_reduction: dict[str, Any] | UnsetType | None = UNSET
-    transcription: dict[str, Any] | UnsetType | None = UNSET
+    transcription: Transcription | UnsetType | None = UNSET
     turn_detection: TurnDetection | UnsetType | None = UNSET
 
 
@@ -254,10 +268,16 @@ class TurnDetectionOut(msgspec.Struct, kw_only=True):
     idle_timeout_ms: int | None = None
 
 
+class TranscriptionOut(msgspec.Struct, kw_only=True):
+    model: str
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInputOut(msgspec.Struct, kw_only=True):
     format: AudioFormatOut = msgspec.field(default_factory=AudioFormatOut)
     noise_reduction: None = None
-    transcription: None = None
+    transcription: TranscriptionOut | None = None
     turn_detection: TurnDetectionOut | None = None
 
 
@@ -338,6 +358,29 @@ _enc = msgspec.json.Encoder()
 def server_event(type_: str, event_id: str, **fields: Any) -> bytes:
     """One server event as the JSON text of a WebSocket message."""
     return _enc.encode({"type": type_, "event_id": event_id, **fields})
+
+
+class LogFrames:
+    """Server events rendered from log events, their ids derived from the
+    log: ``event_<pos>`` for the first a log event makes, then
+    ``event_<pos>_<k>``, so a replay renders the same messages.  ``at``
+    each log event before its frames; ``ids``: the ids of the frames made
+    since."""
+
+    def __init__(self) -> None:
+        self._pos = -1
+        self._k = 0
+        self.ids: list[str] = []
+
+    def at(self, pos: int) -> None:
+        self._pos, self._k = pos, 0
+        self.ids = []
+
+    def event(self, type_: str, **fields: Any) -> bytes:
+        eid = f"event_{self._pos}" if self._k == 0 else f"event_{self._pos}_{self._k}"
+        self._k += 1
+        self.ids.append(eid)
+        return server_event(type_, eid, **fields)
 
 
 def error_event(

@@ -5,10 +5,12 @@ updated, an item added after another, deleted, truncated) appended as a
 ``SessionChanged`` input, the decoded audio an item holds stored first;
 and ``restore``: a session folded back from the log (``fold_session``,
 a pure function of its events): its settings, its conversation (the
-items it recorded, and each of its responses' assistant items where their
-``Admitted`` placed them, holding what their chunks said), and its
-response still in flight, if any, for a server restarted on its log
-(``--log-dir``) to go on with when the client reconnects.
+items it recorded, each of its responses' assistant items where their
+``Admitted`` placed them, holding what their chunks said, and each
+completed input transcription's text as its item's transcript), and its
+response and transcriptions still in flight, if any, for a server
+restarted on its log (``--log-dir``) to go on with when the client
+reconnects.
 
 Does not own the session's behaviour (``session.py``) nor a response's
 events (``render.py``, whose ``ResponseStream`` gives an assistant item
@@ -22,13 +24,14 @@ from dataclasses import dataclass, field
 
 from omnix.api import Omni
 from omnix.events.blobs import BlobStore
-from omnix.events.options import RealtimeOptions
+from omnix.events.options import API_TRANSCRIPTION, RealtimeOptions
 from omnix.events.sessions import SessionOp, SessionSettings
 from omnix.events.types import Admitted, Event, RequestEvent, SessionChanged
 from omnix.http.realtime.conversation import Conversation, Entry
 from omnix.http.realtime.items import as_event, from_event
 from omnix.http.realtime.protocol import Item
 from omnix.http.realtime.render import PCM_BYTES_PER_S, ResponseStream
+from omnix.http.realtime.transcript import TranscriptStream
 
 
 class Recorder:
@@ -66,6 +69,8 @@ class Folded:
     #: its response still in flight ("" none)
     running: str = ""
     running_item: str = ""
+    #: its transcriptions still in flight: request id -> the item's id
+    transcribing: dict[str, str] = field(default_factory=dict)
 
 
 def _insert(conv: Conversation, entry: Entry, previous: str) -> None:
@@ -75,11 +80,58 @@ def _insert(conv: Conversation, entry: Entry, previous: str) -> None:
     conv.insert(entry, previous or "root")
 
 
+class _Requests:
+    """A session's requests as their events leave them: each response's
+    assistant item, each transcription's transcript on its item."""
+
+    def __init__(self, out: Folded, blobs: BlobStore) -> None:
+        self.out = out
+        self.blobs = blobs
+        self.responses: dict[str, tuple[ResponseStream, Entry | None]] = {}
+        self.transcripts: dict[str, TranscriptStream] = {}
+
+    def admitted(self, ev: Admitted, opts: RealtimeOptions) -> None:
+        if ev.spec.api == API_TRANSCRIPTION:
+            tx = self.transcripts[ev.request_id] = TranscriptStream(self.blobs)
+            tx.feed(ev)
+            return
+        stream = ResponseStream(self.blobs)
+        stream.feed(ev)
+        entry = None
+        if opts.conversation:
+            entry = Entry(item=Item(id=opts.item, role="assistant", status="in_progress"))
+            _insert(self.out.conversation, entry, opts.previous_item)
+        self.responses[ev.request_id] = (stream, entry)
+
+    def event(self, ev: Event, rid: str) -> None:
+        conv = self.out.conversation
+        tx = self.transcripts.get(rid)
+        if tx is not None:
+            tx.feed(ev)
+            if tx.done and tx.completed and conv.has(tx.opts.item):
+                conv.find(tx.opts.item).transcribed(tx.text)
+            return
+        if rid not in self.responses:
+            return
+        stream, entry = self.responses[rid]
+        stream.feed(ev)
+        if stream.done and entry is not None:
+            entry.item = stream.item("completed" if stream.status == "completed" else "incomplete")
+            if not entry.truncated:
+                entry.audio_ms = stream.audio_bytes * 1000 // PCM_BYTES_PER_S
+
+    def in_flight(self) -> None:
+        out = self.out
+        for rid, (stream, _) in self.responses.items():
+            if not stream.done:
+                out.running, out.running_item = rid, stream.opts.item
+        out.transcribing = {rid: t.opts.item for rid, t in self.transcripts.items() if not t.done}
+
+
 def fold_session(events: Iterable[Event], session: str, blobs: BlobStore) -> Folded:
     """The session ``session`` as ``events`` (the log, in order) leave it."""
     out = Folded()
-    conv = out.conversation
-    responses: dict[str, tuple[ResponseStream, Entry | None]] = {}
+    requests = _Requests(out, blobs)
     for ev in events:
         if type(ev) is SessionChanged:
             if ev.session == session:
@@ -87,26 +139,11 @@ def fold_session(events: Iterable[Event], session: str, blobs: BlobStore) -> Fol
         elif type(ev) is Admitted:
             opts = ev.spec.response
             if isinstance(opts, RealtimeOptions) and opts.session == session:
-                stream = ResponseStream(blobs)
-                stream.feed(ev)
-                entry = None
-                if opts.conversation:
-                    entry = Entry(item=Item(id=opts.item, role="assistant", status="in_progress"))
-                    _insert(conv, entry, opts.previous_item)
-                responses[ev.request_id] = (stream, entry)
-        elif isinstance(ev, RequestEvent) and ev.request_id in responses:
-            stream, entry = responses[ev.request_id]
-            stream.feed(ev)
-            if stream.done and entry is not None:
-                entry.item = stream.item(
-                    "completed" if stream.status == "completed" else "incomplete"
-                )
-                if not entry.truncated:
-                    entry.audio_ms = stream.audio_bytes * 1000 // PCM_BYTES_PER_S
-    for rid, (stream, _) in responses.items():
-        if not stream.done:
-            out.running, out.running_item = rid, stream.opts.item
-    conv.id = out.settings.conversation if out.settings is not None else ""
+                requests.admitted(ev, opts)
+        elif isinstance(ev, RequestEvent):
+            requests.event(ev, ev.request_id)
+    requests.in_flight()
+    out.conversation.id = out.settings.conversation if out.settings is not None else ""
     return out
 
 

@@ -20,7 +20,9 @@ still deliver before they stop, and ends with ``response.done`` (status
 ``incomplete``; a failed or refused one ``failed``, its error in
 ``status_details``.  Event ids derive from log positions (``event_<pos>``,
 ``event_<pos>_<k>`` for the k-th event one log event makes), so a replay
-renders the same messages.
+renders the same messages.  A session's transcription request (``spec.api``
+``audio.transcriptions``) renders as its transcription events
+(``transcript.py``), so that every request of a session renders here.
 
 Does not own the session's own events (``session.py``), reading the log
 nor the socket (``connection.py``).
@@ -30,10 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from omnix.events.blobs import BlobStore
-from omnix.events.options import RealtimeOptions
+from omnix.events.options import API_TRANSCRIPTION, RealtimeOptions
 from omnix.events.types import (
     Admitted,
     Cancelled,
@@ -46,18 +46,19 @@ from omnix.events.types import (
     StageFinished,
 )
 from omnix.http.common.audio import to_pcm16
-from omnix.http.common.rendering import b64, terminal_error
+from omnix.http.common.rendering import b64
 from omnix.http.common.summary import Summary
 from omnix.http.realtime.protocol import (
     AudioOutputOut,
     Content,
     Item,
+    LogFrames,
     ResponseAudioConfig,
     ResponseObject,
     Usage,
     UsageDetails,
-    server_event,
 )
+from omnix.http.realtime.transcript import TranscriptStream, failure
 
 #: Bytes of one second of the audio a session sends (pcm16 mono, 24 kHz).
 PCM_BYTES_PER_S = 2 * 24000
@@ -74,12 +75,7 @@ def _status(ev: Finished | Failed | Cancelled | Rejected, s: Summary) -> tuple[s
     if isinstance(ev, Cancelled):
         reason = _CANCEL_REASON.get(ev.reason, "client_cancelled")
         return "cancelled", {"type": "cancelled", "reason": reason}
-    err = terminal_error(ev)
-    message = msgspec.json.decode(err[1])["error"]["message"] if err is not None else ev.reason
-    return "failed", {
-        "type": "failed",
-        "error": {"type": "server_error", "code": ev.reason, "message": message},
-    }
+    return "failed", {"type": "failed", "error": failure(ev)}
 
 
 class ResponseStream:
@@ -88,6 +84,7 @@ class ResponseStream:
     sent; ``text``: its text or transcript; ``status``: its final status."""
 
     def __init__(self, blobs: BlobStore) -> None:
+        self.blobs = blobs
         self.s = Summary(blobs, collect_media=False)
         self.opts = RealtimeOptions()
         self.rid = ""
@@ -95,10 +92,14 @@ class ResponseStream:
         self.stopped = False  # a cancel was asked for: no more deltas
         self.audio_bytes = 0
         self.status = "in_progress"
-        self._pos = -1
-        self._k = 0
-        #: the event ids of what the last ``feed`` returned, in order
-        self.ids: list[str] = []
+        self.frames = LogFrames()
+        #: a transcription request's events, rendered as such
+        self.transcript: TranscriptStream | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        """The event ids of what the last ``feed`` returned, in order."""
+        return self.transcript.ids if self.transcript is not None else self.frames.ids
 
     @property
     def text(self) -> str:
@@ -109,16 +110,18 @@ class ResponseStream:
         return "audio" in self.opts.modalities
 
     def _event(self, type_: str, **fields: Any) -> bytes:
-        eid = f"event_{self._pos}" if self._k == 0 else f"event_{self._pos}_{self._k}"
-        self._k += 1
-        self.ids.append(eid)
-        return server_event(type_, eid, **fields)
+        return self.frames.event(type_, **fields)
 
     def feed(self, ev: Event) -> list[bytes]:
         if self.done:
             return []
-        self._pos, self._k = ev.pos, 0
-        self.ids = []
+        if (type(ev) is Admitted or type(ev) is Rejected) and ev.spec.api == API_TRANSCRIPTION:
+            self.transcript = TranscriptStream(self.blobs)
+        if self.transcript is not None:
+            out = self.transcript.feed(ev)
+            self.done = self.transcript.done
+            return out
+        self.frames.at(ev.pos)
         if type(ev) is Chunk:
             self.s.chunk(ev)
             return [] if self.stopped else self._chunk(ev)

@@ -3,7 +3,9 @@
 Owns ``Session``: its configuration, conversation, input audio buffer and
 the one response that may run at a time, and the handling of every client
 event (``handle``): ``session.update``; ``input_audio_buffer.append`` /
-``.commit`` / ``.clear``; ``conversation.item.create`` / ``.delete`` /
+``.commit`` (with input transcription on, the committed audio transcribed
+by a request of its own: ``transcription.py``) / ``.clear``;
+``conversation.item.create`` / ``.delete`` /
 ``.retrieve`` / ``.truncate``; ``response.create`` (one request admitted
 through the log, its conversation as input; ``running.py`` streams it)
 and ``response.cancel`` (the request cancelled through the log).  A client
@@ -53,6 +55,7 @@ from omnix.http.realtime.protocol import (
 from omnix.http.realtime.record import Folded, Recorder
 from omnix.http.realtime.respond import new_id, response_plan
 from omnix.http.realtime.running import RunningResponse
+from omnix.http.realtime.transcription import Transcriptions
 from omnix.http.realtime.turns import Turns
 
 Send = Callable[[list[bytes]], Awaitable[None]]
@@ -113,6 +116,7 @@ class Session:
             self.recorder = Recorder(server.omni, self.id)
         self._resumed = resumed.folded if resumed is not None else None
         self.turns = Turns(self)
+        self.transcriptions = Transcriptions(server, self.id, self.send, self.event)
 
     def event(self, type_: str, **fields: Any) -> bytes:
         """A session event (ids ``event_s<tag>_<n>``; a response's come
@@ -170,6 +174,8 @@ class Session:
                 self.event("conversation.item.done", item=entry.item, previous_item_id=prev),
             ]
         )
+        if self.config.transcription is not None:
+            self.transcriptions.start(self.config.transcription, entry)
 
     def _add(self, entry: Entry, previous: str | None = None) -> str | None:
         """Put ``entry`` in the conversation and the log; the item before it."""
@@ -277,13 +283,19 @@ class Session:
 
         return ended
 
-    def resume_response(self, after: str) -> None:
-        """A resumed session's response still in flight (a server restarted
-        on its log continues it): follow it, from after ``after``."""
-        if self._resumed is None or not self._resumed.running:
-            return
+    def resume(self, after: str) -> None:
+        """A resumed session's requests still in flight (a server restarted
+        on its log continues them): its response and its transcriptions,
+        followed from after ``after``."""
         folded = self._resumed
+        if folded is None:
+            return
         conv = self.conversation
+        for rid, item_id in folded.transcribing.items():
+            entry = conv.find(item_id) if conv.has(item_id) else Entry(input_audio_item(item_id))
+            self.transcriptions.follow(rid, entry, after)
+        if not folded.running:
+            return
         item = folded.running_item
         entry = conv.find(item) if conv.has(item) else Entry(item=Item(id=item, role="assistant"))
         self.running = RunningResponse(
@@ -306,8 +318,10 @@ class Session:
         return running.cancel(reason)
 
     def close(self) -> None:
-        """The client went away: its running response is cancelled."""
+        """The client went away: its running response and transcriptions
+        are cancelled."""
         self.closed = True
+        self.transcriptions.close()
         if self.running is not None:
             self.running.cancel("disconnect")
             self.running.close()

@@ -1,15 +1,19 @@
 """``/v1/realtime`` on ``tiny-omni`` with real engines (vLLM thinker,
 Qwen3-Omni talker and Code2Wav), through the official ``openai`` client:
 speech in, speech out with a voice, the same answer as a streamed chat
-completion of the same conversation, and a barge-in that stops every
-stage."""
+completion of the same conversation, a barge-in that stops every stage,
+and input transcription: a committed turn's transcript is what ``POST
+/v1/audio/transcriptions`` answers for the same clip (greedy both)."""
 
 from __future__ import annotations
 
 import base64
+import io
 import time
+import wave
 from typing import Any
 
+from omnix.events.options import API_TRANSCRIPTION
 from omnix.events.types import Admitted, Cancelled, is_terminal
 
 from ..conftest import real_engine_marks
@@ -80,3 +84,33 @@ async def test_barge_in_stops_every_stage(server):
     assert sum(1 for e in events if is_terminal(e)) == 1 and isinstance(events[-1], Cancelled)
     rs = server.omni.state(rid)
     assert rs is not None and not any(st.status in ("running", "pending") for st in rs.stages)
+
+
+async def test_a_turn_is_transcribed_as_post_transcriptions_does(server, client):
+    pcm = pcm16(0.8)
+    tx = {"model": "tiny-omni", "language": "en"}
+    async with client_for(server).realtime.connect(model="tiny-omni") as conn:
+        await until(conn, "session.created")
+        await _turn(conn, audio={"input": {"turn_detection": None, "transcription": tx}})
+        deltas: list[Any] = []
+        done = await until(conn, "conversation.item.input_audio_transcription.completed", deltas)
+    assert done.transcript == "".join(
+        e.delta for e in deltas if e.type == "conversation.item.input_audio_transcription.delta"
+    )
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(pcm)
+    posted = await client.audio.transcriptions.create(
+        model="tiny-omni", file=("turn.wav", buf.getvalue()), language="en", temperature=0
+    )
+    assert done.transcript and posted.text == done.transcript
+    log = server.omni.log
+    ours, theirs = [
+        ev.spec
+        for ev in log.read(0, log.next_pos)
+        if isinstance(ev, Admitted) and ev.spec.api == API_TRANSCRIPTION
+    ][-2:]
+    assert ours.messages == theirs.messages and ours.stage_params == theirs.stage_params

@@ -1,7 +1,8 @@
 """Server VAD (``turn_detection: server_vad``, a session's default) with a
 real VAD, Silero's: the server finds where speech starts and stops in the
-appended audio, commits the turn and answers it; speech that starts while
-a response plays interrupts it through the log.  The speech is a recorded
+appended audio, commits the turn and answers it (and, with input
+transcription on, transcribes it); speech that starts while a response
+plays interrupts it through the log.  The speech is a recorded
 sentence (espeak-ng, committed as a fixture), surrounded by silence."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from omnix.events.options import API_TRANSCRIPTION
 from omnix.events.types import Admitted, Cancelled
 
 from .conftest import b64, client_for, until
@@ -22,6 +24,7 @@ pytest.importorskip("silero_vad", reason="server VAD needs the silero-vad packag
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 SPEECH = Path(__file__).parent / "fixtures" / "speech_24k.wav"
+COMPLETED = "conversation.item.input_audio_transcription.completed"
 
 
 def speech() -> bytes:
@@ -118,3 +121,37 @@ async def test_speech_over_a_response_interrupts_it(rt_slow):
         await until(conn, "response.done")
     events = server.omni.log.events_for(first)
     assert isinstance(events[-1], Cancelled) and events[-1].reason == "interrupted"
+
+
+async def test_a_turn_server_vad_commits_is_transcribed(rt_server):
+    async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
+        await until(conn, "session.created")
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": {"type": "server_vad"}, "transcription": {}}},
+            }
+        )
+        await until(conn, "session.updated")
+        await stream(conn, silence(0.5) + speech() + silence(1.0))
+        committed = await until(conn, "input_audio_buffer.committed")
+        seen: list[Any] = []
+        while not {"response.done", COMPLETED} <= {e.type for e in seen}:
+            seen.append(await conn.recv())
+            assert seen[-1].type != "error", seen[-1]
+    completed = next(e for e in seen if e.type == COMPLETED)
+    done = next(e for e in seen if e.type == "response.done")
+    assert completed.item_id == committed.item_id and completed.transcript
+    # The transcription heard the clip the response heard.
+    log = rt_server.omni.log
+    (tx,) = [
+        e
+        for e in log.read(0, log.next_pos)
+        if isinstance(e, Admitted)
+        and e.spec.api == API_TRANSCRIPTION
+        and getattr(e.spec.response, "item", "") == committed.item_id
+    ]
+    answered = log.events_for(done.response.id)[0]
+    assert isinstance(answered, Admitted)
+    assert tx.spec.messages[0].media == answered.spec.messages[-1].media
