@@ -222,7 +222,15 @@ class TalkerEngine:
             self._wake.clear()
             moved = True
             while moved and self._pool is not None and self._reqs:
-                moved, results = await loop.run_in_executor(self._pool, self._tick)
+                try:
+                    moved, results = await loop.run_in_executor(self._pool, self._tick)
+                except Exception as exc:
+                    # A step that raised fails the requests it held, never the
+                    # loop: a dead loop would leave every request waiting.
+                    log.exception(
+                        "talker step failed; failing the %d requests in it", len(self._reqs)
+                    )
+                    moved, results = True, self._fail_all(exc)
                 for req, out in results:
                     req.queue.put_nowait(out)
 
@@ -250,6 +258,22 @@ class TalkerEngine:
         # Not moved: every request waits for input; the loop sleeps until
         # a feeder wakes it.
         return moved, out
+
+    def _fail_all(
+        self, exc: BaseException
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        """Every request ended with ``exc``, and the batch and its cache
+        emptied (what a failed step left there is not to be trusted)."""
+        failed = list(self._reqs.values())
+        for req in failed:
+            req.finished = True
+        self._reqs.clear()
+        self._batch.clear()
+        if self.model is not None:
+            from omnix.engines.talker_model import BatchCache
+
+            self._cache = BatchCache(self.model.talker.config.text_config)
+        return [(req, exc) for req in failed]
 
     def _forget(self, req: _Request) -> None:
         req.finished = True

@@ -120,6 +120,38 @@ async def test_an_aborted_request_stops_and_the_engine_serves_on(talker, referen
     np.testing.assert_array_equal(frames, want.codes)
 
 
+async def test_a_step_that_raises_fails_its_requests_and_the_engine_serves_on(
+    talker, reference, monkeypatch
+) -> None:
+    """A decode step that raises (a fault injected into the model) fails
+    the requests in the batch, never the engine's loop: the next request
+    is served, equal to the reference."""
+    want = reference[0]
+    real_step = talker.model.step
+    calls = 0
+
+    def fails_third(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("injected step fault")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(talker.model, "step", fails_third)
+    runs = [
+        _frames(talker, _request(f"f{i}", "chelsie"), _pieces(want.prompt_ids, want.thinker_ids, 4))
+        for i in range(2)
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
+    assert all(isinstance(r, RuntimeError) and "injected" in str(r) for r in results)
+    monkeypatch.setattr(talker.model, "step", real_step)
+    frames, _ = await asyncio.wait_for(
+        _frames(talker, _request("g", "chelsie"), _pieces(want.prompt_ids, want.thinker_ids, 4)),
+        60,
+    )
+    np.testing.assert_array_equal(frames, want.codes)
+
+
 async def test_an_unknown_voice_fails_the_request_naming_the_known_ones(talker, reference) -> None:
     want = reference[0]
     with pytest.raises(ValueError, match="chelsie, ethan, aiden"):
