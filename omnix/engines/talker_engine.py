@@ -357,7 +357,10 @@ class TalkerEngine:
             if self._trailing(req, req.frames) is None:
                 req.cache, _ = self._cache.take(i)
                 self._batch.pop(i)
-        for req in self._reqs.values():
+        # A copy: the event loop's thread adds requests while this runs on
+        # the engine's (iterating the dict itself raised "dictionary changed
+        # size during iteration" when a request came in mid-regroup).
+        for req in list(self._reqs.values()):
             if (
                 req.slot is not None
                 and req.cache is not None
