@@ -358,8 +358,8 @@ class TalkerEngine:
                 req.cache, _ = self._cache.take(i)
                 self._batch.pop(i)
         # A copy: the event loop's thread adds requests while this runs on
-        # the engine's (iterating the dict itself raised "dictionary changed
-        # size during iteration" when a request came in mid-regroup).
+        # the engine's, and iterating the dict itself raises "dictionary
+        # changed size during iteration" when one comes in mid-regroup.
         for req in list(self._reqs.values()):
             if (
                 req.slot is not None
