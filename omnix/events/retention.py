@@ -513,18 +513,13 @@ class Retention:
         """The accounting as a snapshot holds it.  Requests decided but whose
         ``Released`` is not stored yet are still retained as far as the log
         is concerned: they go back at the front of the ended ones."""
-        inflight = []
-        ended = []
-        for rid, r in self._reqs.items():
-            acct = RequestAccount(rid, r.events, r.nbytes, tuple(r.blobs), r.ended_ts)
-            if r.ended_ts:
-                continue
-            inflight.append(acct)
-        for rid, r in self._pending.items():
-            ended.append(RequestAccount(rid, r.events, r.nbytes, tuple(r.blobs), r.ended_ts))
-        for rid in self._ended:
-            r = self._reqs[rid]
-            ended.append(RequestAccount(rid, r.events, r.nbytes, tuple(r.blobs), r.ended_ts))
+
+        def account(rid: str, r: _Req) -> RequestAccount:
+            return RequestAccount(rid, r.events, r.nbytes, tuple(r.blobs), r.ended_ts)
+
+        inflight = [account(rid, r) for rid, r in self._reqs.items() if not r.ended_ts]
+        ended = [account(rid, r) for rid, r in self._pending.items()]
+        ended += [account(rid, self._reqs[rid]) for rid in self._ended]
         return RetentionState(requests=(*inflight, *ended), tombstones=tuple(self._tombs))
 
     def _restore(self) -> None:
