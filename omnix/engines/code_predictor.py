@@ -10,7 +10,7 @@ module's own weights.  A frame runs the backbone 15 times over one or two
 positions of a 64-wide model on the tiny checkpoint: transformers' module
 calls, cache object, mask builder and attention dispatch cost more than
 the arithmetic there.  The same ops in the same order, so the same bits
-(tests/engines/test_talker.py holds it against the modules' own forward,
+(tests/engines/test_code_predictor.py holds it against the modules' own forward,
 the oracle tests against transformers' generate).
 
 Imported by the talker's engine only (torch and transformers at import).
