@@ -29,8 +29,9 @@ def encode_image(rgb: np.ndarray, pil_format: str) -> bytes:
 
 def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
     """``frames``: uint8 (count, height, width, 3) -> an H.264 MP4 (yuv420p,
-    CRF 18, one frame per 1/fps s, one encoder thread: deterministic).  Odd
-    sides are padded by one edge pixel: 4:2:0 chroma needs even ones."""
+    CRF 18, one frame per 1/fps s; one encoder thread, no lookahead:
+    deterministic).  Odd sides are padded by one edge pixel: 4:2:0 chroma
+    needs even ones."""
     import av
 
     count, height, width, _ = frames.shape
@@ -42,45 +43,24 @@ def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
         stream = container.add_stream("libx264", rate=Fraction(fps, 1))
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast"}
-        # One encoder thread: with x264's own threads the same frames gave
-        # other bytes (the first encode of a process differed from the
-        # next), and a seed must give the same file.
+        # A seed must give the same file.  One encoder thread: with x264's
+        # own threads the same frames gave other bytes.  No lookahead and no
+        # macroblock tree: with them, identical frames in one encoder thread
+        # still came out in up to 4 ways over 12 encodes in a process that
+        # had run a diffusion pipeline; without, in one.
+        stream.options = {
+            "crf": "18",
+            "preset": "veryfast",
+            "x264-params": "rc-lookahead=0:mbtree=0",
+        }
         stream.codec_context.thread_count = 1
         for i in range(count):
-            # Planes converted here, not by swscale through PyAV: its RGB to
-            # YUV conversion gave an encode of the same frames other bytes now
-            # and then (one in a few processes), these never did.
-            yuv = av.VideoFrame.from_ndarray(rgb_to_yuv420(frames[i]), format="yuv420p")
-            for packet in stream.encode(yuv):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frames[i]), format="rgb24")
+            for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
     return buf.getvalue()
-
-
-def rgb_to_yuv420(rgb: np.ndarray) -> np.ndarray:
-    """uint8 (height, width, 3), even sides -> the planes of one yuv420p
-    frame stacked as PyAV takes them ((height * 3 / 2, width)): BT.601,
-    limited range (swscale's default for H.264), chroma the mean of each
-    2x2 block; integer arithmetic, so the same pixels give the same planes."""
-    r, g, b = (rgb[..., c].astype(np.int32) for c in range(3))
-    # BT.601 coefficients scaled by 2**16, rounded half up.
-    y = (16 << 16) + 16829 * r + 33039 * g + 6416 * b
-    cb = (128 << 16) - 9714 * r - 19070 * g + 28784 * b
-    cr = (128 << 16) + 28784 * r - 24103 * g - 4681 * b
-    height, width = y.shape
-
-    def plane(p: np.ndarray, blocks: bool) -> np.ndarray:
-        if blocks:
-            p = p.reshape(height // 2, 2, width // 2, 2).sum(axis=(1, 3))
-            out = (p + (1 << 17)) >> 18
-        else:
-            out = (p + (1 << 15)) >> 16
-        return np.clip(out, 0, 255).astype(np.uint8)
-
-    planes = (plane(y, False), plane(cb, True), plane(cr, True))
-    return np.concatenate([p.ravel() for p in planes]).reshape(height * 3 // 2, width)
 
 
 def mp4_frames(data: bytes) -> np.ndarray:
