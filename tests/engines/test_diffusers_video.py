@@ -37,18 +37,13 @@ async def test_the_model_says_what_it_takes(tiny_models) -> None:
     assert model.image_to_video == "WanImageToVideoPipeline"
 
 
+#: a text-to-video request and its parameters: 9 frames of 64x32 at 8 fps
+CAT = InputPiece(text="a cat walks")
+CAT_PARAMS = dict(num_inference_steps=3, num_frames=9, fps=8, width=64, height=32)
+
+
 async def test_text_to_video_is_an_mp4_of_the_asked_frames(video_engine) -> None:
-    outs = await _run(
-        video_engine,
-        "v-t2v",
-        InputPiece(text="a cat walks"),
-        seed=3,
-        num_inference_steps=3,
-        num_frames=9,
-        fps=8,
-        width=64,
-        height=32,
-    )
+    outs = await _run(video_engine, "v-t2v", CAT, seed=3, **CAT_PARAMS)
     assert [(o.step, o.total) for o in outs if o.is_progress] == [(1, 3), (2, 3), (3, 3)]
     last = outs[-1]
     assert (last.modality, last.media_type, last.finish_reason) == ("video", "video/mp4", "stop")
@@ -62,17 +57,7 @@ async def test_text_to_video_is_an_mp4_of_the_asked_frames(video_engine) -> None
         stream = c.streams.video[0]
         assert stream.average_rate == 8 and stream.codec_context.name == "h264"
     assert mp4_thumbnail(last.data)[:8] == b"\x89PNG\r\n\x1a\n"
-    again = await _run(
-        video_engine,
-        "v-t2v-2",
-        InputPiece(text="a cat walks"),
-        seed=3,
-        num_inference_steps=3,
-        num_frames=9,
-        fps=8,
-        width=64,
-        height=32,
-    )
+    again = await _run(video_engine, "v-t2v-2", CAT, seed=3, **CAT_PARAMS)
     assert again[-1].data == last.data
     with pytest.raises(ValueError, match="4k \\+ 1"):
         await _run(video_engine, "v-bad", InputPiece(text="x"), num_frames=8)

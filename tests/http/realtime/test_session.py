@@ -289,19 +289,20 @@ async def test_barge_in_cancels_through_the_log(rt_slow):
     assert not any(f"event_{e.pos}" in sent for e in late)
 
 
+async def _text_turn(conn) -> None:
+    """A manual-turn text session: "hi" added, a response asked for."""
+    await until(conn, "session.created")
+    await manual(conn, output_modalities=["text"])
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    )
+    await until(conn, "conversation.item.done")
+    await conn.response.create()
+
+
 async def test_a_second_response_while_one_runs_is_an_error(rt_slow):
     async with client_for(rt_slow).realtime.connect(model="rt-slow") as conn:
-        await until(conn, "session.created")
-        await manual(conn, output_modalities=["text"])
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "hi"}],
-            }
-        )
-        await until(conn, "conversation.item.done")
-        await conn.response.create()
+        await _text_turn(conn)
         created = await until(conn, "response.created")
         await conn.send({"type": "response.create", "event_id": "evt_second"})
         err = await until(conn, "error")
@@ -315,17 +316,7 @@ async def test_a_second_response_while_one_runs_is_an_error(rt_slow):
 async def test_a_client_that_goes_cancels_its_response(rt_slow):
     server = rt_slow
     async with client_for(server).realtime.connect(model="rt-slow") as conn:
-        await until(conn, "session.created")
-        await manual(conn, output_modalities=["text"])
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "hi"}],
-            }
-        )
-        await until(conn, "conversation.item.done")
-        await conn.response.create()
+        await _text_turn(conn)
         rid = (await until(conn, "response.created")).response.id
     for _ in range(200):
         rs = server.omni.state(rid)
