@@ -56,6 +56,7 @@ from omnix.events.types import (
 from omnix.orchestrator.capacity import group_rejections, room
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
+from omnix.orchestrator.gate import EmitGate
 from omnix.orchestrator.recovery import recover_log, restart_inputs
 from omnix.orchestrator.runtime import Runtime, RuntimeFactory
 from omnix.orchestrator.sequencer import Sequencer
@@ -286,6 +287,33 @@ def _stored(ev: Event, kind: type[_E]) -> _E:
     return ev
 
 
+def _engines(runtime: Runtime) -> list[tuple[str, int, EngineInfo]]:
+    from omnix.stages.runtime import StageRuntime
+
+    if not isinstance(runtime, StageRuntime):
+        return []
+    return [
+        (stage, replica, EngineInfo(r.engine, r.capacity, r.device, r.model, r.settings))
+        for stage, replica, r in runtime.engines()
+    ]
+
+
+async def _profile(
+    runtime: Runtime, action: Literal["start", "stop"], stages: Sequence[str]
+) -> list[ProfileReport]:
+    from omnix.stages.runtime import RuntimeConfigError, StageRuntime
+
+    if not isinstance(runtime, StageRuntime) or runtime.profile_dir is None:
+        raise ProfilingOff(
+            "profiling is off: start the server with --profile-dir DIR "
+            "(omnix serve --profile-dir DIR) to enable /start_profile and /stop_profile"
+        )
+    try:
+        return await runtime.profile(action, stages)
+    except RuntimeConfigError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 class Omni:
     """One pipeline served in this process, with its workers.
 
@@ -298,16 +326,17 @@ class Omni:
     ``log_dir`` makes the log and blobs durable (``DIR/events``,
     ``DIR/blobs``, ``DIR/pipeline.json``).
 
-    ``retention``: how long ended requests' events, blobs and state are
-    kept (``RetentionPolicy``; ``None``: keep everything).  Not given, a
-    log this ``Omni`` opens gets ``RetentionPolicy()`` (10 minutes, 2,000
-    requests, 512 MB, whichever passes first) and a ``log`` handed in gets
-    none (its owner may attach its own ``Retention``: one per log).  Its ``Released`` events go through
-    the sequencer, so they land between decision cascades; while started, a
-    task calls ``retention.sweep()`` every ``sweep_interval_s`` so an idle
-    server still lets requests go when the time bound passes.
+    ``retention``: how long ended requests are kept (``RetentionPolicy``;
+    ``None``: keep everything); not given, a log this ``Omni`` opens (or a
+    standby's) gets ``RetentionPolicy()`` and a ``log`` handed in none.  Its
+    ``Released`` events go through the sequencer; a task sweeps every
+    ``sweep_interval_s`` so an idle server still lets requests go.
     ``log_config``: how a ``log_dir`` log writes (``LogConfig``: snapshots,
     ``archive=True`` to move released segments to ``DIR/events/archive``).
+
+    ``standby``: ``log`` is followed while another server leads it
+    (``omnix serve --standby``); ``warm`` starts the runtime meanwhile, its
+    events held (``EmitGate``); ``start`` takes the log over as a restart does.
 
     ``virtual_time``: the clock moves only when the runtime moves it
     (``SimRuntime`` on a ``ManualClock``), so the deadline timer is not armed
@@ -330,6 +359,7 @@ class Omni:
         retention: RetentionPolicy | _Default | None = _DEFAULT,
         log_config: LogConfig | None = None,
         sweep_interval_s: float = 1.0,
+        standby: bool = False,
     ) -> None:
         if runtime_factory is not None and runtime_options:
             raise ValueError(
@@ -359,7 +389,8 @@ class Omni:
         #: from them.  Events a runtime reports between construction and
         #: ``start`` (workers started beforehand, joining) went through the
         #: sequencer already and are not an earlier run's.
-        self._taken_over = len(log) > 0
+        self._taken_over = len(log) > 0  # a standby's is decided at start
+        self.standby = standby
         if blobs is None:
             blobs = DiskBlobStore(self.log_dir / "blobs") if self.log_dir else MemoryBlobStore()
         self.blobs = blobs
@@ -368,17 +399,18 @@ class Omni:
         #: what keeps a long-running server bounded (``None``: retention off)
         self.retention: Retention | None = None
         if isinstance(retention, _Default):
-            retention = RetentionPolicy() if own_log else None
-        if retention is not None:
-            # Through the sequencer: a release decided while a cascade runs
-            # is queued after it, and is an input like any other.
-            self.retention = Retention(
-                self.log, retention, self.blobs, append=self.sequencer.append
-            )
+            retention = RetentionPolicy() if own_log or standby else None
+        # A standby's retention attaches when it takes over: it decides
+        # releases, and a standby decides nothing.
+        self._retention_policy = retention
+        if not standby:
+            self._attach_retention()
         self.sweep_interval_s = sweep_interval_s
         self._sweeper: asyncio.Task[None] | None = None
         factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
-        self.runtime: Runtime = factory(self.pipeline, self.sequencer.emit, self.blobs)
+        self._gate = EmitGate(self.sequencer.emit, held=standby)
+        self.runtime: Runtime = factory(self.pipeline, self._gate, self.blobs)
+        self._warmed = False
         self.dispatcher = Dispatcher(
             self.log, self.runtime, self.blobs, self.pipeline, report=self.sequencer.emit
         )
@@ -396,11 +428,30 @@ class Omni:
         self.recovered_events = 0
         self.recovered_from = 0
 
+    def _attach_retention(self) -> None:
+        if self._retention_policy is not None:
+            # Through the sequencer: a release decided while a cascade runs
+            # is queued after it, and is an input like any other.
+            self.retention = Retention(
+                self.log, self._retention_policy, self.blobs, append=self.sequencer.append
+            )
+
     # -- lifecycle ----------------------------------------------------------
+    async def warm(self) -> None:
+        """A standby's runtime starts before the server leads the log: its
+        workers load and join, and what they report waits for ``start``."""
+        if not self.standby or self._started or self._warmed:
+            raise RuntimeError("warm() is for a standby Omni, once, before start()")
+        self._warmed = True
+        await self.runtime.start()
+
     async def start(self) -> Omni:
         if self._started:
             return self
         self._started = True
+        if self.standby:
+            self._taken_over = len(self.log) > 0
+            self._attach_retention()
         resumed = self._taken_over
         unresumable: tuple[str, ...] = ()
         if resumed:
@@ -420,7 +471,9 @@ class Omni:
                 self.sequencer.emit(ev)
             for rid in self.orchestrator.live_requests:
                 self.timer.track(rid)
-        await self.runtime.start()
+        if not self._warmed:
+            await self.runtime.start()
+        self._gate.open()  # a standby's workers join now, after the old ones' losses
         if self.retention is not None and not self.virtual_time and self.sweep_interval_s > 0:
             sweep = _sweep_loop(self.retention, self.log, self.sweep_interval_s)
             self._sweeper = asyncio.create_task(sweep, name="omnix-retention")
@@ -437,13 +490,10 @@ class Omni:
         (``every_replica``: all it is configured with), as the log records
         them, which is what admission decides from.  Returns ``ready()``.
 
-        A call of its own, not part of ``start``, because ``start`` must
-        return before some stages are ready: workers started by hand
-        (``omnix serve --spawn``, ``omnix worker --connect``) join whenever
-        they come, and the server listens (``/health``, ``/ready``)
-        meanwhile.  And readiness comes and goes while serving (a replica
-        dies and is restarted), so a caller may wait for it again.  Code
-        that submits right after ``start`` calls this first.  Raises
+        Not part of ``start``: workers started by hand join whenever they
+        come while the server listens, and readiness comes and goes while
+        serving (a replica dies and is restarted).  Code that submits right
+        after ``start`` calls this first.  Raises
         ``NotReady`` (a ``TimeoutError``) naming the stages still short
         after ``timeout`` seconds, ``ShuttingDown`` if shutdown begins."""
         if not self._started:
@@ -522,15 +572,13 @@ class Omni:
         media: Sequence[tuple[np.ndarray, str]] = (),
     ) -> list[Admitted | Rejected]:
         """Admit every member (request id, spec) of one call, or none: the
-        one place a request is judged.  Raises ``DuplicateRequestId`` when
-        an id is in use and ``RequestError`` for a spec the pipeline cannot
-        serve (nothing is appended, nothing stored), ``ShuttingDown`` after
-        shutdown began.  Then ``media`` (arrays and their media types, which
-        the specs' media parts reference) go into the blob store, and the
-        members are admitted: the ``Admitted`` events; or the ``Rejected``
-        ones, one per member of a group admission cannot take whole right
-        now (``room``), or the one refusal that ended the group (its
-        members admitted before it are cancelled)."""
+        one place a request is judged.  Raises ``DuplicateRequestId``,
+        ``RequestError`` (nothing appended or stored) or ``ShuttingDown``.
+        Then ``media`` (arrays the specs' media parts reference) are stored
+        and the members admitted: their ``Admitted`` events; or one
+        ``Rejected`` per member of a group that does not fit whole now
+        (``room``), or the one refusal that ended the group (its members
+        admitted before it are cancelled)."""
         if not self._accepting:
             raise ShuttingDown("the server is not accepting requests")
         taken: set[str] = set()
@@ -618,14 +666,7 @@ class Omni:
         """(stage, replica, what its engine said of itself when it became
         ready) of every ready replica the runtime spawned or took in; empty
         for a runtime that does not run workers (the test runtimes)."""
-        from omnix.stages.runtime import StageRuntime
-
-        if not isinstance(self.runtime, StageRuntime):
-            return []
-        return [
-            (stage, replica, EngineInfo(r.engine, r.capacity, r.device, r.model, r.settings))
-            for stage, replica, r in self.runtime.engines()
-        ]
+        return _engines(self.runtime)
 
     async def profile(
         self, action: Literal["start", "stop"], stages: Sequence[str] = ()
@@ -635,18 +676,8 @@ class Omni:
         ``ProfilingOff`` unless the runtime was given a ``profile_dir``
         (``omnix serve --profile-dir``), ``ValueError`` for a stage the
         pipeline does not have."""
-        from omnix.stages.runtime import RuntimeConfigError, StageRuntime
-
-        runtime = self.runtime
-        if not isinstance(runtime, StageRuntime) or runtime.profile_dir is None:
-            raise ProfilingOff(
-                "profiling is off: start the server with --profile-dir DIR "
-                "(omnix serve --profile-dir DIR) to enable /start_profile and /stop_profile"
-            )
-        try:
-            return await runtime.profile(action, stages or [st.name for st in self.pipeline.stages])
-        except RuntimeConfigError as exc:
-            raise ValueError(str(exc)) from exc
+        names = stages or [st.name for st in self.pipeline.stages]
+        return await _profile(self.runtime, action, names)
 
     async def events(self, request_id: str, start: int = 0) -> AsyncIterator[Event]:
         """The request's events from log position ``start``, ending with its

@@ -263,3 +263,42 @@ class _StartedElsewhere:
 
     def release(self, request_id):
         self.rt.release(request_id)
+
+
+async def test_a_standby_takes_over_a_followed_log_with_its_workers_already_joined():
+    from omnix.events.log import MemoryLog
+    from omnix.events.types import Chunk, WorkerLost
+    from omnix.testing.serving import InProcessRuntime
+
+    cfg = omni_like(thinker='engine = { kind = "scripted", chunks_per_piece = 30, delay_ms = 10 }')
+    spec = RequestSpec(prompt="hi", outputs=("text", "audio"))
+    async with Omni(cfg, runtime_factory=InProcessRuntime) as alone:
+        undisturbed = await alone.collect(alone.submit(spec, "r").request_id)
+    assert undisturbed.ok
+
+    leader = Omni(cfg, runtime_factory=InProcessRuntime)
+    await leader.start()
+    leader.submit(spec, "r")
+    async for ev in leader.events("r"):
+        if isinstance(ev, Chunk) and ev.stage == "thinker" and ev.index == 5:
+            break
+    # What a standby had folded when the leader died: its log, to here.
+    followed = MemoryLog(events=leader.log.read())
+    held_from = len(followed)
+    await leader.runtime.shutdown()  # the leader's workers die with it
+
+    standby = Omni(cfg, log=followed, runtime_factory=InProcessRuntime, standby=True)
+    await standby.warm()
+    assert len(followed) == held_from  # its workers' joins are held, not appended
+    assert standby.retention is None  # a standby decides nothing, releases included
+    await standby.start()
+    result = await standby.collect("r")
+    await standby.shutdown()
+    assert result.ok and result.text == undisturbed.text
+    assert result.audio is not None and undisturbed.audio is not None
+    assert result.audio.tobytes() == undisturbed.audio.tobytes()
+    after = list(followed.read(held_from))
+    lost = [i for i, ev in enumerate(after) if isinstance(ev, WorkerLost)]
+    joined = [i for i, ev in enumerate(after) if isinstance(ev, WorkerJoined)]
+    assert lost and joined and max(lost) < min(joined)  # the old replicas go first
+    assert standby.retention is not None
