@@ -264,6 +264,11 @@ async def _wait_ended(
         pass
 
 
+def _not_ready(name: str, timeout: float | None, short: dict[str, tuple[int, int]]) -> str:
+    have = ", ".join(f"{stage!r} {n} of {want}" for stage, (n, want) in short.items())
+    return f"pipeline {name!r} not ready after {timeout:g} s: ready replicas of {have}"
+
+
 def _short_stages(
     pipeline: PipelineConfig, orchestrator: Orchestrator, every_replica: bool
 ) -> dict[str, tuple[int, int]]:
@@ -285,6 +290,15 @@ def _stored(ev: Event, kind: type[_E]) -> _E:
     """The event the log stored, of the kind appended (the log returns what it stored)."""
     assert isinstance(ev, kind)
     return ev
+
+
+async def request_events(log: EventLog, request_id: str, start: int = 0) -> AsyncIterator[Event]:
+    """One request's events from log position ``start``, ending with its
+    terminal event."""
+    async for ev in log.tail(start, request_id=request_id):
+        yield ev
+        if isinstance(ev, TERMINAL_TYPES):
+            return
 
 
 def _engines(runtime: Runtime) -> list[tuple[str, int, EngineInfo]]:
@@ -505,16 +519,8 @@ class Omni:
                         raise ShuttingDown("shut down before every stage was ready")
                     await self.log.wait_for(self.log.next_pos)
         except TimeoutError:
-            short = ", ".join(
-                f"{stage!r} {have} of {want}"
-                for stage, (have, want) in _short_stages(
-                    self.pipeline, self.orchestrator, every_replica
-                ).items()
-            )
-            raise NotReady(
-                f"pipeline {self.pipeline.name!r} not ready after {timeout:g} s: ready replicas "
-                f"of {short}"
-            ) from None
+            short = _short_stages(self.pipeline, self.orchestrator, every_replica)
+            raise NotReady(_not_ready(self.pipeline.name, timeout, short)) from None
         return self.ready()
 
     async def __aenter__(self) -> Omni:
@@ -607,6 +613,14 @@ class Omni:
             out.append(ev)
         return out
 
+    async def admit(
+        self,
+        members: Sequence[tuple[str, RequestSpec]],
+        media: Sequence[tuple[np.ndarray, str]] = (),
+    ) -> list[Admitted | Rejected]:
+        """``submit_group`` as the HTTP layer calls it (a frontend's goes to the leader)."""
+        return self.submit_group(members, media)
+
     def room(self, outputs: tuple[Modality, ...]) -> int:
         """How many requests for ``outputs`` admission would take now, one
         after the other (``omnix.orchestrator.capacity.room``)."""
@@ -682,10 +696,8 @@ class Omni:
     async def events(self, request_id: str, start: int = 0) -> AsyncIterator[Event]:
         """The request's events from log position ``start``, ending with its
         terminal event."""
-        async for ev in self.log.tail(start, request_id=request_id):
+        async for ev in request_events(self.log, request_id, start):
             yield ev
-            if isinstance(ev, TERMINAL_TYPES):
-                return
 
     def output_stages(self, spec: RequestSpec) -> dict[str, str]:
         """stage -> modality for the outputs the request asked for."""

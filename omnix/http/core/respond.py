@@ -22,9 +22,9 @@ import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
-from omnix.api import Omni
 from omnix.events.disklog import DiskLog
 from omnix.events.log import LogClosed
+from omnix.front import Front
 from omnix.http.common.rendering import Head, Rendered
 
 #: A streamed response writes at least this often (bytes) within a burst.
@@ -83,7 +83,7 @@ async def finish(
     return resp
 
 
-async def durable(omni: Omni, pos: int) -> None:
+async def durable(omni: Front, pos: int) -> None:
     """Wait until the log position ``pos`` is on disk (a ``--log-dir``
     log): a client is never sent bytes of an event that a crash could take
     back, so the ids it holds stay valid across a restart."""
@@ -95,7 +95,7 @@ async def durable(omni: Omni, pos: int) -> None:
             pass  # closing wrote out and fsynced everything
 
 
-def caught_up(omni: Omni, rid: str, pos: int) -> bool:
+def caught_up(omni: Front, rid: str, pos: int) -> bool:
     """No event of ``rid`` after ``pos`` is in the log yet: the tail is
     about to wait, so what is buffered should leave now."""
     rs = omni.state(rid)

@@ -63,7 +63,7 @@ async def admit(server: Server, plan: Plan) -> list[Rejected] | None:
     _check_batch(server, plan)
     media = [(b.array, b.ref.media_type) for b in plan.blobs]
     try:
-        events = omni.submit_group(plan.specs, media)
+        events = await omni.admit(plan.specs, media)
     except ShuttingDown:
         raise server.not_accepting() from None
     except DuplicateRequestId as exc:
