@@ -24,6 +24,10 @@ from omnix.usage import run_reporting
 VERBS: dict[str, tuple[str, str]] = {
     "serve": ("omnix.http.serve", "serve a pipeline over the OpenAI-compatible HTTP API"),
     "worker": ("omnix.stages.worker_cli", "run one stage worker and join a server"),
+    "frontend": (
+        "omnix.http.frontend",
+        "serve the HTTP API for a pipeline led by another server on a replicated log",
+    ),
     "models": ("omnix.models.cli", "build the tiny local models the built-in pipelines use"),
     "pipelines": ("omnix.pipelines.cli", "list, show and validate pipeline configs"),
     "generate": ("omnix.offline_cli", "run one request through a pipeline without HTTP"),

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnix.http.options import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, HttpOptions
+from omnix.http.serve_cluster import STEPPED_DOWN, Replicated, add_log_flags, check_log_flags
 from omnix.http.serve_config import ConfigError, apply_config, defaults_of
 from omnix.http.serve_pipeline import ServedPipeline, check_with_vllm, served_pipeline
 from omnix.pipelines.vllm_args import add_engine_flags
@@ -51,6 +52,7 @@ from omnix.usage import UsageError, arg_type, port_number
 if TYPE_CHECKING:
     from omnix.api import Omni
     from omnix.events.disklog import LogConfig
+    from omnix.events.log import EventLog
     from omnix.events.retention import RetentionPolicy
     from omnix.http.app import HttpServer
 
@@ -66,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _pipeline_flags,
         _lifecycle_flags,
         _worker_flags,
+        add_log_flags,
         _http_flags,
         _retention_flags,
         _operator_flags,
@@ -350,9 +353,12 @@ def _http_options(args: argparse.Namespace, names: tuple[str, ...] = ()) -> Http
     )
 
 
-def _build_omni(args: argparse.Namespace, served: ServedPipeline) -> Omni:
+def _build_omni(
+    args: argparse.Namespace, served: ServedPipeline, log: EventLog | None = None
+) -> Omni:
     """The pipeline's models and the ``Omni`` serving it, as the flags
-    say; ``UsageError`` for what the operator must fix, in one line."""
+    say; ``UsageError`` for what the operator must fix, in one line.
+    ``log``: a replicated log this server follows (a standby until it leads)."""
     from omnix.api import Omni
     from omnix.events.disklog import LogError
     from omnix.models.prepare import prepare_models
@@ -373,6 +379,8 @@ def _build_omni(args: argparse.Namespace, served: ServedPipeline) -> Omni:
         return Omni(
             pipeline,
             log_dir=args.log_dir,
+            log=log,
+            standby=log is not None,
             # pin_server: this process joins the frontend CPUs of the runtime's
             # placement (docs/runtime.md), away from the vLLM engine cores.
             runtime_options={
@@ -398,15 +406,20 @@ def _build_omni(args: argparse.Namespace, served: ServedPipeline) -> Omni:
 async def serve(args: argparse.Namespace) -> int:
     from omnix.http.app import HttpServer
 
+    check_log_flags(args)
     served = served_pipeline(args)
     options = _http_options(args, served.names)
-    omni = _build_omni(args, served)
+    cluster = Replicated(args) if args.log else None
+    followed = await _follow(cluster)
+    omni = _build_omni(args, served, followed)
     pipeline = omni.pipeline
     server = HttpServer(omni, options, host=args.host, port=args.port, access_log=args.access_log)
     try:
         await server.start()
     except OSError as exc:
         omni.log.close()
+        if cluster is not None:
+            await cluster.close(leading=False)
         raise UsageError(
             f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc}): pick a free "
             "--port (0: any free one) or another --host",
@@ -417,17 +430,60 @@ async def serve(args: argparse.Namespace) -> int:
         server.url,
         pipeline.name,
         " -> ".join(st.name for st in pipeline.stages),
-        args.log_dir or "memory",
+        args.log or args.log_dir or "memory",
         "api key" if args.api_key else "none",
         ",".join(sorted(options.allowed_origins)) or "none",
     )
-    code = await _serve_until_stopped(omni, server, _stop_on_signals())
+    stop = _stop_on_signals()
+    if cluster is None:
+        code = await _serve_until_stopped(omni, server, omni.start(), stop)
+    else:
+        code = await _serve_until_stopped(omni, server, _lead(cluster, omni, server), stop, cluster)
     t1 = time.perf_counter()
     server.mark_stopping()
+    if cluster is not None and cluster.lost.is_set():
+        # Another server leads the log now: nothing more may be appended.
+        log.error("stepping down: %s", cluster.why)
+        await omni.runtime.shutdown()
+        await server.close()
+        await cluster.close(leading=False)
+        return STEPPED_DOWN
     await omni.shutdown(grace_s=args.grace)
     await server.close()
+    if cluster is not None:
+        await cluster.close(leading=True)
     log.info("stopped in %.1f s", time.perf_counter() - t1)
     return code
+
+
+async def _follow(cluster: Replicated | None) -> EventLog | None:
+    """The replicated log, followed (None without ``--log``)."""
+    if cluster is None:
+        return None
+    from omnix.events.segments import LogError
+
+    try:
+        followed = await cluster.open()
+        await cluster.check_leader()
+    except LogError as bad:
+        await cluster.close(leading=False)
+        raise UsageError(f"--log {cluster.url}: {bad}", code=1) from None
+    except BaseException:
+        await cluster.close(leading=False)
+        raise
+    return followed
+
+
+async def _lead(cluster: Replicated, omni: Omni, server: HttpServer) -> None:
+    """A server on a replicated log: its workers load, then it leads (at
+    once, or when the leader it stands by for stops), then it answers
+    its frontends."""
+    from omnix.cluster.door import FrontDoor
+
+    await omni.warm()
+    await cluster.lead(omni, server)
+    assert cluster.log is not None
+    await FrontDoor(omni, cluster.log.conn.nc, cluster.name).open()
 
 
 def _stop_on_signals() -> asyncio.Event:
@@ -452,12 +508,19 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def _serve_until_stopped(omni: Omni, server: HttpServer, stop: asyncio.Event) -> int:
-    """Start the pipeline and serve until ``stop`` is set; 1 when the
-    pipeline failed to start, else 0."""
+async def _serve_until_stopped(
+    omni: Omni,
+    server: HttpServer,
+    start: Coroutine[Any, Any, object],
+    stop: asyncio.Event,
+    cluster: Replicated | None = None,
+) -> int:
+    """Start the pipeline (``start``) and serve until ``stop`` is set (or
+    the server stops leading its log); 1 when the pipeline failed to
+    start, else 0."""
     t0 = time.perf_counter()
-    starting = asyncio.create_task(omni.start())
-    waiting = asyncio.create_task(stop.wait())
+    starting = asyncio.create_task(start)
+    waiting = asyncio.create_task(_either(stop, cluster.lost if cluster else None))
     await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if starting.done() and starting.exception() is None:
@@ -480,6 +543,16 @@ async def _serve_until_stopped(omni: Omni, server: HttpServer, stop: asyncio.Eve
             await starting
     waiting.cancel()
     return code
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event | None) -> None:
+    if b is None:
+        await a.wait()
+        return
+    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
 
 
 def _spawn_choice(text: str) -> bool | list[str]:
