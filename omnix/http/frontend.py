@@ -113,6 +113,7 @@ async def frontend(args: argparse.Namespace) -> int:
     from omnix.http.app import HttpServer
     from omnix.http.serve import _http_options, _stop_on_signals
 
+    t0 = time.perf_counter()
     try:
         followed = await NatsLog.follow(args.log, name=args.log_name)
     except LogError as bad:
@@ -135,13 +136,14 @@ async def frontend(args: argparse.Namespace) -> int:
             ) from None
         server.mark_serving()
         log.info(
-            "frontend for log %r on %s (pipeline %r, led by %s) serving at %s",
+            "listening on %s: frontend for log %r on %s (pipeline %r, led by %s)",
+            server.url,
             args.log_name,
             args.log,
             info.pipeline.name,
             info.http_url,
-            server.url,
         )
+        log.info("ready in %.1f s (Ctrl-C to stop)", time.perf_counter() - t0)
         await _stop_on_signals().wait()
         server.mark_stopping()
         await remote.shutdown()

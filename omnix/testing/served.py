@@ -30,10 +30,11 @@ class ServeProcess:
         self._reader = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def start(cls, *args: str) -> ServeProcess:
-        """``omnix serve --port 0 ARGS...`` (Python unbuffered, stderr merged)."""
+    async def start(cls, *args: str, verb: str = "serve") -> ServeProcess:
+        """``omnix serve --port 0 ARGS...`` (Python unbuffered, stderr
+        merged); ``verb="frontend"`` for ``omnix frontend``."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "omnix.cli", "serve", "--port", "0", *args,
+            sys.executable, "-m", "omnix.cli", verb, "--port", "0", *args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
