@@ -44,6 +44,7 @@ from omnix.events.types import (
     WorkerJoined,
     WorkerLost,
 )
+from omnix.orchestrator.gate import AckGate
 from omnix.orchestrator.runtime import Runtime
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph, merge_params
@@ -60,8 +61,12 @@ class Dispatcher:
         blobs: BlobStore,
         pipeline: PipelineConfig,
         report: Callable[[Event], None] | None = None,
+        *,
+        wait_for_ack: bool = False,
     ) -> None:
         self.log = log
+        # A replicated log's events are acted on once acknowledged (AckGate).
+        self._gate = AckGate(log, on=wait_for_ack)
         # Where a failed effect is reported, as an input event (the
         # sequencer's emit): a send the runtime refuses becomes StageFailed,
         # so the request still gets exactly one ending.
@@ -101,42 +106,62 @@ class Dispatcher:
             case CancelRequested():
                 self._on_cancel_requested(ev)
             case Failed():
-                self._abort_active(ev.request_id)
-                self._release(ev.request_id)
+                self._abort_active(ev.request_id, ev.pos)
+                self._release(ev.request_id, ev.pos)
             case Cancelled() | Finished():
-                self._release(ev.request_id)
+                self._release(ev.request_id, ev.pos)
             case _:
                 assert_never(ev)
 
     def _send(self, ev: Routed) -> None:
         try:
-            self.runtime.send(self.work_item(ev))
+            work = self.work_item(ev)  # read now: the events it names are held now
         except Exception as exc:
-            if self.report is None:
-                raise
-            log.error("could not send %s piece %d of %s: %s", ev.stage, ev.seq, ev.request_id, exc)
-            self.report(
-                StageFailed(
-                    request_id=ev.request_id,
-                    stage=ev.stage,
-                    replica=ev.replica,
-                    message=f"the runtime refused the work: {exc}",
-                )
+            self._refused(ev, exc)
+            return
+        self._gate.run(ev.pos, lambda: self._deliver(ev, work))
+
+    def _deliver(self, ev: Routed, work: WorkItem) -> None:
+        try:
+            self.runtime.send(work)
+        except Exception as exc:
+            self._refused(ev, exc)
+
+    def _refused(self, ev: Routed, exc: Exception) -> None:
+        """A piece that could not be sent fails its stage (an input, so the
+        request still gets exactly one ending)."""
+        if self.report is None:
+            raise exc
+        log.error("could not send %s piece %d of %s: %s", ev.stage, ev.seq, ev.request_id, exc)
+        self.report(
+            StageFailed(
+                request_id=ev.request_id,
+                stage=ev.stage,
+                replica=ev.replica,
+                message=f"the runtime refused the work: {exc}",
             )
+        )
 
     def _on_cancel_requested(self, ev: CancelRequested) -> None:
         rs = self.log.state.requests[ev.request_id]
         if rs.cancel_pos == ev.pos:  # the first cancel; later ones change nothing
-            self._abort_active(ev.request_id)
+            self._abort_active(ev.request_id, ev.pos)
 
-    def _abort_active(self, request_id: str) -> None:
+    def _abort_active(self, request_id: str, pos: int) -> None:
         rs = self.log.state.requests[request_id]
-        for st in rs.active_stages():
-            self.runtime.abort(request_id, st.name, st.replica)
+        active = [(st.name, st.replica) for st in rs.active_stages()]
+        abort = self.runtime.abort
 
-    def _release(self, request_id: str) -> None:
+        def call() -> None:
+            for stage, replica in active:
+                abort(request_id, stage, replica)
+
+        self._gate.run(pos, call)
+
+    def _release(self, request_id: str, pos: int) -> None:
         self._specs.pop(request_id, None)
-        self.runtime.release(request_id)
+        release = self.runtime.release
+        self._gate.run(pos, lambda: release(request_id))
 
     def spec(self, request_id: str) -> RequestSpec:
         spec = self._specs.get(request_id)
