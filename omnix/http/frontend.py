@@ -89,10 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def _leader_info(lease: LeaderLease, name: str, url: str, timeout_s: float) -> LeaderInfo:
     """What the leader publishes with its lease (waiting for one to lead)."""
     from omnix.cluster.wire import LeaderInfo
+    from omnix.events.lease import LeaseInfo
 
     deadline = time.monotonic() + timeout_s
     while True:
-        current = await lease.current(LeaderInfo)
+        current: LeaseInfo[LeaderInfo] | None = await lease.current(LeaderInfo)
         if current is not None:
             return current.endpoints
         if time.monotonic() >= deadline:
@@ -136,7 +137,7 @@ async def frontend(args: argparse.Namespace) -> int:
             ) from None
         server.mark_serving()
         log.info(
-            "listening on %s: frontend for log %r on %s (pipeline %r, led by %s)",
+            "listening on %s (frontend for log %r on %s, pipeline %r, led by %s)",
             server.url,
             args.log_name,
             args.log,

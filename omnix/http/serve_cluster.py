@@ -133,11 +133,11 @@ class Replicated:
 
     async def _lease_info(self) -> str | None:
         from omnix.cluster.wire import LeaderInfo
-        from omnix.events.lease import LeaderLease
+        from omnix.events.lease import LeaderLease, LeaseInfo
 
         assert self.log is not None
         probe = await LeaderLease.open(self.log.conn, name=self.name, ttl=self.args.lease_ttl)
-        info = await probe.current(LeaderInfo)
+        info: LeaseInfo[LeaderInfo] | None = await probe.current(LeaderInfo)
         return None if info is None else f"{info.holder} ({info.endpoints.http_url})"
 
     async def lead(self, omni: Omni, server: HttpServer) -> None:
