@@ -65,7 +65,28 @@ RESTART_MAX_TOKENS = 400
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs", type=int, default=20, help="migrations to measure")
+    parser.add_argument(
+        "--backend",
+        choices=("local", "nats"),
+        default="local",
+        help="local: a replica's migration and a --log-dir restart; nats: a leader killed under "
+        "clients of a frontend on a replicated log, a standby taking over (default local)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="migrations (local, default 20) or leader kills (nats, default 5) to measure",
+    )
+    parser.add_argument(
+        "--streams", type=int, default=4, help="nats: streams through the frontend per kill"
+    )
+    parser.add_argument(
+        "--ttft-requests",
+        type=int,
+        default=10,
+        help="nats: requests whose time to first token is compared with the local log's",
+    )
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per migrated request")
     parser.add_argument(
         "--seed", type=int, default=17, help="seed of the bench's choice of kill points"
@@ -430,9 +451,21 @@ def _table(res: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.runs < 1 or args.max_tokens < 12:
-        raise UsageError("--runs must be >= 1 and --max-tokens >= 12")
+    if args.runs is None:
+        args.runs = 5 if args.backend == "nats" else 20
+    if args.runs < 1 or args.max_tokens < 12 or args.streams < 1 or args.ttft_requests < 1:
+        raise UsageError(
+            "--runs, --streams and --ttft-requests must be >= 1 and --max-tokens >= 12"
+        )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.backend == "nats":
+        from omnix.bench import failover_nats
+
+        res = run_on_loop(failover_nats.bench(args))
+        failover_nats.table(res)
+        if args.json:
+            print(json.dumps(res))
+        return 0 if res["lost_requests"] == 0 else 1
     res = run_on_loop(_bench(args))
     _table(res)
     if args.json:

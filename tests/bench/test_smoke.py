@@ -150,6 +150,15 @@ def test_failover(pipelines):
     assert out["migrations_ok"] == out["runs"] == 2
 
 
+def test_failover_on_nats(pipelines):
+    out = bench(
+        "failover", "--backend", "nats", "--pipeline", pipelines["slow-text"], "--runs", "1",
+        "--streams", "2", "--ttft-requests", "2", "--max-tokens", "24",
+    )  # fmt: skip
+    has(out, "takeover_s", "frontend_gap_p50_ms", "lost_requests", "ttft_ratio_vs_local")
+    assert out["lost_requests"] == 0
+
+
 def test_soak(pipelines):
     out = bench(
         "soak", "--pipeline", pipelines["omni"], "--warmup", "4", "--requests", "12",
