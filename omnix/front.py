@@ -8,6 +8,8 @@ to the leader: ``omnix frontend``).  Reads come from ``log`` and
 ``blobs``; the calls that append (``admit``, ``cancel``, ``append_input``,
 ``record``, ``delete``) are the only way a handler changes anything.
 
+Also ``Unavailable``, what either raises for "not now, retry" (503).
+
 Does not own either implementation.
 """
 
@@ -34,6 +36,13 @@ from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph
 from omnix.stages.profile_calls import ProfileReport
 from omnix.transport.work import EngineInfo
+
+
+class Unavailable(RuntimeError):
+    """The pipeline cannot take a request right now, for a while only: its
+    replicated log is unreachable, or no leader answers a frontend (a
+    failover).  Nothing was admitted; the HTTP layer answers 503 with
+    Retry-After and this message."""
 
 
 class Front(Protocol):

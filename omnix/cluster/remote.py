@@ -42,6 +42,7 @@ from omnix.events.log import EventLog
 from omnix.events.reducer import RequestState
 from omnix.events.retention import RequestStatusKind, Retention
 from omnix.events.types import Admitted, CancelReason, Event, Rejected, RequestSpec, SessionChanged
+from omnix.front import Unavailable
 from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
 from omnix.stages.profile_calls import ProfileReport
 from omnix.transport.work import EngineInfo
@@ -49,7 +50,7 @@ from omnix.transport.work import EngineInfo
 log = logging.getLogger("omnix.frontend")
 
 
-class LeaderUnavailable(ShuttingDown):
+class LeaderUnavailable(Unavailable):
     """No leader answered for ``failover_wait_s``: the HTTP layer says 503."""
 
 

@@ -378,6 +378,12 @@ class EventLog:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def available(self) -> bool:
+        """Whether the log takes new work now: a replicated log is not while
+        its servers are unreachable (admissions then answer 503)."""
+        return True
+
     def __enter__(self) -> EventLog:
         return self
 

@@ -50,7 +50,12 @@ from omnix.http.core.errors import error_body, error_type
 RENDER_VERSION: Final = 3
 
 #: Seconds a client should wait before retrying a refused request.
-RETRY_AFTER: Final = {"overloaded": "1", "not_ready": "5", "shutting_down": "30"}
+RETRY_AFTER: Final = {
+    "overloaded": "1",
+    "not_ready": "5",
+    "shutting_down": "30",
+    "unavailable": "2",
+}
 
 #: How long the audio of a chat response is said to be valid (informational:
 #: omnix keeps audio in its blob store, not behind an audio id).

@@ -94,6 +94,16 @@ class Server:
             headers={"Retry-After": RETRY_AFTER["shutting_down"]},
         )
 
+    def unavailable(self, why: str) -> ApiError:
+        """The 503 of a pipeline that cannot take requests for a while (its
+        replicated log is unreachable, a failover is under way)."""
+        return ApiError(
+            503,
+            f"{why}. Nothing was submitted; retry shortly.",
+            code="unavailable",
+            headers={"Retry-After": RETRY_AFTER["unavailable"]},
+        )
+
     async def load_tokenizer(self, app: web.Application) -> None:
         """Load the prompt tokenizer while the workers load (seconds of
         imports), not in the first request."""

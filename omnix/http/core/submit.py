@@ -19,6 +19,7 @@ from typing import Final
 from omnix.api import DuplicateRequestId, ShuttingDown
 from omnix.events.options import API_COMPLETIONS, API_IMAGES
 from omnix.events.types import Rejected
+from omnix.front import Unavailable
 from omnix.http.common.plan import Plan
 from omnix.http.core.errors import ApiError, from_request_error
 from omnix.http.core.server import Server
@@ -60,10 +61,14 @@ async def admit(server: Server, plan: Plan) -> list[Rejected] | None:
     omni = server.omni
     if not omni.accepting:
         raise server.not_accepting()
+    if not omni.log.available:
+        raise server.unavailable("The event log is unreachable (its NATS servers do not answer)")
     _check_batch(server, plan)
     media = [(b.array, b.ref.media_type) for b in plan.blobs]
     try:
         events = await omni.admit(plan.specs, media)
+    except Unavailable as exc:
+        raise server.unavailable(str(exc).rstrip(".")) from None
     except ShuttingDown:
         raise server.not_accepting() from None
     except DuplicateRequestId as exc:
