@@ -51,6 +51,7 @@ from omnix.events.types import (
     Rejected,
     Released,
     RequestSpec,
+    Scaled,
     SessionChanged,
 )
 from omnix.orchestrator.capacity import group_rejections, room
@@ -58,6 +59,7 @@ from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.dispatch import Dispatcher
 from omnix.orchestrator.recovery import recover_log, restart_inputs
 from omnix.orchestrator.runtime import Runtime, RuntimeFactory
+from omnix.orchestrator.scaling import Scaler, ScaleRefused
 from omnix.orchestrator.sequencer import Sequencer
 from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
@@ -217,14 +219,19 @@ def to_output(ev: Chunk, blobs: BlobStore) -> Output:
 
 
 def _takeover_inputs(
-    log: EventLog, live: tuple[str, ...], unresumable: tuple[str, ...], oldest_ns: int
+    log: EventLog,
+    live: tuple[str, ...],
+    unresumable: tuple[str, ...],
+    oldest_ns: int,
+    scaler: Scaler,
 ) -> Iterator[Event]:
     """The inputs that end or continue the requests a log taken over left
     in flight, each computed after the one before was appended (the
     caller emits them as they come): requests admitted before
     ``oldest_ns`` (the resume bound) or whose history was released end
     (``DeadlineExpired``), before the losses of the replicas the log still
-    holds as joined, so they are not continued first."""
+    holds as joined, so they are not continued first; then the stages
+    that scale go back to their ``min`` replicas (the runtime starts those)."""
     requests = log.state.requests
     for rid in live:
         if rid in unresumable:
@@ -234,6 +241,7 @@ def _takeover_inputs(
         elif requests[rid].admitted_ts < oldest_ns:
             yield DeadlineExpired(request_id=rid, scope="resume")
     yield from restart_inputs(log.state)
+    yield from scaler.restart(log.state)
 
 
 async def _sweep_loop(retention: Retention, log: EventLog, interval_s: float) -> None:
@@ -270,7 +278,7 @@ def _short_stages(
     of them), as the orchestrator sees the log: stage -> (ready, wanted)."""
     out = {}
     for st in pipeline.stages:
-        want = st.replicas if every_replica else 1
+        want = st.min_replicas if every_replica else 1
         have = orchestrator.ready_replicas(st.name)
         if have < want:
             out[st.name] = (have, want)
@@ -416,7 +424,8 @@ class Omni:
         if resumed:
             oldest = self.clock.now_ns() - int(self.resume_within_s * 1e9)
             live = self.orchestrator.live_requests
-            for ev in _takeover_inputs(self.log, live, unresumable, oldest):
+            scaler = self.orchestrator.scaler
+            for ev in _takeover_inputs(self.log, live, unresumable, oldest, scaler):
                 self.sequencer.emit(ev)
             for rid in self.orchestrator.live_requests:
                 self.timer.track(rid)
@@ -563,6 +572,23 @@ class Omni:
         """How many requests for ``outputs`` admission would take now, one
         after the other (``omnix.orchestrator.capacity.room``)."""
         return room(self.orchestrator, self.graph, self.log.state.workers.values(), outputs)
+
+    def scale(self, stage: str, count: int) -> list[Scaled]:
+        """Set ``stage``'s replica count by hand (``POST
+        /admin/stages/{name}/replicas``): the lowest free replicas start or
+        the highest drain, each a ``Scaled`` input (``reason="admin"``);
+        the stage keeps scaling by its rules from there.  Returns the
+        appended events (none when it has ``count`` already).  Raises
+        ``ScaleRefused``: an unknown stage, a fixed count, a count outside
+        the stage's ``min..max``, replicas still draining in the way."""
+        if stage not in self.graph.stage_names:
+            raise ScaleRefused(
+                404,
+                f"pipeline {self.pipeline.name!r} has no stage {stage!r} "
+                f"(stages: {', '.join(self.graph.stage_names)})",
+            )
+        planned = self.orchestrator.scaler.plan(stage, count)
+        return [_stored(self.sequencer.append(ev), Scaled) for ev in planned]
 
     def cancel(self, request_id: str, reason: CancelReason = "client") -> bool:
         """Ask to cancel; False when the request is unknown or already over."""
