@@ -256,6 +256,22 @@ async def _sweep_loop(retention: Retention, log: EventLog, interval_s: float) ->
             return
 
 
+async def _scale_sweep(omni: Omni, interval_s: float) -> None:
+    """An idle server appends no sample, so a stage would keep its extra
+    replicas until traffic came back: ask the orchestrator every
+    ``interval_s`` which drains are due by the log clock now, and append
+    them (inputs, stamped with that reading: ``Scaler.idle``)."""
+    log = omni.log
+    while not log.closed:
+        await asyncio.sleep(interval_s)
+        # Between awaits, so never inside a decision cascade.
+        for ev in omni.orchestrator.idle_scale(log.state, omni.clock.now_ns()):
+            try:
+                omni.sequencer.append(ev)
+            except LogClosed:
+                return
+
+
 async def _wait_ended(
     events: Callable[[str], AsyncIterator[Event]], rids: tuple[str, ...], limit_s: float
 ) -> None:
@@ -313,7 +329,9 @@ class Omni:
     none (its owner may attach its own ``Retention``: one per log).  Its ``Released`` events go through
     the sequencer, so they land between decision cascades; while started, a
     task calls ``retention.sweep()`` every ``sweep_interval_s`` so an idle
-    server still lets requests go when the time bound passes.
+    server still lets requests go when the time bound passes; likewise,
+    with a stage that scales, a task appends the drains an idle server's
+    clock makes due (``Orchestrator.idle_scale``).
     ``log_config``: how a ``log_dir`` log writes (``LogConfig``: snapshots,
     ``archive=True`` to move released segments to ``DIR/events/archive``).
 
@@ -385,6 +403,7 @@ class Omni:
             )
         self.sweep_interval_s = sweep_interval_s
         self._sweeper: asyncio.Task[None] | None = None
+        self._scaler_task: asyncio.Task[None] | None = None
         factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
         self.runtime: Runtime = factory(self.pipeline, self.sequencer.emit, self.blobs)
         self.dispatcher = Dispatcher(
@@ -433,6 +452,10 @@ class Omni:
         if self.retention is not None and not self.virtual_time and self.sweep_interval_s > 0:
             sweep = _sweep_loop(self.retention, self.log, self.sweep_interval_s)
             self._sweeper = asyncio.create_task(sweep, name="omnix-retention")
+        scaling = [st.scaling for st in self.pipeline.stages if st.scaling is not None]
+        if scaling and not self.virtual_time:
+            every = max(0.05, min(1.0, min(r.down_after_s for r in scaling) / 4))
+            self._scaler_task = asyncio.create_task(_scale_sweep(self, every), name="omnix-scaling")
         self._accepting = True
         return self
 
@@ -490,6 +513,11 @@ class Omni:
             return
         self._stopped = True
         self._accepting = False
+        if self._scaler_task is not None:
+            self._scaler_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scaler_task
+            self._scaler_task = None
         live = self.orchestrator.live_requests
         if live:
             await _wait_ended(self.events, live, grace_s)
@@ -584,6 +612,7 @@ class Omni:
         if stage not in self.graph.stage_names:
             raise ScaleRefused(
                 404,
+                "unknown_stage",
                 f"pipeline {self.pipeline.name!r} has no stage {stage!r} "
                 f"(stages: {', '.join(self.graph.stage_names)})",
             )

@@ -15,7 +15,8 @@ bookkeeping the reactions share lives beside it: the plans
 forwarding (``routing.py``), when a cancelled request ends
 (``cancellation.py``), due times (``deadlines.py``) and when a stage
 that scales starts or drains a replica (``scaling.py``: sampled at each
-admission and each stage end, after that event's own decisions).
+admission and each end of its executions, after that event's own
+decisions).
 
 Does not own effects (sending work and aborts: ``dispatch.py``), time
 (``timers.py`` appends ``DeadlineExpired`` when a due time passes) or the
@@ -112,6 +113,11 @@ class Orchestrator:
     def ready_replicas(self, stage: str) -> int:
         """Ready replicas that take new work (a draining one does not)."""
         return len(self._placement.replicas[stage])
+
+    def idle_scale(self, state: Fold, ts_ns: int) -> list[Scaled]:
+        """The drains due at log time ``ts_ns`` with nothing happening
+        (``Scaler.idle``): inputs, for the server's sweep to append."""
+        return self.scaler.idle(state, self._placement, ts_ns)
 
     def routable(self, stage: str, replica: int) -> bool:
         """Whether routing may give ``replica`` a new request."""
@@ -235,7 +241,7 @@ class Orchestrator:
             if all(_stage_status(rs, n) == "finished" for n in plan.needed):
                 out.append(Finished(request_id=ev.request_id, ts_ns=ev.ts_ns, cause=ev.pos))
         out += router.drain(ev.stage, ev, state)
-        return out + self.scaler.sample(ev, state, self._placement)
+        return out + self.scaler.sample(ev, state, self._placement, ev.stage)
 
     def _on_stage_failed(self, ev: StageFailed, state: Fold) -> list[Event]:
         plan = self._live.get(ev.request_id)
@@ -244,7 +250,7 @@ class Orchestrator:
         self._router.release_slot(plan, ev.stage)
         out = self._stage_gone(plan, ev.stage, ev, state, "stage_error", ev.message)
         out += self._router.drain(ev.stage, ev, state)
-        return out + self.scaler.sample(ev, state, self._placement)
+        return out + self.scaler.sample(ev, state, self._placement, ev.stage)
 
     def _on_worker_lost(self, ev: WorkerLost, state: Fold) -> list[Event]:
         self._placement.lost(ev)

@@ -12,8 +12,9 @@ cannot be set.
 The rules (docs/pipelines.md, "Scaling"), a function of the config and
 the log prefix only:
 
-* A *sample* of every scaling stage is taken at each ``Admitted`` and at
-  each ``StageFinished``/``StageFailed``, after the decisions it led to.
+* A *sample* of a scaling stage is taken at each ``Admitted`` and at each
+  ``StageFinished``/``StageFailed`` of that stage, after the decisions
+  the event led to.
 * Up: a sample that finds at least ``up_queue`` requests waiting for the
   stage's credits extends the run; any other ends it.  After ``up_after``
   samples in a row, the lowest free replica starts, unless one started
@@ -23,6 +24,10 @@ the log prefix only:
   the others' credits enough for every request the stage runs, and the
   stage's last start or drain at least ``down_after_s`` of log time
   before it, drains the highest replica.
+* With nothing happening the log has no sample: the server asks
+  ``idle`` with the clock's reading every so often, and appends the
+  drains it returns as inputs stamped with that reading (as retention
+  appends ``Released``), so the log still says when and why.
 * An admission or a rejection with no request in flight (an idle point,
   where a trace's window starts) ends every run: what a decision depends
   on is then in the window or in the ``Scaled`` events before it, which
@@ -46,12 +51,13 @@ _NS = 1_000_000_000
 
 class ScaleRefused(ValueError):
     """A replica count that cannot be set; ``status`` the HTTP status that
-    says why (404 no such stage, 409 a fixed count or a replica still
-    draining, 400 out of range)."""
+    says why and ``code`` its name: 404 ``unknown_stage``, 409
+    ``fixed_replicas`` or ``replicas_draining``, 400 ``out_of_range``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
 
 
 class _Stage:
@@ -117,10 +123,15 @@ class Scaler:
             s.streak = 0
 
     # -- decisions ------------------------------------------------------------
-    def sample(self, ev: Event, state: Fold, placement: Placement) -> list[Event]:
-        """The scale decisions a sample at ``ev`` leads to (at most one per stage)."""
+    def sample(
+        self, ev: Event, state: Fold, placement: Placement, stage: str | None = None
+    ) -> list[Event]:
+        """The scale decisions a sample at ``ev`` leads to (at most one per
+        stage): of ``stage``, or of every scaling stage when None."""
         out: list[Event] = []
         for name, s in self.stages.items():
+            if stage is not None and name != stage:
+                continue
             decision = self._sample(name, s, ev, state, placement)
             if decision is not None:
                 out.append(decision)
@@ -142,10 +153,32 @@ class Scaler:
                 return self._start(name, s, ev.ts_ns, "queue", ev.pos)
             return None
         s.streak = 0
-        if queued or len(s.members) <= cfg.min:
+        if queued or not self._may_drain(name, s, ev.ts_ns, state, placement):
             return None
-        if s.changed_ts >= 0 and ev.ts_ns - s.changed_ts < cfg.down_after_s * _NS:
-            return None
+        return self._drain(name, s, s.members[-1], ev.ts_ns, "idle", ev.pos)
+
+    def idle(self, state: Fold, placement: Placement, ts_ns: int) -> list[Scaled]:
+        """The drains due at log time ``ts_ns`` with nothing happening: an
+        idle server appends no sample, so the server asks this every
+        ``down_after_s`` or so (as retention's sweep compares its time
+        bound), and appends what it returns as inputs stamped ``ts_ns``:
+        the rule of a sample's drain, read at that time."""
+        return [
+            self._drain(name, s, s.members[-1], ts_ns, "idle", -1)
+            for name, s in self.stages.items()
+            if not placement.queues[name] and self._may_drain(name, s, ts_ns, state, placement)
+        ]
+
+    @staticmethod
+    def _may_drain(name: str, s: _Stage, ts_ns: int, state: Fold, placement: Placement) -> bool:
+        """More than ``min`` replicas, the last start or drain at least
+        ``down_after_s`` ago, and the others' credits enough for every
+        request the stage runs (the caller checks that none waits)."""
+        cfg = s.cfg
+        if len(s.members) <= cfg.min:
+            return False
+        if s.changed_ts >= 0 and ts_ns - s.changed_ts < cfg.down_after_s * _NS:
+            return False
         last = s.members[-1]
         load = spare = 0
         for rep in s.members:
@@ -154,9 +187,7 @@ class Scaler:
             ws = state.workers.get(wid)
             if rep != last and ws is not None and ws.alive:
                 spare += ws.capacity
-        if load > spare:
-            return None
-        return self._drain(name, s, last, ev.ts_ns, "idle", ev.pos)
+        return load <= spare
 
     def plan(self, stage: str, count: int, ts_ns: int = 0) -> list[Scaled]:
         """The inputs an admin's ``count`` for ``stage`` becomes: the
@@ -164,16 +195,22 @@ class Scaler:
         (none when it has ``count`` already).  Raises ``ScaleRefused``."""
         s = self.stages.get(stage)
         if s is None:
-            raise ScaleRefused(409, f"stage {stage!r} has a fixed replica count; it does not scale")
+            raise ScaleRefused(
+                409,
+                "fixed_replicas",
+                f"stage {stage!r} has a fixed replica count; it does not scale",
+            )
         cfg = s.cfg
         if not cfg.min <= count <= cfg.max:
             raise ScaleRefused(
                 400,
+                "out_of_range",
                 f"stage {stage!r} scales between {cfg.min} and {cfg.max} replicas, not {count}",
             )
         if count - len(s.members) > cfg.max - len(s.members) - len(s.draining):
             raise ScaleRefused(
                 409,
+                "replicas_draining",
                 f"stage {stage!r} has {len(s.draining)} replica(s) still draining, which count "
                 f"toward its max of {cfg.max} until they leave; try again when they have",
             )
