@@ -6,6 +6,8 @@ trace's window re-derive them exactly."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from omnix.events.types import TERMINAL_TYPES, Finished, RequestSpec, Routed, Scaled, WorkerLost
@@ -52,7 +54,7 @@ async def burst(n: int, cfg=None, start: int = 0):
 
 
 async def test_a_queue_that_stays_up_starts_replicas_one_at_a_time_up_to_max():
-    omni, sim, rids = await burst(8)
+    omni, _sim, rids = await burst(8)
     assert_all_finished_once(omni, rids)
     starts = [ev for ev in scaled(omni) if ev.op == "start"]
     assert [(ev.replica, ev.reason, ev.replicas) for ev in starts] == [
@@ -77,12 +79,12 @@ async def test_the_first_samples_with_a_queue_start_nothing():
     cfg = scaling(up_after=5)
     omni, sim, _ = await burst(3, cfg)
     assert ops(omni) == []  # two waiting requests never make five samples
-    omni, sim, _ = await burst(8, cfg)
+    omni, _sim, _ = await burst(8, cfg)
     assert [op for op in ops(omni) if op[1] == "start"]
 
 
 async def test_drain_waits_for_log_time_takes_no_new_work_and_the_replica_leaves():
-    omni, sim, rids = await burst(8)
+    omni, _sim, rids = await burst(8)
     drains = [ev for ev in scaled(omni) if ev.op == "drain"]
     assert drains and all(ev.reason == "idle" and ev.cause >= 0 for ev in drains)
     last_start = max(ev.ts_ns for ev in scaled(omni) if ev.op == "start")
@@ -130,7 +132,7 @@ async def test_steady_load_within_capacity_does_not_flap():
     assert len(starts) <= 2 and len(drains) <= len(starts)
     # Nothing drains within down_after_s of the last start.
     evs = scaled(omni)
-    for a, b in zip(evs, evs[1:], strict=False):
+    for a, b in itertools.pairwise(evs):
         if a.op == "start" and b.op == "drain":
             assert b.ts_ns - a.ts_ns >= 0.5 * S
     assert_all_finished_once(omni, rids)
@@ -139,7 +141,7 @@ async def test_steady_load_within_capacity_does_not_flap():
 async def test_an_idle_server_drains_when_its_clock_says_so():
     # The burst ends within down_after_s of the last start: no sample
     # drains; the server's sweep asks with the clock's reading instead.
-    omni, sim, rids = await burst(8, scaling(down_after_s=1.0))
+    omni, sim, _rids = await burst(8, scaling(down_after_s=1.0))
     assert [op for op in ops(omni) if op[1] == "drain"] == []
     orch = omni.orchestrator
     last = max(e.ts_ns for e in scaled(omni))
@@ -161,7 +163,7 @@ async def test_an_idle_server_drains_when_its_clock_says_so():
 
 
 async def test_the_log_explains_every_scale_decision():
-    omni, sim, rids = await burst(8)
+    omni, sim, _rids = await burst(8)
     sim.clock.advance(2 * S)
     for i in range(2):
         omni.submit(SPEC, request_id=f"late{i}")

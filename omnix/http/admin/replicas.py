@@ -3,7 +3,8 @@
 Owns the route: its bodies (``SetReplicas`` in: the count; ``StageReplicas``
 out: the stage's count, range, ready replicas, the draining ones and the
 log positions of the ``Scaled`` events the call appended), its handler,
-its OpenAPI operation and its row (``REPLICAS``).  The count becomes the
+its OpenAPI operation (for a pipeline with a stage that scales: the
+stages that do, the count within their range) and its row (``REPLICAS``).  The count becomes the
 same ``Scaled`` events the orchestrator's own decisions are (an input,
 ``reason = "admin"``: ``Omni.scale``), so replay explains it; the stage
 keeps scaling by its rules from there.  Behind the API key, as every
@@ -78,12 +79,14 @@ async def set_replicas(server: Server, request: web.Request) -> web.Response:
     return json_response(body_out)
 
 
-def _operation(ctx: DocContext) -> dict[str, Any]:
+def _operation(ctx: DocContext) -> dict[str, Any] | None:
+    """Described where a stage scales (the others answer 404 or 409)."""
+    names = [st.name for st in ctx.pipeline.stages if st.scaling is not None]
+    if not names:
+        return None
     return {
         "summary": "Set a scaling stage's replica count (replicas = {min, max} in its config)",
-        "parameters": [
-            {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-        ],
+        "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"enum": names}}],
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": doc.ref(SetReplicas)}},
@@ -91,7 +94,6 @@ def _operation(ctx: DocContext) -> dict[str, Any]:
         "responses": {
             "200": doc.json_body(StageReplicas, "The stage's replicas after the change"),
             "400": doc.json_body(ErrorBody, "Not a count, or outside the stage's min..max"),
-            "401": doc.UNAUTHORIZED,
             "404": doc.json_body(ErrorBody, "No such stage"),
             "409": doc.json_body(
                 ErrorBody, "The stage has a fixed count, or replicas still draining are in the way"
@@ -102,8 +104,8 @@ def _operation(ctx: DocContext) -> dict[str, Any]:
 
 
 def _shape(schemas: Schemas, ctx: DocContext) -> None:
-    """The count within the scaling stages' ranges (their union: a path
-    and a body cannot be tied in OpenAPI)."""
+    """The count within the scaling stages' ranges (their union where
+    several scale: a path and a body cannot be tied in OpenAPI)."""
     ranges = [st.scaling for st in ctx.pipeline.stages if st.scaling is not None]
     if ranges:
         prop = schemas["SetReplicas"]["properties"]["replicas"]
