@@ -77,7 +77,7 @@ async def test_a_queue_that_stays_up_starts_replicas_one_at_a_time_up_to_max():
 async def test_the_first_samples_with_a_queue_start_nothing():
     # up_after = 5: the burst's queue must be seen five samples in a row.
     cfg = scaling(up_after=5)
-    omni, sim, _ = await burst(3, cfg)
+    omni, _sim, _ = await burst(3, cfg)
     assert ops(omni) == []  # two waiting requests never make five samples
     omni, _sim, _ = await burst(8, cfg)
     assert [op for op in ops(omni) if op[1] == "start"]
