@@ -291,10 +291,13 @@ def _short_stages(
     pipeline: PipelineConfig, orchestrator: Orchestrator, every_replica: bool
 ) -> dict[str, tuple[int, int]]:
     """Stages with fewer ready replicas than wanted (one, or ``every_replica``
-    of them), as the orchestrator sees the log: stage -> (ready, wanted)."""
+    of them: of a stage that scales, those started and not draining), as
+    the orchestrator sees the log: stage -> (ready, wanted)."""
     out = {}
     for st in pipeline.stages:
-        want = st.min_replicas if every_replica else 1
+        # A stage that scales wants the replicas it holds now.
+        held = len(orchestrator.scaler.members(st.name)) if st.scaling else st.min_replicas
+        want = held if every_replica else 1
         have = orchestrator.ready_replicas(st.name)
         if have < want:
             out[st.name] = (have, want)

@@ -96,8 +96,7 @@ class ReplicaScaling:
         self._slots.unbind(slot)
         slot.state = "down"
         slot.failures = 0
-        if slot.proc is not None and slot.proc.returncode is None:
-            slot.proc.kill()
+        self._spawner.stop(slot)
         self._changed()
 
     def leave_if_idle(self, slot: Slot) -> None:

@@ -235,3 +235,25 @@ async def test_a_restarted_server_goes_back_to_min():
     for ev in evs:
         omni.sequencer.append(ev)
     assert orch.scaler.members("talker") == (0,) and orch.scaler.draining("talker") == ()
+
+
+async def test_a_server_restarted_on_its_log_starts_min_and_scales_again(tmp_path):
+    from omnix.api import Omni
+    from omnix.testing.serving import InProcessRuntime
+
+    cfg = scaling(up_after=1000, down_after_s=600)
+    async with Omni(cfg, log_dir=tmp_path, runtime_factory=InProcessRuntime) as omni:
+        omni.scale("talker", 3)
+        await omni.wait_ready(every_replica=True, timeout=10)
+        assert omni.ready()["talker"] == 3
+        assert (await omni.generate(SPEC)).ok
+    async with Omni(cfg, log_dir=tmp_path, runtime_factory=InProcessRuntime) as again:
+        await again.wait_ready(every_replica=True, timeout=10)
+        scaler = again.orchestrator.scaler
+        assert scaler.members("talker") == (0,) and again.ready()["talker"] == 1
+        restart = [e for e in again.log.read() if type(e) is Scaled and e.reason == "restart"]
+        assert [(e.replica, e.op) for e in restart] == [(2, "drain"), (1, "drain")]
+        assert len(again.scale("talker", 2)) == 1
+        await again.wait_ready(every_replica=True, timeout=10)
+        assert again.ready()["talker"] == 2
+        assert (await again.generate(SPEC)).ok
