@@ -401,7 +401,11 @@ class EventLog:
             out = {ws.joined_pos for ws in workers if 0 <= ws.joined_pos < first}
             out |= {ws.lost_pos for ws in workers if 0 <= ws.lost_pos < first}
             return sorted(out | scaled)
-        found = {ev.pos for ev in self.read(0, first) if isinstance(ev, (WorkerJoined, WorkerLost))}
+        # A replica joined again: every join and loss, and every departure
+        # after a drain (a Scaled "left"), before ``first`` in order, so
+        # each join folds after the end of the one before it.
+        kinds = (WorkerJoined, WorkerLost, Scaled)
+        found = {ev.pos for ev in self.read(0, first) if isinstance(ev, kinds)}
         return sorted(found | scaled)
 
     def _worker_positions(self) -> set[int]:

@@ -163,22 +163,30 @@ async def test_an_idle_server_drains_when_its_clock_says_so():
 
 
 async def test_the_log_explains_every_scale_decision():
+    # Two bursts: the same replicas start, drain and leave twice (each joins
+    # a second time), then a late request.
     omni, sim, _rids = await burst(8)
-    sim.clock.advance(2 * S)
-    for i in range(2):
-        omni.submit(SPEC, request_id=f"late{i}")
+    for wave in ("w2", "late"):
+        sim.clock.advance(2 * S)
+        for i in range(8 if wave == "w2" else 1):
+            omni.submit(SPEC, request_id=f"{wave}-{i}")
         sim.run_until_idle()
     cfg = omni.pipeline
-    assert len(scaled(omni)) >= 6
+    assert [op for op in ops(omni) if op[1] == "left"] == [
+        (1, "left", "drained"),
+        (2, "left", "drained"),
+    ] * 2
+    assert omni.log.state.workers["talker/1"].incarnation == 2
     # A fresh orchestrator shown the log makes the same decisions...
     fresh = Orchestrator(cfg)
     recover(fresh, omni.log.read())
     assert fresh.scaler.members("talker") == omni.orchestrator.scaler.members("talker")
-    # ...and replay drives the whole log, and a window that starts after
-    # the scaling, with zero divergence.
+    # ...and replay drives the whole log, and windows that start after
+    # scaling (the Scaled events before them come with them), with zero
+    # divergence.
     whole = read_trace(export_trace(omni.log, omni.blobs, cfg, None))
     assert drive(whole).ok
-    for rid in ("r3", "late1"):
+    for rid in ("r3", "w2-3", "late-0"):
         window = read_trace(export_trace(omni.log, omni.blobs, cfg, [rid]))
         assert drive(window).ok, rid
 
