@@ -265,3 +265,30 @@ async def test_a_server_restarted_on_its_log_starts_min_and_scales_again(tmp_pat
         await again.wait_ready(every_replica=True, timeout=10)
         assert again.ready()["talker"] == 2
         assert (await again.generate(SPEC)).ok
+
+
+async def test_a_drained_replica_finishes_its_requests_there_then_leaves():
+    omni, sim = await start_sim(scaling(up_after=1000, down_after_s=600))
+    omni.scale("talker", 3)
+    sim.run_until_idle()
+    rids = [f"d{i}" for i in range(6)]
+    for rid in rids:
+        omni.submit(SPEC, request_id=rid)
+    while not omni.log.state.requests_on("talker/2"):
+        assert sim.step()
+    on_2 = omni.log.state.requests_on("talker/2")
+    (drain,) = omni.scale("talker", 2)
+    assert drain.replica == 2
+    sim.run_until_idle()
+    assert_all_finished_once(omni, rids)
+    log = list(omni.log.read())
+    (left,) = [e for e in log if type(e) is Scaled and e.op == "left"]
+    for rid in on_2:
+        talker = [e for e in omni.log.events_for(rid) if getattr(e, "stage", "") == "talker"]
+        # Every piece and chunk of it stayed on replica 2, and it ended before the replica left.
+        assert {e.replica for e in talker} == {2}
+        assert talker[-1].pos < left.pos
+    later = [
+        e for e in log[drain.pos :] if type(e) is Routed and e.stage == "talker" and e.seq == 0
+    ]
+    assert later and all(e.replica != 2 for e in later)
