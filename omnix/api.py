@@ -51,6 +51,7 @@ from omnix.events.types import (
     Rejected,
     Released,
     RequestSpec,
+    Scaled,
     SessionChanged,
 )
 from omnix.orchestrator.capacity import group_rejections, room
@@ -59,6 +60,7 @@ from omnix.orchestrator.dispatch import Dispatcher
 from omnix.orchestrator.gate import EmitGate
 from omnix.orchestrator.recovery import recover_log, restart_inputs
 from omnix.orchestrator.runtime import Runtime, RuntimeFactory
+from omnix.orchestrator.scaling import Scaler, ScaleRefused, StageReplicas
 from omnix.orchestrator.sequencer import Sequencer
 from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
@@ -218,14 +220,19 @@ def to_output(ev: Chunk, blobs: BlobStore) -> Output:
 
 
 def _takeover_inputs(
-    log: EventLog, live: tuple[str, ...], unresumable: tuple[str, ...], oldest_ns: int
+    log: EventLog,
+    live: tuple[str, ...],
+    unresumable: tuple[str, ...],
+    oldest_ns: int,
+    scaler: Scaler,
 ) -> Iterator[Event]:
     """The inputs that end or continue the requests a log taken over left
     in flight, each computed after the one before was appended (the
     caller emits them as they come): requests admitted before
     ``oldest_ns`` (the resume bound) or whose history was released end
     (``DeadlineExpired``), before the losses of the replicas the log still
-    holds as joined, so they are not continued first."""
+    holds as joined, so they are not continued first; then the stages
+    that scale go back to their ``min`` replicas (the runtime starts those)."""
     requests = log.state.requests
     for rid in live:
         if rid in unresumable:
@@ -235,6 +242,7 @@ def _takeover_inputs(
         elif requests[rid].admitted_ts < oldest_ns:
             yield DeadlineExpired(request_id=rid, scope="resume")
     yield from restart_inputs(log.state)
+    yield from scaler.restart(log.state)
 
 
 async def _sweep_loop(retention: Retention, log: EventLog, interval_s: float) -> None:
@@ -247,6 +255,49 @@ async def _sweep_loop(retention: Retention, log: EventLog, interval_s: float) ->
             retention.sweep()
         except LogClosed:
             return
+
+
+async def _scale_sweep(omni: Omni, interval_s: float) -> None:
+    """An idle server appends no sample, so a stage would keep its extra
+    replicas until traffic came back: ask the orchestrator every
+    ``interval_s`` which drains are due by the log clock now, and append
+    them (inputs, stamped with that reading: ``Scaler.idle``)."""
+    log = omni.log
+    while not log.closed:
+        await asyncio.sleep(interval_s)
+        # Between awaits, so never inside a decision cascade.
+        for ev in omni.orchestrator.idle_scale(log.state, omni.clock.now_ns()):
+            try:
+                omni.sequencer.append(ev)
+            except LogClosed:
+                return
+
+
+class _Sweeps:
+    """An idle server's own inputs, on timers: retention's sweep (every
+    ``sweep_interval_s``) and the drains the clock makes due for stages
+    that scale."""
+
+    def __init__(self) -> None:
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, omni: Omni) -> None:
+        if omni.retention is not None and omni.sweep_interval_s > 0:
+            sweep = _sweep_loop(omni.retention, omni.log, omni.sweep_interval_s)
+            self._tasks.append(asyncio.create_task(sweep, name="omnix-retention"))
+        scaling = [st.scaling for st in omni.pipeline.stages if st.scaling is not None]
+        if scaling:
+            every = max(0.05, min(1.0, min(r.down_after_s for r in scaling) / 4))
+            drains = _scale_sweep(omni, every)
+            self._tasks.append(asyncio.create_task(drains, name="omnix-scaling"))
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _wait_ended(
@@ -273,10 +324,13 @@ def _short_stages(
     pipeline: PipelineConfig, orchestrator: Orchestrator, every_replica: bool
 ) -> dict[str, tuple[int, int]]:
     """Stages with fewer ready replicas than wanted (one, or ``every_replica``
-    of them), as the orchestrator sees the log: stage -> (ready, wanted)."""
+    of them: of a stage that scales, those started and not draining), as
+    the orchestrator sees the log: stage -> (ready, wanted)."""
     out = {}
     for st in pipeline.stages:
-        want = st.replicas if every_replica else 1
+        # A stage that scales wants the replicas it holds now.
+        held = len(orchestrator.scaler.members(st.name)) if st.scaling else st.min_replicas
+        want = held if every_replica else 1
         have = orchestrator.ready_replicas(st.name)
         if have < want:
             out[st.name] = (have, want)
@@ -344,7 +398,9 @@ class Omni:
     ``None``: keep everything); not given, a log this ``Omni`` opens (or a
     standby's) gets ``RetentionPolicy()`` and a ``log`` handed in none.  Its
     ``Released`` events go through the sequencer; a task sweeps every
-    ``sweep_interval_s`` so an idle server still lets requests go.
+    ``sweep_interval_s`` so an idle server still lets requests go, and with
+    a stage that scales, appends the drains its clock makes due
+    (``Orchestrator.idle_scale``).
     ``log_config``: how a ``log_dir`` log writes (``LogConfig``: snapshots,
     ``archive=True`` to move released segments to ``DIR/events/archive``).
 
@@ -420,7 +476,7 @@ class Omni:
         if not standby:
             self._attach_retention()
         self.sweep_interval_s = sweep_interval_s
-        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeps = _Sweeps()
         factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
         self._gate = EmitGate(self.sequencer.emit, held=standby)
         self.runtime: Runtime = factory(self.pipeline, self._gate, self.blobs)
@@ -481,16 +537,16 @@ class Omni:
         if resumed:
             oldest = self.clock.now_ns() - int(self.resume_within_s * 1e9)
             live = self.orchestrator.live_requests
-            for ev in _takeover_inputs(self.log, live, unresumable, oldest):
+            scaler = self.orchestrator.scaler
+            for ev in _takeover_inputs(self.log, live, unresumable, oldest, scaler):
                 self.sequencer.emit(ev)
             for rid in self.orchestrator.live_requests:
                 self.timer.track(rid)
         if not self._warmed:
             await self.runtime.start()
         self._gate.open()  # a standby's workers join now, after the old ones' losses
-        if self.retention is not None and not self.virtual_time and self.sweep_interval_s > 0:
-            sweep = _sweep_loop(self.retention, self.log, self.sweep_interval_s)
-            self._sweeper = asyncio.create_task(sweep, name="omnix-retention")
+        if not self.virtual_time:
+            self._sweeps.start(self)
         self._accepting = True
         return self
 
@@ -537,6 +593,7 @@ class Omni:
             return
         self._stopped = True
         self._accepting = False
+        await self._sweeps.stop()  # no release nor drain decided while shutting down
         live = self.orchestrator.live_requests
         if live:
             await _wait_ended(self.events, live, grace_s)
@@ -547,11 +604,6 @@ class Omni:
             await _wait_ended(self.events, live, self.pipeline.abort_timeout_s + 1.0)
         self.timer.close()
         await self.runtime.shutdown()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
         if self.retention is not None:
             self.retention.close()
         self.log.close()
@@ -625,6 +677,30 @@ class Omni:
         """How many requests for ``outputs`` admission would take now, one
         after the other (``omnix.orchestrator.capacity.room``)."""
         return room(self.orchestrator, self.graph, self.log.state.workers.values(), outputs)
+
+    def scale(self, stage: str, count: int) -> list[Scaled]:
+        """Set ``stage``'s replica count by hand (``POST
+        /admin/stages/{name}/replicas``): the lowest free replicas start or
+        the highest drain, each a ``Scaled`` input (``reason="admin"``);
+        the stage keeps scaling by its rules from there.  Returns the
+        appended events (none when it has ``count`` already).  Raises
+        ``ScaleRefused``: an unknown stage, a fixed count, a count outside
+        the stage's ``min..max``, replicas still draining in the way."""
+        if stage not in self.graph.stage_names:
+            raise ScaleRefused(
+                404,
+                "unknown_stage",
+                f"pipeline {self.pipeline.name!r} has no stage {stage!r} "
+                f"(stages: {', '.join(self.graph.stage_names)})",
+            )
+        planned = self.orchestrator.scaler.plan(stage, count)
+        return [_stored(self.sequencer.append(ev), Scaled) for ev in planned]
+
+    async def set_replicas(self, stage: str, count: int) -> StageReplicas:
+        """``scale`` as the HTTP layer calls it: the stage's replicas after it."""
+        scaled = [ev.pos for ev in self.scale(stage, count)]
+        orch = self.orchestrator
+        return orch.scaler.replicas(stage, orch.ready_replicas(stage), scaled)
 
     def cancel(self, request_id: str, reason: CancelReason = "client") -> bool:
         """Ask to cancel; False when the request is unknown or already over."""

@@ -32,6 +32,7 @@ from omnix.events.types import (
     RequestSpec,
     SessionChanged,
 )
+from omnix.orchestrator.scaling import StageReplicas
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph
 from omnix.stages.profile_calls import ProfileReport
@@ -72,6 +73,8 @@ class Front(Protocol):
         members: Sequence[tuple[str, RequestSpec]],
         media: Sequence[tuple[np.ndarray, str]] = (),
     ) -> list[Admitted | Rejected]: ...
+
+    async def set_replicas(self, stage: str, count: int) -> StageReplicas: ...
 
     def cancel(self, request_id: str, reason: CancelReason = "client") -> bool: ...
 

@@ -77,6 +77,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    Scaled,
     SessionChanged,
     is_decision,
 )
@@ -110,7 +111,7 @@ _PREFIX = struct.Struct("<8sH")
 _INF = 1 << 62
 
 #: Events carrying a ``cause`` that may point anywhere in the log.
-_CAUSED = (CancelRequested, Cancelled, Failed, Finished)
+_CAUSED = (CancelRequested, Cancelled, Failed, Finished, Scaled)
 
 
 class TraceError(ValueError):
@@ -417,7 +418,11 @@ def _renumber(
     shift = base - first
     for i, ev in enumerate(events):
         new_pos = head[ev.pos] if i < base else ev.pos + shift
-        if type(ev) is Routed:
+        if i < base and type(ev) is Scaled and ev.cause >= 0 and ev.cause not in head:
+            # A scale decision before the window: its cause is not in the
+            # trace, which shows it as an input (the state it leaves).
+            ev = replace(ev, pos=new_pos, cause=-1)
+        elif type(ev) is Routed:
             ev = replace(
                 ev,
                 pos=new_pos,

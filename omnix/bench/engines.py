@@ -61,6 +61,7 @@ from omnix.events.types import (
     Event,
     RequestEvent,
     RequestSpec,
+    Scaled,
     StageParams,
     StageStarted,
 )
@@ -713,6 +714,9 @@ class _RuntimeView:
 
     def release(self, request_id: str) -> None:
         self._rt.release(request_id)
+
+    def scale(self, ev: Scaled) -> None:
+        self._rt.scale(ev)
 
 
 class OmniVariant(OmnixSide):

@@ -109,7 +109,7 @@ async def _generate(n_events: int) -> bytes:
     for st in cfg.stages:
         assert isinstance(st.engine, ScriptedArgs)  # BENCH_PIPELINE's stages are scripted
         cap = st.engine.capacity
-        for rep in range(st.replicas):
+        for rep in range(st.min_replicas):
             seq.append(
                 WorkerJoined(
                     worker_id=f"{st.name}/{rep}",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 
 from omnix.api import DuplicateRequestId, ProfilingOff, ShuttingDown
 from omnix.cluster import wire
+from omnix.orchestrator.scaling import ScaleRefused
 from omnix.pipelines.plan import RequestError
 
 if TYPE_CHECKING:
@@ -82,6 +83,10 @@ class FrontDoor:
                     )
                 case wire.EnginesCall():
                     return wire.Engines(engines=tuple(omni.engines()))
+                case wire.ScaleCall():
+                    replicas = await omni.set_replicas(call.stage, call.count)
+                    await omni.log.flush()
+                    return wire.Replicas(replicas=replicas)
                 case _:
                     assert_never(call)
         except DuplicateRequestId as exc:
@@ -92,6 +97,8 @@ class FrontDoor:
             )
         except ShuttingDown as exc:
             return wire.CallError(kind="shutting_down", message=str(exc))
+        except ScaleRefused as exc:
+            return wire.CallError(kind="scale", message=str(exc), code=exc.code, status=exc.status)
         except ProfilingOff as exc:
             return wire.CallError(kind="profiling_off", message=str(exc))
         except ValueError as exc:

@@ -43,6 +43,7 @@ from omnix.events.reducer import RequestState
 from omnix.events.retention import RequestStatusKind, Retention
 from omnix.events.types import Admitted, CancelReason, Event, Rejected, RequestSpec, SessionChanged
 from omnix.front import Unavailable
+from omnix.orchestrator.scaling import ScaleRefused, StageReplicas
 from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
 from omnix.stages.profile_calls import ProfileReport
 from omnix.transport.work import EngineInfo
@@ -215,6 +216,14 @@ class RemoteOmni:
             raise RuntimeError(f"the leader answered a profile call with {type(reply).__name__}")
         return [ProfileReport(s, r, ok, detail) for s, r, ok, detail in reply.reports]
 
+    async def set_replicas(self, stage: str, count: int) -> StageReplicas:
+        reply = await self._call(wire.ScaleCall(stage=stage, count=count))
+        if isinstance(reply, wire.CallError):
+            _raise(reply)
+        if not isinstance(reply, wire.Replicas):
+            raise RuntimeError(f"the leader answered a scale call with {type(reply).__name__}")
+        return reply.replicas
+
     async def refresh_engines(self) -> None:
         reply = await self._call(wire.EnginesCall())
         if isinstance(reply, wire.Engines):
@@ -264,5 +273,7 @@ def _raise(err: wire.CallError) -> None:
             raise ProfilingOff(err.message)
         case "value":
             raise ValueError(err.message)
+        case "scale":
+            raise ScaleRefused(err.status, err.code, err.message)
         case "internal":
             raise RuntimeError(f"the leader failed the call: {err.message}")

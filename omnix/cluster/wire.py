@@ -31,6 +31,7 @@ from omnix.events.types import (
     RequestSpec,
     SessionChanged,
 )
+from omnix.orchestrator.scaling import StageReplicas
 from omnix.pipelines.config import PipelineConfig
 from omnix.transport.work import EngineInfo
 
@@ -92,9 +93,25 @@ class EnginesCall(msgspec.Struct, frozen=True, tag="engines"):
     pass
 
 
-Call = AdmitCall | CancelCall | InputCall | RecordCall | DeleteCall | ProfileCall | EnginesCall
+class ScaleCall(msgspec.Struct, frozen=True, tag="scale"):
+    stage: str
+    count: int
 
-ErrorKind = Literal["duplicate", "request", "shutting_down", "profiling_off", "value", "internal"]
+
+Call = (
+    AdmitCall
+    | CancelCall
+    | InputCall
+    | RecordCall
+    | DeleteCall
+    | ProfileCall
+    | EnginesCall
+    | ScaleCall
+)
+
+ErrorKind = Literal[
+    "duplicate", "request", "shutting_down", "profiling_off", "value", "scale", "internal"
+]
 
 
 class CallError(msgspec.Struct, frozen=True, tag="error"):
@@ -106,6 +123,7 @@ class CallError(msgspec.Struct, frozen=True, tag="error"):
     request_id: str = ""
     param: str | None = None
     code: str = "invalid_value"
+    status: int = 0  # a refused scale's HTTP status
 
 
 class Appended(msgspec.Struct, frozen=True, tag="appended"):
@@ -129,7 +147,11 @@ class Engines(msgspec.Struct, frozen=True, tag="engines"):
     engines: tuple[tuple[str, int, EngineInfo], ...]
 
 
-Reply = Appended | Done | Profiled | Engines | CallError
+class Replicas(msgspec.Struct, frozen=True, tag="replicas"):
+    replicas: StageReplicas
+
+
+Reply = Appended | Done | Profiled | Engines | Replicas | CallError
 
 
 class LeaderInfo(msgspec.Struct, frozen=True):

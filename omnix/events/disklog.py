@@ -53,7 +53,7 @@ from omnix.events.segments import (
 from omnix.events.segreader import SegmentReader
 from omnix.events.segwriter import NEVER, LogFailed, SegmentWriter
 from omnix.events.snapshot import SNAPSHOT_DIR
-from omnix.events.types import Event, Released, SessionChanged, WorkerJoined, WorkerLost
+from omnix.events.types import Event, Released, Scaled, SessionChanged, WorkerJoined, WorkerLost
 
 __all__ = [
     "FORMAT_VERSION",
@@ -125,6 +125,7 @@ def _retained(ev: Event, requests: dict[str, RequestState]) -> bool:
         or type(ev) is WorkerLost
         or type(ev) is Released
         or type(ev) is SessionChanged
+        or type(ev) is Scaled
         or ev.request_id in requests
     )
 

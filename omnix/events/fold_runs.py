@@ -40,6 +40,7 @@ from omnix.events.types import (
     Rejected,
     Released,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -227,7 +228,7 @@ def _fold_before(fold: FoldTarget, runs: dict[str, _Runs], ev: Event) -> _Runs |
                 return None
             case SessionChanged():
                 return None  # about no request: every run stays open
-            case WorkerJoined() | WorkerLost() | Released():
+            case WorkerJoined() | WorkerLost() | Released() | Scaled():
                 for open_runs in runs.values():
                     _close_runs(fold, open_runs)
                 runs.clear()

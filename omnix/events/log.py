@@ -44,6 +44,7 @@ from omnix.events.types import (
     Progress,
     Rejected,
     Released,
+    Scaled,
     SessionChanged,
     WorkerJoined,
     WorkerLost,
@@ -190,6 +191,7 @@ class EventLog:
             and type(ev) is not WorkerLost
             and type(ev) is not Released
             and type(ev) is not SessionChanged
+            and type(ev) is not Scaled
         ):
             # A request's tail wakes only for its own events: an open stream
             # costs nothing when other requests' events are appended.
@@ -392,17 +394,25 @@ class EventLog:
 
     def worker_positions_before(self, first: int) -> list[int]:
         """Positions of every ``WorkerJoined``/``WorkerLost`` the log holds
-        before ``first``, in order (a restart's recovery and a trace's
-        prefix show them: they outlive the requests around them)."""
+        before ``first``, and of the ``Scaled`` events the scaler's state
+        rests on (``Fold.scaled``), in order (a restart's recovery and a
+        trace's prefix show them: they outlive the requests around them)."""
         if first <= 0:
             return []
-        workers = self.state.workers.values()
+        state = self.state
+        workers = state.workers.values()
+        scaled = {p for ps in state.scaled.values() for p in ps if p < first}
         if all(ws.incarnation == 1 for ws in workers):
             # Each worker joined once: the fold knows both positions, no scan.
-            out = [ws.joined_pos for ws in workers if 0 <= ws.joined_pos < first]
-            out += [ws.lost_pos for ws in workers if 0 <= ws.lost_pos < first]
-            return sorted(out)
-        return [ev.pos for ev in self.read(0, first) if isinstance(ev, (WorkerJoined, WorkerLost))]
+            out = {ws.joined_pos for ws in workers if 0 <= ws.joined_pos < first}
+            out |= {ws.lost_pos for ws in workers if 0 <= ws.lost_pos < first}
+            return sorted(out | scaled)
+        # A replica joined again: every join and loss, and every departure
+        # after a drain (a Scaled "left"), before ``first`` in order, so
+        # each join folds after the end of the one before it.
+        kinds = (WorkerJoined, WorkerLost, Scaled)
+        found = {ev.pos for ev in self.read(0, first) if isinstance(ev, kinds)}
+        return sorted(found | scaled)
 
     def _worker_positions(self) -> set[int]:
         """Positions of the worker events the fold still refers to (kept
@@ -412,6 +422,8 @@ class EventLog:
             out.add(ws.joined_pos)
             if ws.lost_pos >= 0:
                 out.add(ws.lost_pos)
+        for ps in self.state.scaled.values():
+            out.update(ps)
         return out
 
 
@@ -466,6 +478,7 @@ class MemoryLog(EventLog):
             and type(ev) is not WorkerLost
             and type(ev) is not Released
             and type(ev) is not SessionChanged
+            and type(ev) is not Scaled
         ):
             idx = self._index.get(ev.request_id)
             if idx is None:

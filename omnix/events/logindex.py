@@ -22,7 +22,7 @@ import bisect
 from array import array
 
 from omnix.events.segments import Segment
-from omnix.events.types import Event, Released, SessionChanged, WorkerJoined, WorkerLost
+from omnix.events.types import Event, Released, Scaled, SessionChanged, WorkerJoined, WorkerLost
 
 __all__ = ["LogIndex"]
 
@@ -53,7 +53,10 @@ class LogIndex:
         of the last segment (every append: keep it lean)."""
         self.offs.append(offset)
         if (
-            type(ev) is WorkerJoined or type(ev) is WorkerLost or type(ev) is SessionChanged
+            type(ev) is WorkerJoined
+            or type(ev) is WorkerLost
+            or type(ev) is SessionChanged
+            or type(ev) is Scaled
         ):  # exact types: see types.py
             self.prev.append(-1)
         elif type(ev) is Released:

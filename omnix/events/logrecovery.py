@@ -62,6 +62,7 @@ from omnix.events.types import (
     SCHEMA_VERSION,
     Event,
     Released,
+    Scaled,
     SessionChanged,
     WorkerJoined,
     WorkerLost,
@@ -378,6 +379,7 @@ class _Attempt:
                 and type(ev) is not WorkerLost
                 and type(ev) is not Released
                 and type(ev) is not SessionChanged
+                and type(ev) is not Scaled
                 and ev.request_id not in known
             ):
                 # Released before the snapshot: indexed, chained to nothing.

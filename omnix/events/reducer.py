@@ -41,6 +41,7 @@ from omnix.events.transitions import (
     IllegalTransition,
     mark_stage_lost,
     reduce_chunk,
+    reduce_left,
     reduce_request,
     reduce_routed,
     reduce_worker,
@@ -60,6 +61,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -102,6 +104,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     audio_samples: dict[str, int] = {}
     #: ``Fold.ended_dropped``: ids a ``Released`` took off ``ended``'s front
     ended_dropped: int = 0
+    #: ``Fold.scaled`` (schema v8)
+    scaled: dict[str, tuple[int, ...]] = {}
 
 
 _state_encoder = msgspec.msgpack.Encoder()
@@ -135,7 +139,11 @@ class Fold:
     * ``ended``: request ids in the order their terminal event was folded
       (``requests[rid].terminal_pos`` says where);
     * ``audio_samples``: per request, the samples of its audio chunks that
-      carry an array blob (``blob.shape[0]``).
+      carry an array blob (``blob.shape[0]``);
+    * ``scaled``: per replica (worker id), the positions of its last
+      ``Scaled`` start or drain and of the ``left`` after it, if any: what
+      the scaler's state is rebuilt from (retention keeps them, as it
+      keeps the workers' joins and losses).
 
     A ``Released`` event (retention) drops ended requests' states, their
     ``audio_samples`` and their entries in ``ended``; ``ended_dropped``
@@ -152,6 +160,7 @@ class Fold:
         "keep_released",
         "next_pos",
         "requests",
+        "scaled",
         "workers",
     )
 
@@ -168,7 +177,9 @@ class Fold:
         #: ``Released`` is validated but drops nothing
         self.keep_released = False
         self.audio_samples: dict[str, int] = {}
+        self.scaled: dict[str, tuple[int, ...]] = {}
         if snapshot is not None:
+            self.scaled.update(snapshot.scaled)
             self.requests.update(snapshot.requests)
             self.workers.update(snapshot.workers)
             self.next_pos = snapshot.next_pos
@@ -200,6 +211,9 @@ class Fold:
             self._check_released(ev)
         elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
             reduce_worker(self.workers.get(ev.worker_id), ev)
+        elif type(ev) is Scaled and ev.op == "left":
+            wid = worker_id(ev.stage, ev.replica)
+            reduce_left(self.workers.get(wid), ev, self.requests_on(wid))
 
     def _check_released(self, ev: Released) -> None:
         for rid in ev.request_ids:
@@ -268,6 +282,8 @@ class Fold:
             self._release(ev)
         elif type(ev) is SessionChanged:
             pass  # a realtime session's state: no request's nor worker's
+        elif type(ev) is Scaled:
+            self._scaled(ev)
         elif type(ev) is WorkerJoined or type(ev) is WorkerLost:
             # Exact types rather than isinstance(ev, RequestEvent): see types.py.
             wid = ev.worker_id
@@ -305,6 +321,16 @@ class Fold:
                         assert_never(ev)
         self.next_pos = ev.pos + 1 if ev.pos >= 0 else self.next_pos + 1
 
+    def _scaled(self, ev: Scaled) -> None:
+        wid = worker_id(ev.stage, ev.replica)
+        if ev.op == "left":
+            # Validated first: an illegal one leaves the fold untouched.
+            self.workers[wid] = reduce_left(self.workers.get(wid), ev, self.requests_on(wid))
+            last = self.scaled.get(wid, ())
+            self.scaled[wid] = (*last[:1], ev.pos)
+        else:
+            self.scaled[wid] = (ev.pos,)
+
     def apply_all(self, events: Iterable[Event]) -> None:
         """``apply`` each event in order: the same fold, faster on logs made
         mostly of one stage's stream (replay, recovery).  See
@@ -324,6 +350,7 @@ class Fold:
             tuple(self.ended),
             dict(self.audio_samples),
             self.ended_dropped,
+            dict(self.scaled),
         )
 
     def digest(self) -> str:

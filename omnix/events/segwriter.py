@@ -72,6 +72,7 @@ from omnix.events.types import (
     SCHEMA_VERSION,
     Event,
     Released,
+    Scaled,
     SessionChanged,
     WorkerJoined,
     WorkerLost,
@@ -255,7 +256,10 @@ class SegmentWriter:
         index = self.index
         index.offs.append(end)
         if (
-            type(ev) is WorkerJoined or type(ev) is WorkerLost or type(ev) is SessionChanged
+            type(ev) is WorkerJoined
+            or type(ev) is WorkerLost
+            or type(ev) is SessionChanged
+            or type(ev) is Scaled
         ):  # exact types: see types.py
             index.prev.append(-1)
         elif type(ev) is Released:

@@ -51,6 +51,7 @@ from omnix.events.types import (
     Rejected,
     RequestEventType,
     Routed,
+    Scaled,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -517,6 +518,22 @@ def mark_stage_lost(rs: RequestState, stage: str, ts_ns: int) -> RequestState:
 # --------------------------------------------------------------------------
 # Workers
 # --------------------------------------------------------------------------
+
+
+def reduce_left(ws: WorkerState | None, ev: Scaled, busy: tuple[str, ...]) -> WorkerState:
+    """A drained replica left (``Scaled(op="left")``, schema v8): it must
+    be joined and run no request (``busy``: those with an active stage on
+    it); it is no longer alive, and nothing it ran is lost."""
+    wid = f"{ev.stage}/{ev.replica}"
+    if ws is None or not ws.alive:
+        raise IllegalTransition(wid, ev, "worker is not joined")
+    if busy:
+        raise IllegalTransition(
+            wid,
+            ev,
+            f"a replica leaves only once its requests are done; it still runs {', '.join(busy)}",
+        )
+    return replace(ws, alive=False, lost_pos=ev.pos, lost_reason="left")
 
 
 def reduce_worker(ws: WorkerState | None, ev: WorkerJoined | WorkerLost) -> WorkerState:

@@ -33,7 +33,7 @@ import msgspec
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 from omnix.events.sessions import SessionItem, SessionOp, SessionSettings
 
-SCHEMA_VERSION = 7  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 8  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
@@ -42,7 +42,8 @@ SCHEMA_VERSION = 7  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Re
 # ReleaseReason "deleted", ImageOptions.edit / .size, VideoOptions);
 # RealtimeOptions (a /v1/realtime response), the cancel reason "interrupted",
 # SessionChanged (a realtime session's settings and conversation items),
-# RequestSpec.input_streams and InputAppended (a client's text into a running request)
+# RequestSpec.input_streams and InputAppended (a client's text into a running request);
+# 8: Scaled (a stage's replica started, drained or gone after its drain)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -67,6 +68,15 @@ RejectReason = Literal["overloaded", "not_ready", "shutting_down"]
 ReleaseReason = Literal["time", "count", "bytes", "deleted"]
 """Which retention bound released ended requests (``omnix.events.retention``),
 or ``deleted`` (schema v7): a client deleted them (``DELETE /v1/videos/{id}``)."""
+ScaleOp = Literal["start", "drain", "left"]
+"""What a ``Scaled`` event (schema v8) does to a replica: ``start`` it,
+``drain`` it (it takes no new work), or record that a drained replica
+``left`` (its requests done, its worker stopped)."""
+ScaleReason = Literal["queue", "idle", "admin", "drained", "restart"]
+"""Why: the stage's queue stayed up, it stayed idle with a replica to
+spare, an admin set the count (``POST /admin/stages/{name}/replicas``),
+a drained replica's work was done (``left``), or a restarted server
+went back to the stage's ``min``."""
 MediaKind = Literal["audio", "image", "mask", "video"]
 """What a message's media part holds (decoded at admission).  ``mask``
 (schema v7): an image edit's mask, the weight to repaint each pixel with
@@ -500,10 +510,32 @@ class SessionChanged(_Base, frozen=True, kw_only=True, tag="session_changed"):
     audio_end_ms: int = 0
 
 
+@final
+class Scaled(_Base, frozen=True, kw_only=True, tag="scaled"):
+    """A stage's replica set changed (schema v8): replica ``replica`` of
+    ``stage`` starts (it joins with ``WorkerJoined``), drains (routing
+    gives it no new request from here on; the requests it runs finish
+    there), or ``left`` (a drained replica with nothing left to run
+    stopped cleanly: the runtime's input, no ``WorkerLost``, nothing
+    moves).  ``replicas`` is the stage's count after it (started and not
+    draining).  The orchestrator's decision when ``cause`` is set (the
+    sample that led to it, ``reason`` ``queue`` or ``idle``); an input
+    otherwise: an admin's count (``admin``, each replica an event), a
+    replica that ``left``, a restarted server's return to ``min``."""
+
+    stage: str
+    replica: int
+    op: ScaleOp
+    replicas: int
+    reason: ScaleReason
+    cause: int = -1
+
+
 #: Every event about a request.  An ``Event`` narrows to it with
 #: ``isinstance(ev, RequestEvent)``, or on a hot path with
 #: ``type(ev) is not WorkerJoined and type(ev) is not WorkerLost and
-#: type(ev) is not Released and type(ev) is not SessionChanged``.
+#: type(ev) is not Released and type(ev) is not SessionChanged and
+#: type(ev) is not Scaled``.
 RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
     Admitted,
     Rejected,
@@ -522,7 +554,7 @@ RequestEventType = Union[  # noqa: UP007 (one tagged union, listed one per line)
 ]
 #: The one tagged union every event decodes as (``Event.__args__`` is flat:
 #: a Union of a Union flattens).
-Event = Union[RequestEventType, WorkerJoined, WorkerLost, Released, SessionChanged]  # noqa: UP007 (as RequestEventType)
+Event = Union[RequestEventType, WorkerJoined, WorkerLost, Released, SessionChanged, Scaled]  # noqa: UP007 (as RequestEventType)
 
 #: Events about one stage of one request on one replica: each has ``stage``
 #: and ``replica`` (narrow with ``isinstance(ev, STAGE_EVENT_TYPES)``).
@@ -533,8 +565,8 @@ StageOutputEvent = StageStarted | Progress | Chunk | StageFinished | StageFailed
 TerminalEvent = Rejected | Cancelled | Failed | Finished
 #: Events about a worker replica rather than a request.
 WorkerEventType = WorkerJoined | WorkerLost
-#: Events about no one request: the workers', retention's, realtime sessions'.
-ServerEventType = WorkerJoined | WorkerLost | Released | SessionChanged
+#: Events about no one request: the workers', retention's, realtime sessions', scaling's.
+ServerEventType = WorkerJoined | WorkerLost | Released | SessionChanged | Scaled
 
 # The tuples below are left to inference (Final, no ``tuple[type, ...]``):
 # the checker then knows each member, so ``isinstance(ev, TERMINAL_TYPES)``
@@ -545,20 +577,24 @@ EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
 TERMINAL_TYPES: Final = (Rejected, Cancelled, Failed, Finished)
 REQUEST_EVENT_TYPES: tuple[type[RequestEventType], ...] = get_args(RequestEventType)
 WORKER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost)
-SERVER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost, Released, SessionChanged)
+SERVER_EVENT_TYPES: Final = (WorkerJoined, WorkerLost, Released, SessionChanged, Scaled)
 
 #: Appended by the orchestrator; everything else is an input.  CancelRequested
-#: is both: a client's is an input, a deadline's is a decision (it has a cause).
+#: and Scaled are both: a client's cancel, an admin's count or a replica
+#: that left is an input, a deadline's cancel or a scale decision is a
+#: decision (it has a cause).
 DECISION_TYPES: Final = (Routed, Cancelled, Failed, Finished)
-#: The event types a decision can have (a CancelRequested only with a cause).
-DecisionEvent = Routed | CancelRequested | Cancelled | Failed | Finished
+#: The event types a decision can have (a CancelRequested or Scaled only with a cause).
+DecisionEvent = Routed | CancelRequested | Cancelled | Failed | Finished | Scaled
 
 
 def is_decision(ev: Event) -> TypeGuard[DecisionEvent]:
     """Appended by the orchestrator in reaction to an input (replay re-derives
     these).  A CancelRequested is a decision when it has a cause (the
-    deadline's); a client's (``cause == -1``) is an input."""
-    return type(ev) in DECISION_TYPES or (type(ev) is CancelRequested and ev.cause >= 0)
+    deadline's); a client's (``cause == -1``) is an input; so is a Scaled."""
+    return type(ev) in DECISION_TYPES or (
+        (type(ev) is CancelRequested or type(ev) is Scaled) and ev.cause >= 0
+    )
 
 
 def _tag_of(cls: type[Event]) -> str:

@@ -65,6 +65,7 @@ from omnix.events.types import (
     Rejected,
     Released,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -271,6 +272,7 @@ class StreamRenderer:
                 | WorkerLost()
                 | Released()
                 | SessionChanged()
+                | Scaled()
                 | InputAppended()
             ):
                 return []

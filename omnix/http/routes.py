@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from omnix.http.admin import engines
+from omnix.http.admin import engines, replicas
 from omnix.http.admin import router as admin
 from omnix.http.audio import router as audio
 from omnix.http.audio import speech_stream, voices
@@ -51,6 +51,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     admin.HEALTH,
     admin.READY,
     engines.ENGINES,
+    replicas.REPLICAS,
     admin.METRICS,
     admin.START_PROFILE,
     admin.STOP_PROFILE,

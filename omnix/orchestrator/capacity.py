@@ -37,7 +37,9 @@ def room(
         if orch.ready_replicas(stage) == 0:
             return 0
         free = sum(
-            max(0, w.capacity - orch.load(stage, w.replica)) for w in alive if w.stage == stage
+            max(0, w.capacity - orch.load(stage, w.replica))
+            for w in alive
+            if w.stage == stage and orch.routable(stage, w.replica)
         )
         places = max(0, graph.cfg.stage(stage).max_queue - orch.queue_length(stage))
         if stage in sources:

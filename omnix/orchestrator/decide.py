@@ -13,7 +13,10 @@ continuation rule for a stage that stopped without finishing.  The
 bookkeeping the reactions share lives beside it: the plans
 (``plans.py``), where stages run (``placement.py``), routing and
 forwarding (``routing.py``), when a cancelled request ends
-(``cancellation.py``) and due times (``deadlines.py``).
+(``cancellation.py``), due times (``deadlines.py``) and when a stage
+that scales starts or drains a replica (``scaling.py``: sampled at each
+admission and each end of its executions, after that event's own
+decisions).
 
 Does not own effects (sending work and aborts: ``dispatch.py``), time
 (``timers.py`` appends ``DeadlineExpired`` when a due time passes) or the
@@ -54,6 +57,7 @@ from omnix.events.types import (
     Released,
     RequestSpec,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -66,6 +70,7 @@ from omnix.orchestrator.deadlines import due_times, expired
 from omnix.orchestrator.placement import Placement
 from omnix.orchestrator.plans import Plan, new_plan
 from omnix.orchestrator.routing import Router
+from omnix.orchestrator.scaling import Scaler
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph
 
@@ -92,6 +97,7 @@ class Orchestrator:
         self._placement = Placement(self.graph.stage_names)
         self._router = Router(self.graph, self._placement)
         self._live: dict[str, Plan] = self._router.live
+        self.scaler = Scaler(pipeline)
 
     # -- introspection (tests, /ready, timers) ----------------------------
     @property
@@ -105,7 +111,17 @@ class Orchestrator:
         return self._placement.load.get(worker_id(stage, replica), 0)
 
     def ready_replicas(self, stage: str) -> int:
+        """Ready replicas that take new work (a draining one does not)."""
         return len(self._placement.replicas[stage])
+
+    def idle_scale(self, state: Fold, ts_ns: int) -> list[Scaled]:
+        """The drains due at log time ``ts_ns`` with nothing happening
+        (``Scaler.idle``): inputs, for the server's sweep to append."""
+        return self.scaler.idle(state, self._placement, ts_ns)
+
+    def routable(self, stage: str, replica: int) -> bool:
+        """Whether routing may give ``replica`` a new request."""
+        return replica in self._placement.replicas[stage]
 
     # -- admission --------------------------------------------------------
     def admit(
@@ -163,8 +179,12 @@ class Orchestrator:
         match ev:
             case StageFinished():
                 return self._on_stage_finished(ev, state)
-            case StageStarted() | Progress() | Rejected() | Released() | SessionChanged():
+            case StageStarted() | Progress() | Released() | SessionChanged():
                 return []  # nothing to decide
+            case Rejected():
+                if not self._live:
+                    self.scaler.reset()  # an idle point (see scaling.py)
+                return []
             case Admitted():
                 return self._on_admitted(ev, state)
             case Finished() | Cancelled() | Failed():
@@ -182,13 +202,29 @@ class Orchestrator:
                 self._placement.joined(ev)
                 return self._router.drain(ev.stage, ev, state)
             case WorkerLost():
+                self.scaler.lost(ev)
                 return self._on_worker_lost(ev, state)
+            case Scaled():
+                return self._on_scaled(ev, state)
             case _:
                 assert_never(ev)
 
     # -- handlers -----------------------------------------------------------
     def _on_admitted(self, ev: Admitted, state: Fold) -> list[Event]:
-        return self._router.start(new_plan(self.graph, ev), ev, state)
+        if not self._live:
+            self.scaler.reset()  # an idle point (see scaling.py)
+        out = self._router.start(new_plan(self.graph, ev), ev, state)
+        return out + self.scaler.sample(ev, state, self._placement)
+
+    def _on_scaled(self, ev: Scaled, state: Fold) -> list[Event]:
+        """A replica started (it routes once it joins), drains (no new
+        request goes to it from here on) or left after its drain."""
+        self.scaler.applied(ev, state)
+        if ev.op == "drain":
+            self._placement.drain(ev.stage, ev.replica)
+        elif ev.op == "left":
+            self._placement.left(ev.stage, ev.replica)
+        return []
 
     def _on_stage_finished(self, ev: StageFinished, state: Fold) -> list[Event]:
         plan = self._live.get(ev.request_id)
@@ -205,7 +241,7 @@ class Orchestrator:
             if all(_stage_status(rs, n) == "finished" for n in plan.needed):
                 out.append(Finished(request_id=ev.request_id, ts_ns=ev.ts_ns, cause=ev.pos))
         out += router.drain(ev.stage, ev, state)
-        return out
+        return out + self.scaler.sample(ev, state, self._placement, ev.stage)
 
     def _on_stage_failed(self, ev: StageFailed, state: Fold) -> list[Event]:
         plan = self._live.get(ev.request_id)
@@ -213,7 +249,8 @@ class Orchestrator:
             return []
         self._router.release_slot(plan, ev.stage)
         out = self._stage_gone(plan, ev.stage, ev, state, "stage_error", ev.message)
-        return out + self._router.drain(ev.stage, ev, state)
+        out += self._router.drain(ev.stage, ev, state)
+        return out + self.scaler.sample(ev, state, self._placement, ev.stage)
 
     def _on_worker_lost(self, ev: WorkerLost, state: Fold) -> list[Event]:
         self._placement.lost(ev)

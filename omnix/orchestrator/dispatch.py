@@ -4,8 +4,9 @@ Owns: ``Dispatcher``, a synchronous log listener that, for a ``Routed``
 event, assembles the stage's input piece from the events it names (the
 request's prompt, upstream chunks and their blobs) and sends it to the
 ``Runtime`` (``runtime.py``); for a cancel or a failure, sends aborts to
-every stage still active; and after a terminal event tells the runtime to
-forget the request.
+every stage still active; after a terminal event tells the runtime to
+forget the request; and hands a ``Scaled`` start or drain to the runtime
+to carry out.
 
 Does not decide anything: every call it makes is implied by one event, so
 replay can run the orchestrator without it.  It is the only place the
@@ -37,6 +38,7 @@ from omnix.events.types import (
     Released,
     RequestSpec,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -110,6 +112,10 @@ class Dispatcher:
                 self._release(ev.request_id, ev.pos)
             case Cancelled() | Finished():
                 self._release(ev.request_id, ev.pos)
+            case Scaled():
+                if ev.op != "left":  # a replica that left is the runtime's own report
+                    scale = self.runtime.scale
+                    self._gate.run(ev.pos, lambda: scale(ev))
             case _:
                 assert_never(ev)
 

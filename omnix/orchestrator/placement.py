@@ -44,6 +44,18 @@ class Placement:
             reps.remove(ev.replica)
         self.load.pop(ev.worker_id, None)
 
+    def drain(self, stage: str, replica: int) -> None:
+        """``replica`` takes no new request (it keeps its load until its
+        requests end)."""
+        reps = self.replicas[stage]
+        if replica in reps:
+            reps.remove(replica)
+
+    def left(self, stage: str, replica: int) -> None:
+        """A drained replica is gone (nothing ran on it any more)."""
+        self.drain(stage, replica)
+        self.load.pop(worker_id(stage, replica), None)
+
     def pick(self, state: Fold, stage: str) -> int:
         """The ready replica of ``stage`` with the least outstanding work and
         a free credit (ties: lowest index); -1 when none."""

@@ -55,6 +55,7 @@ from omnix.events.types import (
     Event,
     Released,
     RequestEvent,
+    Scaled,
     SessionChanged,
     WorkerJoined,
     WorkerLost,
@@ -130,7 +131,7 @@ def recover_log(orchestrator: Orchestrator, log: EventLog) -> Recovered:
 
 
 _INF = 1 << 62
-_WORKER = (WorkerJoined, WorkerLost)
+_WORKER = (WorkerJoined, WorkerLost, Scaled)
 
 
 def _show_workers(orchestrator: Orchestrator, fold: Fold, events: Iterable[Event]) -> int:
@@ -234,6 +235,8 @@ def _diverged(pos: int, decided: str, recorded: str, about: Event) -> RecoveryEr
             subject = "retention"
         case SessionChanged():
             subject = about.session
+        case Scaled():
+            subject = f"scaling of {about.stage}"
         case _:
             assert_never(about)
     return RecoveryError(

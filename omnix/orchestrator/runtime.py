@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from omnix.events.blobs import BlobStore
-from omnix.events.types import Event
+from omnix.events.types import Event, Scaled
 from omnix.pipelines.config import PipelineConfig
 from omnix.transport.work import WorkItem
 
@@ -27,7 +27,7 @@ from omnix.transport.work import WorkItem
 class Runtime(Protocol):
     """Runs a pipeline's stages; worker events come back through ``emit``.
 
-    ``send``, ``abort`` and ``release`` are the ``Dispatcher``'s, called
+    ``send``, ``abort``, ``release`` and ``scale`` are the ``Dispatcher``'s, called
     from inside an append cascade: they never block and never call
     ``emit`` themselves.  ``start`` and ``shutdown`` are ``Omni``'s.
     """
@@ -46,6 +46,15 @@ class Runtime(Protocol):
 
     def release(self, request_id: str) -> None:
         """Forget a request after its terminal event."""
+        ...
+
+    def scale(self, ev: Scaled) -> None:
+        """Carry out a scale event (``op`` ``start`` or ``drain``): start
+        the replica (it emits ``WorkerJoined`` once ready), or drain it:
+        the orchestrator routes it nothing new; once the requests it runs
+        are done its worker is stopped and the runtime emits
+        ``Scaled(op="left")`` (a drained replica that was not ready yet is
+        just stopped; one that dies first is ``WorkerLost``, as any)."""
         ...
 
     async def shutdown(self) -> None:

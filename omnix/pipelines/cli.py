@@ -13,7 +13,7 @@ import sys
 
 import msgspec
 
-from omnix.pipelines.config import PipelineConfig, engine_kind, engine_model
+from omnix.pipelines.config import PipelineConfig, ReplicaRange, engine_kind, engine_model
 from omnix.pipelines.registry import DEFAULT_PIPELINE, builtin_names
 from omnix.pipelines.toml_out import pipeline_toml
 from omnix.pipelines.validate import PipelineError, load_pipeline, stage_output_modality
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             model = engine_model(st.engine) or ""
             out = stage_output_modality(cfg, st.name) or "?"
             print(
-                f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={st.replicas} "
+                f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={_replicas(st.replicas)} "
                 f"timeout={st.timeout_s:g}s retry={'yes, up to ' + str(st.max_retries) if st.retries else 'no'}"
             )
         media = cfg.input_media
@@ -126,3 +126,8 @@ def run(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             bad += 1
     return 1 if bad else 0
+
+
+def _replicas(r: int | ReplicaRange) -> str:
+    """``2``, or ``1..4`` for a stage that scales."""
+    return str(r) if isinstance(r, int) else f"{r.min}..{r.max}"

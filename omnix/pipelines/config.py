@@ -223,10 +223,31 @@ class MediaLimits(msgspec.Struct, **_STRICT):
     video_audio: bool = True
 
 
+class ReplicaRange(msgspec.Struct, **_STRICT):
+    """A stage that scales (``replicas = {min = 1, max = 4}``): it starts
+    with ``min`` replicas and omnix scales it between ``min`` and ``max``
+    (docs/pipelines.md, "Scaling"; the decisions are
+    ``omnix.orchestrator.scaling``'s).
+
+    Up: a replica starts when the stage's queue held at least ``up_queue``
+    requests at ``up_after`` samples in a row (a sample: every admission
+    and every stage execution's end the log records).  Down: the
+    highest replica drains when a sample finds the queue empty, the other
+    replicas' credits enough for the stage's requests, and the stage's
+    last scale event at least ``down_after_s`` seconds old (log time)."""
+
+    max: int
+    min: int = 1
+    up_queue: int = 1
+    up_after: int = 3
+    down_after_s: float = 30.0
+
+
 class StageConfig(msgspec.Struct, **_STRICT):
     name: str
     engine: EngineArgs
-    replicas: int = 1
+    # A fixed count, or a range the stage scales in (``ReplicaRange``).
+    replicas: int | ReplicaRange = 1
     sampling: StageParams = StageParams()
     # No output (chunk or finish) from the stage within this many seconds
     # fails the request: no wait without a bound.
@@ -258,6 +279,24 @@ class StageConfig(msgspec.Struct, **_STRICT):
     def retries(self) -> bool:
         """``retry`` with the engine's default filled in."""
         return retry_by_default(self.engine) if self.retry is None else self.retry
+
+    @property
+    def scaling(self) -> ReplicaRange | None:
+        """The range the stage scales in; None for a fixed count."""
+        return self.replicas if isinstance(self.replicas, ReplicaRange) else None
+
+    @property
+    def min_replicas(self) -> int:
+        """The replicas the stage starts with (and readiness waits for)."""
+        r = self.replicas
+        return r.min if isinstance(r, ReplicaRange) else r
+
+    @property
+    def max_replicas(self) -> int:
+        """The most replicas the stage may have (every one gets a slot,
+        devices and CPUs planned at start)."""
+        r = self.replicas
+        return r.max if isinstance(r, ReplicaRange) else r
 
 
 Forward = Literal["chunk", "sentence", "finish"]

@@ -17,11 +17,13 @@ from omnix.pipelines.config import (
     AudioEngineArgs,
     DiffusersArgs,
     PipelineConfig,
+    ReplicaRange,
     ScriptedArgs,
+    StageConfig,
     TalkerArgs,
     VllmArgs,
 )
-from omnix.pipelines.devices import device_problems
+from omnix.pipelines.devices import device_problems, parse_devices, replica_width
 from omnix.pipelines.engines import engine_kinds
 
 SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
@@ -98,8 +100,7 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
         if not n or "/" in n or n == "request":
             problems.append(f"stage name {n!r} is not allowed (non-empty, no '/', not 'request')")
     for st in cfg.stages:
-        if st.replicas < 1:
-            problems.append(f"stage {st.name!r}: replicas must be >= 1, got {st.replicas}")
+        problems.extend(_replica_problems(st))
         if st.timeout_s <= 0:
             problems.append(f"stage {st.name!r}: timeout_s must be > 0, got {st.timeout_s}")
         if st.max_retries < 0:
@@ -177,6 +178,58 @@ def _edge_problems(cfg: PipelineConfig, names: list[str]) -> list[str]:
                     f"(edge from {streaming[0]!r} streams)"
                 )
     return problems
+
+
+def _replica_problems(st: StageConfig) -> list[str]:
+    """A fixed count must be >= 1; a range (``replicas = {min, max}``) must
+    start with at least one replica (a stage with none refuses every
+    request: readiness needs one), end at or above its start, and say
+    thresholds that can be met."""
+    where = f"stage {st.name!r}"
+    r = st.replicas
+    if not isinstance(r, ReplicaRange):
+        return [] if r >= 1 else [f"{where}: replicas must be >= 1, got {r}"]
+    problems = []
+    if r.min < 1:
+        problems.append(
+            f"{where}: replicas.min must be >= 1, got {r.min} (a stage with no replica "
+            "refuses every request; the server is ready once min replicas are)"
+        )
+    if r.max < r.min:
+        problems.append(
+            f"{where}: replicas.max ({r.max}) must be >= replicas.min ({r.min}); "
+            "for a fixed count write replicas = N"
+        )
+    if r.up_queue < 1:
+        problems.append(f"{where}: replicas.up_queue must be >= 1, got {r.up_queue}")
+    if r.up_after < 1:
+        problems.append(f"{where}: replicas.up_after must be >= 1, got {r.up_after}")
+    if r.down_after_s < 0:
+        problems.append(f"{where}: replicas.down_after_s must be >= 0, got {r.down_after_s}")
+    problems.extend(_shared_gpu_problems(st, r.max))
+    return problems
+
+
+def _shared_gpu_problems(st: StageConfig, replicas: int) -> list[str]:
+    """vLLM replicas beyond the stage's device groups share a GPU, each
+    taking ``gpu_memory_utilization`` of it: at most 1 in all."""
+    eng = st.engine
+    try:
+        devices = parse_devices(st.devices)
+    except ValueError:
+        return []  # device_problems says why
+    if not isinstance(eng, VllmArgs) or not devices or eng.gpu_memory_utilization <= 0:
+        return []
+    groups = max(1, len(devices) // replica_width(st))
+    per_gpu = -(-replicas // groups)
+    if per_gpu * eng.gpu_memory_utilization <= 1.0:
+        return []
+    return [
+        f"stage {st.name!r}: replicas.max = {replicas} over devices {st.devices!r} puts "
+        f"{per_gpu} vLLM replicas on one GPU, each taking gpu_memory_utilization = "
+        f"{eng.gpu_memory_utilization:g} of it ({per_gpu * eng.gpu_memory_utilization:g} > 1): "
+        "give more devices, a lower max or a lower gpu_memory_utilization"
+    ]
 
 
 def _diffusers_problems(eng: DiffusersArgs) -> list[str]:

@@ -18,11 +18,12 @@ from omnix.events.reducer import RequestState
 from omnix.events.types import (
     Cancelled,
     CancelRequested,
+    DecisionEvent,
     Event,
     Failed,
     Finished,
-    RequestEvent,
     Routed,
+    Scaled,
     event_tag,
 )
 from omnix.pipelines.config import PipelineConfig
@@ -104,7 +105,7 @@ def counterfactual(
             return "-"
         ev = events[p]
         if is_decision(ev):
-            return f"({event_tag(ev)} of {ev.request_id})"
+            return f"({event_tag(ev)} of {_about(ev)})"
         return f"#{p}"
 
     new_events = list(run.log.read())
@@ -117,8 +118,8 @@ def counterfactual(
             return f"#{what}"
         ev = new_events[p]
         if kind == "dec":
-            assert isinstance(ev, RequestEvent), "the orchestrator decides about requests only"
-            return f"({event_tag(ev)} of {ev.request_id})"
+            assert is_decision(ev), "the orchestrator appends decisions only"
+            return f"({event_tag(ev)} of {_about(ev)})"
         return f"({kind} {event_tag(ev)})"
 
     rec = _canon(events, rec_ident)
@@ -175,10 +176,20 @@ def _canon(events: list[Event], ident: Callable[[int], str]) -> dict[str, list[s
                 line = f"finished cause={ident(ev.cause)}"
             case CancelRequested() | Cancelled():
                 line = f"{event_tag(ev)} {ev.reason} cause={ident(ev.cause)}"
+            case Scaled():
+                # About a stage, not a request: listed under the stage.
+                line = f"scaled {ev.stage}/{ev.replica} {ev.op} {ev.reason} cause={ident(ev.cause)}"
+                per.setdefault(f"scaling of {ev.stage}", []).append(line)
+                continue
             case _:
                 assert_never(ev)
         per.setdefault(ev.request_id, []).append(line)
     return per
+
+
+def _about(ev: DecisionEvent) -> str:
+    """What a decision is about: its request, or a scaled stage."""
+    return f"scaling of {ev.stage}" if type(ev) is Scaled else ev.request_id
 
 
 def _outcome(rs: RequestState | None) -> str:

@@ -45,6 +45,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -452,7 +453,7 @@ def _divergence(
 def _cause(ev: Event) -> int:
     """The position of the event that led to ``ev`` (-1: none recorded)."""
     match ev:
-        case Routed() | CancelRequested() | Cancelled() | Failed() | Finished():
+        case Routed() | CancelRequested() | Cancelled() | Failed() | Finished() | Scaled():
             return ev.cause
         case (
             Admitted()

@@ -61,6 +61,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    Scaled,
     SessionChanged,
     StageEvent,
     StageOutputEvent,
@@ -174,8 +175,8 @@ def check_invariants(events: list[Event], *, require_terminal: bool = True) -> l
             case WorkerJoined():
                 lost.pop(ev.worker_id, None)
                 continue
-            case Released() | SessionChanged():
-                continue  # retention's, a session's: about no request's own history
+            case Released() | SessionChanged() | Scaled():
+                continue  # retention's, a session's, scaling's: about no request's own history
             case RequestEvent():
                 pass  # below: every request event is held to the rules alike
             case _:
@@ -334,10 +335,10 @@ def plan(
                         "say which: worker-lost@POSITION:STAGE/REPLICA"
                     )
             stage, _, rep = wid.partition("/")
-            if stage not in stages or not rep.isdigit() or int(rep) >= stages[stage].replicas:
+            if stage not in stages or not rep.isdigit() or int(rep) >= stages[stage].max_replicas:
                 raise FaultError(
                     f"fault {spec}: no worker {wid!r} in pipeline {trace.pipeline.name} "
-                    f"(workers: {', '.join(f'{s.name}/{r}' for s in trace.pipeline.stages for r in range(s.replicas))})"
+                    f"(workers: {', '.join(f'{s.name}/{r}' for s in trace.pipeline.stages for r in range(s.max_replicas))})"
                 )
             lost = WorkerLost(
                 worker_id=wid, stage=stage, replica=int(rep), reason="injected", ts_ns=ev.ts_ns

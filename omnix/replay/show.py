@@ -33,6 +33,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -130,6 +131,11 @@ def describe(ev: Event, t0: int | None = None) -> str:
         case SessionChanged():
             what = ev.item.id if ev.item is not None else ev.item_id
             return f"{head} {ev.session} {ev.op}{' ' + what if what else ''}"
+        case Scaled():
+            return (
+                f"{head} {ev.stage}/{ev.replica} {ev.op} ({ev.reason}) "
+                f"replicas={ev.replicas}{_cause(ev.cause)}"
+            )
         case _:
             assert_never(ev)
 

@@ -47,7 +47,7 @@ def gpu_plan(
                 f"{', '.join(map(str, missing))}, but this server sees {len(seen)} "
                 f"(0..{len(seen) - 1}{through}): give devices it has"
             )
-        for replica in range(st.replicas):
+        for replica in range(st.max_replicas):
             ids = [seen[d] for d in replica_devices(st, replica)]
             plan[f"{st.name}/{replica}"] = ",".join(ids)
     return plan

@@ -74,7 +74,7 @@ def cpu_plan(
         if isinstance(st.engine, VllmArgs)
         and st.engine.cpu_executor == "uni"
         and st.name not in pinned
-        for r in range(st.replicas)
+        for r in range(st.max_replicas)
         if f"{st.name}/{r}" not in pinned
     ]
     k, n = len(workers), len(cpus)

@@ -17,7 +17,9 @@ error); the parts live beside it, each owning one concern:
   ``capacity`` requests in flight on a replica;
 * ``wire.py``: the send path (work batched per loop turn, aborts after it);
 * ``records.py``: worker records into events;
-* ``profile_calls.py``: starting and stopping the workers' profilers.
+* ``profile_calls.py``: starting and stopping the workers' profilers;
+* ``scaling.py``: carrying out ``Scaled`` events (start a replica, drain
+  one and record that it left).
 
 Does not own decisions: which replica gets a request, what happens to
 requests on a lost worker (fail or retry), queueing beyond credits, time
@@ -61,7 +63,7 @@ from typing import Any, Literal
 import zmq
 
 from omnix.events.blobs import BlobStore
-from omnix.events.types import Event, WorkerLost
+from omnix.events.types import Event, Scaled, WorkerLost
 from omnix.pipelines.config import PipelineConfig
 from omnix.stages.credits import Credits
 from omnix.stages.errors import (
@@ -78,6 +80,7 @@ from omnix.stages.placement import pin_process, runtime_plan
 from omnix.stages.procs import WorkerProcess
 from omnix.stages.profile_calls import ProfileCalls, ProfileReport
 from omnix.stages.records import deliver
+from omnix.stages.scaling import ReplicaScaling, check_scaling
 from omnix.stages.slots import Slot, SlotTable, not_ready_message
 from omnix.stages.spawner import Spawner, kill_all
 from omnix.stages.wire import Wire
@@ -151,6 +154,7 @@ class StageRuntime:
         # The stages whose workers this runtime starts (and restarts); the
         # others wait for `omnix worker --connect`.
         self.spawned_stages = _spawned_stages(pipeline, spawn)
+        check_scaling(pipeline, self.spawned_stages)
         self.worker_token = worker_token or None
         # A replica spawned but not READY within this is killed (and restarted).
         self.load_timeout_s = start_timeout_s if load_timeout_s is None else load_timeout_s
@@ -228,6 +232,15 @@ class StageRuntime:
             closed=lambda: self._closed,
         )
         self._profiles = ProfileCalls(self.pipeline, self._slots, self._wire)
+        self._scaling = ReplicaScaling(
+            self._slots,
+            self._wire,
+            self._spawner,
+            emit=self._emit,
+            changed=self._changed_state,
+            running=lambda: self._started and not self._closed,
+            grace_s=self.shutdown_grace_s,
+        )
 
     # -- public API ---------------------------------------------------------
     @property
@@ -276,7 +289,7 @@ class StageRuntime:
         self._started = True
         self._bind()
         for slot in self._slots.all():
-            if slot.stage in self.spawned_stages:
+            if slot.stage in self.spawned_stages and slot.wanted:
                 self._spawner.spawn(slot)
         if wait is None:
             wait = bool(self.spawned_stages)
@@ -285,7 +298,7 @@ class StageRuntime:
             try:
                 await self._wait(
                     self.start_timeout_s,
-                    [s for s in self._slots.all() if s.stage in self.spawned_stages],
+                    [s for s in self._slots.all() if s.stage in self.spawned_stages and s.wanted],
                 )
             except BaseException:
                 await self.shutdown()
@@ -313,6 +326,7 @@ class StageRuntime:
         )
         self._wire.attach(loop, self._sock, self._inbox)
         self._spawner.loop = loop
+        self._scaling.loop = loop
         self._spawner.endpoint = self._endpoint
         self._liveness.start(loop)
         names = list(self._slots.by_stage)
@@ -328,8 +342,9 @@ class StageRuntime:
         )
 
     async def wait_ready(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        """Wait until every replica of every stage is ready."""
-        await self._wait(timeout, self._slots.all())
+        """Wait until every replica of every stage is ready (of a stage
+        that scales, those it runs now)."""
+        await self._wait(timeout, [s for s in self._slots.all() if s.wanted])
 
     async def _wait(self, timeout: float | None, slots: list[Slot]) -> None:  # noqa: ASYNC109
         assert self._changed is not None, "call start() first"
@@ -427,6 +442,9 @@ class StageRuntime:
         errors and logs, ``reason`` into ``WorkerLost``."""
         if slot.state == "down":
             return
+        if slot.draining:
+            self._scaling.gone(slot, reason)
+            return
         was_ready = slot.state == "ready"
         self._slots.unbind(slot)
         slot.state = "down"
@@ -492,6 +510,11 @@ class StageRuntime:
         if slot is not None and slot.token == msg.token:
             self._lose(slot, f"worker exited: {msg.reason}")
 
+    # -- scaling (docs/runtime.md, "Scaling"; the parts: scaling.py) ------------
+    def scale(self, ev: Scaled) -> None:
+        """Carry out a ``Scaled`` start or drain (``ReplicaScaling.scale``)."""
+        self._scaling.scale(ev)
+
     # -- receiving ------------------------------------------------------------
     def _routes(self) -> list[Route[Any]]:
         """What each message a worker sends is handed to (see ``Inbox``)."""
@@ -510,6 +533,8 @@ class StageRuntime:
         if slot is not None:
             slot.last_seen = time.monotonic()
             deliver(slot, records, self.blobs, self._emit, self._credits.returned)
+            if slot.draining:
+                self._scaling.leave_if_idle(slot)
 
     def _emit(self, ev: Event) -> None:
         try:

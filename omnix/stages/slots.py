@@ -45,6 +45,7 @@ class Slot:
         "capacity",
         "config",
         "deferred",
+        "draining",
         "engine",
         "expected_token",
         "failures",
@@ -62,6 +63,7 @@ class Slot:
         "started_at",
         "state",
         "token",
+        "wanted",
         "welcomed_at",
         "worker_id",
     )
@@ -98,6 +100,11 @@ class Slot:
         self.failures = 0  # failed starts in a row (died or gave up before READY)
         self.last_failure = ""  # how the last failed start ended, for start-up errors
         self.restart_handle: asyncio.TimerHandle | None = None
+        # Scaling (``StageRuntime.scale``): whether the replica should run
+        # (a stage starts its ``min``; a Scaled start or drain changes it),
+        # and whether it drains (takes nothing new, stops once idle).
+        self.wanted = replica < config.min_replicas
+        self.draining = False
 
     def where(self) -> str:
         return f"stage {self.stage!r} replica {self.replica}"
@@ -110,7 +117,7 @@ class SlotTable:
     def __init__(self, pipeline: PipelineConfig) -> None:
         self.pipeline = pipeline.name
         self.by_stage: dict[str, list[Slot]] = {
-            st.name: [Slot(st, r) for r in range(st.replicas)] for st in pipeline.stages
+            st.name: [Slot(st, r) for r in range(st.max_replicas)] for st in pipeline.stages
         }
         self.by_identity: dict[bytes, Slot] = {}
         self.by_token: dict[str, Slot] = {}

@@ -105,6 +105,12 @@ class Spawner:
         slot.started_at = time.monotonic()
         log.debug("spawned %s as pid %d", slot.worker_id, proc.pid)
 
+    def stop(self, slot: Slot) -> None:
+        """Stop ``slot``'s worker now, if it runs (a replica drained
+        before it was ready: nothing ran there)."""
+        if slot.proc is not None and slot.proc.returncode is None:
+            slot.proc.kill()
+
     def spawn_env(self, stage: str, replica: int) -> dict[str, str]:
         """The environment a spawned worker of ``stage``/``replica`` gets
         (before its per-incarnation token and parent pid)."""

@@ -29,6 +29,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -123,6 +124,7 @@ class BufferSource:
                 | WorkerJoined()
                 | Released()
                 | SessionChanged()
+                | Scaled()
                 | InputAppended()
             ):
                 pass  # nothing read back: the fold's state has what they tell

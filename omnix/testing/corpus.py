@@ -1,8 +1,9 @@
 """Capture the replay corpus (``replay/`` at the project root): test support.
 
 Owns: the corpus cases (a normal text+audio request, a cancel mid-stream,
-a worker lost mid-stream, a deadline expiry, a rejected overload, and a
-busy server whose trace needs the cross-request closure), running each on
+a worker lost mid-stream, a deadline expiry, a rejected overload, a
+busy server whose trace needs the cross-request closure, and the same
+burst on a talker that scales up and back down), running each on
 a fresh server, exporting its trace and checking it before writing it:
 every trace must fold to its digest and drive with zero divergence, and
 where the request came through HTTP the client's bytes must be
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from omnix.events.types import Chunk, Event, Rejected, RequestSpec
-from omnix.pipelines.config import PipelineConfig, ScriptedArgs
+from omnix.pipelines.config import PipelineConfig, ReplicaRange, ScriptedArgs
 
 if TYPE_CHECKING:
     import aiohttp
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from omnix.api import Omni
     from omnix.http.app import HttpServer
 
-CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected", "busy", "media")
+CASES = ("normal", "cancel", "worker-lost", "deadline", "rejected", "busy", "media", "scaling")
 #: Cases that need the HTTP layer's media decoding (not on the simulator).
 HTTP_ONLY = ("media",)
 
@@ -119,6 +120,14 @@ def _variant(cfg: PipelineConfig, case: str) -> PipelineConfig:
     if case in ("busy", "worker-lost"):
         # worker-lost: the lost talker's stage continues on the other one.
         return with_stage("talker", replicas=2)
+    if case == "scaling":
+        # One talker request at a time: a burst queues, a second talker
+        # starts, and drains once the burst is over.
+        eng = cfg.stage("talker").engine
+        if isinstance(eng, ScriptedArgs):
+            eng = msgspec.structs.replace(eng, capacity=1)
+        ranged = ReplicaRange(min=1, max=2, up_after=1, down_after_s=0.05)
+        return with_stage("talker", replicas=ranged, engine=eng)
     return cfg
 
 
@@ -246,6 +255,19 @@ def _kill_worker(omni: Omni, wid: str) -> None:
     os.kill(ws.pid, signal.SIGKILL)
 
 
+async def _until_drained(omni: Omni, stage: str, limit_s: float = 30.0) -> None:
+    """Until ``stage`` is back to its ``min`` with no replica draining."""
+    scaler = omni.orchestrator.scaler
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    cfg = omni.pipeline.stage(stage).scaling
+    assert cfg is not None
+    while len(scaler.members(stage)) > cfg.min or scaler.draining(stage):
+        if loop.time() > deadline:  # pragma: no cover
+            raise RuntimeError(f"stage {stage!r} did not scale back down in {limit_s:g} s")
+        await asyncio.sleep(0.02)
+
+
 async def _run_case(omni: Omni, server: HttpServer, case: str) -> tuple[list[str], bytes | None]:
     """Run one case; the target request ids and the HTTP client's bytes."""
     spec = RequestSpec(
@@ -295,11 +317,14 @@ async def _run_case(omni: Omni, server: HttpServer, case: str) -> tuple[list[str
             return [rid], raw
         # busy: four requests a few ms apart; the trace of the third needs
         # the others (least-loaded talker choice, shared replicas).
+        # scaling: the same burst starts a second talker.
         tasks = []
         for _ in range(4):
             tasks.append(asyncio.ensure_future(_http_chat(server, session)))
             await asyncio.sleep(0.015)
         results = await asyncio.gather(*tasks)
+        if case == "scaling":
+            await _until_drained(omni, "talker")
         admitted = [rid for rid in omni.log.state.requests]
         third = admitted[2]
         body = next(raw for _, rid, raw in results if rid == third)
@@ -329,10 +354,10 @@ async def _capture_sim_case(cfg: PipelineConfig, case: str, out: Path) -> Captur
         ev = omni.submit(spec, request_id="rejected-1")
         assert isinstance(ev, Rejected), ev
         targets = [ev.request_id]
-    elif case == "busy":
+    elif case in ("busy", "scaling"):
         targets = []
         for i in range(4):
-            targets.append(omni.submit(spec, request_id=f"busy-{i}").request_id)
+            targets.append(omni.submit(spec, request_id=f"{case}-{i}").request_id)
             for _ in range(9):
                 sim.step()
         targets = [targets[2]]

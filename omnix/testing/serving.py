@@ -26,6 +26,7 @@ from omnix.events.types import (
     Chunk,
     Event,
     Progress,
+    Scaled,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -94,28 +95,33 @@ class InProcessRuntime:
         self._factory = engine_factory
         self.engines: dict[tuple[str, int], Engine] = {}
         self._execs: dict[tuple[str, str], _Exec] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # replicas starting or draining
 
     async def start(self) -> None:
         for st in self.pipeline.stages:
-            for rep in range(st.replicas):
-                args = st.engine
-                kind = args.__struct_config__.tag
-                assert isinstance(kind, str), kind  # engine configs are tagged by name
-                engine = self._factory(args) if self._factory else load_engine(kind, args)
-                info = await engine.start()
-                self.engines[(st.name, rep)] = engine
-                self.emit(
-                    WorkerJoined(
-                        worker_id=f"{st.name}/{rep}",
-                        stage=st.name,
-                        replica=rep,
-                        engine=info.engine,
-                        capacity=info.capacity,
-                    )
-                )
+            for rep in range(st.min_replicas):
+                await self._start_replica(st.name, rep)
+
+    async def _start_replica(self, stage: str, replica: int) -> None:
+        args = self.pipeline.stage(stage).engine
+        kind = args.__struct_config__.tag
+        assert isinstance(kind, str), kind  # engine configs are tagged by name
+        engine = self._factory(args) if self._factory else load_engine(kind, args)
+        info = await engine.start()
+        self.engines[(stage, replica)] = engine
+        self.emit(
+            WorkerJoined(
+                worker_id=f"{stage}/{replica}",
+                stage=stage,
+                replica=replica,
+                engine=info.engine,
+                capacity=info.capacity,
+            )
+        )
 
     async def shutdown(self) -> None:
         tasks = [ex.task for ex in self._execs.values() if ex.task is not None]
+        tasks += list(self._tasks)
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -149,6 +155,28 @@ class InProcessRuntime:
         asyncio.get_running_loop().create_task(engine.abort(request_id))
         if ex.task is not None:
             ex.task.cancel()
+
+    def scale(self, ev: Scaled) -> None:
+        """Start a replica's engine (it joins once started), or drain one:
+        once no execution runs on it, its engine closes and it leaves."""
+        loop = asyncio.get_running_loop()
+        if ev.op == "start":
+            self._tasks.add(loop.create_task(self._start_replica(ev.stage, ev.replica)))
+        elif ev.op == "drain":
+            self._tasks.add(loop.create_task(self._drain(ev.stage, ev.replica)))
+
+    async def _drain(self, stage: str, replica: int) -> None:
+        while running := [
+            ex.task
+            for ex in self._execs.values()
+            if ex.stage == stage and ex.replica == replica and not ex.done and ex.task is not None
+        ]:
+            await asyncio.wait(running)
+        engine = self.engines.pop((stage, replica), None)
+        if engine is None:
+            return  # never started: nothing to leave
+        await engine.close()
+        self.emit(Scaled(stage=stage, replica=replica, op="left", replicas=-1, reason="drained"))
 
     def release(self, request_id: str) -> None:
         for key in [k for k in self._execs if k[0] == request_id]:

@@ -26,6 +26,7 @@ from omnix.events.clock import ManualClock
 from omnix.events.types import (
     Chunk,
     Event,
+    Scaled,
     StageFailed,
     StageFinished,
     StageStarted,
@@ -68,12 +69,16 @@ class SimRuntime:
         clock: ManualClock,
         *,
         abort_delay_ms: float = 1.0,
+        start_delay_ms: float = 50.0,
     ) -> None:
         self.pipeline = pipeline
         self.emit = emit
         self.blobs = blobs
         self.clock = clock
         self.abort_delay_ns = int(abort_delay_ms * MS)
+        self.start_delay_ns = int(start_delay_ms * MS)
+        self.scaled: list[Scaled] = []  # the scale events carried out, in order
+        self._draining: set[tuple[str, int]] = set()
         self._queue: list[tuple[int, int, Callable[[], None]]] = []
         self._order = 0
         self._execs: dict[tuple[str, str], _Exec] = {}
@@ -88,18 +93,42 @@ class SimRuntime:
     # -- the Runtime protocol ---------------------------------------------------
     async def start(self) -> None:
         for st in self.pipeline.stages:
-            args = st.engine
-            cap = args.capacity if isinstance(args, ScriptedArgs) else 8
-            for rep in range(st.replicas):
-                self.emit(
-                    WorkerJoined(
-                        worker_id=f"{st.name}/{rep}",
-                        stage=st.name,
-                        replica=rep,
-                        engine="scripted",
-                        capacity=cap,
-                    )
-                )
+            for rep in range(st.min_replicas):
+                self._join(st.name, rep)
+
+    def _join(self, stage: str, replica: int) -> None:
+        args = self.pipeline.stage(stage).engine
+        cap = args.capacity if isinstance(args, ScriptedArgs) else 8
+        self.dead.discard(f"{stage}/{replica}")
+        self.emit(
+            WorkerJoined(
+                worker_id=f"{stage}/{replica}",
+                stage=stage,
+                replica=replica,
+                engine="scripted",
+                capacity=cap,
+            )
+        )
+
+    def scale(self, ev: Scaled) -> None:
+        """A started replica joins ``start_delay_ms`` later; a drained one
+        leaves once no execution runs on it (checked as each one ends)."""
+        self.scaled.append(ev)
+        if ev.op == "start":
+            self._at(self.start_delay_ns, partial(self._join, ev.stage, ev.replica))
+        elif ev.op == "drain":
+            self._draining.add((ev.stage, ev.replica))
+            self._at(0, self._leave_drained)
+
+    def _leave_drained(self) -> None:
+        busy = {(ex.stage, ex.replica) for ex in self._execs.values() if not ex.done}
+        for stage, rep in sorted(self._draining - busy):
+            self._draining.discard((stage, rep))
+            wid = f"{stage}/{rep}"
+            if wid in self.dead:
+                continue  # lost meanwhile: its WorkerLost said so
+            self.dead.add(wid)
+            self.emit(Scaled(stage=stage, replica=rep, op="left", replicas=-1, reason="drained"))
 
     async def shutdown(self) -> None:
         self._queue.clear()
@@ -275,6 +304,8 @@ class SimRuntime:
         t, fn = nxt
         self.clock.set(max(t, self.clock.now_ns()))
         fn()
+        if self._draining:
+            self._leave_drained()
         return True
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> int:

@@ -45,6 +45,7 @@ from omnix.events.types import (
     Released,
     RequestSpec,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -212,16 +213,17 @@ EXPECTED_V1 = [
 
 
 def test_fixture_covers_every_event_type() -> None:
-    # Released came with schema v4, SessionChanged and InputAppended with v7:
-    # they have no v1 form (test_released_round_trips, test_schema_v7.py).
-    later = {Released, SessionChanged, InputAppended}
+    # Released came with schema v4, SessionChanged and InputAppended with v7,
+    # Scaled with v8: they have no v1 form (test_released_round_trips,
+    # test_schema_v7.py, test_schema_v8.py).
+    later = {Released, SessionChanged, InputAppended, Scaled}
     assert {type(e) for e in EXPECTED_V1} == set(EVENT_TYPES) - later
 
 
 def test_released_round_trips() -> None:
     ev = Released(pos=7, ts_ns=123, request_ids=("req-a", "req-b"), reason="count")
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 7
+    assert data[0] == SCHEMA_VERSION == 8
     assert decode_event(data) == ev
     assert decode_events(encode_events([ev])) == [ev]
 

@@ -46,6 +46,7 @@ from omnix.events.types import (
     Released,
     RequestSpec,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -117,6 +118,7 @@ class Summary:
                 | WorkerLost()
                 | Released()
                 | SessionChanged()
+                | Scaled()
                 | InputAppended()
             ):
                 pass

@@ -38,6 +38,7 @@ from omnix.events.types import (
     Released,
     RequestEvent,
     Routed,
+    Scaled,
     SessionChanged,
     StageFailed,
     StageFinished,
@@ -181,6 +182,7 @@ class GroupStream:
                 | WorkerLost()
                 | Released()
                 | SessionChanged()
+                | Scaled()
                 | InputAppended()
             ):
                 return []
