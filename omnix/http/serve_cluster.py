@@ -8,9 +8,10 @@ server on one: it follows the log (``NatsLog.follow``), starts its workers
 promotes the log, takes it over as a restart does (``Omni.start``: the old
 leader's replicas are recorded lost, its requests in flight continue on
 this server's workers), and answers its frontends' calls (``FrontDoor``).
-A server that loses the lease, or whose appends another leader fenced,
-stops at once without appending (exit status 3): a supervisor restarts it
-as a standby.
+A server whose lease went unrenewed (NATS did not answer) takes it back
+when NATS answers; one that another server took the lease from, or whose
+appends another leader fenced, stops at once without appending (exit
+status 3): a supervisor restarts it as a standby.
 
 Does not own the log or the lease (``omnix.events.natslog``,
 ``omnix.events.lease``), the pipeline (``Omni``) or the HTTP handlers.
@@ -162,7 +163,7 @@ class Replicated:
             endpoints=info,
             ttl=self.args.lease_ttl,
             replicas=self.args.log_replicas,
-            on_lost=lambda exc: self._stop(str(exc)),
+            on_lost=self._take_back,
         )
         if not await self.lease.acquire():
             if not self.args.standby:
@@ -182,6 +183,23 @@ class Replicated:
             omni.recovered_from,
             time.perf_counter() - t0,
         )
+
+    async def _take_back(self, lost: Exception) -> None:
+        """The lease was lost: another server took it, or it went unrenewed
+        while NATS did not answer.  Take it back as soon as NATS answers
+        (nothing appended meanwhile was acknowledged, so no worker acted on
+        it and no client saw it); step down when another server holds it."""
+        assert self.lease is not None
+        log.warning("lease of log %r lost (%s); taking it back when NATS answers", self.name, lost)
+        while not self.lost.is_set():
+            try:
+                if await self.lease.acquire():
+                    log.info("lease of log %r held again", self.name)
+                else:
+                    self._stop(f"another server leads log {self.name!r} now ({lost})")
+                return
+            except Exception:  # NATS still away
+                await asyncio.sleep(self.args.lease_ttl / 3)
 
     def _stop(self, why: str) -> None:
         if not self.lost.is_set():
