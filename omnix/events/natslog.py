@@ -152,6 +152,8 @@ class NatsLog(MemoryLog):
         self._snap_ready: SnapshotFile | None = None
         self._snap_task: asyncio.Task[None] | None = None
         self._purged_below = 0
+        #: snapshots this log stored
+        self.snapshot_count = 0
 
     # -- opening ------------------------------------------------------------
     @classmethod
@@ -644,6 +646,7 @@ class NatsLog(MemoryLog):
             index_seq = self._seq_of(snap.index_from)
             seq = self._seq_of(snap.next_pos - 1) if snap.next_pos else 0
             cut = await self._snaps.save(snap, seq, index_seq, self.replicas)
+            self.snapshot_count += 1
             if cut > self._purged_below:
                 await self.conn.js.purge_stream(self.names.stream, seq=cut)
                 self._purged_below = cut
