@@ -52,9 +52,11 @@ class NatsLogBenchResult(msgspec.Struct, frozen=True):
     load_average: float
 
 
-async def _one(url: str, name: str, n: int, conc: int, every: int, replicas: int) -> tuple[float, int]:
+async def _one(
+    url: str, name: str, n: int, conc: int, every: int, replicas: int
+) -> tuple[float, int]:
     """Append ``n`` events to a fresh log; (wall seconds until all acked, messages)."""
-    log = await NatsLog.open(url, name=name, replicas=replicas, snapshot_every=0, timeout=30)
+    log = await NatsLog.open(url, name=name, replicas=replicas, snapshot_every=0, timeout_s=30)
     timer = _Timer()
     try:
         for batch in batches(n, conc):
@@ -74,7 +76,9 @@ async def _one(url: str, name: str, n: int, conc: int, every: int, replicas: int
         await log.aclose()
 
 
-async def _runs(url: str, tag: str, args: argparse.Namespace, replicas: int) -> tuple[list[float], int]:
+async def _runs(
+    url: str, tag: str, args: argparse.Namespace, replicas: int
+) -> tuple[list[float], int]:
     rates = []
     msgs = 0
     for k in range(max(1, args.repeat)):

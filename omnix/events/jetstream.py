@@ -179,12 +179,12 @@ class NatsConnection:
             await self.nc.close()
 
 
-async def connect(url: str, *, timeout: float = 5.0) -> NatsConnection:
+async def connect(url: str, *, timeout_s: float = 5.0) -> NatsConnection:
     """Connect to the cluster ``url`` names; ``NatsUnreachable`` (one line
-    naming it) when no seed answers within ``timeout``."""
+    naming it) when no seed answers within ``timeout_s``."""
     seeds = parse_url(url)
     loop = asyncio.get_running_loop()
-    probes = [loop.run_in_executor(None, _reachable, s, min(timeout, 2.0)) for s in seeds]
+    probes = [loop.run_in_executor(None, _reachable, s, min(timeout_s, 2.0)) for s in seeds]
     if not any(await asyncio.gather(*probes)):
         raise NatsUnreachable(
             f"{url}: no NATS server answers there; start nats-server -js "
@@ -212,10 +212,12 @@ async def connect(url: str, *, timeout: float = 5.0) -> NatsConnection:
                 disconnected_cb=changed,
                 reconnected_cb=changed,
             ),
-            timeout,
+            timeout_s,
         )
     except (TimeoutError, OSError, nats.errors.Error) as exc:
-        raise NatsUnreachable(f"{url}: cannot connect to NATS ({exc or type(exc).__name__})") from None
+        raise NatsUnreachable(
+            f"{url}: cannot connect to NATS ({str(exc) or type(exc).__name__})"
+        ) from None
     conn = NatsConnection(url, nc)
     holder.append(conn)
     return conn

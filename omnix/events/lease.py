@@ -111,6 +111,7 @@ class LeaderLease:
         self.revision = 0  # the revision this holder wrote last; 0: not held
         self._renewer: asyncio.Task[None] | None = None
         self._renewed_at = 0.0
+        self._callbacks: set[asyncio.Future[None]] = set()  # on_lost's, while they run
 
     @classmethod
     async def open(
@@ -184,7 +185,7 @@ class LeaderLease:
         try:
             rev = await self.kv.create(KEY, self._value)
         except nats.js.errors.KeyWrongLastSequenceError:
-            cur = await self.current()
+            cur: LeaseInfo[Any] | None = await self.current()
             if cur is None or cur.holder != self.holder:
                 return False
             try:
@@ -255,7 +256,9 @@ class LeaderLease:
         if cb is not None:
             res = cb(exc)
             if inspect.isawaitable(res):
-                asyncio.ensure_future(res)
+                task = asyncio.ensure_future(res)
+                self._callbacks.add(task)
+                task.add_done_callback(self._callbacks.discard)
 
     # -- standing by ------------------------------------------------------------
     async def wait_expired(self) -> int:

@@ -86,7 +86,14 @@ from omnix.events.natssnap import LoadedSnapshot, SnapshotStore
 from omnix.events.reducer import Fold, IllegalTransition
 from omnix.events.segments import LogError
 from omnix.events.snapshot import SnapshotFile
-from omnix.events.types import SCHEMA_VERSION, Event, Released, SessionChanged, WorkerJoined, WorkerLost
+from omnix.events.types import (
+    SCHEMA_VERSION,
+    Event,
+    Released,
+    SessionChanged,
+    WorkerJoined,
+    WorkerLost,
+)
 
 __all__ = ["MAX_BATCH_BYTES", "LogFenced", "NatsLog", "NotLeader"]
 
@@ -152,6 +159,7 @@ class NatsLog(MemoryLog):
         self._snap_ready: SnapshotFile | None = None
         self._snap_task: asyncio.Task[None] | None = None
         self._purged_below = 0
+        self._callbacks: set[asyncio.Future[None]] = set()  # on_fenced's, while they run
         #: snapshots this log stored
         self.snapshot_count = 0
 
@@ -168,12 +176,12 @@ class NatsLog(MemoryLog):
         log_id: str | None = None,
         max_pending: int = 1_000_000,
         on_fenced: OnFenced | None = None,
-        timeout: float = 10.0,
+        timeout_s: float = 10.0,
     ) -> NatsLog:
         """Open the log as its leader: read the stream (from the newest
         snapshot) to its end, then append from there."""
         nlog = await cls._connect(
-            url, name, replicas, clock, snapshot_every, log_id, max_pending, on_fenced, timeout
+            url, name, replicas, clock, snapshot_every, log_id, max_pending, on_fenced, timeout_s
         )
         try:
             await nlog.promote()
@@ -194,13 +202,13 @@ class NatsLog(MemoryLog):
         log_id: str | None = None,
         max_pending: int = 1_000_000,
         on_fenced: OnFenced | None = None,
-        timeout: float = 10.0,
+        timeout_s: float = 10.0,
     ) -> NatsLog:
         """Open the log as a follower: its fold follows the stream; it never
         writes until ``promote()``.  Returns once it has read what the
         stream held when it opened."""
         nlog = await cls._connect(
-            url, name, replicas, clock, snapshot_every, log_id, max_pending, on_fenced, timeout
+            url, name, replicas, clock, snapshot_every, log_id, max_pending, on_fenced, timeout_s
         )
         try:
             info = await nlog.conn.js.stream_info(nlog.names.stream)
@@ -221,14 +229,14 @@ class NatsLog(MemoryLog):
         log_id: str | None,
         max_pending: int,
         on_fenced: OnFenced | None,
-        timeout: float,
+        timeout_s: float,
     ) -> NatsLog:
         if replicas < 1 or replicas > 5:
             raise LogError(f"replicas must be 1..5 (3 for a three-node cluster), got {replicas}")
         names = Names(name)
-        conn = await connect(url, timeout=min(timeout, 5.0))
+        conn = await connect(url, timeout_s=min(timeout_s, 5.0))
         try:
-            found_id = await _ensure_stream(conn, names, replicas, log_id, timeout)
+            found_id = await _ensure_stream(conn, names, replicas, log_id, timeout_s)
             nlog = cls(
                 conn,
                 names,
@@ -386,7 +394,9 @@ class NatsLog(MemoryLog):
             if self._failure is not None:
                 raise self._failure
             if self._reader is None or self._reader.done():
-                raise LogError(f"stream {self.names.stream}: the reader stopped at {self._last_seq}")
+                raise LogError(
+                    f"stream {self.names.stream}: the reader stopped at {self._last_seq}"
+                )
             self._progress.clear()
             await self._progress.wait()
         if self._failure is not None:
@@ -580,7 +590,9 @@ class NatsLog(MemoryLog):
         if cb is not None:
             res = cb(exc)
             if inspect.isawaitable(res):
-                asyncio.ensure_future(res)
+                task = asyncio.ensure_future(res)
+                self._callbacks.add(task)
+                task.add_done_callback(self._callbacks.discard)
         return exc
 
     def _fail(self, exc: LogError) -> None:
@@ -654,7 +666,9 @@ class NatsLog(MemoryLog):
             raise
         except Exception as exc:
             # The log itself is intact; only a reopen will read more.
-            log.error("stream %s: could not store a snapshot: %r; the log goes on", self.names.stream, exc)
+            log.error(
+                "stream %s: could not store a snapshot: %r; the log goes on", self.names.stream, exc
+            )
         finally:
             self._snap_task = None
         if self._snap_ready is not None and self._snap_ready.next_pos <= self._acked_pos:
@@ -685,27 +699,27 @@ class NatsLog(MemoryLog):
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().create_task(self.conn.close())
 
-    async def aclose(self, timeout: float = 5.0) -> None:
-        """Publish what is pending (up to ``timeout``), then close."""
+    async def aclose(self, flush_s: float = 5.0) -> None:
+        """Publish what is pending (for up to ``flush_s``), then close."""
         if not self._following and not self._closed:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.flush(), timeout)
+                await asyncio.wait_for(self.flush(), flush_s)
         if self._snap_task is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._snap_task), timeout)
+                await asyncio.wait_for(asyncio.shield(self._snap_task), flush_s)
         await self._stop_reading()
         self.close()
         await self.conn.close()
 
 
 async def _ensure_stream(
-    conn: NatsConnection, names: Names, replicas: int, log_id: str | None, timeout: float
+    conn: NatsConnection, names: Names, replicas: int, log_id: str | None, wait_s: float
 ) -> str:
     """Create the log's stream when absent; check what an existing one holds.
     Returns the log's id."""
     js = conn.js
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + wait_s
     while True:
         try:
             info = await js.stream_info(names.stream)

@@ -109,7 +109,9 @@ class SnapshotStore:
                     raise ValueError(f"{name}: holds position {snap.next_pos}")
                 seq = int((res.info.headers or {}).get(HDR_SEQ, "0"))
             except (ValueError, ObjectNotFoundError) as exc:
-                log.warning("ignoring snapshot %s/%s: %s; using an older one", self.bucket, name, exc)
+                log.warning(
+                    "ignoring snapshot %s/%s: %s; using an older one", self.bucket, name, exc
+                )
                 continue
             return LoadedSnapshot(snap, seq, iseq, name)
         return None

@@ -96,7 +96,7 @@ class NatsServer:
     def _config(self) -> Path:
         lines = [
             f'server_name: "{self.name}"',
-            'listen: "127.0.0.1:%d"' % self.port,
+            f'listen: "127.0.0.1:{self.port}"',
             "max_payload: 1MB",
             f'jetstream {{ store_dir: "{self.store_dir}" }}',
         ]

@@ -11,7 +11,6 @@ import pytest
 from omnix.events.clock import ManualClock
 from omnix.events.disklog import DiskLog, LogConfig
 from omnix.events.log import EventLog, MemoryLog
-from omnix.testing.nats_server import NatsServer
 from omnix.events.types import (
     Admitted,
     Chunk,
@@ -22,6 +21,7 @@ from omnix.events.types import (
     StageFinished,
     StageStarted,
 )
+from omnix.testing.nats_server import NatsServer
 
 SPEC = RequestSpec(prompt="hi", outputs=("text",))
 

@@ -17,7 +17,11 @@ class Endpoints(msgspec.Struct, frozen=True):
 
 async def test_acquire_renew_and_a_second_holder_refused(nats_server, log_name):
     a = await LeaderLease.open(
-        nats_server.url, name=log_name, holder="a", endpoints=Endpoints("http://a", "tcp://a"), ttl=0.6
+        nats_server.url,
+        name=log_name,
+        holder="a",
+        endpoints=Endpoints("http://a", "tcp://a"),
+        ttl=0.6,
     )
     b = await LeaderLease.open(nats_server.url, name=log_name, holder="b", ttl=0.6)
     try:
@@ -26,7 +30,11 @@ async def test_acquire_renew_and_a_second_holder_refused(nats_server, log_name):
         rev = a.revision
         assert not await b.acquire()
         cur = await b.current(Endpoints)
-        assert cur is not None and cur.holder == "a" and cur.endpoints == Endpoints("http://a", "tcp://a")
+        assert (
+            cur is not None
+            and cur.holder == "a"
+            and cur.endpoints == Endpoints("http://a", "tcp://a")
+        )
         await asyncio.sleep(1.0)  # longer than the TTL: renewals keep it
         assert a.held and a.revision > rev
         assert not await b.acquire()
@@ -74,10 +82,14 @@ async def test_release_hands_over_at_once(nats_server, log_name):
 
 async def test_a_holder_whose_key_was_taken_loses_the_lease(nats_server, log_name):
     lost: list[LeaseLost] = []
-    a = await LeaderLease.open(nats_server.url, name=log_name, holder="a", ttl=0.6, on_lost=lost.append)
+    a = await LeaderLease.open(
+        nats_server.url, name=log_name, holder="a", ttl=0.6, on_lost=lost.append
+    )
     try:
         assert await a.acquire()
-        await a.kv.put("leader", b'{"holder":"x","ttl_s":0.6,"endpoints":null}')  # someone else wrote
+        await a.kv.put(
+            "leader", b'{"holder":"x","ttl_s":0.6,"endpoints":null}'
+        )  # someone else wrote
         for _ in range(50):
             if lost:
                 break

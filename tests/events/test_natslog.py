@@ -110,7 +110,9 @@ async def test_a_second_leader_fences_the_first(nats_server, log_name):
         await standby.flush()
         # The deposed leader does not know yet: its next publish is refused.
         first.append(request_events("c")[0])
-        with pytest.raises(LogFenced, match=f"another leader appended to stream {first.names.stream}"):
+        with pytest.raises(
+            LogFenced, match=f"another leader appended to stream {first.names.stream}"
+        ):
             await first.flush()
         assert fenced and first.closed and not first.available
         with pytest.raises(LogFenced):
@@ -173,7 +175,9 @@ async def test_refusals_are_one_clear_line(nats_server, log_name):
     conn = await connect(nats_server.url)
     try:
         # A stream omnix did not create.
-        await conn.js.add_stream(StreamConfig(name=f"OMNIX_LOG_{log_name}x", subjects=[f"omnix.log.{log_name}x"]))
+        await conn.js.add_stream(
+            StreamConfig(name=f"OMNIX_LOG_{log_name}x", subjects=[f"omnix.log.{log_name}x"])
+        )
         with pytest.raises(StreamRefused, match="was not created by omnix"):
             await NatsLog.open(nats_server.url, name=f"{log_name}x")
         # A newer omnix's log.
@@ -188,7 +192,7 @@ async def test_refusals_are_one_clear_line(nats_server, log_name):
                 },
             )
         )
-        with pytest.raises(StreamRefused, match="newer omnix.*upgrade omnix"):
+        with pytest.raises(StreamRefused, match=r"newer omnix.*upgrade omnix"):
             await NatsLog.follow(nats_server.url, name=f"{log_name}y")
     finally:
         await conn.close()
@@ -211,7 +215,7 @@ async def test_a_message_of_a_newer_schema_is_refused(nats_server, log_name):
         },
     )
     await leader.aclose()
-    with pytest.raises(StreamRefused, match="schema .* newer .* upgrade omnix"):
+    with pytest.raises(StreamRefused, match=r"schema .* newer .* upgrade omnix"):
         await NatsLog.follow(nats_server.url, name=log_name)
 
 

@@ -18,8 +18,8 @@ def cluster(tmp_path):
 
 
 async def test_r3_stream_survives_kill_9_of_a_node(cluster):
-    leader = await NatsLog.open(cluster.url, name="r3", replicas=3, timeout=30)
-    follower = await NatsLog.follow(cluster.url, name="r3", replicas=3, timeout=30)
+    leader = await NatsLog.open(cluster.url, name="r3", replicas=3, timeout_s=30)
+    follower = await NatsLog.follow(cluster.url, name="r3", replicas=3, timeout_s=30)
     try:
         info = await leader.conn.js.stream_info(leader.names.stream)
         assert info.config.num_replicas == 3

@@ -96,27 +96,24 @@ async def test_snapshots_purge_and_reopen_equal_the_whole_fold(nats_server, log_
 
 
 CHILD = Path(__file__).with_name("nats_crash_child.py")
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 async def test_a_leader_killed_with_sigkill_keeps_what_it_acknowledged(nats_server, log_name):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), nats_server.url, log_name],
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(CHILD), nats_server.url, log_name, stdout=subprocess.PIPE, env=env
     )
     acked = 0
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        while acked < 3000:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            assert line, "the child exited"
             acked = int(line)
-            if acked >= 3000:
-                break
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert acked >= 3000
+        await proc.wait()
     leader = await NatsLog.open(nats_server.url, name=log_name)
     try:
         assert leader.next_pos >= acked
