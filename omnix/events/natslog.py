@@ -174,7 +174,7 @@ class NatsLog(MemoryLog):
         clock: Clock | None = None,
         snapshot_every: int = 100_000,
         log_id: str | None = None,
-        max_pending: int = 1_000_000,
+        max_pending: int = 100_000,
         on_fenced: OnFenced | None = None,
         timeout_s: float = 10.0,
     ) -> NatsLog:
@@ -200,7 +200,7 @@ class NatsLog(MemoryLog):
         clock: Clock | None = None,
         snapshot_every: int = 100_000,
         log_id: str | None = None,
-        max_pending: int = 1_000_000,
+        max_pending: int = 100_000,
         on_fenced: OnFenced | None = None,
         timeout_s: float = 10.0,
     ) -> NatsLog:
