@@ -97,3 +97,18 @@ async def test_a_holder_whose_key_was_taken_loses_the_lease(nats_server, log_nam
         assert lost and not a.held and "another holder took it" in str(lost[0])
     finally:
         await a.close()
+
+
+async def test_takeover_with_the_default_ttl_is_within_3_s(nats_server, log_name):
+    a = await LeaderLease.open(nats_server.url, name=log_name, holder="a")
+    b = await LeaderLease.open(nats_server.url, name=log_name, holder="b")
+    try:
+        assert a.ttl == 1.5 and await a.acquire()
+        standby = asyncio.create_task(b.acquire_when_free())
+        await asyncio.sleep(0.5)
+        await a.close()
+        died = time.monotonic()
+        await asyncio.wait_for(standby, 5)
+        assert time.monotonic() - died < 3.0
+    finally:
+        await b.close()

@@ -264,3 +264,41 @@ async def test_plain_nats_client_sees_one_message_per_batch(nats_server, log_nam
     finally:
         await nc.close()
         await leader.aclose()
+
+
+async def test_available_is_false_while_too_many_events_wait_for_acks(nats_server, log_name):
+    leader = await NatsLog.open(nats_server.url, name=log_name, max_pending=10)
+    try:
+        assert leader.available
+        for ev in interleaved(3):  # 24 events, appended without a yield
+            leader.append(ev)
+        assert leader.pending == 24 and not leader.available
+        await leader.flush()
+        assert leader.pending == 0 and leader.available
+    finally:
+        await leader.aclose()
+    assert not leader.available  # closed
+
+
+async def test_a_standby_started_first_then_promoted_after_the_leader_died(nats_server, log_name):
+    # The standby opens first: it creates the stream the leader then finds.
+    standby = await NatsLog.follow(nats_server.url, name=log_name, clock=ManualClock())
+    leader = await NatsLog.open(nats_server.url, name=log_name, clock=ManualClock())
+    try:
+        assert leader.log_id == standby.log_id
+        events = interleaved(4)
+        for ev in events[:20]:
+            leader.append(ev)
+        await leader.flush()
+        for ev in events[20:25]:
+            leader.append(ev)  # appended, never published: the leader "dies" now
+        leader.close()
+        await standby.promote()
+        assert standby.next_pos == 20  # everything acknowledged, nothing else
+        for ev in events[20:]:
+            standby.append(ev)
+        await standby.flush()
+        assert list(standby.read()) == list(MemoryLog(ManualClock(), events).read())
+    finally:
+        await standby.aclose()
+        await leader.aclose()
