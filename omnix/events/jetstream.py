@@ -4,7 +4,9 @@ Owns: parsing a ``nats://HOST:PORT[,HOST:PORT...]`` URL (the seeds of one
 cluster), connecting (``connect``: a NATS URL that cannot be reached is
 one ``NatsUnreachable`` line naming it; once connected the client
 reconnects by itself, forever), the names a log's JetStream objects get
-(``Names``), the headers each log message carries, the stream's metadata,
+(``Names``), the headers each log message carries, the stream itself
+(``ensure_stream``: created with its metadata when absent, refused when
+its metadata names another log or a newer schema),
 and the errors of the replicated log (all ``LogError``s, so the CLI prints
 one line): ``NatsUnreachable``, ``StreamRefused``, ``LogFenced``,
 ``ReplicaDiverged``.
@@ -31,15 +33,19 @@ import contextlib
 import logging
 import re
 import socket
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import nats
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import StorageType, StreamConfig
 
 from omnix.events.segments import LogError
+from omnix.events.types import SCHEMA_VERSION
 
 __all__ = [
     "HDR_COUNT",
@@ -53,6 +59,7 @@ __all__ = [
     "ReplicaDiverged",
     "StreamRefused",
     "connect",
+    "ensure_stream",
     "parse_url",
 ]
 
@@ -65,6 +72,10 @@ HDR_SCHEMA = "Omnix-Schema"
 #: JetStream's error code for a publish whose Nats-Expected-Last-Sequence
 #: (or -Subject-Sequence) does not match: another writer appended.
 WRONG_LAST_SEQUENCE = (10071, 10164)
+
+_META_LOG = "omnix_log"
+_META_ID = "omnix_log_id"
+_META_SCHEMA = "omnix_schema"
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -221,3 +232,64 @@ async def connect(url: str, *, timeout_s: float = 5.0) -> NatsConnection:
     conn = NatsConnection(url, nc)
     holder.append(conn)
     return conn
+
+
+async def ensure_stream(
+    conn: NatsConnection, names: Names, replicas: int, log_id: str | None, wait_s: float
+) -> str:
+    """Create the log's stream when absent; check what an existing one holds.
+    Returns the log's id."""
+    js = conn.js
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        try:
+            info = await js.stream_info(names.stream)
+            break
+        except nats.js.errors.NotFoundError:
+            pass
+        except (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.errors.Error) as exc:
+            if loop.time() > deadline:
+                raise LogError(f"{conn.url}: JetStream does not answer ({exc!r})") from None
+            await asyncio.sleep(0.2)
+            continue
+        new_id = log_id or uuid.uuid4().hex
+        config = StreamConfig(
+            name=names.stream,
+            subjects=[names.subject],
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=120.0,
+            allow_direct=True,
+            metadata={_META_LOG: names.log, _META_ID: new_id, _META_SCHEMA: str(SCHEMA_VERSION)},
+        )
+        try:
+            await js.add_stream(config)
+            return new_id
+        except nats.js.errors.APIError as exc:
+            # Created by another process meanwhile (read it back), or a
+            # cluster still electing its meta leader (retry).
+            if loop.time() > deadline:
+                raise LogError(
+                    f"{conn.url}: cannot create stream {names.stream}: {exc.description}"
+                ) from None
+            await asyncio.sleep(0.2)
+    meta = info.config.metadata or {}
+    where = f"stream {names.stream} on {conn.url}"
+    if _META_ID not in meta:
+        raise StreamRefused(
+            f"{where} was not created by omnix (no omnix_log_id in its metadata); "
+            "use another log name, or delete the stream"
+        )
+    if meta.get(_META_LOG) != names.log or (log_id is not None and meta[_META_ID] != log_id):
+        raise StreamRefused(
+            f"{where} holds another omnix log ({meta.get(_META_LOG)!r}, id {meta[_META_ID]}); "
+            "use another log name, or delete the stream to start a new log"
+        )
+    schema = int(meta.get(_META_SCHEMA, "0"))
+    if schema > SCHEMA_VERSION:
+        raise StreamRefused(
+            f"{where} was written by a newer omnix (event schema {schema}; this one reads up "
+            f"to {SCHEMA_VERSION}): upgrade omnix"
+        )
+    return meta[_META_ID]

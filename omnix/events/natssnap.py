@@ -9,16 +9,21 @@ batch that holds its ``index_from`` (``Omnix-Index-Seq``: where a reopen
 starts reading the stream); keeping the newest ``keep`` of them; loading
 the newest one that verifies (a damaged one is logged and skipped).
 
-Does not own when a snapshot is taken, what it holds, nor purging the
-stream (``natslog.py`` decides all three: a snapshot is only written once
-the events it covers are acknowledged, so it never names a position the
-stream lacks).
+And ``SnapshotWriter``: storing a leader's newest snapshot once every
+event it covers is acknowledged (so it never names a position the stream
+could lack; a newer one offered meanwhile replaces one still waiting),
+one at a time, then purging the stream below what every kept snapshot
+needs.
+
+Does not own when a snapshot is taken nor what it holds (``natslog.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from nats.js.api import ObjectMeta, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
@@ -27,7 +32,7 @@ from nats.js.object_store import ObjectStore
 from omnix.events.jetstream import HDR_LOG_ID, NatsConnection, StreamRefused
 from omnix.events.snapshot import SnapshotFile, decode_snapshot, encode_snapshot, snapshot_name
 
-__all__ = ["HDR_INDEX_SEQ", "HDR_SEQ", "LoadedSnapshot", "SnapshotStore"]
+__all__ = ["HDR_INDEX_SEQ", "HDR_SEQ", "LoadedSnapshot", "SnapshotStore", "SnapshotWriter"]
 
 log = logging.getLogger("omnix.events.natslog")
 
@@ -135,3 +140,68 @@ class SnapshotStore:
             with contextlib.suppress(ObjectNotFoundError, NotFoundError):
                 await store.delete(snapshot_name(old))
         return min(iseq for _, iseq in self.kept)
+
+
+class SnapshotWriter:
+    """Stores a leader's snapshots as their events are acknowledged, and
+    purges the stream after each.  ``seq_of(pos)``: the stream sequence of
+    the batch holding ``pos``; ``acked_pos()``: positions below it are acked."""
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        stream: str,
+        replicas: int,
+        seq_of: Callable[[int], int],
+        acked_pos: Callable[[], int],
+    ) -> None:
+        self.store = store
+        self.stream = stream
+        self.replicas = replicas
+        self.seq_of = seq_of
+        self.acked_pos = acked_pos
+        self.ready: SnapshotFile | None = None  # waiting for its events' acks
+        self.task: asyncio.Task[None] | None = None
+        self.purged_below = 0
+        self.count = 0  # snapshots stored
+
+    def offer(self, snap: SnapshotFile) -> None:
+        """Store ``snap`` once positions below its ``next_pos`` are acked."""
+        self.ready = snap
+        self.acked()
+
+    def acked(self) -> None:
+        """More was acked: start storing the waiting snapshot if it may."""
+        ready = self.ready
+        if ready is not None and ready.next_pos <= self.acked_pos() and self.task is None:
+            self.ready = None
+            self.task = asyncio.get_running_loop().create_task(self._write(ready))
+
+    async def _write(self, snap: SnapshotFile) -> None:
+        try:
+            index_seq = self.seq_of(snap.index_from)
+            seq = self.seq_of(snap.next_pos - 1) if snap.next_pos else 0
+            cut = await self.store.save(snap, seq, index_seq, self.replicas)
+            self.count += 1
+            if cut > self.purged_below:
+                await self.store.conn.js.purge_stream(self.stream, seq=cut)
+                self.purged_below = cut
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The log itself is intact; only a reopen will read more.
+            log.error(
+                "stream %s: could not store a snapshot: %r; the log goes on", self.stream, exc
+            )
+        finally:
+            self.task = None
+        self.acked()  # one offered meanwhile
+
+    async def wait(self) -> None:
+        """Until no snapshot is being stored."""
+        while self.task is not None:
+            await asyncio.shield(self.task)
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
