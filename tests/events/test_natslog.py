@@ -221,6 +221,7 @@ async def test_a_message_of_a_newer_schema_is_refused(nats_server, log_name):
 
 async def test_nats_restarted_mid_run_pending_events_land(own_nats):
     leader = await NatsLog.open(own_nats.url, name="restart")
+    standing = await NatsLog.follow(own_nats.url, name="restart")  # stays open throughout
     try:
         for ev in request_events("a"):
             leader.append(ev)
@@ -239,7 +240,10 @@ async def test_nats_restarted_mid_run_pending_events_land(own_nats):
         own_nats.start()  # same port, same store directory
         await asyncio.wait_for(leader.flush(), 30)
         assert leader.durable_pos == leader.next_pos and leader.available
+        await asyncio.wait_for(standing.wait_for(leader.next_pos - 1), 30)
+        assert list(standing.read()) == list(leader.read())
     finally:
+        await standing.aclose()
         await leader.aclose()
     follower = await NatsLog.follow(own_nats.url, name="restart")
     try:
