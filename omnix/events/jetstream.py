@@ -21,7 +21,9 @@ Layout of one log named ``NAME`` (``[A-Za-z0-9_-]+``, default ``omnix``):
   (``omnix_log_id``, made when the stream is created) and the schema
   version that created it; each message is one batch of consecutive
   events (``codec.encode_batches``) with the headers ``HDR_FIRST`` (its
-  first position), ``HDR_COUNT``, ``HDR_LOG_ID`` and ``HDR_SCHEMA``;
+  first position), ``HDR_COUNT``, ``HDR_LOG_ID`` and ``HDR_SCHEMA``; a
+  batch bigger than the server's max payload (one huge event) is cut into
+  consecutive messages marked ``HDR_PART`` (``1/3``, ``2/3``, ``3/3``);
 * object store ``omnix-snap-NAME``: the fold's snapshots (``natssnap.py``);
 * KV bucket ``omnix-lease-NAME``: the leader lease (``lease.py``).
 """
@@ -51,6 +53,7 @@ __all__ = [
     "HDR_COUNT",
     "HDR_FIRST",
     "HDR_LOG_ID",
+    "HDR_PART",
     "HDR_SCHEMA",
     "LogFenced",
     "Names",
@@ -69,6 +72,8 @@ HDR_FIRST = "Omnix-First-Pos"
 HDR_COUNT = "Omnix-Count"
 HDR_LOG_ID = "Omnix-Log-Id"
 HDR_SCHEMA = "Omnix-Schema"
+#: ``i/n`` on the n messages of a batch too big for one (one huge event)
+HDR_PART = "Omnix-Part"
 #: JetStream's error code for a publish whose Nats-Expected-Last-Sequence
 #: (or -Subject-Sequence) does not match: another writer appended.
 WRONG_LAST_SEQUENCE = (10071, 10164)

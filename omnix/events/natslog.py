@@ -244,9 +244,10 @@ class NatsLog(MemoryLog):
         self._snap_due = snap.next_pos + self.snapshot_every
 
     # -- applying the stream ----------------------------------------------------
-    def _apply_batch(self, seq: int, first: int, events: list[Event]) -> None:
-        """Apply one message's events: those from the snapshot on through
-        ``_accept`` (as an append), older retained ones stored only."""
+    def _apply_batch(self, seq: int, last_seq: int, first: int, events: list[Event]) -> None:
+        """Apply one batch's events (its messages ``seq``..``last_seq``):
+        those from the snapshot on through ``_accept`` (as an append),
+        older retained ones stored only."""
         expect = self._read_pos
         if (expect is not None and first != expect) or (expect is None and first > self._base):
             raise ReplicaDiverged(
@@ -272,7 +273,7 @@ class NatsLog(MemoryLog):
             elif ev.pos >= self._base:
                 self._restore_event(ev)
         self._read_pos = pos
-        self._last_seq = seq
+        self._last_seq = last_seq
         self._note_batch(first, seq)
 
     def _restore_event(self, ev: Event) -> None:
@@ -313,6 +314,7 @@ class NatsLog(MemoryLog):
         if self._failure is not None:
             raise self._failure
         self._reader = None
+        self._last_seq = reader.last_seq  # parts of a dead leader's batch included
         self._read_pos = self.next_pos
         if self._snap_due <= self.next_pos:
             self._snap_due = self.next_pos + self.snapshot_every
@@ -359,7 +361,8 @@ class NatsLog(MemoryLog):
         super()._maintain()
 
     def _acked(self, first: int, end: int, seq: int) -> None:
-        self._last_seq = seq
+        assert self._publisher is not None
+        self._last_seq = self._publisher.last_seq
         self._note_batch(first, seq)
         self._snapshots.acked()
 

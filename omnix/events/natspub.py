@@ -32,6 +32,7 @@ from omnix.events.jetstream import (
     HDR_COUNT,
     HDR_FIRST,
     HDR_LOG_ID,
+    HDR_PART,
     HDR_SCHEMA,
     WRONG_LAST_SEQUENCE,
     LogFenced,
@@ -116,8 +117,15 @@ class Publisher:
                 take, self.unsent = self.unsent, []
                 first = take[0].pos
                 for n, payload in encode_batches(take, MAX_BATCH_BYTES):
-                    seq = await self._publish(first, n, payload)
-                    self._acked(first, first + n, seq)
+                    # One event can be bigger than a message may be: parts.
+                    size = max(1024, min(MAX_BATCH_BYTES, self.conn.nc.max_payload - 4096))
+                    parts = [payload[i : i + size] for i in range(0, len(payload), size)]
+                    seq0 = 0
+                    for k, part in enumerate(parts):
+                        where = f"{k + 1}/{len(parts)}" if len(parts) > 1 else ""
+                        seq = await self._publish(first, n, part, where)
+                        seq0 = seq0 or seq
+                    self._acked(first, first + n, seq0)
                     first += n
         except asyncio.CancelledError:
             raise
@@ -128,7 +136,6 @@ class Publisher:
             self._on_failed(LogError(f"stream {self.names.stream}: publishing failed: {exc!r}"))
 
     def _acked(self, first: int, end: int, seq: int) -> None:
-        self.last_seq = seq
         self.acked_pos = end
         flushes = self._flushes
         while flushes and flushes[0][0] <= end:
@@ -137,19 +144,21 @@ class Publisher:
                 fut.set_result(end)
         self._on_acked(first, end, seq)
 
-    async def _publish(self, first: int, n: int, payload: bytes) -> int:
-        """Publish one batch until JetStream acks it (its sequence), retrying
-        through timeouts and reconnects; ``LogFenced`` on a wrong expected
-        sequence."""
+    async def _publish(self, first: int, n: int, payload: bytes, part: str) -> int:
+        """Publish one message (a batch, or ``part`` of one) until JetStream
+        acks it (its sequence), retrying through timeouts and reconnects;
+        ``LogFenced`` on a wrong expected sequence."""
         expected = self.last_seq
         headers = {
-            Header.MSG_ID: f"{self.log_id}:{self.incarnation}:{first}",
+            Header.MSG_ID: f"{self.log_id}:{self.incarnation}:{first}{':' + part if part else ''}",
             Header.EXPECTED_LAST_SEQUENCE: str(expected),
             HDR_FIRST: str(first),
             HDR_COUNT: str(n),
             HDR_LOG_ID: self.log_id,
             HDR_SCHEMA: str(SCHEMA_VERSION),
         }
+        if part:
+            headers[HDR_PART] = part
         delay = 0.05
         warned = False
         while True:
@@ -170,7 +179,8 @@ class Publisher:
             else:
                 if ack.seq != expected + 1:
                     raise self._fenced(expected, first)
-                return int(ack.seq)
+                self.last_seq = int(ack.seq)
+                return self.last_seq
             if not warned:
                 log.warning(
                     "stream %s: publish of positions %d.. not acknowledged yet (%r); retrying",

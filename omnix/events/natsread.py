@@ -27,6 +27,7 @@ from omnix.events.codec import SchemaError, decode_events
 from omnix.events.jetstream import (
     HDR_FIRST,
     HDR_LOG_ID,
+    HDR_PART,
     HDR_SCHEMA,
     Names,
     NatsConnection,
@@ -38,8 +39,8 @@ from omnix.events.types import SCHEMA_VERSION, Event
 
 __all__ = ["StreamReader"]
 
-#: (stream sequence, first position, events) of one message
-Apply = Callable[[int, int, list[Event]], None]
+#: (first and last stream sequence, first position, events) of one batch
+Apply = Callable[[int, int, int, list[Event]], None]
 
 
 class StreamReader:
@@ -65,6 +66,8 @@ class StreamReader:
         self._progress = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
+        self._parts: list[bytes] = []  # of a batch cut into parts, so far
+        self._parts_seq = 0  # the first part's sequence
 
     async def start(self, seq: int) -> None:
         """Follow the stream from sequence ``seq`` on."""
@@ -82,9 +85,13 @@ class StreamReader:
     async def _read(self, sub: Any) -> None:
         try:
             async for msg in sub.messages:
-                seq, first, events = self.decode(msg)
-                self._apply(seq, first, events)
+                seq, first, data = self.check(msg)
                 self.last_seq = seq
+                if data is not None:
+                    events = self._decode(seq, data)
+                    first_seq = self._parts_seq or seq
+                    self._parts_seq = 0
+                    self._apply(first_seq, seq, first, events)
                 self._progress.set()
         except asyncio.CancelledError:
             raise
@@ -98,8 +105,9 @@ class StreamReader:
         self._progress.set()
         self._on_error(exc)
 
-    def decode(self, msg: Msg) -> tuple[int, int, list[Event]]:
-        """(sequence, first position, events) of a message, checked."""
+    def check(self, msg: Msg) -> tuple[int, int, bytes | None]:
+        """(sequence, first position, the batch's bytes) of a message,
+        checked; the bytes are None for a part that is not the last."""
         headers = msg.headers or {}
         seq = int(msg.metadata.sequence.stream)
         stream = self.names.stream
@@ -121,11 +129,33 @@ class StreamReader:
                 f"stream {stream} message {seq} holds events of schema {version}, newer "
                 f"than this omnix reads ({SCHEMA_VERSION}): upgrade omnix"
             )
+        first = int(headers.get(HDR_FIRST, "-1"))
+        part = headers.get(HDR_PART)
+        k, _, n = (part or "1/1").partition("/")
+        if k == "1" and self._parts:
+            # A batch whose leader died between its parts: never acked,
+            # and the next leader went on from the position it started at.
+            self._parts, self._parts_seq = [], 0
+        if part is None:
+            return seq, first, msg.data
+        if int(k) != len(self._parts) + 1:
+            raise ReplicaDiverged(
+                f"stream {stream} message {seq}: part {part} of the batch at {first}, after "
+                f"{len(self._parts)} parts; the reader stopped (reopen it)"
+            )
+        if not self._parts:
+            self._parts_seq = seq
+        self._parts.append(msg.data)
+        if int(k) < int(n):
+            return seq, first, None
+        data, self._parts = b"".join(self._parts), []
+        return seq, first, data
+
+    def _decode(self, seq: int, data: bytes) -> list[Event]:
         try:
-            events = decode_events(msg.data)
+            return decode_events(data)
         except (SchemaError, ValueError) as exc:
-            raise StreamRefused(f"stream {stream} message {seq}: {exc}") from None
-        return seq, int(headers.get(HDR_FIRST, "-1")), events
+            raise StreamRefused(f"stream {self.names.stream} message {seq}: {exc}") from None
 
     async def wait_seq(self, seq: int) -> None:
         """Wait until the stream is applied up to ``seq``; the failure if it stopped."""

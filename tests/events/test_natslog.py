@@ -20,7 +20,7 @@ from omnix.events.jetstream import (
 from omnix.events.log import MemoryLog
 from omnix.events.natslog import NatsLog, NotLeader
 from omnix.events.segments import LogError
-from omnix.events.types import SCHEMA_VERSION, Finished
+from omnix.events.types import SCHEMA_VERSION, Admitted, Finished, RequestSpec
 from omnix.testing.nats_server import free_port
 from tests.events.conftest import interleaved, request_events
 
@@ -306,3 +306,64 @@ async def test_a_standby_started_first_then_promoted_after_the_leader_died(nats_
     finally:
         await standby.aclose()
         await leader.aclose()
+
+
+async def test_an_event_bigger_than_a_message_goes_in_parts(nats_server, log_name):
+    leader = await NatsLog.open(nats_server.url, name=log_name)
+    follower = await NatsLog.follow(nats_server.url, name=log_name)
+    try:
+        big = RequestSpec(prompt="x" * (3 << 20), outputs=("text",))  # 3 MiB: over 1 MiB
+        huge = Admitted(request_id="big", pipeline="p", spec=big)
+        events = [*request_events("small"), huge, *request_events("after")]
+        for ev in events:
+            leader.append(ev)
+        await leader.flush()
+        info = await leader.conn.js.stream_info(leader.names.stream)
+        assert info.state.messages >= 4  # the big one in parts
+        await asyncio.wait_for(follower.wait_for(leader.next_pos - 1), 10)
+        assert list(follower.read()) == list(leader.read())
+        await follower.promote()  # a follower in step with parts leads on
+        follower.append(request_events("next")[0])
+        await follower.flush()
+    finally:
+        await follower.aclose()
+        await leader.aclose()
+    again = await NatsLog.follow(nats_server.url, name=log_name)
+    try:
+        assert again.events_for("big")[0].spec.prompt == "x" * (3 << 20)
+        assert "next" in again.state.requests
+    finally:
+        await again.aclose()
+
+
+async def test_a_batch_cut_short_by_its_leaders_death_is_skipped(nats_server, log_name):
+    leader = await NatsLog.open(nats_server.url, name=log_name)
+    standby = await NatsLog.follow(nats_server.url, name=log_name)
+    for ev in request_events("a"):
+        leader.append(ev)
+    await leader.flush()
+    # The leader dies after the first part of a two-part batch.
+    await leader.conn.js.publish(
+        leader.names.subject,
+        b"\x07half a batch",
+        headers={
+            "Omnix-First-Pos": str(leader.next_pos),
+            "Omnix-Log-Id": leader.log_id,
+            "Omnix-Schema": str(SCHEMA_VERSION),
+            "Omnix-Part": "1/2",
+        },
+    )
+    leader.close()
+    try:
+        await standby.promote()
+        for ev in request_events("b"):
+            standby.append(ev)
+        await standby.flush()
+    finally:
+        await standby.aclose()
+        await leader.aclose()
+    again = await NatsLog.follow(nats_server.url, name=log_name)
+    try:
+        assert list(again.read()) == list(standby.read())
+    finally:
+        await again.aclose()
