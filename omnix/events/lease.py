@@ -182,6 +182,7 @@ class LeaderLease:
     async def acquire(self) -> bool:
         """Take the lease if nobody holds it (or this holder already did);
         start renewing it.  False when another holder has it."""
+        sent = time.monotonic()
         try:
             rev = await self.kv.create(KEY, self._value)
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -192,12 +193,13 @@ class LeaderLease:
                 rev = await self.kv.update(KEY, self._value, last=cur.revision)
             except nats.js.errors.KeyWrongLastSequenceError:
                 return False
-        self._held(rev)
+        self._held(rev, sent)
         return True
 
     async def _take_over(self, revision: int) -> bool:
         """Take the key over from an expired holder seen at ``revision``
         (0: the key was absent)."""
+        sent = time.monotonic()
         try:
             if revision == 0:
                 rev = await self.kv.create(KEY, self._value)
@@ -205,12 +207,12 @@ class LeaderLease:
                 rev = await self.kv.update(KEY, self._value, last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        self._held(rev)
+        self._held(rev, sent)
         return True
 
-    def _held(self, rev: int) -> None:
+    def _held(self, rev: int, sent: float) -> None:
         self.revision = rev
-        self._renewed_at = time.monotonic()
+        self._renewed_at = sent  # when the write was sent: see renew()
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
 
@@ -219,6 +221,10 @@ class LeaderLease:
         another holder took the key."""
         if not self.revision:
             raise LeaseLost(f"{self.holder} does not hold the lease")
+        # The lease runs from before the request: the server wrote it later,
+        # and a standby saw it later still, so this holder's idea of when
+        # it expires is never later than a standby's.
+        sent = time.monotonic()
         try:
             self.revision = await self.kv.update(KEY, self._value, last=self.revision)
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -226,7 +232,7 @@ class LeaderLease:
             raise LeaseLost(
                 f"lease {self.kv._name}: another holder took it from {self.holder}"
             ) from None
-        self._renewed_at = time.monotonic()
+        self._renewed_at = sent
 
     async def _renew_loop(self) -> None:
         every = self.ttl / 3
@@ -234,8 +240,10 @@ class LeaderLease:
             await asyncio.sleep(every)
             if not self.revision:
                 return
+            left = self._renewed_at + self.ttl - time.monotonic()
             try:
-                await self.renew()
+                # Never wait on a renewal past the lease's own end.
+                await asyncio.wait_for(self.renew(), max(left, 0.001))
             except LeaseLost as exc:
                 self._lost(exc)
                 return

@@ -112,3 +112,22 @@ async def test_takeover_with_the_default_ttl_is_within_3_s(nats_server, log_name
         assert time.monotonic() - died < 3.0
     finally:
         await b.close()
+
+
+async def test_a_holder_cut_off_from_nats_gives_the_lease_up_within_its_ttl(own_nats):
+    lost: list[LeaseLost] = []
+    a = await LeaderLease.open(own_nats.url, holder="a", ttl=0.6, on_lost=lost.append)
+    try:
+        assert await a.acquire()
+        await asyncio.sleep(0.3)
+        own_nats.kill()
+        cut = time.monotonic()
+        for _ in range(100):
+            if lost:
+                break
+            await asyncio.sleep(0.02)
+        # By its own clock, before any standby could have taken it over.
+        assert lost and time.monotonic() - cut <= 0.6 + 0.1
+        assert "not renewed" in str(lost[0]) and not a.held
+    finally:
+        await a.close()
