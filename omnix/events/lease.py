@@ -24,6 +24,9 @@ reads back).
   compare-and-set on the revision it saw, so two standbys cannot both win.
 * ``release()``: delete the key (compare-and-set) on clean shutdown; a
   standby takes over at its next poll.
+* ``current()`` reads the holder and its endpoints; ``holders()`` yields
+  it again whenever another process (or nobody) holds the lease: how
+  workers and frontends find the leader.
 
 Takeover after a leader dies: at most ``ttl`` after its last renewal
 plus one poll (default ``ttl`` 1.5 s: about 1.6 s).
@@ -40,7 +43,7 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -173,6 +176,26 @@ class LeaderLease:
             revision=entry.revision or 0,
             endpoints=msgspec.json.decode(val.endpoints, type=endpoints_type),
         )
+
+    async def holders(
+        self, endpoints_type: type[T] | Any = Any
+    ) -> AsyncIterator[LeaseInfo[T] | None]:
+        """The holder now, then each time another holder (or nobody, None)
+        has the lease: how a worker or a frontend follows the leader.
+        Polls every ``ttl/15``; a read that fails is retried, not reported."""
+        poll = max(0.02, self.ttl / 15)
+        last: tuple[str, ...] | None = None
+        while True:
+            try:
+                cur: LeaseInfo[T] | None = await self.current(endpoints_type)
+            except (TimeoutError, nats.errors.Error, OSError):
+                await asyncio.sleep(poll)
+                continue
+            key = (cur.holder,) if cur is not None else ()
+            if key != last:
+                last = key
+                yield cur
+            await asyncio.sleep(poll)
 
     @property
     def held(self) -> bool:

@@ -131,3 +131,34 @@ async def test_a_holder_cut_off_from_nats_gives_the_lease_up_within_its_ttl(own_
         assert "not renewed" in str(lost[0]) and not a.held
     finally:
         await a.close()
+
+
+async def test_holders_follows_the_leader(nats_server, log_name):
+    a = await LeaderLease.open(
+        nats_server.url, name=log_name, holder="a", endpoints=Endpoints("http://a", "tcp://a")
+    )
+    b = await LeaderLease.open(
+        nats_server.url, name=log_name, holder="b", endpoints=Endpoints("http://b", "tcp://b")
+    )
+    watcher = await LeaderLease.open(nats_server.url, name=log_name, holder="w")
+    seen = []
+
+    async def follow():
+        async for cur in watcher.holders(Endpoints):
+            seen.append(cur.endpoints.http if cur is not None else None)
+            if seen[-1] == "http://b":
+                return
+
+    try:
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.2)
+        assert await a.acquire()
+        await asyncio.sleep(0.3)
+        await a.release()
+        assert await b.acquire()
+        await asyncio.wait_for(task, 5)
+        assert seen[0] is None and "http://a" in seen and seen[-1] == "http://b"
+    finally:
+        await a.close()
+        await b.close()
+        await watcher.close()
