@@ -191,8 +191,9 @@ class NatsConnection:
             fn(self.connected)
 
     async def close(self) -> None:
+        # Bounded: closing must never hold up a shutdown or a step-down.
         with contextlib.suppress(Exception):
-            await self.nc.close()
+            await asyncio.wait_for(self.nc.close(), 5.0)
 
 
 async def connect(url: str, *, timeout_s: float = 5.0) -> NatsConnection:

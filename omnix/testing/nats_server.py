@@ -14,7 +14,6 @@ Does not own the log on top (``omnix.events.natslog``) nor any fixture
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -49,17 +48,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], timeout: float, log: Path, offset: int) -> None:
+    """Wait for this process's "Server is ready" (in its log from byte
+    ``offset``): a port that merely answers may be another process's,
+    grabbed between ``free_port`` and the server's bind."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(
-                f"nats-server exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}"
-            )
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
+            with open(log, "rb") as f:
+                f.seek(offset)
+                tail = f.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"nats-server exited with {proc.returncode}: {tail}")
+        with open(log, "rb") as f:
+            f.seek(offset)
+            if b"Server is ready" in f.read():
+                return
         time.sleep(0.02)
-    raise TimeoutError(f"nats-server did not listen on 127.0.0.1:{port} within {timeout}s")
+    raise TimeoutError(f"nats-server ({log}) was not ready within {timeout}s")
 
 
 class NatsServer:
@@ -117,13 +122,14 @@ class NatsServer:
         conf = self._config()
         log = self.root / self.name / "server.log"
         with open(log, "ab") as out:
+            offset = out.tell()
             self.proc = subprocess.Popen(
                 [nats_server_binary(), "-c", str(conf)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        _wait_port(self.port, self.proc, timeout, log)
+        _wait_ready(self.proc, timeout, log, offset)
         return self
 
     def kill(self) -> None:
