@@ -218,7 +218,7 @@ class NatsLog(MemoryLog):
         if loaded is not None:
             self._restore(loaded)
             start = loaded.index_seq
-        elif info.state.first_seq > 1 and info.state.messages:
+        elif info.state.first_seq > 1:
             raise StreamRefused(
                 f"stream {self.names.stream} starts at sequence {info.state.first_seq} and no "
                 f"snapshot in {self.names.snapshots} covers what was purged; restore the "

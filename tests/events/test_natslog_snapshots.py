@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from omnix.events.clock import ManualClock
+from omnix.events.jetstream import StreamRefused
 from omnix.events.log import MemoryLog
 from omnix.events.natslog import NatsLog
 from omnix.events.retention import Retention, RetentionPolicy
@@ -124,3 +127,13 @@ async def test_a_leader_killed_with_sigkill_keeps_what_it_acknowledged(nats_serv
         await leader.flush()
     finally:
         await leader.aclose()
+
+
+async def test_a_stream_purged_without_its_snapshots_is_refused(nats_server, log_name):
+    leader = await NatsLog.open(nats_server.url, name=log_name)
+    await _append(leader, waves(3))
+    await leader.flush()
+    await leader.conn.js.purge_stream(leader.names.stream, seq=2)  # not omnix's purge
+    await leader.aclose()
+    with pytest.raises(StreamRefused, match=r"no snapshot .* covers what was purged"):
+        await NatsLog.follow(nats_server.url, name=log_name)
