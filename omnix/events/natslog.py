@@ -130,7 +130,9 @@ class NatsLog(MemoryLog):
         self._snapshots = SnapshotWriter(
             self._snaps, names.stream, opts.replicas, self._seq_of, lambda: self.durable_pos
         )
-        self._callbacks: set[asyncio.Future[None]] = set()  # on_fenced's, while they run
+        self._callbacks: set[asyncio.Future[None]] = (
+            set()
+        )  # on_fenced's and close's, while they run
 
     # -- opening ------------------------------------------------------------
     @classmethod
@@ -486,8 +488,10 @@ class NatsLog(MemoryLog):
         if self._reader is not None:
             self._reader.cancel()
         self._snapshots.cancel()
-        with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().create_task(self.conn.close())
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to close on
+            task = asyncio.get_running_loop().create_task(self.conn.close())
+            self._callbacks.add(task)
+            task.add_done_callback(self._callbacks.discard)
 
     async def aclose(self, flush_s: float = 5.0) -> None:
         """Publish what is pending (for up to ``flush_s``), then close."""
