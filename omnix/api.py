@@ -482,7 +482,12 @@ class Omni:
         self.runtime: Runtime = factory(self.pipeline, self._gate, self.blobs)
         self._warmed = False
         self.dispatcher = Dispatcher(
-            self.log, self.runtime, self.blobs, self.pipeline, report=self.sequencer.emit
+            self.log,
+            self.runtime,
+            self.blobs,
+            self.pipeline,
+            report=self.sequencer.emit,
+            wait_for_ack=self.log.acts_when_acknowledged,
         )
         self.timer = DeadlineTimer(self.sequencer, self.clock)
         self.virtual_time = virtual_time

@@ -13,6 +13,9 @@ that says to upgrade.  Never pickle.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable, Iterator
+
 import msgspec
 
 from omnix.events.types import SCHEMA_VERSION, Event
@@ -65,3 +68,31 @@ def decode_events(data: bytes) -> list[Event]:
     if not data or data[0] > SCHEMA_VERSION or data[0] == 0:
         raise SchemaError("not an omnix event list, or written by a newer omnix")
     return _list_decoder.decode(memoryview(data)[1:])
+
+
+def _array_head(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + struct.pack(">H", n)
+    return b"\xdd" + struct.pack(">I", n)
+
+
+def encode_batches(events: Iterable[Event], limit: int) -> Iterator[tuple[int, bytes]]:
+    """Consecutive events as ``encode_events`` lists of at most about
+    ``limit`` bytes each (an event bigger than ``limit`` alone is one list):
+    yields (events in it, its bytes).  Each event is encoded once."""
+    body = bytearray()
+    n = 0
+    scratch = bytearray()
+    for ev in events:
+        scratch.clear()
+        _encoder.encode_into(ev, scratch)
+        if n and len(body) + len(scratch) + 6 > limit:
+            yield n, _VERSION_PREFIX + _array_head(n) + body
+            body.clear()
+            n = 0
+        body += scratch
+        n += 1
+    if n:
+        yield n, _VERSION_PREFIX + _array_head(n) + body

@@ -124,6 +124,12 @@ class EventLog:
         # fold's ended requests (telemetry) records them while they are held.
         self._release_readers: list[Callable[[], None]] = []
 
+    #: Whether a worker may act on an event only once it is acknowledged
+    #: (``durable_pos``): a replicated log's, whose takeover must never
+    #: find work done for an event its stream does not hold.  A disk log's
+    #: workers act at once (a restart re-drives from what is on disk).
+    acts_when_acknowledged = False
+
     # -- storage hooks ---------------------------------------------------
     #: Store one validated, positioned event (a method, or a callable a
     #: backend binds in its constructor: the disk log's is its writer's).
@@ -163,11 +169,16 @@ class EventLog:
         """Validate, position, store and fold ``ev``; return the stored event."""
         if self._closed:
             raise self._refusal()
-        state = self.state
         ts = ev.ts_ns or self.clock.now_ns()
-        ev = msgspec.structs.replace(ev, pos=state.next_pos, ts_ns=ts)
+        return self._accept(msgspec.structs.replace(ev, pos=self.state.next_pos, ts_ns=ts))
+
+    def _accept(self, ev: Event) -> Event:
+        """Fold (validate), store and announce an event that already holds
+        its position (``next_pos``) and time: ``append``'s path after it
+        positioned the event, and a replica's for an event its leader
+        appended (``natslog.py``)."""
         try:
-            state.apply(ev)  # raises before anything is stored
+            self.state.apply(ev)  # raises before anything is stored
         except IllegalTransition as exc:
             raise exc.refused() from None
         self._store(ev)
@@ -213,6 +224,19 @@ class EventLog:
             # decided now, or a snapshot taken now, sees one whole prefix.
             self._maintain()
         return ev
+
+    # -- durability ---------------------------------------------------------
+    @property
+    def durable_pos(self) -> int:
+        """Positions below this are acknowledged: a crash cannot take them
+        back, so a client may be sent them and a worker may act on them.
+        A memory log acknowledges at once (nothing outlives it anyway)."""
+        return self.next_pos
+
+    async def flush(self) -> int:
+        """Wait until everything appended so far is acknowledged; return
+        ``durable_pos``."""
+        return self.durable_pos
 
     def _maintain(self) -> None:
         if self._maintaining:
@@ -489,6 +513,23 @@ class MemoryLog(EventLog):
             self._server.append(ev.pos)
             if type(ev) is Released and not self._keep_released:
                 self._forget(ev)
+
+    def _resume_at(self, base: int, pinned: Iterable[Event]) -> None:
+        """Storage restarts at ``base`` (a log opened from a snapshot): the
+        positions before it are released, bar the ``pinned`` workers'
+        events (``natslog.py``); events from ``base`` on are stored (or
+        left as ``_hole``s) in position order."""
+        self._events.clear()
+        self._index.clear()
+        self._server.clear()
+        self._base = base
+        self._holes = 0
+        self._pinned = {ev.pos: ev for ev in pinned}
+
+    def _hole(self) -> None:
+        """The next position holds an event released before a snapshot."""
+        self._events.append(_GONE)
+        self._holes += 1
 
     def _forget(self, ev: Released) -> None:
         events = self._events

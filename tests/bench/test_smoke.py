@@ -96,6 +96,17 @@ def test_log(tmp_path):
     assert out["events"] == 2000
 
 
+def test_log_nats():
+    """``--backend nats`` starts its own nats-server nodes (one, then three)."""
+    out = bench("log", "--backend", "nats", "--nats-events", "3000", "--repeat", "1")
+    has(
+        out,
+        "nats_append_events_per_s", "nats_append_events_per_s_r3", "nats_messages",
+        "nats_events_per_message", "load_average",
+    )  # fmt: skip
+    assert out["events"] == 3000 and out["nats_messages"] >= 1
+
+
 def test_hop():
     out = bench("hop", "--hops", "20", "--chunks", "200")
     has(out, "hop_p50_us", "hop_p99_us", "chunk_events_per_s", "zmq_rtt_p50_us", "zmq_rtt_p99_us")

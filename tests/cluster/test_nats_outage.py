@@ -11,10 +11,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from omnix.events.natslog import NatsLog
-from omnix.testing.nats_server import NatsServer
 
+from omnix.events.natslog import NatsLog
 from omnix.events.types import TERMINAL_TYPES
+from omnix.testing.nats_server import NatsServer
 from omnix.testing.served import ServeProcess
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -71,7 +71,7 @@ async def test_admissions_wait_out_a_nats_outage_with_503_and_resume(
     try:
         for rid in ("before", "after"):
             ends = [ev for ev in follower.events_for(rid) if isinstance(ev, TERMINAL_TYPES)]
-            assert len(ends) == 1
+            assert len(ends) == 1, (rid, follower.events_for(rid), follower.next_pos)
         assert follower.events_for("during") == []  # refused before anything was appended
     finally:
         await follower.aclose()

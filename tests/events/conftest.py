@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from omnix.events.types import (
     StageFinished,
     StageStarted,
 )
+from omnix.testing.nats_server import NatsServer
 
 SPEC = RequestSpec(prompt="hi", outputs=("text",))
 
@@ -65,3 +67,27 @@ def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callabl
     yield factory
     for log in made:
         log.close()
+
+
+# -- real NATS servers (the replicated log's tests) -------------------------
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One real ``nats-server -js`` shared by the tests that do not restart
+    or kill it (each uses its own log name: ``log_name``)."""
+    with NatsServer(tmp_path_factory.mktemp("nats")) as srv:
+        yield srv
+
+
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[NatsServer]:
+    """A server of the test's own, for tests that kill or restart it."""
+    with NatsServer(tmp_path / "nats") as srv:
+        yield srv
+
+
+@pytest.fixture
+def log_name(request: pytest.FixtureRequest) -> str:
+    """A log (stream) name of the test's own on the shared server."""
+    return "t" + hashlib.blake2b(request.node.nodeid.encode(), digest_size=6).hexdigest()

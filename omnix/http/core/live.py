@@ -65,6 +65,8 @@ async def _collect(server: Server, plan: Plan) -> web.StreamResponse:
     states = [omni.state(rid) for rid in rids]
     if not all(rs is not None and rs.terminal for rs in states):
         raise server.not_accepting()  # the log closed under us: shutdown
+    # An answer given must outlive a crash: what it says is acknowledged first.
+    await durable(omni, max(ev.pos for ev in events))
     heavy = any(spec.outputs != ("text",) for _, spec in plan.specs)
     if heavy:  # encoding audio or images: keep the event loop free
         rendered = await asyncio.to_thread(render_response, events, omni.blobs)
@@ -107,6 +109,8 @@ async def _stream_body(
     buf = bytearray(point.rest if point is not None else b"")
     start = point.next_pos if point is not None else 0
     if point is not None and point.renderer.head is not None:
+        if not point.renderer.head.streamed:
+            await durable(omni, start - 1)
         resp = await open_response(request, point.renderer.head, buf)
         if not isinstance(resp, Stream):
             return resp
@@ -123,6 +127,10 @@ async def _stream_body(
         for piece in renderer.feed(ev):
             buf += piece
         if resp is None and renderer.head is not None:
+            if not renderer.head.streamed:
+                # The whole body leaves now: only once what it says is
+                # acknowledged (a crash must not take back an answer given).
+                await durable(omni, ev.pos)
             resp = await open_response(request, renderer.head, buf)
             if not isinstance(resp, Stream):
                 return resp

@@ -22,7 +22,6 @@ import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
-from omnix.events.disklog import DiskLog
 from omnix.events.log import LogClosed
 from omnix.front import Front
 from omnix.http.common.rendering import Head, Rendered
@@ -84,15 +83,16 @@ async def finish(
 
 
 async def durable(omni: Front, pos: int) -> None:
-    """Wait until the log position ``pos`` is on disk (a ``--log-dir``
-    log): a client is never sent bytes of an event that a crash could take
-    back, so the ids it holds stay valid across a restart."""
-    disk = omni.log
-    if isinstance(disk, DiskLog) and disk.durable_pos <= pos:
+    """Wait until the log position ``pos`` is acknowledged (on disk for a
+    ``--log-dir`` log, acked by JetStream for a replicated one): a client
+    is never sent bytes of an event that a crash could take back, so the
+    ids it holds stay valid across a restart."""
+    log = omni.log
+    if log.durable_pos <= pos:
         try:
-            await disk.flush()
+            await log.flush()
         except LogClosed:
-            pass  # closing wrote out and fsynced everything
+            pass  # closing wrote out (and acknowledged) everything it could
 
 
 def caught_up(omni: Front, rid: str, pos: int) -> bool:

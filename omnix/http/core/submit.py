@@ -22,6 +22,7 @@ from omnix.events.types import Rejected
 from omnix.front import Unavailable
 from omnix.http.common.plan import Plan
 from omnix.http.core.errors import ApiError, from_request_error
+from omnix.http.core.respond import durable
 from omnix.http.core.server import Server
 from omnix.pipelines.plan import RequestError
 
@@ -83,5 +84,8 @@ async def admit(server: Server, plan: Plan) -> list[Rejected] | None:
         ) from None
     except RequestError as exc:
         raise from_request_error(exc) from None
+    if events:
+        # What the caller answers with (an id, a refusal) must outlive a crash.
+        await durable(omni, max(ev.pos for ev in events))
     rejected = [ev for ev in events if isinstance(ev, Rejected)]
     return rejected or None
