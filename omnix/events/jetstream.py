@@ -23,7 +23,10 @@ Layout of one log named ``NAME`` (``[A-Za-z0-9_-]+``, default ``omnix``):
   events (``codec.encode_batches``) with the headers ``HDR_FIRST`` (its
   first position), ``HDR_COUNT``, ``HDR_LOG_ID`` and ``HDR_SCHEMA``; a
   batch bigger than the server's max payload (one huge event) is cut into
-  consecutive messages marked ``HDR_PART`` (``1/3``, ``2/3``, ``3/3``);
+  consecutive messages marked ``HDR_PART`` (``1/3``, ``2/3``, ``3/3``); a
+  blob (``BlobStore``: audio, images) is a message of its own marked
+  ``HDR_BLOB`` (its digest), in parts as a batch is, published before
+  any event that references it;
 * object store ``omnix-snap-NAME``: the fold's snapshots (``natssnap.py``);
 * KV bucket ``omnix-lease-NAME``: the leader lease (``lease.py``).
 """
@@ -50,6 +53,7 @@ from omnix.events.segments import LogError
 from omnix.events.types import SCHEMA_VERSION
 
 __all__ = [
+    "HDR_BLOB",
     "HDR_COUNT",
     "HDR_FIRST",
     "HDR_LOG_ID",
@@ -74,6 +78,8 @@ HDR_LOG_ID = "Omnix-Log-Id"
 HDR_SCHEMA = "Omnix-Schema"
 #: ``i/n`` on the n messages of a batch too big for one (one huge event)
 HDR_PART = "Omnix-Part"
+#: the digest of the blob a message carries (instead of events)
+HDR_BLOB = "Omnix-Blob"
 #: JetStream's error code for a publish whose Nats-Expected-Last-Sequence
 #: (or -Subject-Sequence) does not match: another writer appended.
 WRONG_LAST_SEQUENCE = (10071, 10164)

@@ -72,6 +72,7 @@ from omnix.events.jetstream import (
     ensure_stream,
 )
 from omnix.events.log import EventReleased, MemoryLog
+from omnix.events.natsblobs import ReplicatedBlobs
 from omnix.events.natspub import MAX_BATCH_BYTES, Publisher
 from omnix.events.natsread import StreamReader
 from omnix.events.natssnap import LoadedSnapshot, SnapshotStore, SnapshotWriter
@@ -124,13 +125,20 @@ class NatsLog(MemoryLog):
         self._bseq: list[int] = []  # ...and its stream sequence
         self._read_pos: int | None = 0  # next position the stream must hold (None: any <= base)
         self._fold_from = 0  # positions below were folded in the snapshot loaded
+        #: the blobs its events reference, replicated with them (``natsblobs.py``)
+        self.blobs = ReplicatedBlobs()
         self._reader: StreamReader | None = StreamReader(
-            conn, names, log_id, self._apply_batch, self._fail
+            conn, names, log_id, self._apply_batch, self._fail, self.blobs.replicated
         )
         self._publisher: Publisher | None = None  # set while leading
         self._snap_due = 0
         self._snapshots = SnapshotWriter(
-            self._snaps, names.stream, opts.replicas, self._seq_of, lambda: self.durable_pos
+            self._snaps,
+            names.stream,
+            opts.replicas,
+            self._seq_of,
+            lambda: self.durable_pos,
+            self._keep_blobs,
         )
         self._callbacks: set[asyncio.Future[None]] = (
             set()
@@ -331,9 +339,24 @@ class NatsLog(MemoryLog):
             acked_pos=self.next_pos,
             on_acked=self._acked,
             on_failed=self._failed,
+            on_blob_acked=self.blobs.acked,
         )
+        self.blobs.send = self._publisher.push_blob
         if self._maint_due:
             self._maintain()  # what came due while following (retention's decisions)
+
+    async def _keep_blobs(self, index_seq: int) -> None:
+        """Before a snapshot that reopens the log from ``index_seq`` (and
+        purges what is before it): publish again the blobs still held whose
+        message is older, and wait for their acks."""
+        publisher = self._publisher
+        if publisher is None:
+            return
+        old = self.blobs.older_than(index_seq)
+        for digest in old:
+            publisher.push_blob(digest, self.blobs.get(digest))
+        if old:
+            await publisher.flush_blobs()
 
     @property
     def leading(self) -> bool:

@@ -25,6 +25,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from omnix.events.codec import SchemaError, decode_events
 from omnix.events.jetstream import (
+    HDR_BLOB,
     HDR_FIRST,
     HDR_LOG_ID,
     HDR_PART,
@@ -41,6 +42,8 @@ __all__ = ["StreamReader"]
 
 #: (first and last stream sequence, first position, events) of one batch
 Apply = Callable[[int, int, int, list[Event]], None]
+#: (stream sequence, digest, bytes) of one blob
+ApplyBlob = Callable[[int, str, bytes], None]
 
 
 class StreamReader:
@@ -55,12 +58,14 @@ class StreamReader:
         log_id: str,
         apply: Apply,
         on_error: Callable[[LogError], None],
+        on_blob: ApplyBlob,
     ) -> None:
         self.conn = conn
         self.names = names
         self.log_id = log_id
         self._apply = apply
         self._on_error = on_error
+        self._on_blob = on_blob
         self.last_seq = 0  # the last sequence applied
         self.failure: LogError | None = None
         self._progress = asyncio.Event()
@@ -88,10 +93,13 @@ class StreamReader:
                 seq, first, data = self.check(msg)
                 self.last_seq = seq
                 if data is not None:
-                    events = self._decode(seq, data)
                     first_seq = self._parts_seq or seq
                     self._parts_seq = 0
-                    self._apply(first_seq, seq, first, events)
+                    digest = (msg.headers or {}).get(HDR_BLOB)
+                    if digest is not None:
+                        self._on_blob(first_seq, digest, data)
+                    else:
+                        self._apply(first_seq, seq, first, self._decode(seq, data))
                 self._progress.set()
         except asyncio.CancelledError:
             raise

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from nats.js.api import ObjectMeta, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
@@ -154,8 +154,12 @@ class SnapshotWriter:
         replicas: int,
         seq_of: Callable[[int], int],
         acked_pos: Callable[[], int],
+        keep: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        #: run before a snapshot is saved with the sequence its reopen reads
+        #: from (the log's blobs older than it are published again)
+        self.keep = keep
         self.stream = stream
         self.replicas = replicas
         self.seq_of = seq_of
@@ -181,6 +185,8 @@ class SnapshotWriter:
         try:
             index_seq = self.seq_of(snap.index_from)
             seq = self.seq_of(snap.next_pos - 1) if snap.next_pos else 0
+            if self.keep is not None:
+                await self.keep(index_seq)
             cut = await self.store.save(snap, seq, index_seq, self.replicas)
             self.count += 1
             if cut > self.purged_below:

@@ -107,7 +107,6 @@ async def _leader_info(lease: LeaderLease, name: str, url: str, timeout_s: float
 
 async def frontend(args: argparse.Namespace) -> int:
     from omnix.cluster.remote import RemoteOmni
-    from omnix.events.blobs import MemoryBlobStore
     from omnix.events.lease import LeaderLease
     from omnix.events.natslog import NatsLog
     from omnix.events.segments import LogError
@@ -123,8 +122,7 @@ async def frontend(args: argparse.Namespace) -> int:
         lease = await LeaderLease.open(followed.conn, name=args.log_name)
         info = await _leader_info(lease, args.log_name, args.log, args.leader_timeout)
         options = _http_options(args, info.served_model_names)
-        blobs = getattr(followed, "blobs", None) or MemoryBlobStore()
-        remote = RemoteOmni(info, followed, blobs, followed.conn.nc, args.log_name)
+        remote = RemoteOmni(info, followed, followed.blobs, followed.conn.nc, args.log_name)
         await remote.start()
         server = HttpServer(remote, options, host=args.host, port=args.port)
         try:

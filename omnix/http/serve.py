@@ -52,7 +52,7 @@ from omnix.usage import UsageError, arg_type, port_number
 if TYPE_CHECKING:
     from omnix.api import Omni
     from omnix.events.disklog import LogConfig
-    from omnix.events.log import EventLog
+    from omnix.events.natslog import NatsLog
     from omnix.events.retention import RetentionPolicy
     from omnix.http.app import HttpServer
 
@@ -354,7 +354,7 @@ def _http_options(args: argparse.Namespace, names: tuple[str, ...] = ()) -> Http
 
 
 def _build_omni(
-    args: argparse.Namespace, served: ServedPipeline, log: EventLog | None = None
+    args: argparse.Namespace, served: ServedPipeline, log: NatsLog | None = None
 ) -> Omni:
     """The pipeline's models and the ``Omni`` serving it, as the flags
     say; ``UsageError`` for what the operator must fix, in one line.
@@ -380,6 +380,7 @@ def _build_omni(
             pipeline,
             log_dir=args.log_dir,
             log=log,
+            blobs=log.blobs if log is not None else None,
             standby=log is not None,
             # pin_server: this process joins the frontend CPUs of the runtime's
             # placement (docs/runtime.md), away from the vLLM engine cores.
@@ -456,7 +457,7 @@ async def serve(args: argparse.Namespace) -> int:
     return code
 
 
-async def _follow(cluster: Replicated | None) -> EventLog | None:
+async def _follow(cluster: Replicated | None) -> NatsLog | None:
     """The replicated log, followed (None without ``--log``)."""
     if cluster is None:
         return None
