@@ -41,7 +41,15 @@ from omnix.events.blobs import BlobStore
 from omnix.events.log import EventLog
 from omnix.events.reducer import RequestState
 from omnix.events.retention import RequestStatusKind, Retention
-from omnix.events.types import Admitted, CancelReason, Event, Rejected, RequestSpec, SessionChanged
+from omnix.events.types import (
+    Admitted,
+    CancelReason,
+    Event,
+    Rejected,
+    RequestSpec,
+    SessionChanged,
+    WorkerJoined,
+)
 from omnix.front import Unavailable
 from omnix.orchestrator.scaling import ScaleRefused, StageReplicas
 from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
@@ -82,6 +90,7 @@ class RemoteOmni:
         self._engines: list[tuple[str, int, EngineInfo]] = []
         self._outbox: asyncio.Queue[wire.Call] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[None] | None = None
         self._stopped = False
 
     # -- lifecycle ----------------------------------------------------------
@@ -89,10 +98,23 @@ class RemoteOmni:
         self._sender = asyncio.create_task(self._send_in_order(), name="omnix-frontend-calls")
         with contextlib.suppress(LeaderUnavailable):
             await self.refresh_engines()
+        self.log.add_listener(self._on_event)
         return self
+
+    def _on_event(self, ev: Event) -> None:
+        # A replica joined (a new leader's, or a restarted one): ask again.
+        if type(ev) is WorkerJoined and (self._refresh is None or self._refresh.done()):
+            self._refresh = asyncio.get_running_loop().create_task(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        with contextlib.suppress(LeaderUnavailable):
+            await self.refresh_engines()
 
     async def shutdown(self, grace_s: float = 5.0) -> None:
         self._stopped = True
+        self.log.remove_listener(self._on_event)
+        if self._refresh is not None:
+            self._refresh.cancel()
         if self._sender is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace_s):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from omnix.events.natslog import NatsLog
-from omnix.testing.nats_server import NatsServer
 
+from omnix.events.natslog import NatsLog
 from omnix.events.types import TERMINAL_TYPES, WorkerLost
 from omnix.orchestrator.recovery import RESTART_REASON
+from omnix.testing.nats_server import NatsServer
 from omnix.testing.served import ServeProcess
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -94,3 +94,62 @@ async def test_a_stream_through_a_frontend_survives_the_leader_killed_mid_stream
         assert [ev.reason for ev in lost] == [RESTART_REASON]
     finally:
         await follower.aclose()
+
+
+def sse_text(raw: bytes) -> tuple[str, str, bool]:
+    """(content text, last SSE id, saw [DONE]) of an SSE body read so far."""
+    text, last, done = [], "", False
+    for block in raw.decode().split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("id:"):
+                last = line[3:].strip()
+            elif line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text), last, done
+
+
+@in_session_loop
+async def test_a_client_resumes_on_another_frontend_when_its_frontend_is_killed(
+    tmp_path: Path, own_nats: NatsServer
+) -> None:
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PIPELINE)
+    common = ("--log", own_nats.url, "--log-name", "fronts")
+    leader = await ServeProcess.start("--pipeline", str(cfg), *common)
+    procs = [leader]
+    try:
+        await leader.ready()
+        for _ in range(2):
+            procs.append(await ServeProcess.start(*common, verb="frontend"))
+            await procs[-1].ready()
+        one, two = procs[1], procs[2]
+        async with aiohttp.ClientSession() as http:
+            undisturbed = await stream_chat(http, one.url, "calm")
+            # Bad input is answered by the frontend itself, before the leader.
+            bad = {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}
+            async with http.post(one.url + "/v1/chat/completions", json=bad) as r:
+                assert r.status == 400, await r.text()
+            body = {
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "stream_options": {"resumable": True},
+            }
+            headers = {"X-Request-Id": "moved"}
+            raw = b""
+            async with http.post(one.url + "/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200
+                while sse_text(raw)[0].count(" ") < 20:
+                    raw += await r.content.readany()
+                await one.kill9()
+            before, last_id, _ = sse_text(raw.rpartition(b"\n\n")[0] + b"\n\n")
+            url = f"{two.url}/v1/requests/moved/stream"
+            async with http.get(url, headers={"Last-Event-ID": last_id}) as r:
+                assert r.status == 200, await r.text()
+                after, _, done = sse_text(await r.read())
+            assert done and before + after == undisturbed
+    finally:
+        for p in procs:
+            await p.close()
