@@ -199,6 +199,27 @@ def test_serve_bad_flags(omni_toml, flags, says):
     one_line_error(code, err, "serve", *says)
 
 
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--standby",), ("--standby", "--log nats://")),
+        (("--log", "http://127.0.0.1:4222"), ("--log http://127.0.0.1:4222", "nats://HOST:PORT")),
+        (("--log", "nats://127.0.0.1:1", "--log-dir", "d"), ("--log and --log-dir",)),
+        (("--log", "nats://127.0.0.1:1", "--lease-ttl", "0"), ("--lease-ttl",)),
+    ],
+)
+def test_serve_bad_replicated_log_flags(omni_toml, flags, says):
+    code, err = omnix("serve", "--pipeline", omni_toml, "--port", "0", *flags)
+    one_line_error(code, err, "serve", *says)
+
+
+@pytest.mark.parametrize("verb", ["serve", "frontend"])
+def test_a_nats_url_nothing_answers_is_one_line_naming_it(omni_toml, verb):
+    flags = ("--pipeline", str(omni_toml)) if verb == "serve" else ()
+    code, err = omnix(verb, *flags, "--port", "0", "--log", "nats://127.0.0.1:1")
+    one_line_error(code, err, verb, "nats://127.0.0.1:1", status=1)
+
+
 def test_serve_no_build_without_the_models():
     code, err = omnix("serve", "--pipeline", "tiny-text", "--no-build", "--model-dir", "/proc/m")
     one_line_error(code, err, "serve", "tiny models thinker are missing in /proc/m")
