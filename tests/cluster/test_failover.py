@@ -6,7 +6,9 @@ deterministic), with one terminal event in the log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -153,3 +155,40 @@ async def test_a_client_resumes_on_another_frontend_when_its_frontend_is_killed(
     finally:
         for p in procs:
             await p.close()
+
+
+@in_session_loop
+async def test_a_leader_paused_past_its_lease_steps_down_when_it_wakes(
+    tmp_path: Path, own_nats: NatsServer
+) -> None:
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PIPELINE)
+    common = ("--pipeline", str(cfg), "--log", own_nats.url, "--log-name", "paused")
+    leader = await ServeProcess.start(*common)
+    procs = [leader]
+    try:
+        await leader.ready()
+        standby = await ServeProcess.start(*common, "--standby")
+        procs.append(standby)
+        new = (await standby.until(r"listening on (http://\S+)")).group(1)
+        await standby.until("standing by")
+        leader.proc.send_signal(signal.SIGSTOP)  # alive, but silent past its lease
+        await standby.until(r"ready in [0-9.]+ s", timeout=30)
+        async with aiohttp.ClientSession() as http:
+            assert await stream_chat(http, new, "led-by-the-standby")
+        leader.proc.send_signal(signal.SIGCONT)
+        assert await asyncio.wait_for(leader.proc.wait(), 30) == 3
+        await leader.until("stepping down")
+    finally:
+        for p in procs:
+            if p.proc.returncode is None:
+                p.proc.send_signal(signal.SIGCONT)
+            await p.close()
+    follower = await NatsLog.follow(own_nats.url, name="paused")
+    try:
+        ends = [
+            ev for ev in follower.events_for("led-by-the-standby") if isinstance(ev, TERMINAL_TYPES)
+        ]
+        assert len(ends) == 1
+    finally:
+        await follower.aclose()
