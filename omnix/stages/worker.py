@@ -118,7 +118,10 @@ class Worker:
         auth: str = "",
         reconnect_for_s: float = 300.0,
     ) -> None:
-        self.connect = connect
+        #: the servers it may join, in order (a replicated log's leader and
+        #: standbys); ``connect`` is the one it joins now
+        self.endpoints = connect.split(",")
+        self.connect = self.endpoints[0]
         self.stage = stage
         self.replica = replica
         self._asked_replica = replica  # what a rejoin asks for again
@@ -152,7 +155,7 @@ class Worker:
         self._aborts = Aborts(self.requests, self._outbox)
         self._profiling = Profiling(self._outbox, token=lambda: self.token, who=self._who)
         self._heartbeats = Heartbeats(
-            connect=connect,
+            connect=self.connect,
             parent_pid=parent_pid,
             reconnect_for_s=reconnect_for_s,
             who=self._who,
@@ -182,7 +185,7 @@ class Worker:
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
         try:
-            welcome = await self._handshake(self.hello_timeout_s)
+            welcome = await self._join(self.hello_timeout_s)
             self.replica = welcome.replica
             self.config = welcome.config
             if welcome.profile_dir:
@@ -371,25 +374,20 @@ class Worker:
         await asyncio.to_thread(self._heartbeats.join, 2.0)  # it returned after reporting
         # A new incarnation: the server's records of the old one are void.
         self.token = secrets.token_hex(8)
-        deadline = time.monotonic() + self.reconnect_for_s
-        while True:
-            self._new_socket()
-            try:
-                welcome = await self._handshake(
-                    max(0.1, min(_REJOIN_ATTEMPT_S, deadline - time.monotonic()))
-                )
-                break
-            except WorkerExit as exc:
-                if exc.code != EXIT_NO_SERVER:
-                    raise
-                if time.monotonic() >= deadline:
-                    raise WorkerExit(
-                        EXIT_SERVER_LOST,
-                        (
-                            f"{reason}; no server answered at {self.connect} within "
-                            f"{self.reconnect_for_s:.0f} s (--reconnect-for); exiting"
-                        ),
-                    ) from None
+        self._next_endpoint()  # a replicated log's standby leads now, if any
+        self._new_socket()
+        try:
+            welcome = await self._join(self.reconnect_for_s, _REJOIN_ATTEMPT_S)
+        except WorkerExit as exc:
+            if exc.code != EXIT_NO_SERVER:
+                raise
+            raise WorkerExit(
+                EXIT_SERVER_LOST,
+                (
+                    f"{reason}; no server answered at {', '.join(self.endpoints)} within "
+                    f"{self.reconnect_for_s:.0f} s (--reconnect-for); exiting"
+                ),
+            ) from None
         if welcome.config != self.config:
             raise WorkerExit(
                 EXIT_SERVER_LOST,
@@ -405,6 +403,28 @@ class Worker:
         self._heartbeats.start(self._loop, self._ctx, self.token, welcome)
         self._send_ready()
         say(f"omnix worker {self._who()}: joined {self.connect} again")
+
+    async def _join(self, total_s: float, attempt_s: float | None = None) -> m.Welcome:
+        """HELLO until a server answers, for up to ``total_s``: each attempt
+        ``attempt_s`` long (the whole time with one endpoint and no
+        ``attempt_s``), each to the next of ``endpoints``.  Raises the last
+        attempt's ``WorkerExit`` (``EXIT_NO_SERVER``) when none answered."""
+        if attempt_s is None:
+            attempt_s = total_s if len(self.endpoints) == 1 else _REJOIN_ATTEMPT_S
+        deadline = time.monotonic() + total_s
+        while True:
+            try:
+                return await self._handshake(max(0.1, min(attempt_s, deadline - time.monotonic())))
+            except WorkerExit as exc:
+                if exc.code != EXIT_NO_SERVER or time.monotonic() >= deadline:
+                    raise
+            self._next_endpoint()
+            self._new_socket()
+
+    def _next_endpoint(self) -> None:
+        eps = self.endpoints
+        self.connect = eps[(eps.index(self.connect) + 1) % len(eps)]
+        self._heartbeats.connect = self.connect
 
     def _new_socket(self) -> None:
         """A fresh work socket for this incarnation's token: nothing queued

@@ -7,6 +7,7 @@ the process-level setup that must happen before any engine is imported
 them by hand with::
 
     omnix worker --connect tcp://SERVER:PORT --stage talker [--replica 1] [--worker-token T]
+    omnix worker --connect tcp://LEADER:PORT,tcp://STANDBY:PORT --stage talker
 
 Everything else (the engine and its arguments) comes from the server in the
 handshake.  Does not own the worker's behaviour (``omnix.stages.worker``).
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from omnix.transport.sockets import check_endpoint
+from omnix.transport.sockets import check_endpoints
 from omnix.usage import UsageError, arg_type, run_reporting
 
 CPUS_ENV = "OMNIX_WORKER_CPUS"
@@ -33,9 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--connect",
         required=True,
-        type=arg_type(check_endpoint, "endpoint"),
-        metavar="ENDPOINT",
-        help="the stage runtime's endpoint: tcp://HOST:PORT (or ipc://PATH on the same host)",
+        type=arg_type(check_endpoints, "endpoint"),
+        metavar="ENDPOINT[,ENDPOINT...]",
+        help="the stage runtime's endpoint: tcp://HOST:PORT (or ipc://PATH on the same host); "
+        "several (a replicated log's leader and standbys, docs/multihost.md): the worker joins "
+        "the first that answers, and the next when it loses its server",
     )
     parser.add_argument("--stage", required=True, help="the pipeline stage this worker serves")
     parser.add_argument(

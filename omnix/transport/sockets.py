@@ -92,6 +92,15 @@ def remove_endpoint_dir(d: str | None) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def check_endpoints(text: str) -> str:
+    """``ENDPOINT[,ENDPOINT...]`` when each is one ``check_endpoint`` takes
+    (a worker given every server of a replicated log)."""
+    parts = [p.strip() for p in text.split(",")]
+    for part in parts:
+        check_endpoint(part)
+    return ",".join(parts)
+
+
 def check_endpoint(endpoint: str) -> str:
     """``endpoint`` when ZMQ can use it; else ``ValueError`` saying what is
     wrong with it in one line (command lines check ``--connect`` with it
