@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +18,7 @@ import pytest
 from omnix.events.natslog import NatsLog
 from omnix.events.types import TERMINAL_TYPES, WorkerLost
 from omnix.orchestrator.recovery import RESTART_REASON
-from omnix.testing.nats_server import NatsServer
+from omnix.testing.nats_server import NatsServer, free_port
 from omnix.testing.served import ServeProcess
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -192,3 +193,42 @@ async def test_a_leader_paused_past_its_lease_steps_down_when_it_wakes(
         assert len(ends) == 1
     finally:
         await follower.aclose()
+
+
+@in_session_loop
+async def test_a_hand_started_worker_given_both_servers_moves_to_the_standby(
+    tmp_path: Path, own_nats: NatsServer
+) -> None:
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(PIPELINE)
+    ports = [free_port(), free_port()]
+    eps = [f"tcp://127.0.0.1:{p}" for p in ports]
+    common = ("--pipeline", str(cfg), "--log", own_nats.url, "--log-name", "byhand")
+    common += ("--spawn", "none")
+    leader = await ServeProcess.start(*common, "--workers-endpoint", eps[0])
+    procs = [leader]
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "omnix.cli", "worker", "--connect", ",".join(eps),
+        "--stage", "thinker", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await leader.ready()
+        standby = await ServeProcess.start(*common, "--workers-endpoint", eps[1], "--standby")
+        procs.append(standby)
+        await standby.until("standing by")
+        front = await ServeProcess.start(
+            "--log", own_nats.url, "--log-name", "byhand", verb="frontend"
+        )
+        procs.append(front)
+        await front.ready()
+        async with aiohttp.ClientSession() as http:
+            undisturbed = await stream_chat(http, front.url, "calm")
+            # The worker notices its server is gone by its heartbeats (10 s),
+            # then joins the standby, which leads by then.
+            moved = await stream_chat(http, front.url, "moved", 40, leader.kill9)
+            assert moved == undisturbed
+    finally:
+        for p in procs:
+            await p.close()
+        worker.kill()
+        await worker.wait()
