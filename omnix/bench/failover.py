@@ -52,13 +52,11 @@ from typing import Any
 
 import msgspec
 
+from omnix.bench.failover_pipeline import PROMPT, bench_pipeline, log_line
 from omnix.bench.loop import run_on_loop
-from omnix.events.types import RequestSpec, Routed, StageParams
-from omnix.pipelines.config import PipelineConfig, StageConfig, VllmArgs
-from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.events.types import RequestSpec, Routed
 from omnix.usage import UsageError
 
-PROMPT = "Tell me a story about a cat."
 # The restart request must still be running when the server is killed:
 # ask for many tokens (greedy; the tiny model seldom stops early).
 RESTART_MAX_TOKENS = 400
@@ -107,41 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a one-stage text pipeline to run instead of the tiny thinker on vLLM (the bench "
         "gives its stage two replicas and retry; a scripted one with a delay makes a quick run)",
     )
-
-
-def _log(msg: str) -> None:
-    print(f"[bench failover] {msg}", file=sys.stderr, flush=True)
-
-
-def _pipeline(args: argparse.Namespace, max_tokens: int, replicas: int = 2) -> PipelineConfig:
-    """The one text stage the bench kills: the tiny thinker on vLLM
-    (greedy), or ``--pipeline``'s, with ``replicas`` and retry."""
-    if args.pipeline is None:
-        stage = StageConfig(
-            name="thinker",
-            engine=VllmArgs(model="thinker", kv_cache_gib=0.25),
-            sampling=StageParams(temperature=0.0, max_tokens=max_tokens),
-        )
-        cfg = PipelineConfig(name="bench-failover", stages=(stage,), outputs={"text": "thinker"})
-    else:
-        try:
-            cfg = load_pipeline(args.pipeline)
-        except PipelineError as exc:
-            raise UsageError(str(exc)) from None
-        if len(cfg.stages) != 1 or list(cfg.outputs) != ["text"]:
-            raise UsageError(
-                f"--pipeline {args.pipeline}: give a pipeline of one stage with a text output "
-                f"(it has stages {', '.join(st.name for st in cfg.stages)} and outputs "
-                f"{', '.join(cfg.outputs)})"
-            )
-        stage = cfg.stages[0]
-        sampling = msgspec.structs.replace(stage.sampling, max_tokens=max_tokens)
-        stage = msgspec.structs.replace(stage, sampling=sampling)
-    stage = msgspec.structs.replace(stage, replicas=replicas, retry=True if replicas > 1 else None)
-    name = cfg.name if replicas > 1 else f"{cfg.name}-restart"
-    cfg = msgspec.structs.replace(cfg, name=name, stages=(stage,))
-    validate_pipeline(cfg)
-    return cfg
 
 
 # -- migration ---------------------------------------------------------------------
@@ -196,7 +159,7 @@ async def _one_run(omni: Any, rid: str, kill_at: int, ref: tuple[list[int], str]
     exact = (ids, text) == ref
     ok = bool(killed and resumed and state.status == "finished" and exact and gap is not None)
     if not ok:
-        _log(
+        log_line(
             f"{rid}: kill at {kill_at} (pid {killed}), resumed at {resumed}, status {state.status} "
             f"{state.reason!r}, exact {exact}"
         )
@@ -206,12 +169,12 @@ async def _one_run(omni: Any, rid: str, kill_at: int, ref: tuple[list[int], str]
 async def _migration(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.api import Omni
 
-    cfg = _pipeline(args, args.max_tokens)
+    cfg = bench_pipeline(args, args.max_tokens)
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     async with Omni(cfg) as omni:
         await _until_ready(omni, args.ready_timeout)
-        _log(f"two replicas ready in {time.perf_counter() - t0:.1f} s")
+        log_line(f"two replicas ready in {time.perf_counter() - t0:.1f} s")
         ids, text, arrivals, _ = await _stream(omni, "undisturbed")
         state = omni.state("undisturbed")
         status = state.status if state is not None else "unknown"
@@ -228,7 +191,7 @@ async def _migration(args: argparse.Namespace) -> dict[str, Any]:
             respawn.append(await _until_ready(omni, args.ready_timeout))
             kill_at = rng.randint(1, tokens - 4)
             runs.append(await _one_run(omni, f"failover-{i}", kill_at, ref))
-            _log(
+            log_line(
                 f"run {i}: kill at token {kill_at}, gap {runs[-1]['gap_ms']} ms, ok {runs[-1]['ok']}"
             )
     gaps = [r["gap_ms"] for r in runs if r["ok"]]
@@ -329,7 +292,7 @@ async def _restart_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from omnix.events.disklog import iter_log
 
     cfg = tmp / "pipeline.json"
-    cfg.write_bytes(msgspec.json.encode(_pipeline(args, RESTART_MAX_TOKENS, replicas=1)))
+    cfg.write_bytes(msgspec.json.encode(bench_pipeline(args, RESTART_MAX_TOKENS, replicas=1)))
     log_dir = tmp / "log"
     # resumable: the SSE events then carry the ids the resumed stream starts after.
     body = {
@@ -364,7 +327,7 @@ async def _restart_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         finally:
             await first.kill9()
         logged = sum(1 for _ in iter_log(log_dir / "events"))
-        _log(f"killed the server after {tokens} tokens; {logged} events in its log")
+        log_line(f"killed the server after {tokens} tokens; {logged} events in its log")
         t0 = time.perf_counter()
         second = await _Server.start(cfg, log_dir)
         ready: asyncio.Future[re.Match[str]] | None = None
@@ -416,7 +379,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     # Builds what is missing and exports OMNIX_MODEL_DIR, which the
     # workers and the `omnix serve` subprocesses inherit.
     prepare_models(
-        _pipeline(args, args.max_tokens), Path(args.model_dir) if args.model_dir else None
+        bench_pipeline(args, args.max_tokens), Path(args.model_dir) if args.model_dir else None
     )
     res: dict[str, Any] = {
         "load_average_start": round(os.getloadavg()[0], 2),

@@ -41,7 +41,7 @@ from typing import Any
 
 import msgspec
 
-from omnix.bench.failover import PROMPT, _log, _pipeline
+from omnix.bench.failover_pipeline import PROMPT, bench_pipeline, log_line
 from omnix.testing.nats_server import NatsServer
 from omnix.testing.served import ServeProcess
 
@@ -87,7 +87,7 @@ async def _stream(
                         if len(parts) == kill_at and kill is not None:
                             kill.set()
     except Exception as exc:  # the bench counts it lost
-        _log(f"a stream failed: {exc!r}")
+        log_line(f"a stream failed: {exc!r}")
     out.text = "".join(parts)
     return out
 
@@ -138,7 +138,7 @@ async def _bench_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import aiohttp
 
     cfg = tmp / "pipeline.json"
-    cfg.write_bytes(msgspec.json.encode(_pipeline(args, args.max_tokens, replicas=1)))
+    cfg.write_bytes(msgspec.json.encode(bench_pipeline(args, args.max_tokens, replicas=1)))
     rng = random.Random(args.seed)
     res: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=args.ready_timeout)
@@ -169,7 +169,7 @@ async def _bench_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 for i in range(args.runs):
                     kill_at = rng.randint(3, max(4, args.max_tokens // 2))
                     r = await _round(http, front.url, leader, args.streams, kill_at, ref)
-                    _log(
+                    log_line(
                         f"round {i + 1}: takeover {r['takeover_s']:.2f} s, lost {r['lost']}, "
                         f"gaps {[round(g) for g in r['gaps_ms']]} ms"
                     )
@@ -202,7 +202,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.models.prepare import prepare_models
 
     prepare_models(
-        _pipeline(args, args.max_tokens, replicas=1),
+        bench_pipeline(args, args.max_tokens, replicas=1),
         Path(args.model_dir) if args.model_dir else None,
     )
     res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
