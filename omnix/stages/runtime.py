@@ -11,6 +11,9 @@ error); the parts live beside it, each owning one concern:
 
 * ``slots.py``: the record of each replica (state, credits, requests);
 * ``spawner.py``: worker processes, their environment, restarts with backoff;
+  or, with ``placement="ray"``, ``ray_launcher.py``: each replica a Ray
+  actor running the same worker, restarted by Ray (``launcher.py`` is
+  the interface both give the runtime);
 * ``handshake.py``: HELLO -> WELCOME -> READY, tokens, refusals;
 * ``liveness.py``: heartbeats and the periodic check that judges silence;
 * ``credits.py``: ``send``/``abort``/``release``, never more than
@@ -51,6 +54,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
+import socket
 import sys
 import time
 import weakref
@@ -73,9 +78,9 @@ from omnix.stages.errors import (
 )
 from omnix.stages.gpus import gpu_plan
 from omnix.stages.handshake import Handshake, private_endpoint
+from omnix.stages.launcher import Launcher, ReplicaProcess
 from omnix.stages.liveness import Liveness
 from omnix.stages.placement import pin_process, runtime_plan
-from omnix.stages.procs import WorkerProcess
 from omnix.stages.profile_calls import ProfileCalls, ProfileReport
 from omnix.stages.records import deliver
 from omnix.stages.slots import Slot, SlotTable, not_ready_message
@@ -135,6 +140,8 @@ class StageRuntime:
         pin_server: bool = False,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         profile_dir: str | os.PathLike[str] | None = None,
+        placement: Literal["spawn", "ray"] = "spawn",
+        ray_address: str = "auto",
     ) -> None:
         if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
             raise ValueError(
@@ -179,6 +186,12 @@ class StageRuntime:
         # Where workers write profiler traces (DIR/<stage>/<replica>); None:
         # profiling is off and PROFILE is never sent.
         self.profile_dir = Path(profile_dir).resolve() if profile_dir is not None else None
+        self._ray = self._ray_launcher(ray_address) if placement == "ray" else None
+        if self._ray is not None:
+            endpoint = _ray_endpoint(endpoint, self._ray.node_ip)
+            # Ray hands it to the actors: the workers endpoint stays guarded
+            # by omnix's own token whatever the Ray cluster allows.
+            self.worker_token = self._ray.worker_token = self.worker_token or secrets.token_hex(16)
         self._endpoint, self._tmpdir = _endpoint(endpoint, self.worker_token)
         self._build_parts()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -216,7 +229,7 @@ class StageRuntime:
             load_timeout_s=self.load_timeout_s,
             lose=self._lose,
         )
-        self._spawner = Spawner(
+        self._spawner: Launcher = self._ray or Spawner(
             python=self.python,
             worker_token=self.worker_token,
             worker_env=self.worker_env,
@@ -228,6 +241,22 @@ class StageRuntime:
             closed=lambda: self._closed,
         )
         self._profiles = ProfileCalls(self.pipeline, self._slots, self._wire)
+
+    def _ray_launcher(self, address: str) -> Any:
+        """``placement="ray"``: join the cluster and check it can hold the
+        stages (``RuntimeConfigError`` otherwise), before anything binds."""
+        from omnix.stages.ray_launcher import RayLauncher
+
+        return RayLauncher(
+            pipeline=self.pipeline,
+            spawned_stages=self.spawned_stages,
+            address=address,
+            namespace=f"omnix-{self.pipeline.name}-{socket.gethostname()}-{os.getpid()}",
+            worker_token=self.worker_token,
+            worker_env=self.worker_env,
+            on_exit=self._on_proc_exit,
+            closed=lambda: self._closed,
+        )
 
     # -- public API ---------------------------------------------------------
     @property
@@ -275,6 +304,11 @@ class StageRuntime:
             raise StageRuntimeError("StageRuntime was shut down; build a new one")
         self._started = True
         self._bind()
+        try:
+            await self._spawner.prepare()  # Ray: the stages' placement groups
+        except BaseException:
+            await self.shutdown()
+            raise
         for slot in self._slots.all():
             if slot.stage in self.spawned_stages:
                 self._spawner.spawn(slot)
@@ -466,7 +500,7 @@ class StageRuntime:
             log.error("%s failed to start: %s", slot.worker_id, slot.last_failure)
         self._spawner.schedule_restart(slot)
 
-    def _on_proc_exit(self, proc: WorkerProcess) -> None:
+    def _on_proc_exit(self, proc: ReplicaProcess) -> None:
         slot = next((s for s in self._slots.all() if s.proc is proc), None)
         if slot is None or self._closed or slot.state == "down":
             return  # not ours any more, or already handled (lost by heartbeat, then killed)
@@ -535,6 +569,19 @@ def _spawned_stages(pipeline: PipelineConfig, spawn: bool | Iterable[str]) -> fr
             f"does not have (stages: {', '.join(names)})"
         )
     return frozenset(spawned)
+
+
+def _ray_endpoint(endpoint: str | None, node_ip: str) -> str:
+    """Under Ray, workers connect from the cluster's nodes: a tcp endpoint,
+    by default on the address the cluster knows this host by."""
+    if endpoint is None:
+        return f"tcp://{node_ip}:0"
+    if not endpoint.startswith("tcp://"):
+        raise RuntimeConfigError(
+            f"--placement ray: workers on the Ray cluster's nodes cannot reach {endpoint}: give "
+            "a tcp workers endpoint (tcp://HOST:PORT) or none"
+        )
+    return endpoint
 
 
 def _endpoint(endpoint: str | None, worker_token: str | None) -> tuple[str, str | None]:

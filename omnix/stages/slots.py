@@ -19,7 +19,7 @@ import asyncio
 from typing import Literal
 
 from omnix.pipelines.config import PipelineConfig, StageConfig
-from omnix.stages.procs import WorkerProcess
+from omnix.stages.launcher import ReplicaProcess
 from omnix.transport import messages as m
 from omnix.transport.work import WorkItem
 
@@ -72,7 +72,7 @@ class Slot:
         self.replica = replica
         self.worker_id = f"{config.name}/{replica}"
         self.state: SlotState = "down"
-        self.proc: WorkerProcess | None = None
+        self.proc: ReplicaProcess | None = None
         self.expected_token: str | None = None  # the token of the process we spawned
         self.token: str | None = None  # the welcomed incarnation's token
         self.identity: bytes | None = None
