@@ -149,7 +149,7 @@ class Spawner:
             return
         proc.terminate()
         if self.loop is not None:
-            self.loop.call_later(2.0, lambda: proc.returncode is None and proc.kill())
+            self.loop.call_later(2.0, _kill_if_running, proc)
 
     async def stop_all(self, loading: set[int], grace_s: float) -> None:
         """Wait up to ``grace_s`` for the running workers to exit (those
@@ -180,6 +180,11 @@ class Spawner:
             p.poll()
             p.kill()  # any grandchildren left in its group
             p.close()
+
+
+def _kill_if_running(proc: WorkerProcess) -> None:
+    if proc.returncode is None:
+        proc.kill()
 
 
 def worker_environ(environ: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
