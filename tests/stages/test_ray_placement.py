@@ -32,7 +32,7 @@ from omnix.events.types import RequestSpec, WorkerJoined, WorkerLost
 from omnix.pipelines.validate import parse_pipeline
 from omnix.stages.errors import RuntimeConfigError
 from omnix.stages.worker_process import EXIT_REFUSED
-from omnix.testing.ray_cluster import add_node, lose_node, loopback_cluster
+from omnix.testing.ray_cluster import add_node, loopback_cluster, lose_node
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -158,7 +158,9 @@ async def test_a_node_lost_mid_request_moves_its_replica_to_another_node_and_the
         before = await launcher.where("decoder", 0)
         omni.submit(SPEC, request_id="r-node")
         await _running_on(omni, "r-node", "decoder")
-        lose_node(cluster, str(before["node_id"]), [int(before["actor_pid"]), int(before["worker_pid"])])
+        lose_node(
+            cluster, str(before["node_id"]), [int(before["actor_pid"]), int(before["worker_pid"])]
+        )
         try:
             assert same_output(await omni.collect("r-node"), undisturbed)
             await until_ready(omni)
