@@ -99,7 +99,7 @@ def check_fit(stages: Iterable[StageConfig], nodes: list[dict[str, float]]) -> N
                 f"cluster's nodes hold {room}: add nodes or lower replicas"
             )
     if problems:
-        raise RuntimeConfigError("--placement ray:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise RuntimeConfigError("--placement ray: " + "; ".join(problems))
 
 
 async def reserve(stage: StageConfig, timeout_s: float) -> PlacementGroup:
@@ -114,7 +114,7 @@ async def reserve(stage: StageConfig, timeout_s: float) -> PlacementGroup:
         name=f"omnix-{stage.name}",
     )
     try:
-        await asyncio.wait_for(pg.ready(), timeout_s)  # type: ignore[arg-type]
+        await asyncio.wait_for(pg.ready(), timeout_s)
     except TimeoutError:
         remove_placement_group(pg)
         raise RuntimeConfigError(

@@ -171,8 +171,10 @@ class StageRuntime:
         self.worker_cpus = dict(worker_cpus or {})
         # vLLM engine cores on CPUs of their own, the rest elsewhere
         # (placement.py); worker_cpus and VLLM_CPU_OMP_THREADS_BIND win.
-        self.cpu_plan = runtime_plan(
-            pipeline, vllm_cpu_placement, self.worker_env, self.worker_cpus
+        self.cpu_plan = (
+            runtime_plan(pipeline, vllm_cpu_placement, self.worker_env, self.worker_cpus)
+            if placement == "spawn"
+            else None  # Ray places the workers, on other hosts' CPUs
         )
         self.pin_server = pin_server
         # The GPUs each spawned replica sees (its stage's devices); a device

@@ -1,8 +1,9 @@
 """``placement="ray"``: each replica a Ray actor on a real multi-node Ray
 cluster on this machine (loopback only), scripted engines.
 
-One cluster for the module (Ray's start is slow): a head with no CPU, a
-node offering ``thinker_node`` and two offering ``decoder_node``.  The
+One cluster for the session (``conftest.ray_cluster``; Ray's start is
+slow): a head with no CPU, a node offering ``thinker_node`` and two
+offering ``decoder_node``.  The
 two-stage pipeline pins each stage to its nodes by those resources.  The
 claims: each actor runs where its resources are; a worker killed with
 SIGKILL mid-request, and separately the node it runs on lost mid-request,
@@ -21,7 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -32,7 +32,7 @@ from omnix.events.types import RequestSpec, WorkerJoined, WorkerLost
 from omnix.pipelines.validate import parse_pipeline
 from omnix.stages.errors import RuntimeConfigError
 from omnix.stages.worker_process import EXIT_REFUSED
-from omnix.testing.ray_cluster import add_node, loopback_cluster, lose_node
+from omnix.testing.ray_cluster import add_node, lose_node
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -57,17 +57,10 @@ text = "thinker"
 audio = "decoder"
 """
 SPEC = RequestSpec(prompt="hi", outputs=("text", "audio"))
-NODES = [{"thinker_node": 1}, {"decoder_node": 1}, {"decoder_node": 1}]
 
 
 def pipeline(decoder: str = "decoder_node", replicas: int = 1):
     return parse_pipeline(TWO_STAGES.format(decoder=decoder, replicas=replicas))
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[object]:
-    with loopback_cluster(NODES) as c:
-        yield c
 
 
 def ray_omni(cluster, cfg=None, **options) -> Omni:
@@ -104,8 +97,8 @@ def same_output(a: RequestResult, b: RequestResult) -> bool:
     )
 
 
-async def test_each_stage_runs_as_a_named_actor_on_the_node_that_offers_its_resources(cluster):
-    async with ray_omni(cluster) as omni:
+async def test_each_stage_runs_as_a_named_actor_on_the_node_that_offers_its_resources(ray_cluster):
+    async with ray_omni(ray_cluster) as omni:
         await omni.wait_ready(60)
         rt = omni.runtime
         launcher = rt._ray
@@ -124,9 +117,9 @@ async def test_each_stage_runs_as_a_named_actor_on_the_node_that_offers_its_reso
 
 
 async def test_a_worker_killed_mid_request_is_restarted_by_ray_and_the_request_completes_unchanged(
-    cluster,
+    ray_cluster,
 ):
-    async with ray_omni(cluster) as omni:
+    async with ray_omni(ray_cluster) as omni:
         await omni.wait_ready(60)
         launcher = omni.runtime._ray
         undisturbed = await omni.generate(SPEC)
@@ -149,9 +142,9 @@ async def test_a_worker_killed_mid_request_is_restarted_by_ray_and_the_request_c
 
 
 async def test_a_node_lost_mid_request_moves_its_replica_to_another_node_and_the_request_completes(
-    cluster,
+    ray_cluster,
 ):
-    async with ray_omni(cluster) as omni:
+    async with ray_omni(ray_cluster) as omni:
         await omni.wait_ready(60)
         launcher = omni.runtime._ray
         undisturbed = await omni.generate(SPEC)
@@ -159,7 +152,9 @@ async def test_a_node_lost_mid_request_moves_its_replica_to_another_node_and_the
         omni.submit(SPEC, request_id="r-node")
         await _running_on(omni, "r-node", "decoder")
         lose_node(
-            cluster, str(before["node_id"]), [int(before["actor_pid"]), int(before["worker_pid"])]
+            ray_cluster,
+            str(before["node_id"]),
+            [int(before["actor_pid"]), int(before["worker_pid"])],
         )
         try:
             assert same_output(await omni.collect("r-node"), undisturbed)
@@ -171,24 +166,24 @@ async def test_a_node_lost_mid_request_moves_its_replica_to_another_node_and_the
                 isinstance(e, WorkerLost) and e.worker_id == "decoder/0" for e in omni.log.read()
             )
         finally:
-            add_node(cluster, {"decoder_node": 1})  # for the tests after this one
+            add_node(ray_cluster, {"decoder_node": 1})  # for the tests after this one
 
 
-async def test_a_stage_no_node_can_hold_is_an_error_at_start_naming_it(cluster):
+async def test_a_stage_no_node_can_hold_is_an_error_at_start_naming_it(ray_cluster):
     t0 = time.monotonic()
     with pytest.raises(RuntimeConfigError) as missing:
-        ray_omni(cluster, pipeline(decoder="tpu_node"))
+        ray_omni(ray_cluster, pipeline(decoder="tpu_node"))
     text = str(missing.value)
     assert "stage 'decoder'" in text and "no node offers tpu_node" in text, text
     # More replicas than the nodes that offer the resource can hold.
     with pytest.raises(RuntimeConfigError) as room:
-        ray_omni(cluster, pipeline(replicas=3))
+        ray_omni(ray_cluster, pipeline(replicas=3))
     assert "stage 'decoder' has 3 replicas" in str(room.value) and "hold 2" in str(room.value)
     assert time.monotonic() - t0 < 30  # an answer, not Ray's pending-forever
 
 
-async def test_a_process_on_the_cluster_without_the_worker_token_is_refused(cluster):
-    async with ray_omni(cluster) as omni:
+async def test_a_process_on_the_cluster_without_the_worker_token_is_refused(ray_cluster):
+    async with ray_omni(ray_cluster) as omni:
         await omni.wait_ready(60)
         endpoint = omni.runtime.endpoint
         assert omni.runtime.worker_token  # made up when none was given
