@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import secrets
 import time
 from collections import deque
@@ -51,7 +52,17 @@ from omnix.stages.spawner import incarnation_env, worker_environ
 log = logging.getLogger("omnix.runtime")
 
 _ReplicaActor = ray.remote(ReplicaActor)
+#: the server's settings its workers follow wherever they run (the rest of
+#: a worker's environment is its node's): where the models are
+_FORWARDED = ("OMNIX_MODEL_DIR",)
 _RESERVE_TIMEOUT_S = 60.0
+
+
+def _forwarded() -> dict[str, str]:
+    """What of this server's environment its workers take along (read at
+    each start: ``omnix serve`` sets the model folder after the runtime is
+    built)."""
+    return {k: os.environ[k] for k in _FORWARDED if k in os.environ}
 
 
 def actor_name(stage: str, replica: int) -> str:
@@ -148,7 +159,7 @@ class RayLauncher:
             return
         actor = self._actors.get(slot.worker_id) or self._create(slot)
         token = secrets.token_hex(8)
-        env = {**self.worker_env, **incarnation_env(token, self.worker_token)}
+        env = {**_forwarded(), **self.worker_env, **incarnation_env(token, self.worker_token)}
         args = ["--connect", self.connect_endpoint(self.endpoint), "--stage", slot.stage]
         handle = RayReplica(slot, actor, [*args, "--replica", str(slot.replica)], env)
         self._handles = [h for h in self._handles if h.returncode is None] + [handle]
@@ -241,9 +252,7 @@ class RayLauncher:
 
     def spawn_env(self, stage: str, replica: int) -> dict[str, str]:
         """The environment over the actor's own node's (shown from this host)."""
-        import os
-
-        return worker_environ(os.environ, self.worker_env)
+        return worker_environ(os.environ, {**_forwarded(), **self.worker_env})
 
     async def stop_all(self, loading: set[int], grace_s: float) -> None:
         """The runtime told every worker to shut down: wait up to ``grace_s``

@@ -125,7 +125,7 @@ async def test_a_worker_killed_mid_request_is_restarted_by_ray_and_the_request_c
         undisturbed = await omni.generate(SPEC)
         before = await launcher.where("decoder", 0)
         omni.submit(SPEC, request_id="r-kill")
-        await _running_on(omni, "r-kill", "decoder")
+        await running_on(omni, "r-kill", "decoder")
         os.kill(int(before["worker_pid"]), signal.SIGKILL)
         assert same_output(await omni.collect("r-kill"), undisturbed)
         await until_ready(omni)
@@ -150,7 +150,7 @@ async def test_a_node_lost_mid_request_moves_its_replica_to_another_node_and_the
         undisturbed = await omni.generate(SPEC)
         before = await launcher.where("decoder", 0)
         omni.submit(SPEC, request_id="r-node")
-        await _running_on(omni, "r-node", "decoder")
+        await running_on(omni, "r-node", "decoder")
         lose_node(
             ray_cluster,
             str(before["node_id"]),
@@ -207,12 +207,14 @@ async def test_a_process_on_the_cluster_without_the_worker_token_is_refused(ray_
         assert omni.ready() == {"thinker": 1, "decoder": 1}
 
 
-async def _running_on(omni: Omni, rid: str, stage: str) -> None:
-    """Wait until ``rid`` has output from ``stage``: the kill lands mid-request."""
-    async with asyncio.timeout(30):
+async def running_on(
+    omni: Omni, rid: str, stage: str, chunks: int = 2, timeout: float = 30.0
+) -> None:
+    """Wait until ``rid`` has ``chunks`` outputs of ``stage``: a kill lands mid-request."""
+    async with asyncio.timeout(timeout):
         while True:
             st = omni.state(rid)
-            if st is not None and (s := st.stage(stage)) is not None and s.chunks >= 2:
+            if st is not None and (s := st.stage(stage)) is not None and s.chunks >= chunks:
                 return
             await asyncio.sleep(0.01)
 
