@@ -208,7 +208,11 @@ async def test_a_process_on_the_cluster_without_the_worker_token_is_refused(ray_
 
 
 async def running_on(
-    omni: Omni, rid: str, stage: str, chunks: int = 2, timeout: float = 30.0
+    omni: Omni,
+    rid: str,
+    stage: str,
+    chunks: int = 2,
+    timeout: float = 30.0,  # noqa: ASYNC109
 ) -> None:
     """Wait until ``rid`` has ``chunks`` outputs of ``stage``: a kill lands mid-request."""
     async with asyncio.timeout(timeout):
