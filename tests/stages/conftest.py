@@ -140,15 +140,3 @@ async def harness_factory():
     yield make
     for h in made:
         await h.rt.shutdown()
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """A real Ray cluster on loopback for the session's Ray tests (its start
-    is slow): a head with no CPU, a node offering ``thinker_node`` and two
-    offering ``decoder_node``, one CPU each.  Shut down at the end (never
-    ``ray stop``: that ends every Ray process on the host)."""
-    from omnix.testing.ray_cluster import loopback_cluster
-
-    with loopback_cluster([{"thinker_node": 1}, {"decoder_node": 1}, {"decoder_node": 1}]) as c:
-        yield c
