@@ -22,11 +22,18 @@ token; losses are judged by the runtime (``runtime.py``'s ``lose``,
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from omnix.stages.slots import Slot
+
+
+def server_namespace(pipeline: str, pid: int) -> str:
+    """The Ray namespace of the server of ``pipeline`` in process ``pid``
+    on this host: its replicas' actors are named there."""
+    return f"omnix-{pipeline}-{socket.gethostname()}-{pid}"
 
 
 class ReplicaProcess(Protocol):

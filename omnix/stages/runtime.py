@@ -55,7 +55,6 @@ import contextlib
 import logging
 import os
 import secrets
-import socket
 import sys
 import time
 import weakref
@@ -78,7 +77,7 @@ from omnix.stages.errors import (
 )
 from omnix.stages.gpus import gpu_plan
 from omnix.stages.handshake import Handshake, private_endpoint
-from omnix.stages.launcher import Launcher, ReplicaProcess
+from omnix.stages.launcher import Launcher, ReplicaProcess, server_namespace
 from omnix.stages.liveness import Liveness
 from omnix.stages.placement import pin_process, runtime_plan
 from omnix.stages.profile_calls import ProfileCalls, ProfileReport
@@ -253,7 +252,7 @@ class StageRuntime:
             pipeline=self.pipeline,
             spawned_stages=self.spawned_stages,
             address=address,
-            namespace=f"omnix-{self.pipeline.name}-{socket.gethostname()}-{os.getpid()}",
+            namespace=server_namespace(self.pipeline.name, os.getpid()),
             worker_token=self.worker_token,
             worker_env=self.worker_env,
             on_exit=self._on_proc_exit,

@@ -32,35 +32,16 @@ from omnix.events.types import RequestSpec, WorkerJoined, WorkerLost
 from omnix.pipelines.validate import parse_pipeline
 from omnix.stages.errors import RuntimeConfigError
 from omnix.stages.worker_process import EXIT_REFUSED
+from omnix.testing.pipelines import ray_two_stages_toml
 from omnix.testing.ray_cluster import add_node, lose_node
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-TWO_STAGES = """
-name = "ray-two"
-[[stages]]
-name = "thinker"
-engine = {{ kind = "scripted", chunks_per_piece = 24, delay_ms = 40 }}
-placement = {{ num_cpus = 0.5, resources = {{ thinker_node = 1 }} }}
-[[stages]]
-name = "decoder"
-engine = {{ kind = "scripted", chunks_per_piece = 1, output_modality = "audio", delay_ms = 40 }}
-placement = {{ num_cpus = 0.5, resources = {{ {decoder} = 1 }} }}
-replicas = {replicas}
-[[edges]]
-source = "thinker"
-target = "decoder"
-forward = "chunk"
-every = 4
-[outputs]
-text = "thinker"
-audio = "decoder"
-"""
 SPEC = RequestSpec(prompt="hi", outputs=("text", "audio"))
 
 
 def pipeline(decoder: str = "decoder_node", replicas: int = 1):
-    return parse_pipeline(TWO_STAGES.format(decoder=decoder, replicas=replicas))
+    return parse_pipeline(ray_two_stages_toml(decoder, replicas))
 
 
 def ray_omni(cluster, cfg=None, **options) -> Omni:

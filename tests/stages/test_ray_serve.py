@@ -14,9 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from omnix.testing.pipelines import ray_two_stages_toml
 from omnix.testing.served import ServeProcess
-
-from .test_ray_placement import TWO_STAGES
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -25,7 +24,7 @@ async def test_serve_with_placement_ray_from_a_config_file_serves_and_stops(
     ray_cluster, tmp_path: Path
 ):
     pipeline = tmp_path / "ray-two.toml"
-    pipeline.write_text(TWO_STAGES.format(decoder="decoder_node", replicas=1))
+    pipeline.write_text(ray_two_stages_toml())
     config = tmp_path / "serve.toml"
     config.write_text(
         f'pipeline = "{pipeline}"\nplacement = "ray"\nray-address = "{ray_cluster.address}"\n'
@@ -49,7 +48,7 @@ async def test_serve_with_placement_ray_from_a_config_file_serves_and_stops(
 
 async def test_serve_refuses_a_stage_no_node_can_hold_in_one_line(ray_cluster, tmp_path: Path):
     pipeline = tmp_path / "ray-tpu.toml"
-    pipeline.write_text(TWO_STAGES.format(decoder="tpu_node", replicas=1))
+    pipeline.write_text(ray_two_stages_toml("tpu_node"))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "omnix.cli", "serve", "--port", "0", "--pipeline", str(pipeline),
         "--placement", "ray", "--ray-address", ray_cluster.address,
