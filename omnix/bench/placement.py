@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import statistics
@@ -176,9 +177,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     lost = 0
     import ray
 
-    nodes = [{"thinker_node": 1}, {"decoder_node": 1}, {"decoder_node": 1}]
+    nodes: list[dict[str, float]] = [{"thinker_node": 1}, {"decoder_node": 1}, {"decoder_node": 1}]
     with loopback_cluster(nodes) as cluster:
-        ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         for run in range(args.runs):
             served, _, ready = await _serve(pipeline, timeout=args.ready_timeout)
             figures["ready_s_spawn"].append(ready)

@@ -69,8 +69,14 @@ def loopback_cluster(
         cluster.shutdown()
 
 
-def add_node(cluster: Cluster, resources: dict[str, float], num_cpus: float = 1) -> Any:
-    node = cluster.add_node(**_NODE, num_cpus=num_cpus, resources=dict(resources))
+def add_node(
+    cluster: Cluster, resources: dict[str, float], num_cpus: float = 1, num_gpus: int = 0
+) -> Any:
+    """One more node offering ``resources`` (and ``num_gpus`` GPUs, which
+    Ray counts whether or not the machine has them)."""
+    node = cluster.add_node(
+        **_NODE, num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources)
+    )
     cluster.wait_for_nodes()
     return node
 

@@ -207,3 +207,25 @@ async def running_on(
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+async def test_a_stage_asking_for_gpus_gets_its_own_cuda_visible_devices_from_ray(ray_cluster):
+    # Ray counts GPUs a node declares (none are used here: scripted engines).
+    add_node(ray_cluster, {"gpu_node": 1}, num_gpus=2)
+    cfg = parse_pipeline(
+        ray_two_stages_toml().replace(
+            "{ num_cpus = 0.5, resources = { thinker_node = 1 } }",
+            "{ num_cpus = 0.5, num_gpus = 1, resources = { gpu_node = 1 } }",
+        )
+    )
+    async with ray_omni(ray_cluster, cfg) as omni:
+        await omni.wait_ready(60)
+        where = await omni.runtime._ray.where("thinker", 0)
+        seen = _environ(int(where["worker_pid"])).get("CUDA_VISIBLE_DEVICES")
+        assert seen in ("0", "1") and seen == where["cuda_visible_devices"], (seen, where)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
+    return {k.decode(): v.decode() for k, v in pairs}
