@@ -2,9 +2,8 @@
 
 Owns the ``Launcher`` protocol (what the runtime asks of whatever starts
 worker processes: ``spawn`` a replica, restart one after a loss by its
-policy, ``stop`` one for good, ``stop_all`` at shutdown) and
-``ReplicaProcess`` (the handle a slot keeps of its worker: its pid, its
-exit, ``kill``).  Two implement it:
+policy, ``stop`` one for good, ``stop_all`` at shutdown) over the
+``slots.ReplicaProcess`` handles it gives each slot.  Two implement it:
 
 * ``spawner.Spawner`` (``placement = "spawn"``, the default): local child
   processes, restarted by omnix with backoff;
@@ -23,41 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from omnix.stages.slots import Slot
+from omnix.stages.slots import ReplicaProcess, Slot
+
+__all__ = ["Launcher", "ReplicaProcess", "server_namespace"]
 
 
 def server_namespace(pipeline: str, pid: int) -> str:
     """The Ray namespace of the server of ``pipeline`` in process ``pid``
     on this host: its replicas' actors are named there."""
     return f"omnix-{pipeline}-{socket.gethostname()}-{pid}"
-
-
-class ReplicaProcess(Protocol):
-    """One incarnation of a replica's worker, as the runtime sees it."""
-
-    label: str
-    #: the worker's pid where known (0 until its HELLO says, under Ray)
-    pid: int
-    #: its last lines of output (what start-up errors quote)
-    tail: deque[str]
-
-    @property
-    def returncode(self) -> int | None:
-        """None while it runs; how it ended afterwards."""
-
-    def poll(self) -> int | None:
-        """Notice an exit now if the launcher cannot watch it by itself."""
-
-    def kill(self) -> None:
-        """End it now (a silent or disowned worker must never come back)."""
-
-    def describe_exit(self) -> str: ...
-
-    def last_output(self, n: int = 12) -> str: ...
 
 
 class Launcher(Protocol):
