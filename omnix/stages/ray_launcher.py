@@ -157,7 +157,15 @@ class RayLauncher:
         slot.restart_handle = None
         if self._closed():
             return
+        slot.started_at = time.monotonic()
         actor = self._actors.get(slot.worker_id) or self._create(slot)
+        if actor is None:
+            # The name is still held by the actor ``stop`` ended (Ray frees
+            # it once that one is dead): try again shortly.
+            assert self.loop is not None
+            slot.state = "starting"
+            slot.restart_handle = self.loop.call_later(0.25, self.spawn, slot)
+            return
         token = secrets.token_hex(8)
         env = {**_forwarded(), **self.worker_env, **incarnation_env(token, self.worker_token)}
         args = ["--connect", self.connect_endpoint(self.endpoint), "--stage", slot.stage]
@@ -168,12 +176,11 @@ class RayLauncher:
         slot.expected_token = token
         slot.state = "starting"
         slot.pid = 0
-        slot.started_at = time.monotonic()
         log.debug(
             "asked Ray actor %s to run %s", actor_name(slot.stage, slot.replica), slot.worker_id
         )
 
-    def _create(self, slot: Slot) -> Any:
+    def _create(self, slot: Slot) -> Any | None:
         st = slot.config
         p = stage_placement(st)
         group = self._groups.get(slot.stage)
@@ -191,7 +198,12 @@ class RayLauncher:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=slot.replica
             )
-        actor = _ReplicaActor.options(**options).remote(slot.worker_id)
+        try:
+            actor = _ReplicaActor.options(**options).remote(slot.worker_id)
+        except ValueError as exc:
+            if "already taken" not in str(exc):
+                raise
+            return None
         self._actors[slot.worker_id] = actor
         return actor
 
@@ -246,6 +258,11 @@ class RayLauncher:
         self.spawn(slot)
 
     def stop(self, slot: Slot) -> None:
+        """The replica leaves for good: its actor ends without a restart
+        (its worker with it); a later ``spawn`` of the slot makes a new one."""
+        if slot.restart_handle is not None:
+            slot.restart_handle.cancel()
+            slot.restart_handle = None
         actor = self._actors.pop(slot.worker_id, None)
         if actor is not None:
             ray.kill(actor, no_restart=True)

@@ -97,9 +97,12 @@ async def test_each_stage_runs_as_a_named_actor_on_the_node_that_offers_its_reso
         assert result.status == "finished" and result.audio is not None
 
 
+@pytest.mark.parametrize("victim", ["worker_pid", "actor_pid"])
 async def test_a_worker_killed_mid_request_is_restarted_by_ray_and_the_request_completes_unchanged(
-    ray_cluster,
+    ray_cluster, victim
 ):
+    # The worker process, or the actor process that runs it (the worker
+    # then exits too: it watches its parent).
     async with ray_omni(ray_cluster) as omni:
         await omni.wait_ready(60)
         launcher = omni.runtime._ray
@@ -107,7 +110,7 @@ async def test_a_worker_killed_mid_request_is_restarted_by_ray_and_the_request_c
         before = await launcher.where("decoder", 0)
         omni.submit(SPEC, request_id="r-kill")
         await running_on(omni, "r-kill", "decoder")
-        os.kill(int(before["worker_pid"]), signal.SIGKILL)
+        os.kill(int(before[victim]), signal.SIGKILL)
         assert same_output(await omni.collect("r-kill"), undisturbed)
         await until_ready(omni)
         after = await launcher.where("decoder", 0)
@@ -229,3 +232,33 @@ def _environ(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/environ", "rb") as f:
         pairs = [kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv]
     return {k.decode(): v.decode() for k, v in pairs}
+
+
+async def test_a_replica_stopped_for_good_and_started_again_comes_back(ray_cluster):
+    """What scaling down then up asks of the launcher (``Launcher.stop``,
+    then ``spawn``): under Ray, the actor ends without a restart, and a new
+    one under the same name takes the replica again."""
+    async with ray_omni(ray_cluster) as omni:
+        await omni.wait_ready(60)
+        rt = omni.runtime
+        slot = rt._slots.get("decoder", 0)
+        before = await rt._ray.where("decoder", 0)
+        rt._lose(slot, "scaled down", restart=False)
+        rt._spawner.stop(slot)
+        async with asyncio.timeout(30):
+            while _alive(int(before["actor_pid"])) or _alive(int(before["worker_pid"])):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        assert omni.ready() == {"thinker": 1, "decoder": 0}
+        rt._spawner.spawn(slot)  # at once: the old name may still be held
+        await until_ready(omni)
+        after = await rt._ray.where("decoder", 0)
+        assert after["actor_pid"] != before["actor_pid"]
+        assert (await omni.generate(SPEC)).status == "finished"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
