@@ -132,7 +132,7 @@ class RayLauncher:
         try:
             ray_cluster.check_fit(self.stages, ray_cluster.alive_nodes())
         except BaseException:
-            self._disconnect()
+            self.disconnect()
             raise
         self.node_ip = ray_cluster.node_ip()
         self._groups: dict[str, PlacementGroup] = {}
@@ -291,9 +291,10 @@ class RayLauncher:
         self._actors.clear()
         ray_cluster.release(self._groups.values())
         self._groups.clear()
-        self._disconnect()
+        self.disconnect()
 
-    def _disconnect(self) -> None:
+    def disconnect(self) -> None:
+        """Leave the cluster, when this launcher joined it."""
         if self._owns_connection and ray.is_initialized():
             ray.shutdown()
         self._owns_connection = False

@@ -60,7 +60,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import zmq
 
@@ -89,6 +89,9 @@ from omnix.transport import messages as m
 from omnix.transport.inbox import Inbox, Route
 from omnix.transport.sockets import default_ipc_endpoint, make_router, remove_endpoint_dir
 from omnix.transport.work import WorkItem
+
+if TYPE_CHECKING:
+    from omnix.stages.ray_launcher import RayLauncher
 
 __all__ = [
     "DEFAULT_SHUTDOWN_GRACE_S",
@@ -178,7 +181,7 @@ class StageRuntime:
         self.pin_server = pin_server
         # The GPUs each spawned replica sees (its stage's devices); a device
         # this machine lacks is refused here, before any worker starts.
-        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages)
+        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages if placement == "spawn" else ())
         if shutdown_grace_s < 0:
             raise ValueError(
                 f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)"
@@ -187,12 +190,11 @@ class StageRuntime:
         # Where workers write profiler traces (DIR/<stage>/<replica>); None:
         # profiling is off and PROFILE is never sent.
         self.profile_dir = Path(profile_dir).resolve() if profile_dir is not None else None
-        self._ray = self._ray_launcher(ray_address) if placement == "ray" else None
-        if self._ray is not None:
-            endpoint = _ray_endpoint(endpoint, self._ray.node_ip)
-            # Ray hands it to the actors: the workers endpoint stays guarded
-            # by omnix's own token whatever the Ray cluster allows.
-            self.worker_token = self._ray.worker_token = self.worker_token or secrets.token_hex(16)
+        self._ray: RayLauncher | None = None
+        if placement == "ray":
+            endpoint = self._join_ray(ray_address, endpoint)
+        elif placement != "spawn":
+            raise RuntimeConfigError(f"placement must be 'spawn' or 'ray', not {placement!r}")
         self._endpoint, self._tmpdir = _endpoint(endpoint, self.worker_token)
         self._build_parts()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -243,12 +245,13 @@ class StageRuntime:
         )
         self._profiles = ProfileCalls(self.pipeline, self._slots, self._wire)
 
-    def _ray_launcher(self, address: str) -> Any:
+    def _join_ray(self, address: str, endpoint: str | None) -> str:
         """``placement="ray"``: join the cluster and check it can hold the
-        stages (``RuntimeConfigError`` otherwise), before anything binds."""
+        stages (``RuntimeConfigError`` otherwise), before anything binds;
+        the workers endpoint the cluster's nodes reach."""
         from omnix.stages.ray_launcher import RayLauncher
 
-        return RayLauncher(
+        self._ray = RayLauncher(
             pipeline=self.pipeline,
             spawned_stages=self.spawned_stages,
             address=address,
@@ -258,6 +261,15 @@ class StageRuntime:
             on_exit=self._on_proc_exit,
             closed=lambda: self._closed,
         )
+        try:
+            endpoint = _ray_endpoint(endpoint, self._ray.node_ip)
+        except BaseException:
+            self._ray.disconnect()
+            raise
+        # Ray hands it to the actors: the workers endpoint stays guarded by
+        # omnix's own token whatever the Ray cluster allows.
+        self.worker_token = self._ray.worker_token = self.worker_token or secrets.token_hex(16)
+        return endpoint
 
     # -- public API ---------------------------------------------------------
     @property
