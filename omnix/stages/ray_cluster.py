@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Iterable
 
 import ray
@@ -35,6 +36,8 @@ def connect(address: str, namespace: str) -> bool:
     False when this process was connected already."""
     if ray.is_initialized():
         return False
+    if address != "local":
+        address = _reachable(address)
     try:
         ray.init(
             address=None if address == "local" else address,
@@ -51,6 +54,35 @@ def connect(address: str, namespace: str) -> bool:
             "or give --ray-address HOST:PORT"
         ) from None
     return True
+
+
+def _reachable(address: str) -> str:
+    """``address`` as ``HOST:PORT`` (``auto`` resolved as Ray does) once its
+    GCS port answers; ``RuntimeConfigError`` otherwise, in seconds (Ray's
+    own connect retries for minutes)."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    hint = (
+        "start one with `ray start --head` (and `ray start --address HEAD:6379` on the other "
+        "hosts) or give --ray-address HOST:PORT"
+    )
+    try:
+        found = canonicalize_bootstrap_address(address)
+    except Exception as exc:
+        raise RuntimeConfigError(
+            f"--placement ray: no Ray cluster at {address!r} ({exc}); {hint}"
+        ) from None
+    if not found:
+        raise RuntimeConfigError(f"--placement ray: no Ray cluster at {address!r}; {hint}")
+    host, _, port = found.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
+    except (OSError, ValueError) as exc:
+        raise RuntimeConfigError(
+            f"--placement ray: the Ray cluster at {address!r} ({found}) does not answer "
+            f"({getattr(exc, 'strerror', None) or exc}); {hint}"
+        ) from None
+    return found
 
 
 def node_ip() -> str:

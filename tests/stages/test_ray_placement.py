@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -151,6 +152,17 @@ async def test_a_node_lost_mid_request_moves_its_replica_to_another_node_and_the
             )
         finally:
             add_node(ray_cluster, {"decoder_node": 1})  # for the tests after this one
+
+
+async def test_a_cluster_that_does_not_answer_is_an_error_in_seconds(ray_cluster):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeConfigError) as exc:
+        ray_omni(ray_cluster, ray_address=f"127.0.0.1:{port}")
+    assert f"127.0.0.1:{port}" in str(exc.value) and "does not answer" in str(exc.value)
+    assert time.monotonic() - t0 < 10
 
 
 async def test_a_stage_no_node_can_hold_is_an_error_at_start_naming_it(ray_cluster):
