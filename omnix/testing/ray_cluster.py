@@ -9,7 +9,10 @@ Ray's own address choice on 127.0.0.1 (Ray otherwise replaces a loopback
 address by the host's routable one), set for this process and every
 process it starts (an ``omnix serve`` subprocess).  It ends only what it
 started (``Cluster.shutdown``), never ``ray stop``, which ends every Ray
-process on the host.  Does not own the placement (``omnix.stages.ray_*``).
+process on the host.  ``python -m omnix.testing.ray_cluster NODES_JSON``
+runs one in a process of its own (for settings Ray reads once per process,
+such as ``RAY_AUTH_MODE``): it prints the address, then serves until its
+stdin closes.  Does not own the placement (``omnix.stages.ray_*``).
 """
 
 from __future__ import annotations
@@ -95,3 +98,16 @@ def lose_node(cluster: Cluster, node_id: str, pids: Iterable[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def main() -> None:
+    import json
+    import sys
+
+    with loopback_cluster(json.loads(sys.argv[1])) as cluster:
+        print(cluster.address, flush=True)
+        sys.stdin.read()  # until the parent closes it (or dies)
+
+
+if __name__ == "__main__":
+    main()
