@@ -134,15 +134,19 @@ async def test_a_node_lost_mid_request_moves_its_replica_to_another_node_and_the
         launcher = omni.runtime._ray
         undisturbed = await omni.generate(SPEC)
         before = await launcher.where("decoder", 0)
-        omni.submit(SPEC, request_id="r-node")
-        await running_on(omni, "r-node", "decoder")
+        flights = [f"r-node-{i}" for i in range(3)]
+        for rid in flights:
+            omni.submit(SPEC, request_id=rid)
+        for rid in flights:
+            await running_on(omni, rid, "decoder")
         lose_node(
             ray_cluster,
             str(before["node_id"]),
             [int(before["actor_pid"]), int(before["worker_pid"])],
         )
         try:
-            assert same_output(await omni.collect("r-node"), undisturbed)
+            for rid in flights:  # every request in flight completes, unchanged
+                assert same_output(await omni.collect(rid), undisturbed), rid
             await until_ready(omni)
             after = await launcher.where("decoder", 0)
             assert after["node_id"] != before["node_id"]
