@@ -8,7 +8,9 @@ its skip reason, and so does a module skipped while it is collected.  Only
 a test marked ``@pytest.mark.may_skip("why")`` may still skip: one whose
 need is no dependency omnix promises (a second CPU, a library only some
 platforms ship).  Outside CI a skip stays a skip, so a laptop without the
-engines can run the rest.  Does not own the skips themselves: each test
+engines can run the rest.  Also the session's loopback Ray cluster
+(``ray_cluster``), which the Ray placement tests and the Kubernetes
+manifests' test share (Ray's start is slow).  Does not own the skips themselves: each test
 module says what it needs.
 """
 
@@ -67,3 +69,15 @@ def pytest_make_collect_report(collector: pytest.Collector):
     report: pytest.CollectReport = outcome.get_result()
     if report.skipped and require_all():  # a module-level importorskip
         _fail_the_skip(report)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real Ray cluster on loopback for the session's Ray tests (its start
+    is slow): a head with no CPU, a node offering ``thinker_node`` and two
+    offering ``decoder_node``, one CPU each.  Shut down at the end (never
+    ``ray stop``: that ends every Ray process on the host)."""
+    from omnix.testing.ray_cluster import loopback_cluster
+
+    with loopback_cluster([{"thinker_node": 1}, {"decoder_node": 1}, {"decoder_node": 1}]) as c:
+        yield c

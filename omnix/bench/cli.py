@@ -24,6 +24,7 @@ BENCHES = {
     "speech": "Qwen3-Omni speech against transformers: oracle equality, TTFP, RTF, throughput",
     "diffusion": "images/s alone and 4 at a time (batched), steps run after a cancel",
     "realtime": "voice sessions over /v1/realtime: TTFA against HTTP, barge-in gap, sessions ok",
+    "placement": "--placement ray: start to /ready against spawn, a node lost -> its replica back",
 }
 
 

@@ -14,7 +14,8 @@ Does not own the runtime (``Omni``/``StageRuntime``), the handlers
     omnix serve [--pipeline NAME|PATH] [--host 127.0.0.1] [--port 8091]
                 [--api-key KEY] [--log-dir DIR] [--model-dir DIR]
                 [--workers-endpoint tcp://0.0.0.0:PORT] [--spawn all|none|STAGE,...]
-                [--worker-token TOKEN] [--allowed-origins ORIGIN,...] [--max-batch N]
+                [--worker-token TOKEN] [--placement spawn|ray] [--ray-address auto|HOST:PORT]
+                [--allowed-origins ORIGIN,...] [--max-batch N]
                 [--allowed-media-domains HOST,...] [--max-body-mb MB]
                 [--retain 10m] [--retain-requests N] [--retain-bytes 512MB] [--archive]
 
@@ -233,6 +234,21 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
         "is tcp and not loopback-only; default: $OMNIX_WORKER_TOKEN)",
     )
     parser.add_argument(
+        "--placement",
+        choices=("spawn", "ray"),
+        default="spawn",
+        help="how the spawned stages' replicas run: spawn, local processes of this server "
+        "(default); ray, each replica a Ray actor on a node of a Ray cluster that offers its "
+        "stage's placement table (docs/ray.md)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default="auto",
+        metavar="auto|HOST:PORT",
+        help="with --placement ray: the Ray cluster to join (default auto: $RAY_ADDRESS or the "
+        "cluster `ray start` made on this host; local: start one here)",
+    )
+    parser.add_argument(
         "--resume-within",
         type=float,
         default=300.0,
@@ -391,6 +407,8 @@ def _build_omni(
                 "spawn": spawn,
                 "worker_token": args.worker_token,
                 "profile_dir": args.profile_dir,
+                "placement": args.placement,
+                "ray_address": args.ray_address,
             },
             resume_within_s=args.resume_within,
             retention=retention,

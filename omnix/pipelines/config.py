@@ -243,6 +243,28 @@ class ReplicaRange(msgspec.Struct, **_STRICT):
     down_after_s: float = 30.0
 
 
+class Placement(msgspec.Struct, **_STRICT):
+    """Where a stage's replicas may run under ``omnix serve --placement
+    ray`` (a stage's ``placement`` table; ignored by the default
+    ``spawn`` placement, which runs every worker on the server's host).
+
+    Each replica is one Ray actor asking for ``num_cpus``, ``num_gpus``
+    (Ray sets its ``CUDA_VISIBLE_DEVICES``; a vLLM replica's tensor x
+    pipeline parallelism takes that many) and ``resources`` (custom
+    resources a node offers, e.g. a node label ``{ tts_node = 1 }``).  The
+    stage's replicas are reserved together in one placement group:
+    ``PACK`` puts them on as few nodes as possible, ``SPREAD`` on as many.
+    ``max_restarts``: how often Ray restarts a replica that died (-1:
+    without end); Ray, not omnix, restarts replicas under this placement.
+    """
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = {}
+    strategy: Literal["PACK", "SPREAD"] = "PACK"
+    max_restarts: int = -1
+
+
 class StageConfig(msgspec.Struct, **_STRICT):
     name: str
     engine: EngineArgs
@@ -274,6 +296,9 @@ class StageConfig(msgspec.Struct, **_STRICT):
     # sees its group as CUDA_VISIBLE_DEVICES.  Ignored on a machine
     # without GPUs (the server logs it).
     devices: str = ""
+    # Where the replicas may run under `--placement ray` (``Placement``;
+    # None: one CPU each, anywhere).  Ignored under the default placement.
+    placement: Placement | None = None
 
     @property
     def retries(self) -> bool:

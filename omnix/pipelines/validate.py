@@ -25,6 +25,7 @@ from omnix.pipelines.config import (
 )
 from omnix.pipelines.devices import device_problems, parse_devices, replica_width
 from omnix.pipelines.engines import engine_kinds
+from omnix.pipelines.placement import placement_problems
 
 SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")  # noqa: RUF001 (CJK punctuation)
 
@@ -137,6 +138,7 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
     problems.extend(_speech_problems(cfg))
     for st in cfg.stages:
         problems.extend(device_problems(st))
+        problems.extend(placement_problems(st))
         if isinstance(st.engine, VllmArgs):
             problems.extend(f"stage {st.name!r}: {p}" for p in _vllm_problems(st.engine))
     if problems:

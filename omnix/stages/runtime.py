@@ -11,6 +11,9 @@ error); the parts live beside it, each owning one concern:
 
 * ``slots.py``: the record of each replica (state, credits, requests);
 * ``spawner.py``: worker processes, their environment, restarts with backoff;
+  or, with ``placement="ray"``, ``ray_launcher.py``: each replica a Ray
+  actor running the same worker, restarted by Ray (``launcher.py`` is
+  the interface both give the runtime);
 * ``handshake.py``: HELLO -> WELCOME -> READY, tokens, refusals;
 * ``liveness.py``: heartbeats and the periodic check that judges silence;
 * ``credits.py``: ``send``/``abort``/``release``, never more than
@@ -53,12 +56,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import zmq
 
@@ -75,9 +79,9 @@ from omnix.stages.errors import (
 )
 from omnix.stages.gpus import gpu_plan
 from omnix.stages.handshake import Handshake, private_endpoint
+from omnix.stages.launcher import Launcher, ReplicaProcess, server_namespace
 from omnix.stages.liveness import Liveness
 from omnix.stages.placement import pin_process, runtime_plan
-from omnix.stages.procs import WorkerProcess
 from omnix.stages.profile_calls import ProfileCalls, ProfileReport
 from omnix.stages.records import deliver
 from omnix.stages.scaling import ReplicaScaling, check_scaling
@@ -88,6 +92,9 @@ from omnix.transport import messages as m
 from omnix.transport.inbox import Inbox, Route
 from omnix.transport.sockets import default_ipc_endpoint, make_router, remove_endpoint_dir
 from omnix.transport.work import WorkItem
+
+if TYPE_CHECKING:
+    from omnix.stages.ray_launcher import RayLauncher
 
 __all__ = [
     "DEFAULT_SHUTDOWN_GRACE_S",
@@ -138,6 +145,8 @@ class StageRuntime:
         pin_server: bool = False,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         profile_dir: str | os.PathLike[str] | None = None,
+        placement: Literal["spawn", "ray"] = "spawn",
+        ray_address: str = "auto",
     ) -> None:
         if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
             raise ValueError(
@@ -168,13 +177,15 @@ class StageRuntime:
         self.worker_cpus = dict(worker_cpus or {})
         # vLLM engine cores on CPUs of their own, the rest elsewhere
         # (placement.py); worker_cpus and VLLM_CPU_OMP_THREADS_BIND win.
-        self.cpu_plan = runtime_plan(
-            pipeline, vllm_cpu_placement, self.worker_env, self.worker_cpus
+        self.cpu_plan = (
+            runtime_plan(pipeline, vllm_cpu_placement, self.worker_env, self.worker_cpus)
+            if placement == "spawn"
+            else None  # Ray places the workers, on other hosts' CPUs
         )
         self.pin_server = pin_server
         # The GPUs each spawned replica sees (its stage's devices); a device
         # this machine lacks is refused here, before any worker starts.
-        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages)
+        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages if placement == "spawn" else ())
         if shutdown_grace_s < 0:
             raise ValueError(
                 f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)"
@@ -183,6 +194,11 @@ class StageRuntime:
         # Where workers write profiler traces (DIR/<stage>/<replica>); None:
         # profiling is off and PROFILE is never sent.
         self.profile_dir = Path(profile_dir).resolve() if profile_dir is not None else None
+        self._ray: RayLauncher | None = None
+        if placement == "ray":
+            endpoint = self._join_ray(ray_address, endpoint)
+        elif placement != "spawn":
+            raise RuntimeConfigError(f"placement must be 'spawn' or 'ray', not {placement!r}")
         self._endpoint, self._tmpdir = _endpoint(endpoint, self.worker_token)
         self._build_parts()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -220,7 +236,7 @@ class StageRuntime:
             load_timeout_s=self.load_timeout_s,
             lose=self._lose,
         )
-        self._spawner = Spawner(
+        self._spawner: Launcher = self._ray or Spawner(
             python=self.python,
             worker_token=self.worker_token,
             worker_env=self.worker_env,
@@ -241,6 +257,32 @@ class StageRuntime:
             running=lambda: self._started and not self._closed,
             grace_s=self.shutdown_grace_s,
         )
+
+    def _join_ray(self, address: str, endpoint: str | None) -> str:
+        """``placement="ray"``: join the cluster and check it can hold the
+        stages (``RuntimeConfigError`` otherwise), before anything binds;
+        the workers endpoint the cluster's nodes reach."""
+        from omnix.stages.ray_launcher import RayLauncher
+
+        self._ray = RayLauncher(
+            pipeline=self.pipeline,
+            spawned_stages=self.spawned_stages,
+            address=address,
+            namespace=server_namespace(self.pipeline.name, os.getpid()),
+            worker_token=self.worker_token,
+            worker_env=self.worker_env,
+            on_exit=self._on_proc_exit,
+            closed=lambda: self._closed,
+        )
+        try:
+            endpoint = _ray_endpoint(endpoint, self._ray.node_ip)
+        except BaseException:
+            self._ray.disconnect()
+            raise
+        # Ray hands it to the actors: the workers endpoint stays guarded by
+        # omnix's own token whatever the Ray cluster allows.
+        self.worker_token = self._ray.worker_token = self.worker_token or secrets.token_hex(16)
+        return endpoint
 
     # -- public API ---------------------------------------------------------
     @property
@@ -288,6 +330,11 @@ class StageRuntime:
             raise StageRuntimeError("StageRuntime was shut down; build a new one")
         self._started = True
         self._bind()
+        try:
+            await self._spawner.prepare()  # Ray: the stages' placement groups
+        except BaseException:
+            await self.shutdown()
+            raise
         for slot in self._slots.all():
             if slot.stage in self.spawned_stages and slot.wanted:
                 self._spawner.spawn(slot)
@@ -484,7 +531,7 @@ class StageRuntime:
             log.error("%s failed to start: %s", slot.worker_id, slot.last_failure)
         self._spawner.schedule_restart(slot)
 
-    def _on_proc_exit(self, proc: WorkerProcess) -> None:
+    def _on_proc_exit(self, proc: ReplicaProcess) -> None:
         slot = next((s for s in self._slots.all() if s.proc is proc), None)
         if slot is None or self._closed or slot.state == "down":
             return  # not ours any more, or already handled (lost by heartbeat, then killed)
@@ -560,6 +607,19 @@ def _spawned_stages(pipeline: PipelineConfig, spawn: bool | Iterable[str]) -> fr
             f"does not have (stages: {', '.join(names)})"
         )
     return frozenset(spawned)
+
+
+def _ray_endpoint(endpoint: str | None, node_ip: str) -> str:
+    """Under Ray, workers connect from the cluster's nodes: a tcp endpoint,
+    by default on the address the cluster knows this host by."""
+    if endpoint is None:
+        return f"tcp://{node_ip}:0"
+    if not endpoint.startswith("tcp://"):
+        raise RuntimeConfigError(
+            f"--placement ray: workers on the Ray cluster's nodes cannot reach {endpoint}: give "
+            "a tcp workers endpoint (tcp://HOST:PORT) or none"
+        )
+    return endpoint
 
 
 def _endpoint(endpoint: str | None, worker_token: str | None) -> tuple[str, str | None]:

@@ -27,9 +27,8 @@ from collections.abc import Callable, Collection
 from omnix.events.types import Event, Scaled, WorkerLost
 from omnix.pipelines.config import PipelineConfig
 from omnix.stages.errors import RuntimeConfigError
-from omnix.stages.procs import WorkerProcess
-from omnix.stages.slots import Slot, SlotTable
-from omnix.stages.spawner import Spawner
+from omnix.stages.launcher import Launcher
+from omnix.stages.slots import ReplicaProcess, Slot, SlotTable
 from omnix.stages.wire import Wire
 from omnix.transport import messages as m
 
@@ -54,7 +53,7 @@ class ReplicaScaling:
         self,
         slots: SlotTable,
         wire: Wire,
-        spawner: Spawner,
+        spawner: Launcher,
         *,
         emit: Callable[[Event], None],
         changed: Callable[[], None],
@@ -138,6 +137,6 @@ class ReplicaScaling:
         self._changed()
 
 
-def _kill_if_running(proc: WorkerProcess) -> None:
+def _kill_if_running(proc: ReplicaProcess) -> None:
     if proc.poll() is None:
         proc.kill()

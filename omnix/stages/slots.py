@@ -1,6 +1,7 @@
 """The stage runtime's record of its replicas: one slot per replica.
 
-Owns: ``Slot`` (one replica as the runtime knows it: its state in the
+Owns: ``ReplicaProcess`` (what a slot knows of its worker's process,
+whoever started it: ``procs.WorkerProcess`` or a Ray actor's run), ``Slot`` (one replica as the runtime knows it: its state in the
 handshake, its worker's connection identity and token, its credits, the
 requests it runs and those waiting for a credit, its process, its start-up
 failures), ``Run`` (one request on one replica) and ``SlotTable`` (every
@@ -16,16 +17,40 @@ changes a slot is the runtime's (``runtime.py``) and its helpers'
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
+from collections import deque
+from typing import Literal, Protocol
 
 from omnix.pipelines.config import PipelineConfig, StageConfig
-from omnix.stages.procs import WorkerProcess
 from omnix.transport import messages as m
 from omnix.transport.work import WorkItem
 
 SlotState = Literal["down", "starting", "joining", "ready"]
 # down: no worker; starting: spawned, no HELLO yet; joining: welcomed,
 # loading its engine (heartbeats flow); ready: READY received, takes work.
+
+
+class ReplicaProcess(Protocol):
+    """One incarnation of a replica's worker, as the runtime sees it."""
+
+    label: str
+    #: the worker's pid where known (0 until its HELLO says, under Ray)
+    pid: int
+    #: its last lines of output (what start-up errors quote)
+    tail: deque[str]
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; how it ended afterwards."""
+
+    def poll(self) -> int | None:
+        """Notice an exit now if the launcher cannot watch it by itself."""
+
+    def kill(self) -> None:
+        """End it now (a silent or disowned worker must never come back)."""
+
+    def describe_exit(self) -> str: ...
+
+    def last_output(self, n: int = 12) -> str: ...
 
 
 class Run:
@@ -74,7 +99,7 @@ class Slot:
         self.replica = replica
         self.worker_id = f"{config.name}/{replica}"
         self.state: SlotState = "down"
-        self.proc: WorkerProcess | None = None
+        self.proc: ReplicaProcess | None = None
         self.expected_token: str | None = None  # the token of the process we spawned
         self.token: str | None = None  # the welcomed incarnation's token
         self.identity: bytes | None = None

@@ -9,6 +9,10 @@ a replica with backoff by how many starts failed in a row, and at shutdown
 gives running workers a grace to exit, then SIGTERM, then SIGKILL.  Every
 process it ever started is in ``procs``, for the runtime's finalizer.
 
+Implements ``launcher.Launcher`` (the default placement, ``spawn``);
+``ray_launcher.RayLauncher`` is the other.  ``worker_environ`` is the
+environment every worker starts from, whoever starts it.
+
 Does not own what an exit means (``runtime.py``'s ``lose``), the
 handshake, nor a process's own watching and output (``procs.py``).
 """
@@ -21,7 +25,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import omnix
 from omnix.stages.placement import ENGINE_CPUS_ENV, CpuPlan
@@ -71,11 +75,9 @@ class Spawner:
         assert self.loop is not None
         token = secrets.token_hex(8)
         env = self.spawn_env(slot.stage, slot.replica)
-        env[TOKEN_ENV] = token
+        env.update(incarnation_env(token, self.worker_token))
         env[PARENT_ENV] = str(os.getpid())
-        if self.worker_token:
-            env[AUTH_ENV] = self.worker_token
-        else:
+        if not self.worker_token:
             env.pop(AUTH_ENV, None)
         argv = [
             self.python,
@@ -105,25 +107,11 @@ class Spawner:
         slot.started_at = time.monotonic()
         log.debug("spawned %s as pid %d", slot.worker_id, proc.pid)
 
-    def stop(self, slot: Slot) -> None:
-        """Stop ``slot``'s worker now, if it runs (a replica drained
-        before it was ready: nothing ran there)."""
-        if slot.proc is not None and slot.proc.returncode is None:
-            slot.proc.kill()
-
     def spawn_env(self, stage: str, replica: int) -> dict[str, str]:
         """The environment a spawned worker of ``stage``/``replica`` gets
         (before its per-incarnation token and parent pid)."""
         wid = f"{stage}/{replica}"
-        env = dict(os.environ)
-        # torch's thread pool and the streaming loop fight for a small
-        # machine's cores (docs/runtime.md); worker_env may override it.
-        env["OMP_NUM_THREADS"] = "1"
-        env["PYTHONUNBUFFERED"] = "1"
-        root = os.path.dirname(os.path.dirname(os.path.abspath(omnix.__file__)))
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.pop(ENGINE_CPUS_ENV, None)  # only the plan (or worker_env) places an engine
-        env.update(self.worker_env)
+        env = worker_environ(os.environ, self.worker_env)
         cpus = self.worker_cpus.get(wid) or self.worker_cpus.get(stage)
         plan = self.cpu_plan
         if plan is not None and wid in plan.engines:
@@ -146,6 +134,22 @@ class Spawner:
                 slot.failures,
             )
         slot.restart_handle = self.loop.call_later(delay, self.spawn, slot)
+
+    async def prepare(self) -> None:
+        """Nothing to reserve: local processes."""
+
+    def stop(self, slot: Slot) -> None:
+        """``slot`` leaves for good: no restart; its process gets SIGTERM
+        now and SIGKILL 2 s later if it still runs."""
+        if slot.restart_handle is not None:
+            slot.restart_handle.cancel()
+            slot.restart_handle = None
+        proc = slot.proc
+        if not isinstance(proc, WorkerProcess) or proc.returncode is not None:
+            return
+        proc.terminate()
+        if self.loop is not None:
+            self.loop.call_later(2.0, _kill_if_running, proc)
 
     async def stop_all(self, loading: set[int], grace_s: float) -> None:
         """Wait up to ``grace_s`` for the running workers to exit (those
@@ -176,6 +180,37 @@ class Spawner:
             p.poll()
             p.kill()  # any grandchildren left in its group
             p.close()
+
+
+def _kill_if_running(proc: WorkerProcess) -> None:
+    if proc.returncode is None:
+        proc.kill()
+
+
+def worker_environ(environ: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    """The environment a worker starts from on any host: ``environ`` (the
+    server's, or a Ray node's) with one OpenMP thread, unbuffered output,
+    this omnix first on ``PYTHONPATH`` and no inherited engine placement,
+    then ``overrides`` (the runtime's ``worker_env``)."""
+    env = dict(environ)
+    # torch's thread pool and the streaming loop fight for a small
+    # machine's cores (docs/runtime.md); worker_env may override it.
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(omnix.__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop(ENGINE_CPUS_ENV, None)  # only the plan (or worker_env) places an engine
+    env.update(overrides)
+    return env
+
+
+def incarnation_env(token: str, worker_token: str | None) -> dict[str, str]:
+    """What tells one started worker who it is: its incarnation token, and
+    the shared worker token when the server has one."""
+    env = {TOKEN_ENV: token}
+    if worker_token:
+        env[AUTH_ENV] = worker_token
+    return env
 
 
 async def _exited(procs: list[WorkerProcess], seconds: float) -> list[WorkerProcess]:

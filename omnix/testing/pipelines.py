@@ -122,3 +122,32 @@ def standin_omni() -> PipelineConfig:
     from omnix.pipelines.validate import parse_pipeline
 
     return parse_pipeline(STANDIN_OMNI)
+
+
+#: Two scripted stages for the Ray placement's tests and bench: a thinker
+#: pinned by the custom resource ``thinker_node``, a decoder (audio) by
+#: ``{decoder}`` (``decoder_node`` unless told), ``{replicas}`` decoders.
+RAY_TWO_STAGES = """
+name = "ray-two"
+[[stages]]
+name = "thinker"
+engine = {{ kind = "scripted", chunks_per_piece = 24, delay_ms = 40 }}
+placement = {{ num_cpus = 0.5, resources = {{ thinker_node = 1 }} }}
+[[stages]]
+name = "decoder"
+engine = {{ kind = "scripted", chunks_per_piece = 1, output_modality = "audio", delay_ms = 40 }}
+placement = {{ num_cpus = 0.5, resources = {{ {decoder} = 1 }} }}
+replicas = {replicas}
+[[edges]]
+source = "thinker"
+target = "decoder"
+forward = "chunk"
+every = 4
+[outputs]
+text = "thinker"
+audio = "decoder"
+"""
+
+
+def ray_two_stages_toml(decoder: str = "decoder_node", replicas: int = 1) -> str:
+    return RAY_TWO_STAGES.format(decoder=decoder, replicas=replicas)

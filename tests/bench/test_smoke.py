@@ -272,3 +272,15 @@ def test_realtime(tmp_path):
     )  # fmt: skip
     assert out["sessions_ok"] == out["sessions_total"] == 4
     assert len(out["ttfa_p50_ms_runs"]) == 2
+
+
+def test_placement():
+    # A real loopback Ray cluster, two servers and a node lost: one run.
+    out = bench("placement", "--runs", "1", "--requests", "2", timeout=300)
+    has(
+        out,
+        "ready_s_ray", "ready_s_spawn", "node_loss_recovery_s", "lost_requests",
+        "ready_s_ray_min", "ready_s_ray_median", "node_loss_recovery_s_min",
+        "load_average_start", "load_average_end",
+    )  # fmt: skip
+    assert out["lost_requests"] == 0
