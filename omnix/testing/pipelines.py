@@ -149,5 +149,7 @@ audio = "decoder"
 """
 
 
-def ray_two_stages_toml(decoder: str = "decoder_node", replicas: int = 1) -> str:
+def ray_two_stages_toml(decoder: str = "decoder_node", replicas: int | str = 1) -> str:
+    """The two-stage pipeline the Ray tests place; ``replicas``: the
+    decoder's (a count, or a range table as TOML)."""
     return RAY_TWO_STAGES.format(decoder=decoder, replicas=replicas)

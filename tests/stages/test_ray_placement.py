@@ -29,7 +29,7 @@ import pytest
 import ray
 
 from omnix.api import Omni, RequestResult
-from omnix.events.types import RequestSpec, WorkerJoined, WorkerLost
+from omnix.events.types import RequestSpec, Scaled, WorkerJoined, WorkerLost
 from omnix.pipelines.validate import parse_pipeline
 from omnix.stages.errors import RuntimeConfigError
 from omnix.stages.worker_process import EXIT_REFUSED
@@ -278,3 +278,29 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_stage_scaled_up_and_down_under_ray_loses_nothing(ray_cluster):
+    # Scaled by hand only (the queue rule would need 1000 samples in a row).
+    cfg = parse_pipeline(ray_two_stages_toml(replicas="{ min = 1, max = 2, up_after = 1000 }"))
+    async with ray_omni(ray_cluster, cfg) as omni:
+        await omni.wait_ready(60)
+        undisturbed = await omni.generate(SPEC)
+        first = [omni.submit(SPEC, request_id=f"r-up-{i}").request_id for i in range(3)]
+        await omni.set_replicas("decoder", 2)
+        async with asyncio.timeout(60):
+            while omni.ready()["decoder"] < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        # The added replica is a Ray actor on a node that offers the resource.
+        added = await omni.runtime._ray.where("decoder", 1)
+        assert "decoder_node" in node_resources(str(added["node_id"]))
+        second = [omni.submit(SPEC, request_id=f"r-down-{i}").request_id for i in range(3)]
+        await omni.set_replicas("decoder", 1)  # drains replica 1 under load
+        for rid in first + second:
+            assert same_output(await omni.collect(rid), undisturbed), rid
+        async with asyncio.timeout(30):
+            while not any(  # noqa: ASYNC110
+                isinstance(e, Scaled) and e.op == "left" for e in omni.log.read()
+            ):
+                await asyncio.sleep(0.05)
+        assert not [e for e in omni.log.read() if isinstance(e, WorkerLost)]
