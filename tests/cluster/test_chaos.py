@@ -156,6 +156,7 @@ async def start_servers(cfg: Path, url: str) -> tuple[ServeProcess, ServeProcess
 
 
 @in_session_loop
+@pytest.mark.timeout(3000)  # 20 rounds, each restarting a tiny-omni server
 async def test_leader_killed_at_random_points_loses_and_changes_nothing(tmp_path: Path) -> None:
     cfg = chaos_pipeline(tmp_path)
     rng = random.Random(20261206)
@@ -186,6 +187,7 @@ async def test_leader_killed_at_random_points_loses_and_changes_nothing(tmp_path
 
 
 @in_session_loop
+@pytest.mark.timeout(900)
 async def test_a_jetstream_node_killed_mid_stream_changes_nothing(tmp_path: Path) -> None:
     cfg = chaos_pipeline(tmp_path)
     with NatsCluster(tmp_path / "nats") as cluster:
