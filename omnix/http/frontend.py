@@ -117,7 +117,7 @@ async def frontend(args: argparse.Namespace) -> int:
     try:
         followed = await NatsLog.follow(args.log, name=args.log_name)
     except LogError as bad:
-        raise UsageError(f"--log {args.log}: {bad}", code=1) from None
+        raise UsageError(f"--log: {bad}", code=1) from None
     try:
         lease = await LeaderLease.open(followed.conn, name=args.log_name)
         info = await _leader_info(lease, args.log_name, args.log, args.leader_timeout)

@@ -486,7 +486,7 @@ async def _follow(cluster: Replicated | None) -> NatsLog | None:
         await cluster.check_leader()
     except LogError as bad:
         await cluster.close(leading=False)
-        raise UsageError(f"--log {cluster.url}: {bad}", code=1) from None
+        raise UsageError(f"--log: {bad}", code=1) from None
     except BaseException:
         await cluster.close(leading=False)
         raise
