@@ -416,10 +416,14 @@ def _table(res: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.runs is None:
         args.runs = 5 if args.backend == "nats" else 20
-    if args.runs < 1 or args.max_tokens < 12 or args.streams < 1 or args.ttft_requests < 1:
-        raise UsageError(
-            "--runs, --streams and --ttft-requests must be >= 1 and --max-tokens >= 12"
-        )
+    for flag, value, least in (
+        ("--runs", args.runs, 1),
+        ("--max-tokens", args.max_tokens, 12),
+        ("--streams", args.streams, 1),
+        ("--ttft-requests", args.ttft_requests, 1),
+    ):
+        if value < least:
+            raise UsageError(f"{flag} must be >= {least} (got {value})")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.backend == "nats":
         from omnix.bench import failover_nats

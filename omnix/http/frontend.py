@@ -27,8 +27,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from omnix.http.options import DEFAULT_MAX_BODY
-from omnix.usage import UsageError, port_number
+from omnix.usage import UsageError
 
 if TYPE_CHECKING:
     from omnix.cluster.wire import LeaderInfo
@@ -40,27 +39,17 @@ DEFAULT_PORT = 8092
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from omnix.http.serve import _http_flags
+    from omnix.http.serve import (
+        http_flags,
+        listen_flags,
+        max_body_flag,
+        output_flags,
+        resume_grace_flag,
+    )
+    from omnix.http.serve_cluster import log_location_flags
 
-    parser.add_argument(
-        "--log",
-        required=True,
-        metavar="nats://HOST:PORT[,...]",
-        help="the replicated log to serve (the leader's --log)",
-    )
-    parser.add_argument(
-        "--log-name", default="omnix", metavar="NAME", help="the log's name (default omnix)"
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument(
-        "--port",
-        type=port_number,
-        default=DEFAULT_PORT,
-        help=f"port to bind (default {DEFAULT_PORT}; 0: any free one)",
-    )
-    parser.add_argument(
-        "--api-key", default=None, help="require this bearer token on the API (default: none)"
-    )
+    log_location_flags(parser, required=True)
+    listen_flags(parser, DEFAULT_PORT)
     parser.add_argument(
         "--leader-timeout",
         type=float,
@@ -68,22 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds to wait at start for a leader to read the pipeline from (default 60)",
     )
-    parser.add_argument(
-        "--resume-grace",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="seconds a streamed request keeps running after its client drops (default 30)",
-    )
-    parser.add_argument(
-        "--max-body-mb",
-        type=float,
-        default=DEFAULT_MAX_BODY / (1024 * 1024),
-        help="largest request body accepted, MiB",
-    )
-    _http_flags(parser)
-    parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    resume_grace_flag(parser)
+    max_body_flag(parser)
+    http_flags(parser)
+    output_flags(parser)
 
 
 async def _leader_info(lease: LeaderLease, name: str, url: str, timeout_s: float) -> LeaderInfo:

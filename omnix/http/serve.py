@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _lifecycle_flags,
         _worker_flags,
         add_log_flags,
-        _http_flags,
+        http_flags,
         _retention_flags,
         _operator_flags,
     ):
@@ -154,20 +154,7 @@ def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
         help="the GPUs a stage's replicas use, e.g. thinker=0,1 (repeat per stage; over the "
         "pipeline's own devices; ignored on a machine without a GPU)",
     )
-    parser.add_argument(
-        "--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST})"
-    )
-    parser.add_argument(
-        "--port",
-        type=port_number,
-        default=DEFAULT_PORT,
-        help=f"port (default: {DEFAULT_PORT}; 0: any free)",
-    )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("OMNIX_API_KEY") or None,
-        help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNIX_API_KEY)",
-    )
+    listen_flags(parser, DEFAULT_PORT)
     parser.add_argument(
         "--log-dir",
         type=Path,
@@ -200,13 +187,7 @@ def _lifecycle_flags(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds the workers get to load their models (default 600)",
     )
-    parser.add_argument(
-        "--max-body-mb",
-        type=float,
-        default=DEFAULT_MAX_BODY / (1024 * 1024),
-        help="largest request body accepted, MiB; room for media parts sent inline "
-        f"(default {DEFAULT_MAX_BODY // (1024 * 1024)})",
-    )
+    max_body_flag(parser)
 
 
 def _worker_flags(parser: argparse.ArgumentParser) -> None:
@@ -256,6 +237,38 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
         help="restarted on a --log-dir, continue the requests in flight that were admitted at "
         "most S seconds ago; older ones fail (reason not_resumed) (default 300)",
     )
+    resume_grace_flag(parser)
+
+
+def listen_flags(parser: argparse.ArgumentParser, port: int) -> None:
+    """Where the API listens and the key it asks for (serve and frontend)."""
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST})"
+    )
+    parser.add_argument(
+        "--port",
+        type=port_number,
+        default=port,
+        help=f"port (default: {port}; 0: any free)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("OMNIX_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNIX_API_KEY)",
+    )
+
+
+def max_body_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=DEFAULT_MAX_BODY / (1024 * 1024),
+        help="largest request body accepted, MiB; room for media parts sent inline "
+        f"(default {DEFAULT_MAX_BODY // (1024 * 1024)})",
+    )
+
+
+def resume_grace_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume-grace",
         type=float,
@@ -266,7 +279,12 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _http_flags(parser: argparse.ArgumentParser) -> None:
+def output_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def http_flags(parser: argparse.ArgumentParser) -> None:
     """Which browsers and media hosts the API trusts; the largest batch."""
     parser.add_argument(
         "--allowed-origins",
@@ -334,8 +352,7 @@ def _operator_flags(parser: argparse.ArgumentParser) -> None:
         help="enable POST /start_profile and /stop_profile: each selected stage's workers run "
         "torch's profiler and write traces under DIR/<stage>/<replica>/ (default: off)",
     )
-    parser.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    output_flags(parser)
     parser.add_argument(
         "--config",
         default=None,

@@ -41,15 +41,16 @@ log = logging.getLogger("omnix.serve")
 STEPPED_DOWN = 3
 
 
-def add_log_flags(parser: argparse.ArgumentParser) -> None:
-    """Where the log is replicated, and this server's part in it."""
+def log_location_flags(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """Which replicated log: ``--log`` and ``--log-name`` (serve and frontend)."""
     parser.add_argument(
         "--log",
+        required=required,
         default=None,
         metavar="nats://HOST:PORT[,...]",
-        help="replicate the event log on NATS JetStream (docs/multihost.md): one server leads, "
-        "--standby servers take over when it stops, `omnix frontend` serves the API from it "
-        "(default: the log is this process's, in memory or --log-dir)",
+        help="the event log replicated on NATS JetStream (docs/multihost.md): one server leads, "
+        "--standby servers take over when it stops, `omnix frontend` serves the API from it"
+        + ("" if required else " (default: the log is this process's, in memory or --log-dir)"),
     )
     parser.add_argument(
         "--log-name",
@@ -57,6 +58,11 @@ def add_log_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the log's name on NATS: its stream, lease and calls (default omnix)",
     )
+
+
+def add_log_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the log is replicated, and this server's part in it."""
+    log_location_flags(parser, required=False)
     parser.add_argument(
         "--log-replicas",
         type=int,
