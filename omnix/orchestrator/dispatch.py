@@ -67,7 +67,8 @@ class Dispatcher:
         wait_for_ack: bool = False,
     ) -> None:
         self.log = log
-        # A replicated log's events are acted on once acknowledged (AckGate).
+        # A replicated log's events are acted on once acknowledged (AckGate,
+        # tests/cluster/test_ack_gate.py).
         self._gate = AckGate(log, on=wait_for_ack)
         # Where a failed effect is reported, as an input event (the
         # sequencer's emit): a send the runtime refuses becomes StageFailed,

@@ -25,12 +25,12 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import pytest
-from omnix.events.natslog import NatsLog
-from omnix.testing.nats_server import NatsCluster, NatsServer
 
+from omnix.events.natslog import NatsLog
 from omnix.events.types import TERMINAL_TYPES, Admitted, Rejected, StageParams
 from omnix.pipelines.validate import load_pipeline
 from omnix.replay.drive import drive
+from omnix.testing.nats_server import NatsCluster, NatsServer
 from omnix.testing.served import ServeProcess
 from omnix.trace import export_trace, read_trace
 
