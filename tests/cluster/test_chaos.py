@@ -140,8 +140,13 @@ async def check_log(url: str, rids: list[str], cfg: Path) -> None:
         await follower.aclose()
 
 
+def serve_flags(cfg: Path, url: str) -> tuple[str, ...]:
+    # Retention keeps every request of the run: the log is checked whole after.
+    return ("--pipeline", str(cfg), "--log", url, "--log-name", LOG, "--retain", "2h")
+
+
 async def start_servers(cfg: Path, url: str) -> tuple[ServeProcess, ServeProcess, list]:
-    common = ("--pipeline", str(cfg), "--log", url, "--log-name", LOG, "--log-replicas")
+    common = (*serve_flags(cfg, url), "--log-replicas")
     replicas = "3" if "," in url else "1"
     leader = await ServeProcess.start(*common, replicas)
     await leader.ready(300)
@@ -176,7 +181,7 @@ async def test_leader_killed_at_random_points_loses_and_changes_nothing(tmp_path
                     rids += got
                     await standby.until(r"ready in [0-9.]+ s", 60)  # it leads now
                     # The killed server comes back as the next standby.
-                    common = ("--pipeline", str(cfg), "--log", nats.url, "--log-name", LOG)
+                    common = serve_flags(cfg, nats.url)
                     leader, standby = standby, await ServeProcess.start(*common, "--standby")
                     procs.append(standby)
                     await standby.until("standing by", 300)
