@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from omnix.testing.nats_server import NatsServer
 
 
