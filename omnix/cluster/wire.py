@@ -155,9 +155,9 @@ Reply = Appended | Done | Profiled | Engines | Replicas | CallError
 
 
 class LeaderInfo(msgspec.Struct, frozen=True):
-    """What a leader publishes with its lease: its HTTP URL, where its
-    workers connect, and the pipeline it serves (a frontend serves the
-    same API for it)."""
+    """What a leader publishes with its lease (the lease's endpoints,
+    ``LeaderLease``): its HTTP URL, where its workers connect, and the
+    pipeline it serves (a frontend serves the same API for it)."""
 
     holder: str
     http_url: str
@@ -169,10 +169,9 @@ class LeaderInfo(msgspec.Struct, frozen=True):
 _call_encoder = msgspec.msgpack.Encoder()
 _call_decoder = msgspec.msgpack.Decoder(Call)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
-_info_decoder = msgspec.msgpack.Decoder(LeaderInfo)
 
 
-def encode(value: Call | Reply | LeaderInfo) -> bytes:
+def encode(value: Call | Reply) -> bytes:
     return _call_encoder.encode(value)
 
 
@@ -182,10 +181,6 @@ def decode_call(data: bytes) -> Call:
 
 def decode_reply(data: bytes) -> Reply:
     return _reply_decoder.decode(data)
-
-
-def decode_info(data: bytes) -> LeaderInfo:
-    return _info_decoder.decode(data)
 
 
 def calls_subject(log_name: str) -> str:
