@@ -47,7 +47,7 @@ import nats
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StreamConfig
+from nats.js.api import StorageType, StreamConfig, StreamInfo
 
 from omnix.events.segments import LogError
 from omnix.events.types import SCHEMA_VERSION
@@ -67,6 +67,7 @@ __all__ = [
     "StreamRefused",
     "connect",
     "ensure_stream",
+    "stream_info",
     "parse_url",
 ]
 
@@ -244,6 +245,21 @@ async def connect(url: str, *, timeout_s: float = 5.0) -> NatsConnection:
     conn = NatsConnection(url, nc)
     holder.append(conn)
     return conn
+
+
+async def stream_info(conn: NatsConnection, names: Names, wait_s: float) -> StreamInfo:
+    """The log's stream as JetStream describes it now, asking again for up
+    to ``wait_s`` while JetStream does not answer (a cluster electing a
+    new leader after a node died answers in seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        try:
+            return await conn.js.stream_info(names.stream)
+        except (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.errors.Error) as exc:
+            if isinstance(exc, nats.js.errors.NotFoundError) or loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def ensure_stream(

@@ -70,6 +70,7 @@ from omnix.events.jetstream import (
     StreamRefused,
     connect,
     ensure_stream,
+    stream_info,
 )
 from omnix.events.log import EventReleased, MemoryLog
 from omnix.events.natsblobs import ReplicatedBlobs
@@ -117,6 +118,7 @@ class NatsLog(MemoryLog):
         self.replicas = opts.replicas
         self.snapshot_every = opts.snapshot_every
         self.max_pending = opts.max_pending
+        self.timeout_s = opts.timeout_s
         self.on_fenced = opts.on_fenced
         self._snaps = SnapshotStore(conn, names.snapshots, log_id)
         self._failure: LogError | None = None
@@ -196,7 +198,7 @@ class NatsLog(MemoryLog):
         )
         nlog = await cls._connect(url, opts)
         try:
-            info = await nlog.conn.js.stream_info(nlog.names.stream)
+            info = await stream_info(nlog.conn, nlog.names, opts.timeout_s)
             assert nlog._reader is not None
             await nlog._reader.wait_seq(info.state.last_seq)
         except BaseException:
@@ -224,7 +226,7 @@ class NatsLog(MemoryLog):
     async def _start_reading(self) -> None:
         """Load the newest snapshot, then follow the stream from the batch
         that holds its ``index_from`` (from the start without one)."""
-        info = await self.conn.js.stream_info(self.names.stream)
+        info = await stream_info(self.conn, self.names, self.timeout_s)
         loaded = await self._snaps.load_newest()
         start = 1
         if loaded is not None:
@@ -321,7 +323,7 @@ class NatsLog(MemoryLog):
             return  # leading already
         if self._failure is not None:
             raise self._failure
-        info = await self.conn.js.stream_info(self.names.stream)
+        info = await stream_info(self.conn, self.names, self.timeout_s)
         await reader.wait_seq(info.state.last_seq)
         await reader.stop()
         if self._failure is not None:
