@@ -246,7 +246,7 @@ class NatsLog(MemoryLog):
             )
         self._last_seq = start - 1
         assert self._reader is not None
-        await self._reader.start(start)
+        await self._reader.start(start, self.timeout_s)
 
     def _restore(self, loaded: LoadedSnapshot) -> None:
         snap = loaded.snap

@@ -20,6 +20,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -74,18 +76,32 @@ class StreamReader:
         self._parts: list[bytes] = []  # of a batch cut into parts, so far
         self._parts_seq = 0  # the first part's sequence
 
-    async def start(self, seq: int) -> None:
-        """Follow the stream from sequence ``seq`` on."""
+    async def start(self, seq: int, wait_s: float = 10.0) -> None:
+        """Follow the stream from sequence ``seq`` on; the consumer is asked
+        for again for up to ``wait_s`` while JetStream does not answer (a
+        cluster electing a new leader after a node died)."""
         self.last_seq = seq - 1
-        self._sub = await self.conn.js.subscribe(
-            self.names.subject,
-            stream=self.names.stream,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            config=ConsumerConfig(opt_start_seq=seq),
-            idle_heartbeat=1.0,
-        )
-        self._task = asyncio.get_running_loop().create_task(self._read(self._sub))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                self._sub = await self.conn.js.subscribe(
+                    self.names.subject,
+                    stream=self.names.stream,
+                    ordered_consumer=True,
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    config=ConsumerConfig(opt_start_seq=seq),
+                    idle_heartbeat=1.0,
+                )
+                break
+            except (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.errors.Error) as exc:
+                if loop.time() > deadline:
+                    raise LogError(
+                        f"stream {self.names.stream}: JetStream did not make a consumer within "
+                        f"{wait_s:g} s ({exc!r})"
+                    ) from None
+                await asyncio.sleep(0.2)
+        self._task = loop.create_task(self._read(self._sub))
 
     async def _read(self, sub: Any) -> None:
         try:
