@@ -41,6 +41,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import nats
@@ -247,19 +248,38 @@ async def connect(url: str, *, timeout_s: float = 5.0) -> NatsConnection:
     return conn
 
 
-async def stream_info(conn: NatsConnection, names: Names, wait_s: float) -> StreamInfo:
-    """The log's stream as JetStream describes it now, asking again for up
-    to ``wait_s`` while JetStream does not answer (a cluster electing a
-    new leader after a node died answers in seconds)."""
+#: What JetStream raises while it cannot answer yet (a cluster electing a
+#: new leader after a node died answers again in seconds).
+NOT_ANSWERING = (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.errors.Error)
+
+_T = TypeVar("_T")
+
+
+async def asking_again(call: Callable[[], Awaitable[_T]], wait_s: float, what: str) -> _T:
+    """``call()``, asked again every 0.2 s for up to ``wait_s`` while
+    JetStream does not answer; then a ``LogError`` naming ``what``.  A
+    stream or consumer that does not exist (``NotFoundError``) is an
+    answer: it is raised at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     while True:
         try:
-            return await conn.js.stream_info(names.stream)
-        except (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.errors.Error) as exc:
-            if isinstance(exc, nats.js.errors.NotFoundError) or loop.time() > deadline:
+            return await call()
+        except NOT_ANSWERING as exc:
+            if isinstance(exc, nats.js.errors.NotFoundError):
                 raise
+            if loop.time() > deadline:
+                raise LogError(
+                    f"{what}: JetStream did not answer within {wait_s:g} s ({exc!r})"
+                ) from None
             await asyncio.sleep(0.2)
+
+
+async def stream_info(conn: NatsConnection, names: Names, wait_s: float) -> StreamInfo:
+    """The log's stream as JetStream describes it now (``asking_again``)."""
+    return await asking_again(
+        lambda: conn.js.stream_info(names.stream), wait_s, f"stream {names.stream}"
+    )
 
 
 async def ensure_stream(
@@ -276,7 +296,7 @@ async def ensure_stream(
             break
         except nats.js.errors.NotFoundError:
             pass
-        except (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.errors.Error) as exc:
+        except NOT_ANSWERING as exc:
             if loop.time() > deadline:
                 raise LogError(f"{conn.url}: JetStream does not answer ({exc!r})") from None
             await asyncio.sleep(0.2)

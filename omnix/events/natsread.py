@@ -20,8 +20,6 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-import nats.errors
-import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -36,6 +34,7 @@ from omnix.events.jetstream import (
     NatsConnection,
     ReplicaDiverged,
     StreamRefused,
+    asking_again,
 )
 from omnix.events.segments import LogError
 from omnix.events.types import SCHEMA_VERSION, Event
@@ -82,25 +81,18 @@ class StreamReader:
         cluster electing a new leader after a node died)."""
         self.last_seq = seq - 1
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            try:
-                self._sub = await self.conn.js.subscribe(
-                    self.names.subject,
-                    stream=self.names.stream,
-                    ordered_consumer=True,
-                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                    config=ConsumerConfig(opt_start_seq=seq),
-                    idle_heartbeat=1.0,
-                )
-                break
-            except (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.errors.Error) as exc:
-                if loop.time() > deadline:
-                    raise LogError(
-                        f"stream {self.names.stream}: JetStream did not make a consumer within "
-                        f"{wait_s:g} s ({exc!r})"
-                    ) from None
-                await asyncio.sleep(0.2)
+        self._sub = await asking_again(
+            lambda: self.conn.js.subscribe(
+                self.names.subject,
+                stream=self.names.stream,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                config=ConsumerConfig(opt_start_seq=seq),
+                idle_heartbeat=1.0,
+            ),
+            wait_s,
+            f"stream {self.names.stream}'s consumer",
+        )
         self._task = loop.create_task(self._read(self._sub))
 
     async def _read(self, sub: Any) -> None:
