@@ -26,10 +26,11 @@ the ``resume.samples`` samples already delivered.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -75,26 +76,80 @@ class ChunkedDecoder:
         """Codes of a trailing partial frame (never decoded)."""
         return len(self._partial)
 
-    def ready(self, final: bool) -> list[np.ndarray]:
-        """Decode every chunk now complete (with ``final``, the rest too)."""
+    def slices(self, final: bool) -> list[Slice]:
+        """Every chunk now complete (with ``final``, the rest too), as the
+        codes to decode with their left context."""
         out = []
         while self.start < len(self.frames):
             end = min(self.start + self.chunk, len(self.frames))
             if end - self.start < self.chunk and not final:
                 break
-            out.append(self._decode(self.start, end))
+            # chunked_decode's rule, kept to the letter (including its ">").
+            ctx = self.context if self.start - self.context > 0 else self.start
+            out.append(Slice(np.stack(self.frames[self.start - ctx : end], axis=1), ctx))
             self.start = end
         return out
 
-    def _decode(self, start: int, end: int) -> np.ndarray:
-        import torch
 
-        # chunked_decode's rule, kept to the letter (including its ">").
-        ctx = self.context if start - self.context > 0 else start
-        codes = torch.from_numpy(np.stack(self.frames[start - ctx : end], axis=1))[None]
+class Slice(NamedTuple):
+    """One chunk to decode: its codes with context ([groups, frames]) and
+    how many of those frames are context (their samples are dropped)."""
+
+    codes: np.ndarray
+    context: int
+
+
+def decode_slices(model: Any, slices: list[Slice]) -> list[np.ndarray]:
+    """Each slice's PCM; slices of one length decode in one forward."""
+    import torch
+
+    upsample = int(model.total_upsample)
+    out: list[np.ndarray | None] = [None] * len(slices)
+    by_length: dict[int, list[int]] = {}
+    for i, s in enumerate(slices):
+        by_length.setdefault(s.codes.shape[1], []).append(i)
+    for rows in by_length.values():
+        codes = torch.from_numpy(np.stack([slices[i].codes for i in rows]))
         with torch.no_grad():
-            wav: torch.Tensor = self.model(codes.to(_device(self.model)))
-        return wav[0, 0, ctx * self.upsample :].float().cpu().numpy()
+            wav: torch.Tensor = model(codes.to(_device(model)))
+        pcm = wav[:, 0].float().cpu().numpy()
+        for j, i in enumerate(rows):
+            out[i] = pcm[j, slices[i].context * upsample :]
+    return [p for p in out if p is not None]
+
+
+class ChunkBatcher:
+    """The ready chunks of every request of a worker, decoded together: a
+    request hands its slices in and awaits their PCM; what arrives while a
+    batch decodes goes in the next one (at most ``limit`` slices a batch)."""
+
+    def __init__(self, thread: DecoderThread, model: Any, limit: int) -> None:
+        self.thread, self.model, self.limit = thread, model, limit
+        self._pending: list[tuple[Slice, asyncio.Future[np.ndarray]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def decode(self, slices: list[Slice]) -> list[np.ndarray]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in slices]
+        self._pending += zip(slices, futures, strict=True)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._drain(), name="omnix-code2wav-batch")
+        return list(await asyncio.gather(*futures))
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(0)  # the other requests' ready chunks join
+            batch, self._pending = self._pending[: self.limit], self._pending[self.limit :]
+            try:
+                pcm = await self.thread.run(decode_slices, self.model, [s for s, _ in batch])
+            except Exception as exc:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), p in zip(batch, pcm, strict=True):
+                if not fut.done():
+                    fut.set_result(p)
 
 
 def _device(model: Any) -> torch.device:
@@ -126,24 +181,55 @@ def load_code2wav(folder: Path, device: str) -> Any:
 
 
 class Code2WavEngine:
-    """``Engine`` over Qwen3-Omni's Code2Wav.  Built as ``Code2WavEngine(args)``."""
+    """``Engine`` over Qwen3-Omni's Code2Wav.  Built as ``Code2WavEngine(args)``;
+    ``model`` hands it a module already built instead of loading ``args.model``."""
 
-    def __init__(self, args: Code2WavArgs) -> None:
+    def __init__(self, args: Code2WavArgs, model: Any = None) -> None:
         self.args = args
+        self._prebuilt = model
         self.model: Any = None
         self.device = "cpu"
         self._thread = DecoderThread("code2wav")
+        self._batcher: ChunkBatcher | None = None
 
     async def start(self) -> EngineInfo:
         # On the loop's thread, not first in the pool's (see TalkerEngine.start).
         import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe  # noqa: F401
 
-        folder = resolve_model(self.args.model)
-        self.device = self._thread.open(self.args.device)
-        self.model = await self._thread.run(load_code2wav, folder, self.device)
+        if self._prebuilt is not None:
+            folder, self.model = self.args.model, self._prebuilt
+            self.device = self._thread.open(str(_device(self.model)))
+        else:
+            folder = str(resolve_model(self.args.model))
+            self.device = self._thread.open(self.args.device)
+            self.model = await self._thread.run(load_code2wav, folder, self.device)
+        limit = self.args.batch_chunks or (CAPACITY if self.device.startswith("cuda") else 1)
+        self._batcher = ChunkBatcher(self._thread, self.model, limit) if limit > 1 else None
+        if self.device.startswith("cuda"):
+            await self._thread.run(self._warm)
         return EngineInfo(
             engine="code2wav", capacity=CAPACITY, device=self.device, model=str(folder)
         )
+
+    def _warm(self) -> None:
+        """Decode each chunk shape a stream meets once (the first chunk, a
+        chunk with context): a shape's first run on CUDA pays for kernel
+        selection, which a request's first packet should not."""
+        import torch
+
+        groups = int(self.model.config.num_quantizers)
+        chunk, context = self.args.chunk_frames, self.args.context_frames
+        for frames in (chunk, chunk + context):
+            codes = torch.zeros(1, groups, frames, dtype=torch.long, device=_device(self.model))
+            with torch.no_grad():
+                self.model(codes)
+
+    async def _decode(self, slices: list[Slice]) -> list[np.ndarray]:
+        if not slices:
+            return []
+        if self._batcher is not None:
+            return await self._batcher.decode(slices)
+        return await self._thread.run(decode_slices, self.model, slices)
 
     def generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
@@ -173,7 +259,7 @@ class Code2WavEngine:
                     final = True
                 if rid in th.aborted:
                     return
-                for pcm in await th.run(dec.ready, final):
+                for pcm in await self._decode(dec.slices(final)):
                     pcm = delivered.drop(pcm)
                     if pcm.size:
                         yield EngineOutput(modality="audio", array=pcm)

@@ -56,6 +56,7 @@ from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, Inpu
 if TYPE_CHECKING:
     import torch
 
+    from omnix.engines.talker_graphs import TalkerGraphs
     from omnix.engines.talker_model import BatchCache, Slot, TalkerModel
 
 log = logging.getLogger(__name__)
@@ -100,18 +101,24 @@ class _Request:
     forced: list[list[int]] = field(default_factory=list)  # delivered frames to replay
     trailing: dict[int, Any] = field(default_factory=dict)  # projected text, by frame
     finished: bool = False
+    row: int | None = None  # its slot in the graphs (static decoding)
 
 
 class TalkerEngine:
-    """``Engine`` over ``TalkerModel``.  Built as ``TalkerEngine(args)``."""
+    """``Engine`` over ``TalkerModel``.  Built as ``TalkerEngine(args)``;
+    ``model`` hands it one already built (a bench's random-weight talker at
+    the published sizes) instead of loading ``args.model``."""
 
-    def __init__(self, args: TalkerArgs) -> None:
+    def __init__(self, args: TalkerArgs, model: TalkerModel | None = None) -> None:
         self.args = args
+        self._prebuilt = model
         self.model: TalkerModel | None = None
         self.device = "cpu"
         self._reqs: dict[str, _Request] = {}
         self._batch: list[_Request] = []
         self._cache: BatchCache | None = None
+        self._graphs: TalkerGraphs | None = None
+        self._rows: dict[int, _Request] = {}  # slot -> request (static decoding)
         self._wake = asyncio.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -124,18 +131,23 @@ class TalkerEngine:
 
         from omnix.engines.talker_model import BatchCache, TalkerModel
 
-        folder = resolve_model(self.args.model)
-        self.device = pick_device(self.args.device)
         # All torch work on one thread: steps never overlap and the worker's
         # event loop never blocks on them.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-talker")
         loop = asyncio.get_running_loop()
-        self.model = await loop.run_in_executor(
-            self._pool, TalkerModel.load, folder, self.device, self.args.dtype
-        )
+        if self._prebuilt is not None:
+            folder, self.model = self.args.model, self._prebuilt
+            self.device = str(self.model.device)
+        else:
+            folder = str(resolve_model(self.args.model))
+            self.device = pick_device(self.args.device)
+            self.model = await loop.run_in_executor(
+                self._pool, TalkerModel.load, folder, self.device, self.args.dtype
+            )
         if self.args.voice:
             self.model.speaker_id(self.args.voice)  # an unknown default voice fails at start
         self._cache = BatchCache(self.model.talker.config.text_config)
+        self._graphs = await loop.run_in_executor(self._pool, self._prepare_graphs)
         self._loop_task = asyncio.create_task(self._run(), name="omnix-talker-loop")
         return EngineInfo(
             engine="qwen3_omni_talker",
@@ -143,6 +155,40 @@ class TalkerEngine:
             device=self.device,
             model=str(folder),
         )
+
+    def _prepare_graphs(self) -> TalkerGraphs | None:
+        """The static decoder ``args.decode`` asks for (``auto``: CUDA
+        graphs on a CUDA device, eager elsewhere), compiled and captured."""
+        from omnix.engines.talker_graphs import TalkerGraphs, bucket_for
+
+        assert self.model is not None
+        args = self.args
+        mode = args.decode
+        if mode == "auto":
+            mode = "graphs" if self.model.device.type == "cuda" else "eager"
+        if mode == "eager":
+            return None
+        if mode == "graphs" and self.model.device.type != "cuda":
+            raise ValueError(
+                f"talker decode 'graphs' needs a CUDA device, but the talker is on "
+                f"{self.model.device}: use decode 'auto', 'static' or 'eager'"
+            )
+        buckets = sorted(set(args.graph_buckets))
+        if args.max_batch > buckets[-1]:
+            raise ValueError(
+                f"talker max_batch {args.max_batch} is larger than its largest graph bucket "
+                f"{buckets[-1]}: add a bucket to graph_buckets or lower max_batch"
+            )
+        top = bucket_for(args.max_batch, buckets)
+        graphs = TalkerGraphs(
+            self.model,
+            buckets=[b for b in buckets if b <= top],
+            max_len=args.max_len,
+            capture=mode == "graphs",
+            compile=args.compile,
+        )
+        graphs.prepare(progress=log.info)
+        return graphs
 
     # -- requests ------------------------------------------------------------
 
@@ -251,6 +297,11 @@ class TalkerEngine:
                     log.exception("talker prefill failed for %s", req.rid)
                     out.append((req, exc))
                     self._forget(req)
+        if self._graphs is not None:
+            stepped = self._graph_step()
+            moved = moved or bool(stepped)
+            out += stepped
+            return moved, out
         self._regroup()
         if self._batch:
             moved = True
@@ -273,10 +324,22 @@ class TalkerEngine:
             from omnix.engines.talker_model import BatchCache
 
             self._cache = BatchCache(self.model.talker.config.text_config)
+        if self._graphs is not None:
+            while self._graphs.used:
+                self._graphs.leave(self._graphs.used - 1)
+            self._rows.clear()
         return [(req, exc) for req in failed]
 
     def _forget(self, req: _Request) -> None:
         req.finished = True
+        if req.row is not None and self._graphs is not None:
+            moved = self._graphs.leave(req.row)
+            self._rows.pop(req.row)
+            if moved is not None:
+                other = self._rows.pop(moved)
+                other.row = req.row
+                self._rows[req.row] = other
+            req.row = None
         if req in self._batch and self._cache is not None:
             i = self._batch.index(req)
             self._cache.take(i)
@@ -289,7 +352,17 @@ class TalkerEngine:
         return req.text[:-1]
 
     def _can_prefill(self, req: _Request) -> bool:
-        return req.prompt_ids is not None and (req.done or len(req.text) >= 2)
+        if req.prompt_ids is None or not (req.done or len(req.text) >= 2):
+            return False
+        if self._graphs is None:
+            return True
+        if self._graphs.free == 0:
+            return False
+        if not req.forced:
+            return True
+        # Static decoding replays a continuation's delivered frames at its
+        # prefill, so the text of every one of them must be in.
+        return req.done or len(self._usable(req)) > len(req.forced)
 
     def _trailing(self, req: _Request, j: int) -> torch.Tensor | None:
         """Frame ``j``'s text vector, or None while it is not known yet."""
@@ -300,7 +373,10 @@ class TalkerEngine:
 
         if j < len(usable) - 1:
             if j not in req.trailing:
-                req.trailing[j] = self.model.project_text(torch.tensor([usable[j + 1]]))[0]
+                # Every text position known from here on, in one projection.
+                ahead = torch.tensor(usable[j + 1 :])
+                for k, row in enumerate(self.model.project_text(ahead)):
+                    req.trailing[j + k] = row
             return req.trailing[j]
         if not done:
             return None
@@ -312,7 +388,9 @@ class TalkerEngine:
         from omnix.engines.talker_model import Sampling
 
         p = req.request.params
-        gen = torch.Generator().manual_seed(req.request.seed)
+        # On the model's device: CUDA draws take a CUDA generator.
+        assert self.model is not None
+        gen = torch.Generator(device=self.model.device).manual_seed(req.request.seed)
         return Sampling(
             temperature=DEFAULT_TEMPERATURE if p.temperature is None else p.temperature,
             top_k=DEFAULT_TOP_K if p.top_k is None else p.top_k,
@@ -336,6 +414,12 @@ class TalkerEngine:
         model = self.model
         assert model is not None and req.prompt_ids is not None
         usable = self._usable(req)
+        if not usable:
+            # The thinker's answer was one token or none (its end, or
+            # max_tokens 1): the reference has no text position to build
+            # the prefill from (its own generate raises there).  Nothing to
+            # speak: the stage ends with no frames.
+            return self._finish(req, "stop")
         hidden = None if req.media_hidden is None else torch.as_tensor(req.media_hidden)
         cond = model.conditioning(
             req.prompt_ids,
@@ -346,7 +430,84 @@ class TalkerEngine:
         )
         req.cache, req.slot, req.code, req.hidden = model.prefill(cond, self._sampling(req))
         req.prefill_len = cond.embeds.shape[0]
-        return self._after_code(req)
+        if self._graphs is None:
+            return self._after_code(req)
+        if req.forced:
+            self._replay_forced(req)
+        out = self._after_code(req)
+        if not out:
+            self._join(req)
+        return out
+
+    # -- static decoding (TalkerGraphs) ---------------------------------------------
+
+    def _replay_forced(self, req: _Request) -> None:
+        """A continuation's delivered frames, replayed eagerly on its own
+        cache before it takes a slot (as ``_step`` replays them in a batch)."""
+        from omnix.engines.talker_model import BatchCache
+
+        model = self.model
+        assert model is not None and req.slot is not None
+        cache = BatchCache(model.talker.config.text_config)
+        cache.add(req.cache, req.slot.length)
+        import torch
+
+        while req.frames < len(req.forced):
+            text = self._trailing(req, req.frames)
+            assert text is not None  # _can_prefill waited for it
+            frame = torch.tensor([req.forced[req.frames]])
+            codes, hidden = model.forced_step(cache, [req.slot], frame, text[None])
+            req.frames += 1
+            req.code, req.hidden = codes[0], hidden[0]
+            if req.frames < len(req.forced):
+                req.code = req.forced[req.frames][0]
+        req.cache, _ = cache.take(0)
+
+    def _join(self, req: _Request) -> None:
+        graphs = self._graphs
+        assert graphs is not None and req.slot is not None
+        s = req.slot
+        req.row = graphs.join(
+            req.cache, s.length, s.rope_delta, s.generated, req.code, req.hidden, s.sampling
+        )
+        req.cache = req.hidden = None
+        self._rows[req.row] = req
+
+    def _graph_step(self) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        """One step of every slotted request whose next text is in."""
+        graphs = self._graphs
+        assert graphs is not None
+        out: list[tuple[_Request, EngineOutput | BaseException | None]] = []
+        active: dict[int, Any] = {}
+        stepping: list[_Request] = []
+        for row in range(graphs.used):
+            req = self._rows[row]
+            assert req.slot is not None
+            if req.slot.length + 1 > graphs.max_len:
+                continue  # ended below, after the step
+            text = self._trailing(req, req.frames)
+            if text is not None:
+                active[row] = text
+                stepping.append(req)
+        full = [
+            self._rows[row]
+            for row in range(graphs.used)
+            if self._rows[row].slot.length + 1 > graphs.max_len  # type: ignore[union-attr]
+        ]
+        result = graphs.step(active) if active else None
+        for req in full:
+            out += self._finish(req, "length")
+        if result is None:
+            return out
+        for req, frame, code in zip(stepping, result.frames, result.codes, strict=True):
+            assert req.slot is not None
+            req.frames += 1
+            req.slot.length += 1
+            req.slot.generated.append(code)
+            req.code = code
+            out.append((req, EngineOutput(modality="codec", token_ids=tuple(frame))))
+            out += self._after_code(req)
+        return out
 
     def _regroup(self) -> None:
         """Rows whose next text vector is unknown leave the batch (keeping
@@ -442,6 +603,11 @@ class TalkerEngine:
             reason = "length"
         else:
             return []
+        return self._finish(req, reason)
+
+    def _finish(
+        self, req: _Request, reason: str
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
         self._forget(req)
         final = EngineOutput(
             modality="codec",

@@ -116,25 +116,40 @@ class TalkerArgs(msgspec.Struct, tag="qwen3_omni_talker", tag_field="kind", **_S
     context and text in, one frame of codec codes per step out.  ``model``
     is a whole Qwen3-Omni folder (or the tiny ``omni``); ``max_batch``
     requests decode together; ``voice`` names the speaker a request that
-    names none gets (empty: the checkpoint's first)."""
+    names none gets (empty: the checkpoint's first).
+
+    ``decode`` chooses how steps run: ``eager`` (transformers' modules step
+    by step), ``static`` (static per-request slots, any device), ``graphs``
+    (those slots captured as CUDA graphs per batch bucket, ``compile``d
+    first), ``auto`` (graphs on a CUDA device, else eager).  Static decoding
+    holds ``max_len`` positions a request (prefill and frames) and captures
+    the ``graph_buckets`` up to the one that holds ``max_batch``
+    (docs/engines.md, "The talker on a GPU")."""
 
     model: str
     device: str = "auto"
     dtype: str = "float32"
     max_batch: int = 8
     voice: str = ""
+    decode: Literal["auto", "eager", "static", "graphs"] = "auto"
+    compile: bool = True
+    graph_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    max_len: int = 4096
 
 
 class Code2WavArgs(msgspec.Struct, tag="code2wav", tag_field="kind", **_STRICT):
     """Qwen3-Omni's Code2Wav (``omnix.engines.code2wav_engine``): code
     frames in, PCM out, decoded ``chunk_frames`` new frames at a time with
-    ``context_frames`` frames of left context (vLLM-Omni streams 25 and 25)."""
+    ``context_frames`` frames of left context (vLLM-Omni streams 25 and 25).
+    ``batch_chunks``: the ready chunks of that many requests decode in one
+    forward (0: 16 on a CUDA device, else 1: each alone, bit-exact)."""
 
     model: str
     device: str = "auto"
     chunk_frames: int = 25
     context_frames: int = 25
     sample_rate: int = 24000
+    batch_chunks: int = 0
 
 
 class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):

@@ -113,6 +113,8 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
             problems.append(f"stage {st.name!r}: max_queue must be >= 0, got {st.max_queue}")
         if isinstance(st.engine, DiffusersArgs):
             problems.extend(f"stage {st.name!r}: {p}" for p in _diffusers_problems(st.engine))
+        if isinstance(st.engine, TalkerArgs):
+            problems.extend(f"stage {st.name!r}: {p}" for p in _talker_problems(st.engine))
     problems.extend(_edge_problems(cfg, names))
     cycle = _find_cycle(names, cfg)
     if cycle:
@@ -242,6 +244,23 @@ def _diffusers_problems(eng: DiffusersArgs) -> list[str]:
     ]
     if not 1 <= eng.default_fps <= 120:
         problems.append(f"engine.default_fps must be 1..120, got {eng.default_fps}")
+    return problems
+
+
+def _talker_problems(eng: TalkerArgs) -> list[str]:
+    problems = [
+        f"engine.{field} must be >= 1, got {getattr(eng, field)}"
+        for field in ("max_batch", "max_len")
+        if getattr(eng, field) < 1
+    ]
+    buckets = list(eng.graph_buckets)
+    if not buckets or buckets != sorted(set(buckets)) or buckets[0] < 1:
+        problems.append(f"engine.graph_buckets must be increasing sizes >= 1, got {buckets}")
+    elif eng.decode != "eager" and eng.max_batch > buckets[-1]:
+        problems.append(
+            f"engine.max_batch {eng.max_batch} is larger than the largest graph bucket "
+            f"{buckets[-1]}: add a bucket to engine.graph_buckets or lower max_batch"
+        )
     return problems
 
 

@@ -34,12 +34,18 @@ def reference(tiny_models: ModelPaths):
     ]
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def talker(tiny_models: ModelPaths) -> AsyncIterator:
+@pytest_asyncio.fixture(scope="session", loop_scope="session", params=["eager", "static"])
+async def talker(tiny_models: ModelPaths, request) -> AsyncIterator:
+    """The engine decoding eagerly, and over static slots (what CUDA graphs
+    capture, run here without capture): every test holds for both."""
     from omnix.engines.talker_engine import TalkerEngine
     from omnix.pipelines.config import TalkerArgs
 
-    engine = TalkerEngine(TalkerArgs(model=tiny_models.omni, max_batch=4))
+    engine = TalkerEngine(
+        TalkerArgs(
+            model=tiny_models.omni, max_batch=4, decode=request.param, graph_buckets=(1, 2, 4)
+        )
+    )
     await engine.start()
     yield engine
     await engine.close()
@@ -127,7 +133,9 @@ async def test_a_step_that_raises_fails_its_requests_and_the_engine_serves_on(
     the requests in the batch, never the engine's loop: the next request
     is served, equal to the reference."""
     want = reference[0]
-    real_step = talker.model.step
+    # The step of the engine's mode: the model's (eager) or the slots' (static).
+    owner = talker.model if talker._graphs is None else talker._graphs
+    real_step = owner.step
     calls = 0
 
     def fails_third(*args, **kwargs):
@@ -137,14 +145,14 @@ async def test_a_step_that_raises_fails_its_requests_and_the_engine_serves_on(
             raise RuntimeError("injected step fault")
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(talker.model, "step", fails_third)
+    monkeypatch.setattr(owner, "step", fails_third)
     runs = [
         _frames(talker, _request(f"f{i}", "chelsie"), _pieces(want.prompt_ids, want.thinker_ids, 4))
         for i in range(2)
     ]
     results = await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
     assert all(isinstance(r, RuntimeError) and "injected" in str(r) for r in results)
-    monkeypatch.setattr(talker.model, "step", real_step)
+    monkeypatch.setattr(owner, "step", real_step)
     frames, _ = await asyncio.wait_for(
         _frames(talker, _request("g", "chelsie"), _pieces(want.prompt_ids, want.thinker_ids, 4)),
         60,
@@ -189,3 +197,63 @@ async def test_a_checkpoint_without_talker_weights_says_so(
     (mute / "config.json").write_text(json.dumps(cfg))  # says it speaks; holds no talker
     with pytest.raises(FileNotFoundError, match=r"holds no talker\.\* weights"):
         TalkerModel.load(mute)
+
+
+@pytest.mark.parametrize("text", [[], "eos"], ids=["no token", "only its end"])
+async def test_an_answer_of_at_most_one_token_ends_with_no_frames(talker, reference, text) -> None:
+    """The reference's own generate raises here (no text position for the
+    prefill); the talker ends the stage at once, with no audio to make."""
+    want = reference[0]
+    ids = [want.thinker_ids[-1]] if text == "eos" else []
+    got = []
+    async for out in talker.generate(
+        _request("short", "chelsie"), _pieces(want.prompt_ids, ids, 1)
+    ):
+        got.append(out)
+    assert [o.token_ids for o in got] == [()]
+    assert got[-1].finish_reason == "stop" and got[-1].output_tokens == 0
+
+
+async def test_a_requests_generator_lives_on_the_models_device(talker) -> None:
+    from omnix.engines.talker_engine import _Request
+
+    params = StageParams(temperature=0.9, voice="aiden")
+    req = _Request(
+        "g", GenerateRequest(request_id="g", stage="talker", params=params), asyncio.Queue()
+    )
+    sampling = talker._sampling(req)
+    assert sampling.generator.device == talker.model.device
+
+
+async def test_graph_decoding_off_cuda_is_refused_in_one_line(tiny_models: ModelPaths) -> None:
+    from omnix.engines.talker_engine import TalkerEngine
+    from omnix.pipelines.config import TalkerArgs
+
+    engine = TalkerEngine(TalkerArgs(model=tiny_models.omni, device="cpu", decode="graphs"))
+    with pytest.raises(ValueError, match="needs a CUDA device, but the talker is on cpu"):
+        await engine.start()
+    await engine.close()
+    engine = TalkerEngine(
+        TalkerArgs(model=tiny_models.omni, decode="static", max_batch=8, graph_buckets=(1, 2))
+    )
+    with pytest.raises(ValueError, match="max_batch 8 is larger than its largest graph bucket 2"):
+        await engine.start()
+    await engine.close()
+
+
+async def test_a_pipeline_asking_more_than_its_graph_buckets_is_refused() -> None:
+    import msgspec
+
+    from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+
+    base = load_pipeline("tiny-omni")
+    stages = tuple(
+        msgspec.structs.replace(
+            s, engine=msgspec.structs.replace(s.engine, max_batch=64, graph_buckets=(1, 4, 2))
+        )
+        if s.name == "talker"
+        else s
+        for s in base.stages
+    )
+    with pytest.raises(PipelineError, match=r"graph_buckets must be increasing sizes >= 1"):
+        validate_pipeline(msgspec.structs.replace(base, stages=stages))
