@@ -62,6 +62,31 @@ PROMPTS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from omnix.bench import speech_stages
+
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default): the whole pipeline, its thinker on vLLM, against transformers; "
+        "cuda: the speech stages alone on the GPU (talker, code predictor, Code2Wav)",
+    )
+    parser.add_argument(
+        "--sizes",
+        choices=("tiny", "real"),
+        default="tiny",
+        help="the speech stages' sizes: the tiny checkpoint, or the published "
+        "Qwen3-Omni-30B-A3B sizes with random weights (stages alone)",
+    )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="the speech stages alone, thinker's side given (implied by --device cuda "
+        "or --sizes real)",
+    )
+    parser.add_argument(
+        "--dtype", default="", help="the stages' dtype (default bfloat16 on CUDA, else float32)"
+    )
+    speech_stages.add_arguments(parser)
     parser.add_argument(
         "--model", default="omni", help="a Qwen3-Omni folder, or the tiny 'omni' (default)"
     )
@@ -273,6 +298,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.stages or args.device != "cpu" or args.sizes == "real":
+        from omnix.bench import speech_stages
+
+        args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+        return speech_stages.run(args)
     if args.model == "omni":
         from omnix.models.build import ensure_models
 
