@@ -1,12 +1,21 @@
-"""deploy/k8s/: the Kubernetes manifests parse, agree with the pipeline
-they carry, and every container's command runs as this omnix's CLI.
+"""deploy/k8s/: the Kubernetes manifests are valid Kubernetes objects, agree
+with the pipelines they carry, and every container's command runs as this
+omnix's CLI.
 
-No cluster runs here.  Each manifest is parsed (pyyaml); the pipeline in
-its ConfigMap validates; the RayCluster's worker groups offer the
-resources the pipeline's placement tables ask for.  Then each container's
+No cluster runs here.  Each manifest is parsed (pyyaml) and validated,
+offline, against the Kubernetes JSON schemas the ``kubernetes-validate``
+wheel ships (strict: an unknown field is an error).  The RayCluster is a
+KubeRay custom resource, which those schemas do not hold: its pod
+templates are validated against Kubernetes' own PodTemplateSpec schema and
+its RayCluster fields against ``RAYCLUSTER_SCHEMA`` below (the ray.io/v1
+fields this manifest uses, typed as KubeRay's CRD types them, any other
+field refused); then Ray's own KubeRay autoscaler reads it, as it does in
+the cluster, and the node types it derives must hold every stage's
+replicas between the pipeline's ``min`` and ``max``.  The pipelines in the
+ConfigMap validate.  Then each container's
 command line runs as a local process, with only what Kubernetes would
 provide swapped for local things: the volumes' mount paths for temporary
-folders, the Service's name and the fixed ports for 127.0.0.1 and free
+folders (so the server's log lands in the folder its volume stands for), the Service's name and the fixed ports for 127.0.0.1 and free
 ports, the Secret's value through its environment, and the pipeline's
 engines for scripted ones (the same stage names and placement tables, no
 model load; no GPU here, so num_gpus 0).  The by-hand manifests: the
@@ -61,13 +70,13 @@ def pod_containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
-def pipeline_of_configmap() -> PipelineConfig:
-    return parse_pipeline(one("ConfigMap", "omnix-pipeline")["data"]["pipeline.toml"])
+def pipeline_of_configmap(key: str = "pipeline.toml") -> PipelineConfig:
+    return parse_pipeline(one("ConfigMap", "omnix-pipeline")["data"][key])
 
 
 def scripted(cfg: PipelineConfig) -> str:
-    """``cfg`` with scripted engines (the same stages, edges and placement
-    resources; no GPU), as TOML."""
+    """``cfg`` with scripted engines (the same stages, replicas, edges and
+    placement resources; no GPU), as TOML."""
     from omnix.pipelines.toml_out import pipeline_toml
 
     stages = tuple(
@@ -87,7 +96,7 @@ def scripted(cfg: PipelineConfig) -> str:
     return pipeline_toml(out)
 
 
-def test_every_manifest_parses_and_names_itself():
+def test_every_manifest_parses_and_names_itself_once():
     docs = manifests()
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == [
@@ -95,6 +104,10 @@ def test_every_manifest_parses_and_names_itself():
     ]  # fmt: skip
     for d in docs:
         assert d["apiVersion"] and d["metadata"]["name"], d
+    # By hand and Ray can stand in one namespace: no two objects (the two
+    # Services above all) share a kind and a name.
+    named = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert sorted(set(named)) == sorted(named), named
     stages = {st.name for st in pipeline_of_configmap().stages}
     deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"} - {
         "omnix-server"
@@ -109,20 +122,210 @@ def test_every_manifest_parses_and_names_itself():
         )
 
 
-def test_the_ray_cluster_offers_what_the_pipeline_places():
-    cfg = pipeline_of_configmap()
+def test_the_by_hand_and_ray_pipelines_are_one_pipeline_that_scales_only_under_ray():
+    fixed, ray = pipeline_of_configmap(), pipeline_of_configmap("pipeline-ray.toml")
+    assert all(st.scaling is None for st in fixed.stages)  # --spawn none: nothing to scale
+    assert all(st.scaling is not None for st in ray.stages)
+    unscaled = msgspec.structs.replace(
+        ray,
+        stages=tuple(
+            msgspec.structs.replace(a, replicas=b.replicas)
+            for a, b in zip(ray.stages, fixed.stages, strict=True)
+        ),
+    )
+    assert unscaled == fixed
+    serve_ray = yaml.safe_load(one("ConfigMap", "omnix-pipeline")["data"]["serve-ray.yaml"])
+    assert serve_ray["pipeline"] == "/etc/omnix/pipeline-ray.toml"
+
+
+# -- Kubernetes' schemas --------------------------------------------------------
+
+K8S_VERSION = "1.37"
+
+
+def kubernetes_definitions() -> Any:
+    """The Kubernetes API's definitions as the validator's wheel ships them
+    (strict: ``additionalProperties: false`` everywhere)."""
+    from kubernetes_validate.utils import schema_contents
+
+    return schema_contents(
+        f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict/_definitions.json", K8S_VERSION
+    )
+
+
+def k8s_ref(name: str) -> dict[str, str]:
+    return {"$ref": f"/api/_definitions.json#/$defs/io.k8s.api.core.v1.{name}"}
+
+
+_INT32 = {"type": "integer", "format": "int32", "minimum": 0}
+_START_PARAMS = {"type": "object", "additionalProperties": {"type": "string"}}
+
+#: The ray.io/v1 RayCluster fields raycluster.yaml uses, typed as KubeRay's
+#: CRD (v1.1 and later) types them; any other field is refused (the API
+#: server would drop an unknown one silently, and the setting with it).
+#: The pod templates and the autoscaler's environment are Kubernetes' own
+#: types, checked against Kubernetes' schemas.
+RAYCLUSTER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"},
+        "kind": {"const": "RayCluster"},
+        "metadata": {
+            "$ref": "/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        },
+        "spec": {
+            "type": "object",
+            "required": ["headGroupSpec"],
+            "additionalProperties": False,
+            "properties": {
+                "enableInTreeAutoscaling": {"type": "boolean"},
+                "autoscalerOptions": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "upscalingMode": {"enum": ["Default", "Aggressive", "Conservative"]},
+                        "idleTimeoutSeconds": _INT32,
+                        "env": {"type": "array", "items": k8s_ref("EnvVar")},
+                        "image": {"type": "string"},
+                        "version": {"enum": ["v1", "v2"]},
+                    },
+                },
+                "headGroupSpec": {
+                    "type": "object",
+                    "required": ["template"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "rayStartParams": _START_PARAMS,
+                        "serviceType": {"type": "string"},
+                        "template": k8s_ref("PodTemplateSpec"),
+                    },
+                },
+                "workerGroupSpecs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["groupName", "template"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "groupName": {"type": "string"},
+                            "replicas": _INT32,
+                            "minReplicas": _INT32,
+                            "maxReplicas": _INT32,
+                            "numOfHosts": _INT32,
+                            "rayStartParams": _START_PARAMS,
+                            "template": k8s_ref("PodTemplateSpec"),
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def validate_raycluster(doc: dict[str, Any]) -> None:
+    import jsonschema
+    from referencing import Registry, Resource
+
+    registry = Registry().with_resource(
+        "https://kubernetes.io/api/_definitions.json",
+        Resource.from_contents(kubernetes_definitions()),
+    )
+    schema = {"$id": "https://kubernetes.io/api/raycluster.json", **RAYCLUSTER_SCHEMA}
+    jsonschema.Draft202012Validator(schema, registry=registry).validate(doc)
+
+
+def test_every_manifest_is_valid_against_the_kubernetes_schemas():
+    from kubernetes_validate.utils import validate
+
+    for doc in manifests():
+        if doc["kind"] == "RayCluster":
+            validate_raycluster(doc)
+        else:
+            assert validate(doc, K8S_VERSION, strict=True) == K8S_VERSION
+
+
+def test_the_kubernetes_schemas_refuse_a_misspelt_field():
+    """The check above has teeth: a field a schema does not know, or a
+    value of the wrong type, is an error, in the RayCluster too."""
+    import jsonschema
+    from kubernetes_validate.utils import validate
+
+    server = one("Deployment", "omnix-server")
+    server["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(jsonschema.ValidationError, match="volumeMount"):
+        validate(server, K8S_VERSION, strict=True)
+    for spoil in (
+        lambda rc: rc["spec"].update(enableInTreeAutoscalling=True),
+        lambda rc: rc["spec"]["workerGroupSpecs"][0].update(maxReplicas="4"),
+        lambda rc: rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].update(
+            port=8091
+        ),
+    ):
+        rc = one("RayCluster", "omnix")
+        spoil(rc)
+        with pytest.raises(jsonschema.ValidationError):
+            validate_raycluster(rc)
+
+
+def autoscaler_config(rc: dict[str, Any]) -> dict[str, Any]:
+    """What Ray's KubeRay autoscaler makes of the RayCluster (its own code,
+    which also validates the result against Ray's cluster schema)."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import (
+        _derive_autoscaling_config_from_ray_cr,
+    )
+
+    rc = json.loads(json.dumps(rc))
+    rc["metadata"]["namespace"] = "default"  # the API server's, as the autoscaler reads it
+    return _derive_autoscaling_config_from_ray_cr(rc)
+
+
+def test_the_ray_clusters_autoscaler_grows_each_group_as_far_as_its_stage_scales():
     rc = one("RayCluster", "omnix")
-    offered = {
-        g["groupName"]: json.loads(json.loads(g["rayStartParams"]["resources"]))
-        for g in rc["spec"]["workerGroupSpecs"]
-    }
-    for st in cfg.stages:
-        assert st.placement is not None
-        assert any(
-            all(res.get(k, 0) >= v for k, v in st.placement.resources.items())
-            for res in offered.values()
-        ), (st.name, offered)
     assert rc["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    # minReplicas/maxReplicas act only through KubeRay's autoscaler.
+    assert rc["spec"]["enableInTreeAutoscaling"] is True
+    config = autoscaler_config(rc)
+    types = {k: v for k, v in config["available_node_types"].items() if k != "headgroup"}
+    assert config["available_node_types"]["headgroup"]["resources"] == {"CPU": 0}
+    for st in pipeline_of_configmap("pipeline-ray.toml").stages:
+        assert st.placement is not None and st.scaling is not None
+        demand = {
+            "CPU": st.placement.num_cpus, "GPU": st.placement.num_gpus,
+            **st.placement.resources,
+        }  # fmt: skip
+        per_node = {
+            name: min(int(t["resources"].get(k, 0) // v) for k, v in demand.items() if v)
+            for name, t in types.items()
+        }
+        # Only this stage's group offers its node resource, and its nodes
+        # hold its replicas from min (nodes there from the start) to max.
+        (group,) = [name for name, n in per_node.items() if n > 0]
+        assert group == st.name
+        assert types[group]["min_workers"] * per_node[group] >= st.scaling.min, st.name
+        assert types[group]["max_workers"] * per_node[group] >= st.scaling.max, st.name
+
+
+def test_the_servers_log_is_on_a_claimed_volume_that_outlives_the_pod():
+    serve_ray = yaml.safe_load(one("ConfigMap", "omnix-pipeline")["data"]["serve-ray.yaml"])
+    server = one("Deployment", "omnix-server")
+    (container,) = server["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    head = one("RayCluster", "omnix")["spec"]["headGroupSpec"]["template"]
+    for pod, log_dir in (
+        (server["spec"]["template"], args[args.index("--log-dir") + 1]),
+        (head, serve_ray["log-dir"]),
+    ):
+        (c,) = pod["spec"]["containers"]
+        (mount,) = [m for m in c["volumeMounts"] if log_dir.startswith(m["mountPath"] + "/")]
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+        claim = one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+        assert "ReadWriteOnce" in claim["spec"]["accessModes"]
+    # One writer on the log: the old pod ends before the new one starts.
+    assert server["spec"]["strategy"] == {"type": "Recreate"}
+    assert server["spec"]["replicas"] == 1
 
 
 # -- running the containers' commands -----------------------------------------
@@ -138,15 +341,20 @@ class Local:
     """What Kubernetes provides a pod, made local: mount paths -> folders,
     the server's Service -> 127.0.0.1 and a free workers port, Secrets."""
 
-    def __init__(self, tmp: Path, pipeline_toml: str) -> None:
+    def __init__(self, tmp: Path) -> None:
         self.workers_port = free_port()
-        self.mounts = {"/etc/omnix": tmp / "etc-omnix", "/models": tmp / "models"}
+        self.mounts = {
+            "/etc/omnix": tmp / "etc-omnix",
+            "/models": tmp / "models",
+            "/var/lib/omnix": tmp / "var-lib-omnix",
+        }
         for p in self.mounts.values():
             p.mkdir(parents=True, exist_ok=True)
         data = one("ConfigMap", "omnix-pipeline")["data"]
         for name, text in data.items():
             (self.mounts["/etc/omnix"] / name).write_text(text)
-        (self.mounts["/etc/omnix"] / "pipeline.toml").write_text(pipeline_toml)
+        for key in ("pipeline.toml", "pipeline-ray.toml"):  # scripted engines, no GPU
+            (self.mounts["/etc/omnix"] / key).write_text(scripted(pipeline_of_configmap(key)))
         self.secrets = {
             d["metadata"]["name"]: d["stringData"] for d in manifests() if d["kind"] == "Secret"
         }
@@ -209,7 +417,7 @@ async def stop(served: ServeProcess) -> int:
 
 @ASYNC
 async def test_the_by_hand_manifests_commands_run_a_server_and_its_stage_workers(tmp_path):
-    local = Local(tmp_path, scripted(pipeline_of_configmap()))
+    local = Local(tmp_path)
     (server,) = one("Deployment", "omnix-server")["spec"]["template"]["spec"]["containers"]
     served = await serve(local.argv(server["command"] + server["args"]), local.env(server))
     workers: list[asyncio.subprocess.Process] = []
@@ -237,11 +445,13 @@ async def test_the_by_hand_manifests_commands_run_a_server_and_its_stage_workers
                 w.kill()
                 await w.wait()
     assert sorted(p.name for p in local.mounts["/models"].iterdir()) >= ["code2wav", "talker"]
+    # The log went to the claimed volume's folder (what a restarted pod opens).
+    assert any(p.is_file() for p in (local.mounts["/var/lib/omnix"] / "log").rglob("*"))
 
 
 @ASYNC
 async def test_the_ray_cluster_head_command_serves_with_placement_ray(ray_cluster, tmp_path):
-    local = Local(tmp_path, scripted(pipeline_of_configmap()))
+    local = Local(tmp_path)
     rc = one("RayCluster", "omnix")
     for group in rc["spec"]["workerGroupSpecs"]:
         add_node(ray_cluster, json.loads(json.loads(group["rayStartParams"]["resources"])))
@@ -265,3 +475,4 @@ async def test_the_ray_cluster_head_command_serves_with_placement_ray(ray_cluste
         await served.close()
     out = "".join(served.lines)
     assert f"workers endpoint tcp://127.0.0.1:{local.workers_port}" in out, out
+    assert any(p.is_file() for p in (local.mounts["/var/lib/omnix"] / "log").rglob("*"))
