@@ -254,7 +254,8 @@ def listen_flags(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument(
         "--api-key",
         default=os.environ.get("OMNIX_API_KEY") or None,
-        help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNIX_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every route but the probes /health and "
+        "/ready (default: $OMNIX_API_KEY)",
     )
 
 
