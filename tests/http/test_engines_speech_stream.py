@@ -27,7 +27,7 @@ async def test_sentences_in_speech_out(server):
     starts = [m for m in messages if isinstance(m, dict) and m["type"] == "audio.start"]
     assert [m["sentence_text"] for m in starts] == ["Good morning.", "The weather is fine today."]
     assert sum(len(m) for m in messages if isinstance(m, bytes)) > 2400
-    assert messages[-1] == {"type": "session.done", "total_sentences": 2}
+    assert messages[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 2}
     rid = next(
         e.request_id
         for e in server.omni.log.read(0, server.omni.log.next_pos)
