@@ -277,6 +277,17 @@ def test_serve_a_folder_that_does_not_exist(tmp_path):
     assert len(err) == 1
 
 
+def test_serve_a_hugging_face_id_the_cache_does_not_hold(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = omnix("serve", "tiny-org/absent", "--port", "0")
+    one_line_error(
+        code, err, "serve", "tiny-org/absent is neither a local folder nor a model in the "
+        f"Hugging Face cache ({tmp_path / 'hub'})", "`hf download tiny-org/absent`",
+    )  # fmt: skip
+    assert len(err) == 1
+
+
 def test_serve_a_folder_with_no_config(tmp_path):
     code, err = omnix("serve", "--model", tmp_path, "--port", "0")
     one_line_error(code, err, "serve", str(tmp_path), "no config.json", "no model_index.json")

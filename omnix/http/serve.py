@@ -126,7 +126,8 @@ def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         default=None,
         metavar="PATH",
-        help="a local model folder to serve, as `vllm serve PATH`: its config.json or "
+        help="a local model folder to serve, or a Hugging Face id ORG/NAME in the local "
+        "Hugging Face cache (never downloaded), as `vllm serve PATH`: its config.json or "
         "model_index.json decides the pipeline (docs/models.md, 'Serving a model folder')",
     )
     parser.add_argument(
@@ -254,7 +255,8 @@ def listen_flags(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument(
         "--api-key",
         default=os.environ.get("OMNIX_API_KEY") or None,
-        help="require 'Authorization: Bearer KEY' on every route but /health (default: $OMNIX_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every route but the probes /health and "
+        "/ready (default: $OMNIX_API_KEY)",
     )
 
 

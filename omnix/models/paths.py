@@ -2,10 +2,14 @@
 
 Owns: the model cache location (``default_model_dir``), ``ModelPaths`` (the
 tiny model folders), ``resolve_model`` (a tiny name -> its folder in the
-cache; anything else is a local folder used as is), the ``omnix.json``
-marker a finished build writes, and folder digests.  Does not own building
-(``build.py``) nor loading (``omnix.engines``).  Imports nothing heavy: the
-HTTP server and workers call it before deciding whether to build.
+cache; a local folder used as is; else a Hugging Face id ``ORG/NAME`` ->
+its snapshot in the local Hugging Face cache, as ``vllm serve ORG/NAME``
+finds it offline: ``omnix.pipelines.hf_cache``), the ``omnix.json``
+marker a finished build writes, and folder digests.  Does not own
+building (``build.py``), loading (``omnix.engines``) nor downloading:
+nothing here ever fetches a file.  Imports nothing heavy
+(``huggingface_hub`` only when an id is looked up): the HTTP server and
+workers call it before deciding whether to build.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import os
 from pathlib import Path
 
 import msgspec
+
+from omnix.pipelines.hf_cache import hf_cached, is_hf_id
 
 #: The models ``omnix models init`` builds, in build order.
 TINY_MODELS: tuple[str, ...] = (
@@ -98,8 +104,10 @@ def resolve_model(name_or_path: str | Path, model_dir: Path | None = None) -> Pa
     """The folder a stage's ``model`` refers to.
 
     A bare tiny name (``thinker``, ``talker``, ``code2wav``, ``image``)
-    resolves into ``model_dir`` (default: ``default_model_dir()``); anything
-    else must be an existing local folder (omnix never downloads).
+    resolves into ``model_dir`` (default: ``default_model_dir()``); an
+    existing local folder is used as is; a Hugging Face id ``ORG/NAME``
+    that is not a local folder is its snapshot in the local Hugging Face
+    cache (``hf_cached``).  Nothing is ever downloaded.
     """
     text = str(name_or_path)
     if isinstance(name_or_path, str) and text in TINY_MODELS and not _looks_like_path(text):
@@ -113,6 +121,8 @@ def resolve_model(name_or_path: str | Path, model_dir: Path | None = None) -> Pa
             )
         return folder
     folder = Path(text).expanduser()
+    if not folder.is_dir() and isinstance(name_or_path, str) and is_hf_id(text):
+        return hf_cached(text)
     if not folder.is_dir():
         raise FileNotFoundError(
             f"model folder {folder} not found: give a local model folder (weights are never "

@@ -1,6 +1,9 @@
 """The pipeline a model folder is served as (``omnix serve PATH``).
 
-Owns: reading a local folder's ``config.json`` (a transformers model) or
+Owns: reading a local folder (or a Hugging Face id's snapshot in the
+local Hugging Face cache, found as ``vllm serve ORG/NAME`` finds it
+offline: ``hf_cache.py``; the pipeline is then named
+after the id, as vLLM names its model) and its ``config.json`` (a transformers model) or
 ``model_index.json`` (a diffusers pipeline), ``KINDS`` (the table of what
 omnix serves, in the order it is tried: each row says what it matches and
 builds the pipeline), ``derive_pipeline`` and ``FolderError``, a one-line
@@ -43,6 +46,7 @@ from omnix.pipelines.config import (
     VllmArgs,
 )
 from omnix.pipelines.families import VIDEO_FAMILIES
+from omnix.pipelines.hf_cache import hf_cached, is_hf_id
 
 QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"
 
@@ -58,10 +62,13 @@ class Folder:
     path: Path
     config: dict[str, Any] = field(default_factory=dict)  # config.json
     index: dict[str, Any] = field(default_factory=dict)  # model_index.json
+    #: the Hugging Face id the folder was found by in the hub's cache ("" a local folder)
+    repo_id: str = ""
 
     @property
     def name(self) -> str:
-        return self.path.name
+        """The id it was named by (``ORG/NAME``, as vLLM names the model), else the folder's name."""
+        return self.repo_id or self.path.name
 
     @property
     def architecture(self) -> str:
@@ -253,10 +260,17 @@ KINDS: tuple[Kind, ...] = (
 def read_folder(path: str | Path) -> Folder:
     """The folder and its configs; ``FolderError`` when it is not one."""
     p = Path(path).expanduser()
+    repo_id = ""
+    if not p.exists() and isinstance(path, str) and is_hf_id(path):
+        try:
+            p, repo_id = hf_cached(path), path
+        except FileNotFoundError as missing:
+            raise FolderError(str(missing)) from None
     if not p.exists():
         raise FolderError(
-            f"{path}: no such folder: give a local model folder (omnix never downloads; a "
-            "Hugging Face id must be downloaded first, e.g. with `hf download`)"
+            f"{path}: no such folder: give a local model folder or a Hugging Face id ORG/NAME "
+            "in the local Hugging Face cache (omnix never downloads: fetch it first with "
+            "`hf download ORG/NAME`)"
         )
     if not p.is_dir():
         raise FolderError(
@@ -269,7 +283,7 @@ def read_folder(path: str | Path) -> Folder:
             f"{p} has no config.json (a transformers model) and no model_index.json (a diffusers "
             "pipeline): give the folder that holds the model's files"
         )
-    return Folder(p, config, index)
+    return Folder(p, config, index, repo_id)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 answered by the official ``openai`` client under the served name: the
 tiny text model folder with a copy of a real ``vllm serve`` command line
 (every engine flag read back from the running engine, and acting: a
-prompt past ``--max-model-len`` is a 400), the tiny diffusers folder, and
+prompt past ``--max-model-len`` is a 400), the same model by a Hugging
+Face id from a local hub cache, the tiny diffusers folder, and
 the tiny Qwen3-Omni folders (the thinker alone, and the whole model
 speaking)."""
 
@@ -148,6 +149,29 @@ async def test_the_image_folder_and_its_saved_pipeline(tiny, saved_image_pipelin
         finally:
             await client.close()
             await served.close()
+
+
+async def test_a_hugging_face_id_is_served_from_the_local_hub_cache(tiny, tmp_path, monkeypatch):
+    # As `vllm serve ORG/NAME` offline: the id's snapshot in the hub cache, served under the id.
+    from tests.hf_layout import hub_cache
+
+    hub_cache(tmp_path / "hub", "tiny-org/thinker", tiny.thinker)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    served = await _serve("tiny-org/thinker", "--max-model-len", "256")
+    client = _client(served)
+    try:
+        (card,) = (await client.models.list()).data
+        assert card.id == "tiny-org/thinker" and card.model_extra["stages"] == ["llm"]
+        resp = await client.chat.completions.create(
+            model="tiny-org/thinker",
+            messages=[{"role": "user", "content": "Hello from the hub cache."}],
+            max_tokens=4,
+        )
+        assert resp.model == "tiny-org/thinker" and resp.choices[0].message.content
+    finally:
+        await client.close()
+        await served.close()
 
 
 async def test_the_qwen3_omni_thinker_folder_answers_text(tiny):

@@ -133,13 +133,16 @@ async def test_bad_image_request(image_server, http, name, body, status, param, 
     assert len(image_server.omni.log) == before
 
 
-async def test_api_key_is_required_on_every_route_but_health(key_server, http):
+async def test_api_key_is_required_on_every_route_but_the_probes(key_server, http):
     url = key_server.url
+    # Liveness and readiness probes (Kubernetes') carry no key, as vLLM's don't.
     async with http.get(url + "/health") as r:
         assert r.status == 200
+    async with http.get(url + "/ready") as r:
+        assert r.status == 200
+        assert (await r.json())["ready"] is True
     for method, path in [
         ("GET", "/v1/models"),
-        ("GET", "/ready"),
         ("GET", "/openapi.json"),
         ("POST", "/v1/images/generations"),
         ("GET", "/v1/requests/x"),

@@ -7,6 +7,7 @@ Qwen3-Omni thinker alone and the whole Qwen3-Omni."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,62 @@ def test_any_architecture_vllm_serves_is_a_text_stage(tmp_path):
     assert cfg.name == "llama" and isinstance(stage.engine, VllmArgs)
     assert stage.engine.dtype == "bfloat16" and not stage.engine.enforce_eager
     assert "LlamaForCausalLM on vLLM" in cfg.description
+
+
+# -- a Hugging Face id, from the local Hugging Face cache ---------------------------------------
+
+
+def _show(model: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``omnix pipelines show --model MODEL`` as a user runs it, offline, with
+    no Hugging Face setting of this machine's but ``env``'s."""
+    mine = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "omnix.cli", "pipelines", "show", "--model", model],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={**mine, "HF_HUB_OFFLINE": "1", **env},
+    )  # fmt: skip
+
+
+def test_a_hugging_face_id_is_its_snapshot_in_the_hub_cache(tiny, tmp_path):
+    from tests.hf_layout import hub_cache
+
+    snapshot = hub_cache(tmp_path / "hub", "tiny-org/omni", tiny.omni)
+    shown = _show("tiny-org/omni", HF_HUB_CACHE=str(tmp_path / "hub"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("# The pipeline `omnix serve tiny-org/omni` serves")
+    saved = tmp_path / "omni.toml"
+    saved.write_text(shown.stdout)
+    cfg = load_pipeline(saved)
+    # What the snapshot folder is served as, named after the id as vLLM names its model.
+    assert cfg.name == "tiny-org/omni"
+    assert cfg.stages == derive_pipeline(snapshot, gpu=False).stages
+    assert {str(s.engine.model) for s in cfg.stages} == {str(snapshot.resolve())}
+    # HF_HOME is honoured as the hub itself honours it (its hub/ folder).
+    home = _show("tiny-org/omni", HF_HOME=str(tmp_path))
+    assert home.returncode == 0, home.stderr
+    assert home.stdout == shown.stdout
+
+
+def test_an_id_not_in_the_cache_says_in_one_line_what_to_download(tmp_path):
+    shown = _show("tiny-org/absent", HF_HUB_CACHE=str(tmp_path / "hub"))
+    assert shown.returncode != 0 and shown.stdout == ""
+    (line,) = shown.stderr.strip().splitlines()
+    assert "tiny-org/absent is neither a local folder nor a model in the Hugging Face cache" in line
+    assert str(tmp_path / "hub") in line and "`hf download tiny-org/absent`" in line
+
+
+def test_a_local_folder_wins_over_an_id_of_the_same_spelling(tiny, tmp_path):
+    from omnix.models.paths import resolve_model
+    from omnix.pipelines.hf_cache import is_hf_id
+
+    assert is_hf_id("Qwen/Qwen3-Omni-30B-A3B-Instruct") and is_hf_id("tiny-org/omni")
+    assert not any(map(is_hf_id, ["/models/x", "./x", "~/x", "a/b/c", "a--b/c", "x", "a/.."]))
+    (tmp_path / "tiny-org").mkdir()
+    (tmp_path / "tiny-org" / "omni").symlink_to(tiny.omni)
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert resolve_model("tiny-org/omni") == Path("tiny-org/omni")
+        assert derive_pipeline("tiny-org/omni", gpu=False).name == "omni"  # the folder's name
+    finally:
+        os.chdir(here)

@@ -2,7 +2,8 @@
 profiling, and the OpenAPI document.
 
 Owns their handlers and operations: ``/health`` (the process answers; no
-API key), ``/ready`` (every stage has a ready replica, 503 otherwise),
+API key), ``/ready`` (every stage has a ready replica, 503 otherwise; no API key
+either: a readiness probe carries none, and vLLM keeps its probes open),
 ``/version`` (as vLLM answers it), ``/metrics`` (the Prometheus exposition
 of the telemetry projection; 501 without telemetry, and then not in the
 document), vLLM-Omni's ``/start_profile`` and ``/stop_profile`` (404
@@ -136,7 +137,7 @@ _PROFILING = Undescribed(
 )
 
 HEALTH = Route("GET", "/health", health, _health_doc, public=True, types=(Health,))
-READY = Route("GET", "/ready", ready, _ready_doc, types=(Readiness,))
+READY = Route("GET", "/ready", ready, _ready_doc, public=True, types=(Readiness,))
 VERSION = Route("GET", "/version", version, _version_doc, types=(Version,))
 METRICS = Route("GET", "/metrics", metrics, _metrics_doc)
 START_PROFILE = Route("POST", "/start_profile", start_profile, _PROFILING)

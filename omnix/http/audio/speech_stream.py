@@ -1,23 +1,35 @@
 """``GET /v1/audio/speech/stream``: text in as it is written, speech out sentence by sentence.
 
-Owns the WebSocket route in vLLM-Omni's message shape.  The client sends
+Owns the WebSocket route in vLLM-Omni's message shape, so a client
+written for vLLM-Omni's ``/v1/audio/speech/stream`` works unchanged.  A
+connection carries utterances, one after another.  The client sends
 ``session.config`` first (``voice``, ``response_format`` ``"pcm"``,
 ``model``, ``speed``, ``instructions``, ``seed``, ``sampling_params_list``:
-the fields of ``POST /v1/audio/speech`` but ``input``), then
-``input.text`` pieces (``text``) as a language model writes them,
-``input.done`` to flush a sentence left without its end, and
-``session.close`` when there is no more.  Each sentence, once complete
+the fields of ``POST /v1/audio/speech`` but ``input``; and vLLM-Omni's
+``stream_audio`` and ``split_granularity`` ``"sentence"``), checked as it
+comes and sticky: it may be sent again between utterances, and then
+replaces the last.  Then ``input.text`` pieces (``text``) as a language
+model writes them; ``input.done`` ends the utterance (its last words
+spoken without a sentence end) and is answered by ``session.done``
+(``utterance_index``, ``total_sentences``) once the utterance's audio is
+all sent, the connection staying open for the next; ``session.close``
+ends an utterance still open the same way, then closes the socket.
+
+An utterance is one request: each sentence, once complete
 (``SentenceSplitter``), is spoken at once: the first is admitted as the
 request's prompt (``RequestSpec.input_streams``), each later one goes
 into the running request as its next input piece (``Omni.append_input``:
 an ``InputAppended`` in the log, which the orchestrator routes to the
-source stage as it routes a stage's chunks to the next), the close as an
-empty last piece.  The server's messages are the request's rendering
-(``stream_render.SentenceStream``); bad input is an ``error`` message
-and the socket stays open.  A client that goes away cancels the request.
+source stage as it routes a stage's chunks to the next), the end as an
+empty last piece.  Its messages are the request's rendering
+(``stream_render.SentenceStream``), sent in utterance order: the next
+utterance's request may already run, its messages wait for the previous
+utterance's ``session.done``.  Bad input is an ``error`` message and the
+socket stays open.  A client that goes away cancels what still runs.
 
-Does not own the messages' bytes (``stream_render.py``) nor the speech
-request's checks (``speech.py``'s ``speech_plan``, reused whole).
+Does not own the messages' bytes (``stream_render.py``), the speech
+request's checks (``speech.py``'s ``speech_plan``, reused whole) nor the
+admission every WebSocket passes (``omnix.http.core.websocket``).
 """
 
 from __future__ import annotations
@@ -34,12 +46,12 @@ from omnix.http.audio.protocol import SpeechRequest
 from omnix.http.audio.speech import speech_plan
 from omnix.http.audio.stream_render import Message, SentenceStream, message
 from omnix.http.common.plan import Plan
-from omnix.http.core.cors import Cors
 from omnix.http.core.errors import ApiError, from_decode_error
 from omnix.http.core.respond import caught_up, durable
 from omnix.http.core.route import Route, Undescribed
 from omnix.http.core.server import Server
 from omnix.http.core.submit import admit
+from omnix.http.core.websocket import check_admission, upgrade
 from omnix.pipelines.validate import SENTENCE_ENDS
 
 log = logging.getLogger("omnix.http.audio")
@@ -51,7 +63,10 @@ _CJK_ENDS: Final = ("\u3002", "\uff01", "\uff1f", "\uff1b")  # full stop, !, ?, 
 
 
 class StreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``session.config``: ``POST /v1/audio/speech``'s fields but ``input``."""
+    """``session.config``: ``POST /v1/audio/speech``'s fields but ``input``, and
+    vLLM-Omni's ``stream_audio`` (pcm is streamed as it is decoded either
+    way: a client joins the binary messages of a sentence) and
+    ``split_granularity`` (``"sentence"``, the only one)."""
 
     type: str = "session.config"
     model: str = ""
@@ -61,6 +76,8 @@ class StreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     instructions: str | None = None
     seed: int | None = None
     sampling_params_list: Any = None
+    stream_audio: bool = True
+    split_granularity: str = "sentence"
 
 
 class SentenceSplitter:
@@ -93,13 +110,21 @@ class SentenceSplitter:
 
 
 def _plan(server: Server, cfg: StreamConfig, first: str) -> Plan:
-    """The request of a session whose first sentence is ``first``."""
+    """The request of an utterance whose first sentence is ``first``."""
     if cfg.response_format != "pcm":
         raise ApiError(
             400,
             f"response_format {cfg.response_format!r}: this route streams raw pcm16 (send "
             '"pcm"); POST /v1/audio/speech encodes other formats.',
             param="response_format",
+            code="unsupported_value",
+        )
+    if cfg.split_granularity != "sentence":
+        raise ApiError(
+            400,
+            f"split_granularity {cfg.split_granularity!r}: this route speaks sentence by "
+            'sentence (send "sentence", or leave it out).',
+            param="split_granularity",
             code="unsupported_value",
         )
     try:
@@ -127,6 +152,24 @@ def _plan(server: Server, cfg: StreamConfig, first: str) -> Plan:
     return Plan(specs=((rid, spec),), stream=True)
 
 
+class Utterance:
+    """One ``input.done`` cycle of a connection: its config, its sentences'
+    splitter, its request once the first sentence is complete, and the task
+    that sends its messages (after the previous utterance's)."""
+
+    def __init__(self, index: int, config: StreamConfig, after: Utterance | None) -> None:
+        self.index = index
+        self.config = config
+        self.splitter = SentenceSplitter()
+        self.rid = ""
+        self.after = after
+        #: whether any text came (the utterance is open)
+        self.text = False
+        #: the client ended it (input.done or session.close)
+        self.ended = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+
 class SpeechSession:
     """One socket's session (see the module's docstring)."""
 
@@ -134,9 +177,12 @@ class SpeechSession:
         self.server = server
         self.ws = ws
         self.config: StreamConfig | None = None
-        self.splitter = SentenceSplitter()
-        self.rid = ""
-        self.task: asyncio.Task[None] | None = None
+        #: the utterance the client is writing (None between utterances)
+        self.open: Utterance | None = None
+        #: the utterance whose messages are sent last
+        self.last: Utterance | None = None
+        self.count = 0  # utterances begun
+        self.ended = 0  # utterances the client ended
         self._lock = asyncio.Lock()
 
     async def send(self, messages: list[Message]) -> None:
@@ -163,16 +209,23 @@ class SpeechSession:
                     await self.send([message("error", message="send JSON text messages")])
                 elif msg.type == WSMsgType.ERROR:
                     break
-            if not closed:
-                return  # the client went: the finally cancels what runs
-            if self.task is not None:
-                await self.task
-            else:
-                await self.send([message("session.done", total_sentences=0)])
+            u = self.last
+            while u is not None and u.task is None:  # an utterance begun and never ended
+                u = u.after
+            if closed and u is not None and u.task is not None:
+                await u.task  # the last utterance's messages are out, and so all before
         finally:
-            if self.rid and self.task is not None and not self.task.done():
-                self.server.omni.cancel(self.rid, "disconnect")
-                self.task.cancel()
+            self._cancel()
+
+    def _cancel(self) -> None:
+        """Cancels what still runs (the client went, or the server stops)."""
+        u = self.last
+        while u is not None:
+            if u.task is not None and not u.task.done():
+                if u.rid:
+                    self.server.omni.cancel(u.rid, "disconnect")
+                u.task.cancel()
+            u = u.after
 
     async def on_text(self, text: str) -> bool:
         """Handle one message; True once the session closes."""
@@ -182,12 +235,7 @@ class SpeechSession:
             raise ApiError(400, "the message is not valid JSON.", code="invalid_json") from None
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "session.config":
-            if self.config is not None:
-                raise ApiError(400, "session.config comes once, first.", code="invalid_event")
-            try:
-                self.config = msgspec.convert(obj, StreamConfig)
-            except msgspec.ValidationError as exc:
-                raise from_decode_error(exc) from None
+            self.configure(obj)
             return False
         if self.config is None:
             raise ApiError(400, "send session.config first.", code="config_required")
@@ -195,16 +243,20 @@ class SpeechSession:
             piece = obj.get("text")
             if not isinstance(piece, str):
                 raise ApiError(400, "input.text needs its text (a string).", code="invalid_value")
-            for sentence in self.splitter.feed(piece):
-                await self.speak(sentence)
+            u = self._utterance()
+            u.text = u.text or bool(piece)
+            for sentence in u.splitter.feed(piece):
+                await self.speak(u, sentence)
             return False
-        if kind in ("input.done", "session.close"):
-            rest = self.splitter.flush()
-            if rest:
-                await self.speak(rest)
-            if kind == "session.close" and self.rid:
-                self.server.omni.append_input(self.rid, "", last=True)
-            return kind == "session.close"
+        if kind == "input.done":
+            await self.end(self._utterance())
+            return False
+        if kind == "session.close":
+            # An utterance still open ends as input.done would end it (and so
+            # does a connection that never ended one: it hears session.done).
+            if (self.open is not None and self.open.text) or not self.ended:
+                await self.end(self._utterance())
+            return True
         raise ApiError(
             400,
             f"unknown message type {kind!r}: send session.config, input.text, input.done or "
@@ -212,62 +264,104 @@ class SpeechSession:
             code="invalid_event_type",
         )
 
-    async def speak(self, sentence: str) -> None:
-        """One complete sentence: the request's first, or its next piece."""
+    def configure(self, obj: dict[str, Any]) -> None:
+        """A ``session.config``: checked now, kept until the next one."""
+        if self.open is not None and self.open.text:
+            raise ApiError(
+                400,
+                f"session.config cannot change utterance {self.open.index} while it is being "
+                "written: send input.done first, then the new session.config.",
+                code="utterance_in_progress",
+            )
+        try:
+            config = msgspec.convert(obj, StreamConfig)
+        except msgspec.ValidationError as exc:
+            raise from_decode_error(exc) from None
+        _plan(self.server, config, "-")  # the speech route's checks, on no text yet
+        self.config = config
+        if self.open is not None:  # begun by no text: it takes the new config
+            self.open.config = config
+
+    def _utterance(self) -> Utterance:
+        if self.open is None:
+            assert self.config is not None
+            self.open = Utterance(self.count, self.config, self.last)
+            self.last = self.open
+            self.count += 1
+        return self.open
+
+    async def speak(self, u: Utterance, sentence: str) -> None:
+        """One complete sentence: the utterance's first, or its next piece."""
         server = self.server
-        if self.rid:
-            if not server.omni.append_input(self.rid, sentence):
+        if u.rid:
+            if not server.omni.append_input(u.rid, sentence):
                 raise ApiError(
-                    400, "the speech already ended; no more text is taken.", code="ended"
+                    400,
+                    f"utterance {u.index}'s speech already ended (its error said why); its "
+                    "text is dropped: send input.done, then the next utterance.",
+                    code="utterance_ended",
                 )
             return
-        assert self.config is not None
-        plan = _plan(server, self.config, sentence)
+        plan = _plan(server, u.config, sentence)
         rejected = await admit(server, plan)
-        self.rid = plan.request_ids[0]
-        self.task = asyncio.create_task(self._stream(), name=f"omnix-speech-{self.rid}")
+        u.rid = plan.request_ids[0]
+        u.task = asyncio.create_task(self._stream(u), name=f"omnix-speech-{u.rid}")
         if rejected is not None:
-            log.info("speech stream %s: refused (%s)", self.rid, rejected[0].reason)
+            log.info("speech stream %s: refused (%s)", u.rid, rejected[0].reason)
 
-    async def _stream(self) -> None:
+    async def end(self, u: Utterance) -> None:
+        """The client ended the utterance: its last words, then its end (which
+        comes even when those words are refused: the client waits for it)."""
+        self.open = None
+        self.ended += 1
+        try:
+            rest = u.splitter.flush()
+            if rest:
+                await self.speak(u, rest)
+        finally:
+            if u.rid:
+                self.server.omni.append_input(u.rid, "", last=True)
+            if u.task is None:  # no sentence spoken: only its session.done
+                u.task = asyncio.create_task(self._stream(u), name="omnix-speech-empty")
+            u.ended.set()
+
+    async def _stream(self, u: Utterance) -> None:
+        """Sends the utterance's messages once the previous utterance's are out."""
+        before = u.after
+        while before is not None and before.task is None:
+            before = before.after
+        if before is not None and before.task is not None:
+            await asyncio.wait([before.task])
+        u.after = None  # its messages are out: a long connection keeps no chain of them
         omni = self.server.omni
-        stream = SentenceStream(omni.blobs)
-        buf: list[Message] = []
-        last = -1
-        async for ev in omni.events(self.rid):
-            last = ev.pos
-            buf += stream.feed(ev)
-            if buf and caught_up(omni, self.rid, ev.pos):
-                await durable(omni, ev.pos)
+        stream = SentenceStream(omni.blobs, u.index)
+        if u.rid:
+            buf: list[Message] = []
+            last = -1
+            async for ev in omni.events(u.rid):
+                last = ev.pos
+                buf += stream.feed(ev)
+                if buf and caught_up(omni, u.rid, ev.pos):
+                    await durable(omni, ev.pos)
+                    await self.send(buf)
+                    buf = []
+            await durable(omni, last)
+            if buf:
                 await self.send(buf)
-                buf = []
-        await durable(omni, last)
-        if buf:
-            await self.send(buf)
+        if not stream.said_done:  # none spoken, or the speech failed: end it all the same
+            await u.ended.wait()
+            await self.send([stream.session_done()])
 
 
 async def speech_stream(server: Server, request: web.Request) -> web.StreamResponse:
-    origin = request.headers.get("Origin")
-    if origin is not None:
-        cors = Cors(server.options.allowed_origins)
-        if not cors.allows(origin):
-            raise cors.refuse(origin)
+    check_admission(server, request)
     if "audio" not in server.omni.pipeline.outputs:
         raise ApiError(
             404,
             f"the pipeline {server.served.model!r} makes no audio: it has no speech stream.",
             code="unsupported_modality",
         )
-    if server.phase != "serving" or not server.omni.accepting:
-        raise server.not_accepting()
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=30.0)
-    if not ws.can_prepare(request).ok:
-        raise ApiError(
-            400,
-            "GET /v1/audio/speech/stream is a WebSocket: send an Upgrade request.",
-            code="websocket_required",
-        )
-    await ws.prepare(request)
+    ws = await upgrade(request, max_msg_size=MAX_MESSAGE_BYTES)
     await SpeechSession(server, ws).run()
     await ws.close()
     return ws

@@ -1,16 +1,22 @@
-"""``/v1/audio/speech/stream``'s messages, as a pure function of its request's events.
+"""``/v1/audio/speech/stream``'s messages, as a pure function of an utterance's events.
 
-Owns ``SentenceStream``: feed it the events of one request whose input
-streams (``RequestSpec.input_streams``; its first sentence the prompt,
-each later one an ``InputAppended``) and it returns the WebSocket
-messages they make, in vLLM-Omni's shape: per sentence ``audio.start``
-(``sentence_index``, ``sentence_text``, ``format``, ``sample_rate``),
+Owns ``SentenceStream``: feed it the events of one utterance's request
+(one ``input.done`` cycle of a connection: ``RequestSpec.input_streams``,
+its first sentence the prompt, each later one an ``InputAppended``) and
+it returns the WebSocket messages they make, in vLLM-Omni's shape, each
+carrying the utterance's index on its connection (``utterance_index``,
+given: the log holds one utterance's request, not the connection): per
+sentence ``audio.start`` (``sentence_index``, counted within the
+utterance, ``sentence_text``, ``format``, ``sample_rate``, ``channels``),
 its audio as binary messages of raw pcm16 as the decoder produces it, and
-``audio.done`` (``total_bytes``) once the next sentence's audio starts or
-the speech ends (a stage reports no end per input piece, so a sentence's
-audio is known whole only then); at the end ``session.done``
-(``total_sentences``), or for a request that failed or was cancelled an
-``error`` (``message``).  Text messages are ``str``, audio ``bytes``.
+``audio.done`` (``total_bytes``, ``error``) once the next sentence's
+audio starts or the speech ends (a stage reports no end per input piece,
+so a sentence's audio is known whole only then); at the end
+``session.done`` (``total_sentences``: the utterance is over, the
+connection is not), or for a request that failed or was cancelled an
+``error`` (``message``), after which the socket says ``session.done``
+itself once the client ends the utterance (``said_done``, ``session_done``).
+Text messages are ``str``, audio ``bytes``.
 
 Which sentence an audio chunk speaks is read from the log: an input piece
 is a sentence (the admission is the first, each ``InputAppended`` the
@@ -22,7 +28,8 @@ engine says no piece) that of the latest piece it was given, which it
 decodes as it comes.  A decoder piece that joins the end of one sentence
 to the start of the next is told as the first.
 
-Does not own the socket nor the sentences' splitting (``speech_stream.py``).
+Does not own the socket, its utterances nor the sentences' splitting
+(``speech_stream.py``).
 """
 
 from __future__ import annotations
@@ -59,9 +66,13 @@ def message(type_: str, **fields: Any) -> str:
 class SentenceStream:
     """One streamed-input speech request's messages (see the module's docstring)."""
 
-    def __init__(self, blobs: BlobStore) -> None:
+    def __init__(self, blobs: BlobStore, utterance: int = 0) -> None:
         self.s = Summary(blobs, collect_media=False)
+        self.utterance = utterance
+        #: the request ended (its last messages were returned)
         self.done = False
+        #: ... and said ``session.done`` (it finished; a failure leaves that to the socket)
+        self.said_done = False
         #: the sentences' texts, in order (an empty last piece is none)
         self.sentences: list[str] = []
         self._seg: dict[int, int] = {}  # log position -> sentence
@@ -99,14 +110,20 @@ class SentenceStream:
             self.sentences.append(ev.spec.prompt)
             return []
         if type(ev) is Finished:
-            self.done = True
-            return [*self._close(), message("session.done", total_sentences=len(self.sentences))]
+            self.done = self.said_done = True
+            return [*self._close(), self.session_done()]
         if type(ev) is Failed or type(ev) is Cancelled or type(ev) is Rejected:
             self.done = True
             err = terminal_error(ev)
             text = msgspec.json.decode(err[1])["error"]["message"] if err else ev.reason
             return [*self._close(error=True), message("error", message=text)]
         return []
+
+    def session_done(self) -> str:
+        """The utterance's end: how many sentences it had."""
+        return message(
+            "session.done", utterance_index=self.utterance, total_sentences=len(self.sentences)
+        )
 
     def _chunk(self, ev: Chunk) -> list[Message]:
         s = self.s
@@ -127,10 +144,12 @@ class SentenceStream:
             out.append(
                 message(
                     "audio.start",
+                    utterance_index=self.utterance,
                     sentence_index=seg,
                     sentence_text=self.sentences[seg] if seg < len(self.sentences) else "",
                     format="pcm",
                     sample_rate=s.sample_rate,
+                    channels=1,
                 )
             )
         pcm = to_pcm16(arr)
@@ -144,4 +163,12 @@ class SentenceStream:
             return []
         self._active = False
         bytes_, self._bytes = self._bytes, 0
-        return [message("audio.done", sentence_index=self._open, total_bytes=bytes_, error=error)]
+        return [
+            message(
+                "audio.done",
+                utterance_index=self.utterance,
+                sentence_index=self._open,
+                total_bytes=bytes_,
+                error=error,
+            )
+        ]

@@ -1,8 +1,8 @@
 """API-key authentication for the HTTP API.
 
 Owns: ``auth_middleware(api_key, public)``: with a key configured, every
-route but the public ones (``/health``: liveness probes carry no
-credentials; the route table says which) requires
+route but the public ones (``/health`` and ``/ready``: liveness and
+readiness probes carry no credentials; the route table says which) requires
 ``Authorization: Bearer KEY``; anything else is answered 401 with OpenAI's
 error body and a ``WWW-Authenticate`` challenge.  The comparison is
 constant-time.

@@ -1,9 +1,10 @@
 """``GET /v1/realtime``: the OpenAI Realtime API over a WebSocket; its table row.
 
 Owns the handler: the checks an upgrade passes before any session exists
-(the model named in ``?model=``, 404 otherwise; a browser's ``Origin``
-under the HTTP routes' CORS policy, 403 otherwise; a serving server, 503
-otherwise; the Bearer key is the app's middleware's, as on every route),
+(the model named in ``?model=``, 404 otherwise; then the admission every
+WebSocket passes, ``omnix.http.core.websocket``: a browser's ``Origin``,
+403, a serving server, 503, a WebSocket handshake, 426; the Bearer key is
+the app's middleware's, as on every route),
 the session a reconnecting client names (``?session_id=``, taken up again
 from the log: 404 when the log holds no such session, 409 while another
 socket holds it; ``?last_event_id=``: the last event it had of a response
@@ -20,10 +21,10 @@ import weakref
 
 from aiohttp import web
 
-from omnix.http.core.cors import Cors
 from omnix.http.core.errors import ApiError
 from omnix.http.core.route import Route, Undescribed
 from omnix.http.core.server import Server
+from omnix.http.core.websocket import check_admission, upgrade
 from omnix.http.realtime.connection import MAX_MESSAGE_BYTES, Connection
 from omnix.http.realtime.record import restore
 from omnix.http.realtime.session import Resumed
@@ -54,24 +55,12 @@ def _resumed(server: Server, sid: str) -> Resumed:
 
 async def realtime(server: Server, request: web.Request) -> web.StreamResponse:
     server.served.check_model(request.query.get("model", ""))
-    origin = request.headers.get("Origin")
-    if origin is not None:
-        cors = Cors(server.options.allowed_origins)
-        if not cors.allows(origin):
-            raise cors.refuse(origin)
-    if server.phase != "serving" or not server.omni.accepting:
-        raise server.not_accepting()
+    check_admission(server, request)
     sid = request.query.get("session_id", "")
     resumed = _resumed(server, sid) if sid else None
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, autoping=True, heartbeat=30.0)
-    if not ws.can_prepare(request).ok:
-        raise ApiError(
-            400,
-            "GET /v1/realtime is a WebSocket: send an Upgrade request (the openai SDK's "
-            "client.realtime.connect does).",
-            code="websocket_required",
-        )
-    await ws.prepare(request)
+    ws = await upgrade(
+        request, max_msg_size=MAX_MESSAGE_BYTES, how="the openai SDK's client.realtime.connect does"
+    )
     conn = Connection(server, ws, resumed, request.query.get("last_event_id", ""))
     held = _OPEN.setdefault(server, set())
     held.add(conn.session.id)

@@ -131,5 +131,5 @@ async def test_the_buffer_has_a_limit(ws):
 
 async def test_a_socket_that_is_not_upgraded_is_told(rt_server, http):
     async with http.get(rt_server.url + "/v1/realtime") as resp:
-        assert resp.status == 400
+        assert resp.status == 426 and resp.headers["Upgrade"] == "websocket"
         assert (await resp.json())["error"]["code"] == "websocket_required"
