@@ -396,6 +396,7 @@ def _build_omni(
     from omnix.events.disklog import LogError
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.validate import PipelineError
+    from omnix.stages.options import RuntimeOptions
     from omnix.stages.runtime import RuntimeConfigError
 
     try:
@@ -417,16 +418,16 @@ def _build_omni(
             standby=log is not None,
             # pin_server: this process joins the frontend CPUs of the runtime's
             # placement (docs/runtime.md), away from the vLLM engine cores.
-            runtime_options={
-                "start_timeout_s": args.start_timeout,
-                "pin_server": True,
-                "endpoint": args.workers_endpoint,
-                "spawn": spawn,
-                "worker_token": args.worker_token,
-                "profile_dir": args.profile_dir,
-                "placement": args.placement,
-                "ray_address": args.ray_address,
-            },
+            runtime_options=RuntimeOptions(
+                start_timeout_s=args.start_timeout,
+                pin_server=True,
+                endpoint=args.workers_endpoint,
+                spawn=spawn,
+                worker_token=args.worker_token,
+                profile_dir=args.profile_dir,
+                placement=args.placement,
+                ray_address=args.ray_address,
+            ),
             resume_within_s=args.resume_within,
             retention=retention,
             log_config=_log_config(args.archive),

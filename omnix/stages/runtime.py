@@ -9,6 +9,7 @@ module holds the whole's lifecycle (start, wait until ready, shutdown) and
 what losing a replica means (``WorkerLost``, a restart, or a start-up
 error); the parts live beside it, each owning one concern:
 
+* ``options.py``: ``RuntimeOptions``, every knob beside the pipeline, typed;
 * ``slots.py``: the record of each replica (state, credits, requests);
 * ``spawner.py``: worker processes, their environment, restarts with backoff;
   or, with ``placement="ray"``, ``ray_launcher.py``: each replica a Ray
@@ -57,12 +58,11 @@ import contextlib
 import logging
 import os
 import secrets
-import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -81,6 +81,7 @@ from omnix.stages.gpus import gpu_plan
 from omnix.stages.handshake import Handshake, private_endpoint
 from omnix.stages.launcher import Launcher, ReplicaProcess, server_namespace
 from omnix.stages.liveness import Liveness
+from omnix.stages.options import DEFAULT_SHUTDOWN_GRACE_S, DEFAULT_START_ATTEMPTS, RuntimeOptions
 from omnix.stages.placement import pin_process, runtime_plan
 from omnix.stages.profile_calls import ProfileCalls, ProfileReport
 from omnix.stages.records import deliver
@@ -103,20 +104,13 @@ __all__ = [
     "ProfileReport",
     "ReplicaUnavailable",
     "RuntimeConfigError",
+    "RuntimeOptions",
     "StageRuntime",
     "StageRuntimeError",
     "WorkerStartError",
 ]
 
 log = logging.getLogger("omnix.runtime")
-
-# A worker told to shut down gets this long to exit by itself before SIGTERM
-# (then 2 s more before SIGKILL).  vLLM's own teardown takes 2-4 s on a small
-# CPU machine: its engine core frees the KV cache and the model, then the
-# process exits.  Cutting it short warns for nothing and kills an engine
-# core mid-teardown (on ROCm that can leave memory resident).
-DEFAULT_SHUTDOWN_GRACE_S = 10.0
-DEFAULT_START_ATTEMPTS = 3  # failed starts in a row of one replica before start() gives up
 
 
 class StageRuntime:
@@ -127,78 +121,61 @@ class StageRuntime:
         pipeline: PipelineConfig,
         emit: Callable[[Event], None],
         blobs: BlobStore,
-        *,
-        endpoint: str | None = None,
-        heartbeat_interval_s: float = 0.5,
-        lost_after_s: float = 2.0,
-        start_timeout_s: float = 120.0,
-        restart: bool = True,
-        spawn: bool | Iterable[str] = True,
-        worker_token: str | None = None,
-        load_timeout_s: float | None = None,
-        start_attempts: int = DEFAULT_START_ATTEMPTS,
-        worker_env: dict[str, str] | None = None,
-        python: str = sys.executable,
-        forward_worker_output: bool = True,
-        worker_cpus: dict[str, str] | None = None,
-        vllm_cpu_placement: Literal["spread", "vllm"] = "spread",
-        pin_server: bool = False,
-        shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
-        profile_dir: str | os.PathLike[str] | None = None,
-        placement: Literal["spawn", "ray"] = "spawn",
-        ray_address: str = "auto",
+        options: RuntimeOptions | None = None,
     ) -> None:
-        if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
-            raise ValueError(
-                f"lost_after_s={lost_after_s} must be at least twice heartbeat_interval_s="
-                f"{heartbeat_interval_s}: a single late heartbeat must not declare a worker lost"
+        """``options``: how it runs its workers (``RuntimeOptions``; None: the defaults)."""
+        if options is None:
+            options = RuntimeOptions()
+        elif not isinstance(options, RuntimeOptions):
+            raise TypeError(
+                f"options must be a RuntimeOptions (omnix.stages.options), not "
+                f"{type(options).__name__}"
             )
+        self.options = options
         self.pipeline = pipeline
         self._emit_fn = emit
         self.blobs = blobs
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.lost_after_s = lost_after_s
-        self.start_timeout_s = start_timeout_s
-        self.restart = restart
+        self.heartbeat_interval_s = options.heartbeat_interval_s
+        self.lost_after_s = options.lost_after_s
+        self.start_timeout_s = options.start_timeout_s
+        self.restart = options.restart
         # The stages whose workers this runtime starts (and restarts); the
         # others wait for `omnix worker --connect`.
-        self.spawned_stages = _spawned_stages(pipeline, spawn)
+        self.spawned_stages = _spawned_stages(pipeline, options.spawn)
         check_scaling(pipeline, self.spawned_stages)
-        self.worker_token = worker_token or None
+        self.worker_token = options.worker_token or None
         # A replica spawned but not READY within this is killed (and restarted).
-        self.load_timeout_s = start_timeout_s if load_timeout_s is None else load_timeout_s
-        if start_attempts < 1:
-            raise RuntimeConfigError(f"start_attempts={start_attempts} must be at least 1")
-        self.start_attempts = start_attempts
-        self.worker_env = dict(worker_env or {})
-        self.python = python
-        self.forward_worker_output = forward_worker_output
+        self.load_timeout_s = (
+            options.start_timeout_s if options.load_timeout_s is None else options.load_timeout_s
+        )
+        self.start_attempts = options.start_attempts
+        self.worker_env = dict(options.worker_env)
+        self.python = options.python
+        self.forward_worker_output = options.forward_worker_output
         # stage name or worker id ("stage/replica") -> CPU list ("1", "2-3"); opt-in pinning
-        self.worker_cpus = dict(worker_cpus or {})
+        self.worker_cpus = dict(options.worker_cpus)
+        spawned_here = options.placement == "spawn"  # else Ray places the workers
         # vLLM engine cores on CPUs of their own, the rest elsewhere
         # (placement.py); worker_cpus and VLLM_CPU_OMP_THREADS_BIND win.
         self.cpu_plan = (
-            runtime_plan(pipeline, vllm_cpu_placement, self.worker_env, self.worker_cpus)
-            if placement == "spawn"
-            else None  # Ray places the workers, on other hosts' CPUs
+            runtime_plan(pipeline, options.vllm_cpu_placement, self.worker_env, self.worker_cpus)
+            if spawned_here
+            else None  # on other hosts' CPUs
         )
-        self.pin_server = pin_server
+        self.pin_server = options.pin_server
         # The GPUs each spawned replica sees (its stage's devices); a device
         # this machine lacks is refused here, before any worker starts.
-        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages if placement == "spawn" else ())
-        if shutdown_grace_s < 0:
-            raise ValueError(
-                f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)"
-            )
-        self.shutdown_grace_s = shutdown_grace_s
+        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages if spawned_here else ())
+        self.shutdown_grace_s = options.shutdown_grace_s
         # Where workers write profiler traces (DIR/<stage>/<replica>); None:
         # profiling is off and PROFILE is never sent.
-        self.profile_dir = Path(profile_dir).resolve() if profile_dir is not None else None
+        self.profile_dir = (
+            Path(options.profile_dir).resolve() if options.profile_dir is not None else None
+        )
         self._ray: RayLauncher | None = None
-        if placement == "ray":
-            endpoint = self._join_ray(ray_address, endpoint)
-        elif placement != "spawn":
-            raise RuntimeConfigError(f"placement must be 'spawn' or 'ray', not {placement!r}")
+        endpoint = options.endpoint
+        if not spawned_here:
+            endpoint = self._join_ray(options.ray_address, endpoint)
         self._endpoint, self._tmpdir = _endpoint(endpoint, self.worker_token)
         self._build_parts()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
