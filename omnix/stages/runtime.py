@@ -5,11 +5,14 @@ binds one ROUTER endpoint, spawns ``replicas`` worker processes per stage
 (or waits for hand-started ones), and turns what workers say into events
 (``StageStarted``, ``Chunk``, ``Progress``, ``StageFinished``,
 ``StageFailed``, ``WorkerJoined``, ``WorkerLost``) handed to ``emit``.  This
-module holds the whole's lifecycle (start, wait until ready, shutdown) and
-what losing a replica means (``WorkerLost``, a restart, or a start-up
-error); the parts live beside it, each owning one concern:
+module holds the whole's lifecycle (build its parts from its options,
+bind, start, wait until ready, shutdown) and its public interface; the
+parts live beside it, each owning one concern:
 
 * ``options.py``: ``RuntimeOptions``, every knob beside the pipeline, typed;
+* ``endpoint.py``: the workers endpoint it binds (private ipc, tcp, Ray's);
+* ``losses.py``: what losing a replica means (``WorkerLost``, a restart, or
+  a start-up error);
 * ``slots.py``: the record of each replica (state, credits, requests);
 * ``spawner.py``: worker processes, their environment, restarts with backoff;
   or, with ``placement="ray"``, ``ray_launcher.py``: each replica a Ray
@@ -44,7 +47,8 @@ loading or a starved one is judged).
 Start-up: a spawned replica that dies before it is ready is restarted with
 backoff, during ``start()`` too, up to ``start_attempts`` failed starts in
 a row; then ``start()`` fails naming how its process ended and the last
-lines it wrote (its own INFO log lines left out).
+lines it wrote (its own INFO log lines left out; ``losses.py`` records
+why).
 
 Which stages the runtime spawns is ``spawn`` (all, none or some); the
 others wait for ``omnix worker --connect``.  With ``worker_token`` every
@@ -70,6 +74,7 @@ from omnix.events.blobs import BlobStore
 from omnix.events.types import Event, Scaled, WorkerLost
 from omnix.pipelines.config import PipelineConfig
 from omnix.stages.credits import Credits
+from omnix.stages.endpoint import ray_endpoint, workers_endpoint
 from omnix.stages.errors import (
     CapacityExceeded,
     ReplicaUnavailable,
@@ -78,9 +83,10 @@ from omnix.stages.errors import (
     WorkerStartError,
 )
 from omnix.stages.gpus import gpu_plan
-from omnix.stages.handshake import Handshake, private_endpoint
+from omnix.stages.handshake import Handshake
 from omnix.stages.launcher import Launcher, ReplicaProcess, server_namespace
 from omnix.stages.liveness import Liveness
+from omnix.stages.losses import Losses
 from omnix.stages.options import DEFAULT_SHUTDOWN_GRACE_S, DEFAULT_START_ATTEMPTS, RuntimeOptions
 from omnix.stages.placement import pin_process, runtime_plan
 from omnix.stages.profile_calls import ProfileCalls, ProfileReport
@@ -91,7 +97,7 @@ from omnix.stages.spawner import Spawner, kill_all
 from omnix.stages.wire import Wire
 from omnix.transport import messages as m
 from omnix.transport.inbox import Inbox, Route
-from omnix.transport.sockets import default_ipc_endpoint, make_router, remove_endpoint_dir
+from omnix.transport.sockets import make_router, remove_endpoint_dir
 from omnix.transport.work import WorkItem
 
 if TYPE_CHECKING:
@@ -176,15 +182,13 @@ class StageRuntime:
         endpoint = options.endpoint
         if not spawned_here:
             endpoint = self._join_ray(options.ray_address, endpoint)
-        self._endpoint, self._tmpdir = _endpoint(endpoint, self.worker_token)
+        self._endpoint, self._tmpdir = workers_endpoint(endpoint, self.worker_token)
         self._build_parts()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._inbox: Inbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
-        self._start_errors: list[str] = []
-        self._starting = False
         self._started = False
         self._closed = False
         self._finalizer = weakref.finalize(self, kill_all, self._spawner.procs, self._tmpdir)
@@ -234,6 +238,16 @@ class StageRuntime:
             running=lambda: self._started and not self._closed,
             grace_s=self.shutdown_grace_s,
         )
+        self._losses = Losses(
+            self._slots,
+            self._spawner,
+            self._scaling,
+            restart=self.restart,
+            start_attempts=self.start_attempts,
+            emit=self._emit,
+            changed=self._changed_state,
+            closed=lambda: self._closed,
+        )
 
     def _join_ray(self, address: str, endpoint: str | None) -> str:
         """``placement="ray"``: join the cluster and check it can hold the
@@ -252,7 +266,7 @@ class StageRuntime:
             closed=lambda: self._closed,
         )
         try:
-            endpoint = _ray_endpoint(endpoint, self._ray.node_ip)
+            endpoint = ray_endpoint(endpoint, self._ray.node_ip)
         except BaseException:
             self._ray.disconnect()
             raise
@@ -318,7 +332,7 @@ class StageRuntime:
         if wait is None:
             wait = bool(self.spawned_stages)
         if wait:
-            self._starting = True
+            self._losses.starting = True
             try:
                 await self._wait(
                     self.start_timeout_s,
@@ -328,7 +342,7 @@ class StageRuntime:
                 await self.shutdown()
                 raise
             finally:
-                self._starting = False
+                self._losses.starting = False
 
     def _bind(self) -> None:
         """Bind the workers' endpoint and start reading it and judging liveness."""
@@ -374,8 +388,8 @@ class StageRuntime:
         assert self._changed is not None, "call start() first"
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._start_errors:
-                raise WorkerStartError("\n".join(self._start_errors))
+            if self._losses.errors:
+                raise WorkerStartError("\n".join(self._losses.errors))
             missing = [s for s in slots if s.state != "ready"]
             if not missing:
                 return
@@ -458,81 +472,13 @@ class StageRuntime:
         slot.state = "down"
         slot.active.clear()
 
-    # -- losing a replica -----------------------------------------------------------
+    # -- losing a replica (losses.py) ------------------------------------------------
     def _lose(self, slot: Slot, reason: str, detail: str = "", *, restart: bool = True) -> None:
-        """The slot's worker is gone (or disowned): emit, clean up, restart.
-
-        ``detail`` (how it ended and its last output) goes into start-up
-        errors and logs, ``reason`` into ``WorkerLost``."""
-        if slot.state == "down":
-            return
-        if slot.draining:
-            self._scaling.gone(slot, reason)
-            return
-        was_ready = slot.state == "ready"
-        self._slots.unbind(slot)
-        slot.state = "down"
-        slot.active.clear()  # its requests are lost; the reducer marks their stages
-        slot.deferred.clear()
-        slot.outbox.clear()
-        if slot.proc is not None and slot.proc.returncode is None:
-            # Alive but silent (hung, stopped, partitioned) or too slow to
-            # load: make sure it can never come back as a ghost next to its
-            # replacement.
-            slot.proc.kill()
-        if was_ready:
-            log.warning("lost %s: %s", slot.worker_id, reason)
-            self._emit(
-                WorkerLost(
-                    worker_id=slot.worker_id, stage=slot.stage, replica=slot.replica, reason=reason
-                )
-            )
-            slot.failures = 0
-        else:
-            slot.failures += 1
-            slot.last_failure = detail or reason
-        self._changed_state()
-        if slot.proc is None or self._closed:
-            return  # hand-started: restarting it is its process manager's job
-        if not restart or not self.restart:
-            if self._starting:
-                self._start_errors.append(f"{slot.where()} did not come up: {detail or reason}")
-            return
-        if self._starting and not was_ready and slot.failures >= self.start_attempts:
-            self._start_errors.append(
-                f"{slot.where()} did not come up ({slot.failures} failed starts in a row); the last: "
-                f"{slot.last_failure}"
-            )
-            return
-        if not was_ready:
-            log.error("%s failed to start: %s", slot.worker_id, slot.last_failure)
-        self._spawner.schedule_restart(slot)
+        """The slot's worker is gone (or disowned): ``Losses.lose``."""
+        self._losses.lose(slot, reason, detail, restart=restart)
 
     def _on_proc_exit(self, proc: ReplicaProcess) -> None:
-        slot = next((s for s in self._slots.all() if s.proc is proc), None)
-        if slot is None or self._closed or slot.state == "down":
-            return  # not ours any more, or already handled (lost by heartbeat, then killed)
-        why = proc.describe_exit()
-        when = "" if slot.state == "ready" else " before it was ready"
-        self._lose(slot, why, f"{why}{when}; its last output:\n{proc.last_output()}")
-
-    def _on_start_failed(self, identity: bytes, msg: m.StartFailed) -> None:
-        slot = self._slots.by_identity.get(identity)
-        if slot is None or slot.token != msg.token:
-            return
-        text = f"{slot.where()} could not load its engine: {msg.message}"
-        if self._starting:
-            # The engine said why: a missing model or a bad argument, which a
-            # restart would only repeat.  Fail start-up with its own words.
-            self._start_errors.append(text)
-            self._lose(slot, text, restart=False)
-        else:
-            self._lose(slot, text)
-
-    def _on_goodbye(self, identity: bytes, msg: m.Goodbye) -> None:
-        slot = self._slots.by_identity.get(identity)
-        if slot is not None and slot.token == msg.token:
-            self._lose(slot, f"worker exited: {msg.reason}")
+        self._losses.on_proc_exit(proc)
 
     # -- scaling (docs/runtime.md, "Scaling"; the parts: scaling.py) ------------
     def scale(self, ev: Scaled) -> None:
@@ -547,8 +493,8 @@ class StageRuntime:
             Route(m.HEARTBEAT, m.Heartbeat, self._liveness.on_heartbeat),
             Route(m.HELLO, m.Hello, self._handshake.on_hello),
             Route(m.READY, m.Ready, self._handshake.on_ready),
-            Route(m.START_FAILED, m.StartFailed, self._on_start_failed),
-            Route(m.GOODBYE, m.Goodbye, self._on_goodbye),
+            Route(m.START_FAILED, m.StartFailed, self._losses.on_start_failed),
+            Route(m.GOODBYE, m.Goodbye, self._losses.on_goodbye),
             Route(m.PROFILED, m.Profiled, self._profiles.on_profiled),
         ]
 
@@ -584,31 +530,3 @@ def _spawned_stages(pipeline: PipelineConfig, spawn: bool | Iterable[str]) -> fr
             f"does not have (stages: {', '.join(names)})"
         )
     return frozenset(spawned)
-
-
-def _ray_endpoint(endpoint: str | None, node_ip: str) -> str:
-    """Under Ray, workers connect from the cluster's nodes: a tcp endpoint,
-    by default on the address the cluster knows this host by."""
-    if endpoint is None:
-        return f"tcp://{node_ip}:0"
-    if not endpoint.startswith("tcp://"):
-        raise RuntimeConfigError(
-            f"--placement ray: workers on the Ray cluster's nodes cannot reach {endpoint}: give "
-            "a tcp workers endpoint (tcp://HOST:PORT) or none"
-        )
-    return endpoint
-
-
-def _endpoint(endpoint: str | None, worker_token: str | None) -> tuple[str, str | None]:
-    """The workers' endpoint (a fresh ipc one when None) and the directory
-    to remove at shutdown; a public one without a worker token is an error."""
-    tmpdir = None
-    if endpoint is None:
-        endpoint, tmpdir = default_ipc_endpoint()
-    if worker_token is None and not private_endpoint(endpoint):
-        raise RuntimeConfigError(
-            f"workers endpoint {endpoint} accepts connections from other hosts: set a shared "
-            "worker token (--worker-token or OMNIX_WORKER_TOKEN on the server and on every "
-            "worker), or bind a loopback address such as tcp://127.0.0.1:PORT"
-        )
-    return endpoint, tmpdir
