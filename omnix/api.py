@@ -66,6 +66,7 @@ from omnix.orchestrator.timers import DeadlineTimer
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.plan import PipelineGraph, RequestError, validate_request
 from omnix.pipelines.validate import load_pipeline
+from omnix.stages.options import RuntimeOptions
 from omnix.transport.work import EngineInfo
 
 if TYPE_CHECKING:
@@ -159,14 +160,14 @@ class ProfilingOff(RuntimeError):
     """Profiling was asked of a server that does not profile."""
 
 
-def _stage_runtime(**options: Any) -> RuntimeFactory:
-    """The default factory: a ``StageRuntime`` (worker processes) with
-    ``options`` (its keyword arguments)."""
+def _stage_runtime(options: RuntimeOptions | None) -> RuntimeFactory:
+    """The default factory: a ``StageRuntime`` (worker processes) run as
+    ``options`` say."""
 
     def build(pipeline: PipelineConfig, emit: Callable[[Event], None], blobs: BlobStore) -> Runtime:
         from omnix.stages.runtime import StageRuntime
 
-        return StageRuntime(pipeline, emit=emit, blobs=blobs, **options)
+        return StageRuntime(pipeline, emit=emit, blobs=blobs, options=options)
 
     return build
 
@@ -387,7 +388,7 @@ class Omni:
 
     ``runtime_factory`` builds the stage runtime, once, at construction
     (``omnix.orchestrator.runtime.RuntimeFactory``); by default a
-    ``StageRuntime`` with ``runtime_options`` as its keyword arguments,
+    ``StageRuntime`` run as ``runtime_options`` say (``RuntimeOptions``),
     which spawns the pipeline's worker processes.  ``start`` starts the
     runtime, ``wait_ready`` waits until every stage can take work (call it
     before submitting right after ``start``), ``shutdown`` shuts it down.
@@ -422,7 +423,7 @@ class Omni:
         log: EventLog | None = None,
         blobs: BlobStore | None = None,
         runtime_factory: RuntimeFactory | None = None,
-        runtime_options: dict[str, Any] | None = None,
+        runtime_options: RuntimeOptions | None = None,
         clock: Clock | None = None,
         virtual_time: bool = False,
         resume_within_s: float = 300.0,
@@ -431,7 +432,12 @@ class Omni:
         sweep_interval_s: float = 1.0,
         standby: bool = False,
     ) -> None:
-        if runtime_factory is not None and runtime_options:
+        if runtime_options is not None and not isinstance(runtime_options, RuntimeOptions):
+            raise TypeError(
+                "runtime_options must be a RuntimeOptions (omnix.stages.options), not "
+                f"{type(runtime_options).__name__}"
+            )
+        if runtime_factory is not None and runtime_options is not None:
             raise ValueError(
                 "runtime_options configure the default runtime; give them to runtime_factory instead"
             )
@@ -477,7 +483,7 @@ class Omni:
             self._attach_retention()
         self.sweep_interval_s = sweep_interval_s
         self._sweeps = _Sweeps()
-        factory = runtime_factory or _stage_runtime(**(runtime_options or {}))
+        factory = runtime_factory or _stage_runtime(runtime_options)
         self._gate = EmitGate(self.sequencer.emit, held=standby)
         self.runtime: Runtime = factory(self.pipeline, self._gate, self.blobs)
         self._warmed = False

@@ -84,12 +84,15 @@ async def _generate(args: argparse.Namespace) -> int:
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.plan import RequestError, validate_request
     from omnix.pipelines.validate import PipelineError, load_pipeline
+    from omnix.stages.options import RuntimeOptions
     from omnix.stages.runtime import WorkerStartError
 
     try:
         pipeline = load_pipeline(args.pipeline)
         omni = Omni(
-            pipeline, log_dir=args.log_dir, runtime_options={"start_timeout_s": args.start_timeout}
+            pipeline,
+            log_dir=args.log_dir,
+            runtime_options=RuntimeOptions(start_timeout_s=args.start_timeout),
         )
     except (PipelineError, LogError) as exc:
         raise UsageError(str(exc)) from None

@@ -68,6 +68,7 @@ from omnix.events.types import (
 from omnix.usage import UsageError, arg_type, count
 
 if TYPE_CHECKING:
+    from omnix.stages.options import RuntimeOptions
     from omnix.stages.runtime import StageRuntime
     from omnix.transport.work import WorkItem
 
@@ -377,7 +378,7 @@ class DirectSide:
 class OmnixSide:
     """``Omni`` on a pipeline with real worker processes."""
 
-    def __init__(self, name: str, pipeline: Any, runtime_options: dict[str, Any]) -> None:
+    def __init__(self, name: str, pipeline: Any, runtime_options: RuntimeOptions) -> None:
         from omnix.api import Omni
 
         self.name = name
@@ -543,7 +544,7 @@ async def _start_all(sides: Sequence[Side], limit_s: float) -> None:
 
 
 async def _text_phase(
-    args: argparse.Namespace, pipeline: Any, options: dict[str, Any]
+    args: argparse.Namespace, pipeline: Any, options: RuntimeOptions
 ) -> dict[int, dict[str, list[Batch]]]:
     from omnix.pipelines.plan import merge_params
     from omnix.stages.placement import available_cpus, cpu_plan
@@ -664,13 +665,13 @@ class SharedWorkers:
     a replica's load is ever wrong.
     """
 
-    def __init__(self, pipeline: Any, options: dict[str, Any]) -> None:
+    def __init__(self, pipeline: Any, options: RuntimeOptions) -> None:
         from omnix.events.blobs import MemoryBlobStore
         from omnix.stages.runtime import StageRuntime
 
         self.blobs = MemoryBlobStore()
         self._owners: dict[str, Callable[[Event], None]] = {}
-        self.runtime = StageRuntime(pipeline, emit=self._emit, blobs=self.blobs, **options)
+        self.runtime = StageRuntime(pipeline, emit=self._emit, blobs=self.blobs, options=options)
 
     def attach(self, prefix: str, emit: Callable[[Event], None]) -> None:
         self._owners[prefix] = emit
@@ -748,11 +749,13 @@ class OmniVariant(OmnixSide):
 
 
 async def _ttfp_phase(
-    args: argparse.Namespace, pipeline: Any, options: dict[str, Any]
+    args: argparse.Namespace, pipeline: Any, options: RuntimeOptions
 ) -> dict[str, Any]:
-    opts = dict(options)
+    import dataclasses
+
+    opts = options
     if args.talker_cpus:
-        opts["worker_cpus"] = {"talker": args.talker_cpus}
+        opts = dataclasses.replace(options, worker_cpus={"talker": args.talker_cpus})
     shared = SharedWorkers(pipeline, opts)
     plan = shared.runtime.cpu_plan
     # Created before the workers start, so both logs see them join.
@@ -815,6 +818,7 @@ def describe_plan(plan: Any) -> str:
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.validate import PipelineError, load_pipeline
+    from omnix.stages.options import RuntimeOptions
 
     text = load_pipeline("tiny-text")
     try:
@@ -831,12 +835,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     # request.  A loss is not what this bench measures: tolerate 10 s.
     # pin_server: this process is omnix's server (and the direct client):
     # the runtime puts it on the frontend CPUs as ``omnix serve`` does.
-    options = {
-        "start_timeout_s": args.start_timeout,
-        "lost_after_s": 10.0,
-        "vllm_cpu_placement": args.vllm_cpu_placement,
-        "pin_server": True,
-    }
+    options = RuntimeOptions(
+        start_timeout_s=args.start_timeout,
+        lost_after_s=10.0,
+        vllm_cpu_placement=args.vllm_cpu_placement,
+        pin_server=True,
+    )
     res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
     if not args.skip_text:
         res.update(_text_figures(await _text_phase(args, text, options)))

@@ -40,6 +40,7 @@ from omnix.events.types import (
     StageFinished,
 )
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.runtime import StageRuntime
 from omnix.transport.sockets import check_endpoint
 from omnix.transport.work import InputPiece, WorkItem
@@ -178,9 +179,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, float]:
         _pipeline(args.chunks),
         emit,
         MemoryBlobStore(),
-        endpoint=args.endpoint,
-        forward_worker_output=False,
-        worker_cpus=worker_cpus,
+        RuntimeOptions(
+            endpoint=args.endpoint, forward_worker_output=False, worker_cpus=worker_cpus or {}
+        ),
     )
     await runtime.start()
     loop = asyncio.get_running_loop()

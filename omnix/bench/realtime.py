@@ -256,6 +256,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.models.prepare import prepare_models
     from omnix.pipelines.registry import DEFAULT_PIPELINE
     from omnix.pipelines.validate import PipelineError, load_pipeline
+    from omnix.stages.options import RuntimeOptions
     from omnix.testing.serving import serve_omni
 
     try:
@@ -278,7 +279,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "audio_s": args.audio_s,
     }
     omni = Omni(
-        pipeline, runtime_options={"forward_worker_output": False, "start_timeout_s": 600.0}
+        pipeline,
+        runtime_options=RuntimeOptions(forward_worker_output=False, start_timeout_s=600.0),
     )
     async with serve_omni(omni, telemetry=False, ready_timeout_s=600.0) as server:
         _log(

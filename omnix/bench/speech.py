@@ -222,8 +222,9 @@ async def _one(omni: Any, text: str, args: argparse.Namespace, seed: int) -> dic
 
 async def _omnix(folder: Path, args: argparse.Namespace) -> tuple[_Side, list[dict[str, Any]]]:
     from omnix.api import Omni
+    from omnix.stages.options import RuntimeOptions
 
-    omni = Omni(_pipeline(folder), runtime_options={"start_timeout_s": 600.0})
+    omni = Omni(_pipeline(folder), runtime_options=RuntimeOptions(start_timeout_s=600.0))
     await omni.start()
     try:
         await omni.wait_ready(600.0)

@@ -15,8 +15,10 @@ as a pure function of a request's events); ``core`` the plumbing every
 route calls (bodies, errors, auth, CORS, admission, the live loop, resume,
 groups); ``common`` what the rooms share beyond it (body pieces,
 planning's and rendering's common ground); ``media`` the decoding of audio/image parts at admission;
-``options`` the server's knobs; ``serve`` / ``serve_config`` the ``omnix
-serve`` verb and its config file.  Serving scripted pipelines for tests
+``options`` the server's knobs; ``serve`` the ``omnix serve`` verb's
+lifecycle, ``serve_flags`` its flags, ``serve_options`` what they build,
+``serve_config`` its config file, ``serve_cluster`` leading a replicated
+log, ``quantities`` the durations, sizes and counts flags take.  Serving scripted pipelines for tests
 and benchmarks is ``omnix.testing.serving``'s.  Routing between stages is
 the orchestrator's, never this package's.  See docs/http.md.
 """

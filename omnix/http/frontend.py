@@ -39,14 +39,14 @@ DEFAULT_PORT = 8092
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from omnix.http.serve import (
+    from omnix.http.serve_cluster import log_location_flags
+    from omnix.http.serve_flags import (
         http_flags,
         listen_flags,
         max_body_flag,
         output_flags,
         resume_grace_flag,
     )
-    from omnix.http.serve_cluster import log_location_flags
 
     log_location_flags(parser, required=True)
     listen_flags(parser, DEFAULT_PORT)
@@ -88,7 +88,8 @@ async def frontend(args: argparse.Namespace) -> int:
     from omnix.events.natslog import NatsLog
     from omnix.events.segments import LogError
     from omnix.http.app import HttpServer
-    from omnix.http.serve import _http_options, _stop_on_signals
+    from omnix.http.serve import stop_on_signals
+    from omnix.http.serve_options import http_options
 
     t0 = time.perf_counter()
     try:
@@ -98,7 +99,7 @@ async def frontend(args: argparse.Namespace) -> int:
     try:
         lease = await LeaderLease.open(followed.conn, name=args.log_name)
         info = await _leader_info(lease, args.log_name, args.log, args.leader_timeout)
-        options = _http_options(args, info.served_model_names)
+        options = http_options(args, info.served_model_names)
         remote = RemoteOmni(info, followed, followed.blobs, followed.conn.nc, args.log_name)
         await remote.start()
         server = HttpServer(remote, options, host=args.host, port=args.port)
@@ -120,7 +121,7 @@ async def frontend(args: argparse.Namespace) -> int:
             info.http_url,
         )
         log.info("ready in %.1f s (Ctrl-C to stop)", time.perf_counter() - t0)
-        await _stop_on_signals().wait()
+        await stop_on_signals().wait()
         server.mark_stopping()
         await remote.shutdown()
         await server.close()

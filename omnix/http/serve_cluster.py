@@ -222,3 +222,33 @@ class Replicated:
         if self.log is not None:
             with contextlib.suppress(Exception):
                 await self.log.aclose()
+
+
+async def follow(cluster: Replicated | None) -> NatsLog | None:
+    """The replicated log, followed (None without ``--log``)."""
+    if cluster is None:
+        return None
+    from omnix.events.segments import LogError
+
+    try:
+        followed = await cluster.open()
+        await cluster.check_leader()
+    except LogError as bad:
+        await cluster.close(leading=False)
+        raise UsageError(f"--log: {bad}", code=1) from None
+    except BaseException:
+        await cluster.close(leading=False)
+        raise
+    return followed
+
+
+async def lead(cluster: Replicated, omni: Omni, server: HttpServer) -> None:
+    """A server on a replicated log: its workers load, then it leads (at
+    once, or when the leader it stands by for stops), then it answers
+    its frontends."""
+    from omnix.cluster.door import FrontDoor
+
+    await omni.warm()
+    await cluster.lead(omni, server)
+    assert cluster.log is not None
+    await FrontDoor(omni, cluster.log.conn.nc, cluster.name).open()

@@ -22,7 +22,7 @@ pinned by the operator), with ``n >= 2`` and ``k >= 1``:
 
 * the frontend CPUs are the first ``max(1, n // (k + 1))``: those vLLM
   workers are pinned there whole, and the server too when it asks
-  (``StageRuntime(pin_server=True)``; ``omnix serve`` does);
+  (``RuntimeOptions(pin_server=True)``; ``omnix serve`` does);
 * the other CPUs are split among the ``k`` engine cores, contiguous and as
   even as possible (one CPU each, round robin, when there are more engine
   cores than CPUs).  A worker starts its ``AsyncLLM`` from a thread whose

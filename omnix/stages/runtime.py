@@ -5,10 +5,14 @@ binds one ROUTER endpoint, spawns ``replicas`` worker processes per stage
 (or waits for hand-started ones), and turns what workers say into events
 (``StageStarted``, ``Chunk``, ``Progress``, ``StageFinished``,
 ``StageFailed``, ``WorkerJoined``, ``WorkerLost``) handed to ``emit``.  This
-module holds the whole's lifecycle (start, wait until ready, shutdown) and
-what losing a replica means (``WorkerLost``, a restart, or a start-up
-error); the parts live beside it, each owning one concern:
+module holds the whole's lifecycle (build its parts from its options,
+bind, start, wait until ready, shutdown) and its public interface; the
+parts live beside it, each owning one concern:
 
+* ``options.py``: ``RuntimeOptions``, every knob beside the pipeline, typed;
+* ``endpoint.py``: the workers endpoint it binds (private ipc, tcp, Ray's);
+* ``losses.py``: what losing a replica means (``WorkerLost``, a restart, or
+  a start-up error);
 * ``slots.py``: the record of each replica (state, credits, requests);
 * ``spawner.py``: worker processes, their environment, restarts with backoff;
   or, with ``placement="ray"``, ``ray_launcher.py``: each replica a Ray
@@ -43,7 +47,8 @@ loading or a starved one is judged).
 Start-up: a spawned replica that dies before it is ready is restarted with
 backoff, during ``start()`` too, up to ``start_attempts`` failed starts in
 a row; then ``start()`` fails naming how its process ended and the last
-lines it wrote (its own INFO log lines left out).
+lines it wrote (its own INFO log lines left out; ``losses.py`` records
+why).
 
 Which stages the runtime spawns is ``spawn`` (all, none or some); the
 others wait for ``omnix worker --connect``.  With ``worker_token`` every
@@ -57,12 +62,11 @@ import contextlib
 import logging
 import os
 import secrets
-import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -70,6 +74,7 @@ from omnix.events.blobs import BlobStore
 from omnix.events.types import Event, Scaled, WorkerLost
 from omnix.pipelines.config import PipelineConfig
 from omnix.stages.credits import Credits
+from omnix.stages.endpoint import ray_endpoint, workers_endpoint
 from omnix.stages.errors import (
     CapacityExceeded,
     ReplicaUnavailable,
@@ -78,9 +83,11 @@ from omnix.stages.errors import (
     WorkerStartError,
 )
 from omnix.stages.gpus import gpu_plan
-from omnix.stages.handshake import Handshake, private_endpoint
+from omnix.stages.handshake import Handshake
 from omnix.stages.launcher import Launcher, ReplicaProcess, server_namespace
 from omnix.stages.liveness import Liveness
+from omnix.stages.losses import Losses
+from omnix.stages.options import DEFAULT_SHUTDOWN_GRACE_S, DEFAULT_START_ATTEMPTS, RuntimeOptions
 from omnix.stages.placement import pin_process, runtime_plan
 from omnix.stages.profile_calls import ProfileCalls, ProfileReport
 from omnix.stages.records import deliver
@@ -90,7 +97,7 @@ from omnix.stages.spawner import Spawner, kill_all
 from omnix.stages.wire import Wire
 from omnix.transport import messages as m
 from omnix.transport.inbox import Inbox, Route
-from omnix.transport.sockets import default_ipc_endpoint, make_router, remove_endpoint_dir
+from omnix.transport.sockets import make_router, remove_endpoint_dir
 from omnix.transport.work import WorkItem
 
 if TYPE_CHECKING:
@@ -103,20 +110,13 @@ __all__ = [
     "ProfileReport",
     "ReplicaUnavailable",
     "RuntimeConfigError",
+    "RuntimeOptions",
     "StageRuntime",
     "StageRuntimeError",
     "WorkerStartError",
 ]
 
 log = logging.getLogger("omnix.runtime")
-
-# A worker told to shut down gets this long to exit by itself before SIGTERM
-# (then 2 s more before SIGKILL).  vLLM's own teardown takes 2-4 s on a small
-# CPU machine: its engine core frees the KV cache and the model, then the
-# process exits.  Cutting it short warns for nothing and kills an engine
-# core mid-teardown (on ROCm that can leave memory resident).
-DEFAULT_SHUTDOWN_GRACE_S = 10.0
-DEFAULT_START_ATTEMPTS = 3  # failed starts in a row of one replica before start() gives up
 
 
 class StageRuntime:
@@ -127,87 +127,68 @@ class StageRuntime:
         pipeline: PipelineConfig,
         emit: Callable[[Event], None],
         blobs: BlobStore,
-        *,
-        endpoint: str | None = None,
-        heartbeat_interval_s: float = 0.5,
-        lost_after_s: float = 2.0,
-        start_timeout_s: float = 120.0,
-        restart: bool = True,
-        spawn: bool | Iterable[str] = True,
-        worker_token: str | None = None,
-        load_timeout_s: float | None = None,
-        start_attempts: int = DEFAULT_START_ATTEMPTS,
-        worker_env: dict[str, str] | None = None,
-        python: str = sys.executable,
-        forward_worker_output: bool = True,
-        worker_cpus: dict[str, str] | None = None,
-        vllm_cpu_placement: Literal["spread", "vllm"] = "spread",
-        pin_server: bool = False,
-        shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
-        profile_dir: str | os.PathLike[str] | None = None,
-        placement: Literal["spawn", "ray"] = "spawn",
-        ray_address: str = "auto",
+        options: RuntimeOptions | None = None,
     ) -> None:
-        if heartbeat_interval_s <= 0 or lost_after_s < 2 * heartbeat_interval_s:
-            raise ValueError(
-                f"lost_after_s={lost_after_s} must be at least twice heartbeat_interval_s="
-                f"{heartbeat_interval_s}: a single late heartbeat must not declare a worker lost"
+        """``options``: how it runs its workers (``RuntimeOptions``; None: the defaults)."""
+        if options is None:
+            options = RuntimeOptions()
+        elif not isinstance(options, RuntimeOptions):
+            raise TypeError(
+                f"options must be a RuntimeOptions (omnix.stages.options), not "
+                f"{type(options).__name__}"
             )
+        self.options = options
         self.pipeline = pipeline
         self._emit_fn = emit
         self.blobs = blobs
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.lost_after_s = lost_after_s
-        self.start_timeout_s = start_timeout_s
-        self.restart = restart
+        self.heartbeat_interval_s = options.heartbeat_interval_s
+        self.lost_after_s = options.lost_after_s
+        self.start_timeout_s = options.start_timeout_s
+        self.restart = options.restart
         # The stages whose workers this runtime starts (and restarts); the
         # others wait for `omnix worker --connect`.
-        self.spawned_stages = _spawned_stages(pipeline, spawn)
+        self.spawned_stages = _spawned_stages(pipeline, options.spawn)
         check_scaling(pipeline, self.spawned_stages)
-        self.worker_token = worker_token or None
+        self.worker_token = options.worker_token or None
         # A replica spawned but not READY within this is killed (and restarted).
-        self.load_timeout_s = start_timeout_s if load_timeout_s is None else load_timeout_s
-        if start_attempts < 1:
-            raise RuntimeConfigError(f"start_attempts={start_attempts} must be at least 1")
-        self.start_attempts = start_attempts
-        self.worker_env = dict(worker_env or {})
-        self.python = python
-        self.forward_worker_output = forward_worker_output
+        self.load_timeout_s = (
+            options.start_timeout_s if options.load_timeout_s is None else options.load_timeout_s
+        )
+        self.start_attempts = options.start_attempts
+        self.worker_env = dict(options.worker_env)
+        self.python = options.python
+        self.forward_worker_output = options.forward_worker_output
         # stage name or worker id ("stage/replica") -> CPU list ("1", "2-3"); opt-in pinning
-        self.worker_cpus = dict(worker_cpus or {})
+        self.worker_cpus = dict(options.worker_cpus)
+        spawned_here = options.placement == "spawn"  # else Ray places the workers
         # vLLM engine cores on CPUs of their own, the rest elsewhere
         # (placement.py); worker_cpus and VLLM_CPU_OMP_THREADS_BIND win.
         self.cpu_plan = (
-            runtime_plan(pipeline, vllm_cpu_placement, self.worker_env, self.worker_cpus)
-            if placement == "spawn"
-            else None  # Ray places the workers, on other hosts' CPUs
+            runtime_plan(pipeline, options.vllm_cpu_placement, self.worker_env, self.worker_cpus)
+            if spawned_here
+            else None  # on other hosts' CPUs
         )
-        self.pin_server = pin_server
+        self.pin_server = options.pin_server
         # The GPUs each spawned replica sees (its stage's devices); a device
         # this machine lacks is refused here, before any worker starts.
-        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages if placement == "spawn" else ())
-        if shutdown_grace_s < 0:
-            raise ValueError(
-                f"shutdown_grace_s={shutdown_grace_s} must be >= 0 (seconds a worker gets to exit)"
-            )
-        self.shutdown_grace_s = shutdown_grace_s
+        self.worker_gpus = gpu_plan(pipeline, self.spawned_stages if spawned_here else ())
+        self.shutdown_grace_s = options.shutdown_grace_s
         # Where workers write profiler traces (DIR/<stage>/<replica>); None:
         # profiling is off and PROFILE is never sent.
-        self.profile_dir = Path(profile_dir).resolve() if profile_dir is not None else None
+        self.profile_dir = (
+            Path(options.profile_dir).resolve() if options.profile_dir is not None else None
+        )
         self._ray: RayLauncher | None = None
-        if placement == "ray":
-            endpoint = self._join_ray(ray_address, endpoint)
-        elif placement != "spawn":
-            raise RuntimeConfigError(f"placement must be 'spawn' or 'ray', not {placement!r}")
-        self._endpoint, self._tmpdir = _endpoint(endpoint, self.worker_token)
+        endpoint = options.endpoint
+        if not spawned_here:
+            endpoint = self._join_ray(options.ray_address, endpoint)
+        self._endpoint, self._tmpdir = workers_endpoint(endpoint, self.worker_token)
         self._build_parts()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._inbox: Inbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
-        self._start_errors: list[str] = []
-        self._starting = False
         self._started = False
         self._closed = False
         self._finalizer = weakref.finalize(self, kill_all, self._spawner.procs, self._tmpdir)
@@ -257,6 +238,16 @@ class StageRuntime:
             running=lambda: self._started and not self._closed,
             grace_s=self.shutdown_grace_s,
         )
+        self._losses = Losses(
+            self._slots,
+            self._spawner,
+            self._scaling,
+            restart=self.restart,
+            start_attempts=self.start_attempts,
+            emit=self._emit,
+            changed=self._changed_state,
+            closed=lambda: self._closed,
+        )
 
     def _join_ray(self, address: str, endpoint: str | None) -> str:
         """``placement="ray"``: join the cluster and check it can hold the
@@ -275,7 +266,7 @@ class StageRuntime:
             closed=lambda: self._closed,
         )
         try:
-            endpoint = _ray_endpoint(endpoint, self._ray.node_ip)
+            endpoint = ray_endpoint(endpoint, self._ray.node_ip)
         except BaseException:
             self._ray.disconnect()
             raise
@@ -341,7 +332,7 @@ class StageRuntime:
         if wait is None:
             wait = bool(self.spawned_stages)
         if wait:
-            self._starting = True
+            self._losses.starting = True
             try:
                 await self._wait(
                     self.start_timeout_s,
@@ -351,7 +342,7 @@ class StageRuntime:
                 await self.shutdown()
                 raise
             finally:
-                self._starting = False
+                self._losses.starting = False
 
     def _bind(self) -> None:
         """Bind the workers' endpoint and start reading it and judging liveness."""
@@ -397,8 +388,8 @@ class StageRuntime:
         assert self._changed is not None, "call start() first"
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._start_errors:
-                raise WorkerStartError("\n".join(self._start_errors))
+            if self._losses.errors:
+                raise WorkerStartError("\n".join(self._losses.errors))
             missing = [s for s in slots if s.state != "ready"]
             if not missing:
                 return
@@ -481,81 +472,13 @@ class StageRuntime:
         slot.state = "down"
         slot.active.clear()
 
-    # -- losing a replica -----------------------------------------------------------
+    # -- losing a replica (losses.py) ------------------------------------------------
     def _lose(self, slot: Slot, reason: str, detail: str = "", *, restart: bool = True) -> None:
-        """The slot's worker is gone (or disowned): emit, clean up, restart.
-
-        ``detail`` (how it ended and its last output) goes into start-up
-        errors and logs, ``reason`` into ``WorkerLost``."""
-        if slot.state == "down":
-            return
-        if slot.draining:
-            self._scaling.gone(slot, reason)
-            return
-        was_ready = slot.state == "ready"
-        self._slots.unbind(slot)
-        slot.state = "down"
-        slot.active.clear()  # its requests are lost; the reducer marks their stages
-        slot.deferred.clear()
-        slot.outbox.clear()
-        if slot.proc is not None and slot.proc.returncode is None:
-            # Alive but silent (hung, stopped, partitioned) or too slow to
-            # load: make sure it can never come back as a ghost next to its
-            # replacement.
-            slot.proc.kill()
-        if was_ready:
-            log.warning("lost %s: %s", slot.worker_id, reason)
-            self._emit(
-                WorkerLost(
-                    worker_id=slot.worker_id, stage=slot.stage, replica=slot.replica, reason=reason
-                )
-            )
-            slot.failures = 0
-        else:
-            slot.failures += 1
-            slot.last_failure = detail or reason
-        self._changed_state()
-        if slot.proc is None or self._closed:
-            return  # hand-started: restarting it is its process manager's job
-        if not restart or not self.restart:
-            if self._starting:
-                self._start_errors.append(f"{slot.where()} did not come up: {detail or reason}")
-            return
-        if self._starting and not was_ready and slot.failures >= self.start_attempts:
-            self._start_errors.append(
-                f"{slot.where()} did not come up ({slot.failures} failed starts in a row); the last: "
-                f"{slot.last_failure}"
-            )
-            return
-        if not was_ready:
-            log.error("%s failed to start: %s", slot.worker_id, slot.last_failure)
-        self._spawner.schedule_restart(slot)
+        """The slot's worker is gone (or disowned): ``Losses.lose``."""
+        self._losses.lose(slot, reason, detail, restart=restart)
 
     def _on_proc_exit(self, proc: ReplicaProcess) -> None:
-        slot = next((s for s in self._slots.all() if s.proc is proc), None)
-        if slot is None or self._closed or slot.state == "down":
-            return  # not ours any more, or already handled (lost by heartbeat, then killed)
-        why = proc.describe_exit()
-        when = "" if slot.state == "ready" else " before it was ready"
-        self._lose(slot, why, f"{why}{when}; its last output:\n{proc.last_output()}")
-
-    def _on_start_failed(self, identity: bytes, msg: m.StartFailed) -> None:
-        slot = self._slots.by_identity.get(identity)
-        if slot is None or slot.token != msg.token:
-            return
-        text = f"{slot.where()} could not load its engine: {msg.message}"
-        if self._starting:
-            # The engine said why: a missing model or a bad argument, which a
-            # restart would only repeat.  Fail start-up with its own words.
-            self._start_errors.append(text)
-            self._lose(slot, text, restart=False)
-        else:
-            self._lose(slot, text)
-
-    def _on_goodbye(self, identity: bytes, msg: m.Goodbye) -> None:
-        slot = self._slots.by_identity.get(identity)
-        if slot is not None and slot.token == msg.token:
-            self._lose(slot, f"worker exited: {msg.reason}")
+        self._losses.on_proc_exit(proc)
 
     # -- scaling (docs/runtime.md, "Scaling"; the parts: scaling.py) ------------
     def scale(self, ev: Scaled) -> None:
@@ -570,8 +493,8 @@ class StageRuntime:
             Route(m.HEARTBEAT, m.Heartbeat, self._liveness.on_heartbeat),
             Route(m.HELLO, m.Hello, self._handshake.on_hello),
             Route(m.READY, m.Ready, self._handshake.on_ready),
-            Route(m.START_FAILED, m.StartFailed, self._on_start_failed),
-            Route(m.GOODBYE, m.Goodbye, self._on_goodbye),
+            Route(m.START_FAILED, m.StartFailed, self._losses.on_start_failed),
+            Route(m.GOODBYE, m.Goodbye, self._losses.on_goodbye),
             Route(m.PROFILED, m.Profiled, self._profiles.on_profiled),
         ]
 
@@ -607,31 +530,3 @@ def _spawned_stages(pipeline: PipelineConfig, spawn: bool | Iterable[str]) -> fr
             f"does not have (stages: {', '.join(names)})"
         )
     return frozenset(spawned)
-
-
-def _ray_endpoint(endpoint: str | None, node_ip: str) -> str:
-    """Under Ray, workers connect from the cluster's nodes: a tcp endpoint,
-    by default on the address the cluster knows this host by."""
-    if endpoint is None:
-        return f"tcp://{node_ip}:0"
-    if not endpoint.startswith("tcp://"):
-        raise RuntimeConfigError(
-            f"--placement ray: workers on the Ray cluster's nodes cannot reach {endpoint}: give "
-            "a tcp workers endpoint (tcp://HOST:PORT) or none"
-        )
-    return endpoint
-
-
-def _endpoint(endpoint: str | None, worker_token: str | None) -> tuple[str, str | None]:
-    """The workers' endpoint (a fresh ipc one when None) and the directory
-    to remove at shutdown; a public one without a worker token is an error."""
-    tmpdir = None
-    if endpoint is None:
-        endpoint, tmpdir = default_ipc_endpoint()
-    if worker_token is None and not private_endpoint(endpoint):
-        raise RuntimeConfigError(
-            f"workers endpoint {endpoint} accepts connections from other hosts: set a shared "
-            "worker token (--worker-token or OMNIX_WORKER_TOKEN on the server and on every "
-            "worker), or bind a loopback address such as tcp://127.0.0.1:PORT"
-        )
-    return endpoint, tmpdir

@@ -46,6 +46,7 @@ import msgspec
 
 from omnix.events.types import Chunk, Event, Rejected, RequestSpec
 from omnix.pipelines.config import PipelineConfig, ReplicaRange, ScriptedArgs
+from omnix.stages.options import RuntimeOptions
 
 if TYPE_CHECKING:
     import aiohttp
@@ -163,13 +164,15 @@ def _check(data: bytes, body: bytes | None, name: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def _runtime_options(cfg: PipelineConfig) -> dict[str, object]:
+def _runtime_options(cfg: PipelineConfig) -> RuntimeOptions:
     """Quiet scripted workers; real engines get time to load (vLLM on a
     busy CPU box can take minutes) and keep their logs for diagnosis."""
     scripted = all(isinstance(st.engine, ScriptedArgs) for st in cfg.stages)
     if scripted:
-        return {"forward_worker_output": False}
-    return {"start_timeout_s": float(os.environ.get("OMNIX_CAPTURE_START_TIMEOUT_S", "900"))}
+        return RuntimeOptions(forward_worker_output=False)
+    return RuntimeOptions(
+        start_timeout_s=float(os.environ.get("OMNIX_CAPTURE_START_TIMEOUT_S", "900"))
+    )
 
 
 async def _capture_workers_case(cfg: PipelineConfig, case: str, prefix: str, out: Path) -> Captured:

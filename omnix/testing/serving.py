@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from omnix.http.app import HttpServer
     from omnix.http.options import HttpOptions
     from omnix.orchestrator.runtime import Runtime
+    from omnix.stages.options import RuntimeOptions
 
 
 class _Inputs:
@@ -280,7 +281,7 @@ async def serve_scripted(
     *,
     processes: bool = False,
     telemetry: Any = False,
-    runtime_options: dict[str, Any] | None = None,
+    runtime_options: RuntimeOptions | None = None,
     omni_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[HttpServer]:
     """An ``Omni`` serving ``pipeline`` over HTTP on a free loopback port,
@@ -294,7 +295,13 @@ async def serve_scripted(
     if processes:
         omni = Omni(pipeline, runtime_options=runtime_options, **(omni_options or {}))
     else:
-        omni = Omni(pipeline, runtime_factory=InProcessRuntime, **(omni_options or {}))
+        # runtime_options beside the in-process runtime: Omni's ValueError.
+        omni = Omni(
+            pipeline,
+            runtime_factory=InProcessRuntime,
+            runtime_options=runtime_options,
+            **(omni_options or {}),
+        )
     async with serve_omni(omni, options, telemetry=telemetry) as server:
         yield server
 

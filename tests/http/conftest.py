@@ -22,6 +22,7 @@ import pytest_asyncio
 from omnix.http.app import HttpServer
 from omnix.http.options import HttpOptions
 from omnix.pipelines.validate import parse_pipeline
+from omnix.stages.options import RuntimeOptions
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.serving import serve_omni, serve_scripted
 
@@ -191,11 +192,9 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer
     # it starts.  These tests are about HTTP, not about that bound.
     omni = Omni(
         name,
-        runtime_options={
-            "forward_worker_output": False,
-            "lost_after_s": 20.0,
-            "start_timeout_s": 600.0,
-        },
+        runtime_options=RuntimeOptions(
+            forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
+        ),
     )
     async with serve_omni(omni, grace_s=2.0, telemetry=False) as server:
         yield server

@@ -42,6 +42,7 @@ from omnix.events.types import (
 from omnix.http.app import HttpServer
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.validate import load_pipeline, validate_pipeline
+from omnix.stages.options import RuntimeOptions
 from omnix.testing.media import audio_part, image_part
 
 from .conftest import real_engine_marks
@@ -91,11 +92,9 @@ async def failover_server(tmp_path_factory) -> AsyncIterator[HttpServer]:
         PIPELINE,
         # See conftest.serve_builtin: vLLM loading on 2 cores can starve
         # heartbeats for seconds.  A SIGKILL is seen at once (process exit).
-        runtime_options={
-            "forward_worker_output": False,
-            "lost_after_s": 20.0,
-            "start_timeout_s": 600.0,
-        },
+        runtime_options=RuntimeOptions(
+            forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
+        ),
     )
     async with serve_omni(omni, grace_s=2.0, telemetry=False) as server:
         yield server

@@ -38,6 +38,7 @@ from omnix.events.types import Chunk, Failed, StageFinished, WorkerJoined, Worke
 from omnix.http.app import HttpServer
 from omnix.pipelines.config import PipelineConfig
 from omnix.pipelines.validate import validate_pipeline
+from omnix.stages.options import RuntimeOptions
 from omnix.testing.pipelines import standin_omni
 
 from .conftest import real_engine_marks
@@ -96,11 +97,9 @@ async def self_abort_server(tmp_path_factory) -> AsyncIterator[HttpServer]:
         PIPELINE,
         # See conftest.serve_builtin: vLLM loading on 2 cores can starve
         # heartbeats for seconds.  A worker's exit is seen at once.
-        runtime_options={
-            "forward_worker_output": False,
-            "lost_after_s": 20.0,
-            "start_timeout_s": 600.0,
-        },
+        runtime_options=RuntimeOptions(
+            forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
+        ),
     )
     async with serve_omni(omni, grace_s=2.0, telemetry=False) as server:
         yield server

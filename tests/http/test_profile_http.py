@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from omnix.pipelines.validate import parse_pipeline
+from omnix.stages.options import RuntimeOptions
 from omnix.testing.serving import serve_scripted
 
 from .conftest import OMNI, use_processes
@@ -22,7 +23,7 @@ pytestmark = [
 
 async def test_start_and_stop_profile_write_a_trace_per_worker_of_the_stages(http, tmp_path):
     async with serve_scripted(
-        parse_pipeline(OMNI), processes=True, runtime_options={"profile_dir": tmp_path}
+        parse_pipeline(OMNI), processes=True, runtime_options=RuntimeOptions(profile_dir=tmp_path)
     ) as server:
         async with http.post(server.url + "/start_profile", json={"stages": ["thinker"]}) as r:
             body = await r.json()

@@ -8,7 +8,8 @@ from __future__ import annotations
 import aiohttp
 
 from omnix.events.retention import RetentionPolicy
-from omnix.http.serve import parse_duration, parse_size, retention_policy
+from omnix.http.quantities import parse_duration, parse_size
+from omnix.http.serve_options import retention_policy
 from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.serving import serve_scripted

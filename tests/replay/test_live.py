@@ -19,6 +19,7 @@ from omnix.replay.counterfactual import counterfactual
 from omnix.replay.drive import drive
 from omnix.replay.faults import inject
 from omnix.replay.show import render_timeline
+from omnix.stages.options import RuntimeOptions
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.trace import export_trace, read_trace
 
@@ -51,7 +52,7 @@ async def test_live_http_run_replays_in_every_mode(tmp_path, capsys):
         parse_pipeline(LIVE),
         processes=True,
         omni_options={"log_dir": log_dir},
-        runtime_options={"forward_worker_output": False},
+        runtime_options=RuntimeOptions(forward_worker_output=False),
     ) as server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             results = await asyncio.gather(

@@ -15,6 +15,7 @@ from omnix.events.log import MemoryLog
 from omnix.events.reducer import IllegalTransition
 from omnix.events.types import Admitted, Event, RequestSpec, Routed, WorkerJoined
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.runtime import StageRuntime
 from omnix.transport.work import InputPiece, WorkItem
 
@@ -35,7 +36,7 @@ class Harness:
         self._changed = asyncio.Event()
         self._seq: dict[tuple[str, str], int] = {}
         kw.setdefault("forward_worker_output", True)
-        self.rt = StageRuntime(pipeline, self._emit, self.blobs, **kw)
+        self.rt = StageRuntime(pipeline, self._emit, self.blobs, RuntimeOptions(**kw))
 
     def _emit(self, ev: Event) -> None:
         self.events.append((time.monotonic(), ev))

@@ -13,6 +13,7 @@ import pytest
 
 from omnix.events.blobs import MemoryBlobStore
 from omnix.pipelines.config import CodecArgs, PipelineConfig, ScriptedArgs, StageConfig, VllmArgs
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.placement import BIND_ENV, ENGINE_CPUS_ENV, CpuPlan, cpu_plan, engine_affinity
 from omnix.stages.runtime import StageRuntime
 from omnix.stages.worker_cli import CPUS_ENV
@@ -80,7 +81,7 @@ def test_spawned_vllm_workers_get_the_frontend_and_their_engine_cpus(monkeypatch
     blobs = MemoryBlobStore()
 
     def env(stage: str, **kw) -> dict[str, str]:
-        e = StageRuntime(omni(), lambda ev: None, blobs, **kw).spawn_env(stage, 0)
+        e = StageRuntime(omni(), lambda ev: None, blobs, RuntimeOptions(**kw)).spawn_env(stage, 0)
         return {k: v for k, v in e.items() if k in (BIND_ENV, CPUS_ENV, ENGINE_CPUS_ENV)}
 
     assert env("thinker") == {CPUS_ENV: "0", ENGINE_CPUS_ENV: "1"}

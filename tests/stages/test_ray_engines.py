@@ -18,6 +18,7 @@ from omnix.api import Omni
 from omnix.events.types import RequestSpec, Routed, StageParams, WorkerLost
 from omnix.pipelines.config import Placement
 from omnix.pipelines.validate import load_pipeline, validate_pipeline
+from omnix.stages.options import RuntimeOptions
 
 from .test_ray_placement import node_resources, running_on, until_ready
 
@@ -56,15 +57,15 @@ async def test_a_codec_worker_killed_mid_speech_on_ray_is_continued_sample_for_s
     session_models(tmp_path_factory)
     omni = Omni(
         _pipeline(),
-        runtime_options={
-            "placement": "ray",
-            "ray_address": ray_cluster.address,
-            "start_timeout_s": 600.0,
+        runtime_options=RuntimeOptions(
+            placement="ray",
+            ray_address=ray_cluster.address,
+            start_timeout_s=600.0,
             # vLLM's load can starve heartbeats on 2 cores; a SIGKILL is seen
             # at once (the actor reports its worker's end).
-            "lost_after_s": 20.0,
-            "forward_worker_output": False,
-        },
+            lost_after_s=20.0,
+            forward_worker_output=False,
+        ),
     )
     async with omni:
         await omni.wait_ready(600)

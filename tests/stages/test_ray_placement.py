@@ -17,6 +17,7 @@ worker token is refused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import socket
@@ -32,6 +33,7 @@ from omnix.api import Omni, RequestResult
 from omnix.events.types import RequestSpec, Scaled, WorkerJoined, WorkerLost
 from omnix.pipelines.validate import parse_pipeline
 from omnix.stages.errors import RuntimeConfigError
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.worker_process import EXIT_REFUSED
 from omnix.testing.pipelines import ray_two_stages_toml
 from omnix.testing.ray_cluster import add_node, lose_node
@@ -46,16 +48,13 @@ def pipeline(decoder: str = "decoder_node", replicas: int = 1):
 
 
 def ray_omni(cluster, cfg=None, **options) -> Omni:
-    return Omni(
-        cfg or pipeline(),
-        runtime_options={
-            "placement": "ray",
-            "ray_address": cluster.address,
-            "start_timeout_s": 60.0,
-            "forward_worker_output": False,
-            **options,
-        },
+    base = RuntimeOptions(
+        placement="ray",
+        ray_address=cluster.address,
+        start_timeout_s=60.0,
+        forward_worker_output=False,
     )
+    return Omni(cfg or pipeline(), runtime_options=dataclasses.replace(base, **options))
 
 
 def node_resources(node_id: str) -> dict[str, float]:

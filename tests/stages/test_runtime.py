@@ -27,6 +27,7 @@ from omnix.events.types import (
     WorkerLost,
 )
 from omnix.pipelines.config import ScriptedArgs
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.runtime import (
     CapacityExceeded,
     ReplicaUnavailable,
@@ -360,7 +361,7 @@ def test_shutdown_grace_must_not_be_negative():
             scripted_pipeline(s=(ScriptedArgs(), 1)),
             lambda ev: None,
             MemoryBlobStore(),
-            shutdown_grace_s=-1,
+            RuntimeOptions(shutdown_grace_s=-1),
         )
 
 
@@ -449,12 +450,13 @@ import asyncio, sys
 from omnix.events.blobs import MemoryBlobStore
 from omnix.events.types import WorkerJoined
 from omnix.pipelines.config import PipelineConfig, ScriptedArgs, StageConfig
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.runtime import StageRuntime
 
 async def main():
     evs = []
     p = PipelineConfig(name="p", stages=(StageConfig(name="s", engine=ScriptedArgs(), replicas=2),))  # 2: both must go
-    rt = StageRuntime(p, evs.append, MemoryBlobStore(), heartbeat_interval_s=0.2, lost_after_s=1.0)
+    rt = StageRuntime(p, evs.append, MemoryBlobStore(), RuntimeOptions(heartbeat_interval_s=0.2, lost_after_s=1.0))
     await rt.start()
     print(" ".join(str(e.pid) for e in evs if isinstance(e, WorkerJoined)), flush=True)
     await asyncio.sleep(60)  # serving, until the test kills it (bounded, should the test not)

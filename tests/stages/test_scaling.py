@@ -18,6 +18,7 @@ from omnix.api import Omni
 from omnix.events.types import TERMINAL_TYPES, Finished, RequestSpec, Routed, Scaled, WorkerJoined
 from omnix.replay.drive import drive
 from omnix.stages.errors import RuntimeConfigError
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.runtime import StageRuntime
 from omnix.testing.pipelines import scripted_omni
 from omnix.trace import export_trace, read_trace
@@ -119,7 +120,12 @@ async def test_scale_up_and_down_under_load_loses_nothing():
 
 def test_a_stage_that_scales_is_started_by_the_server():
     with pytest.raises(RuntimeConfigError, match="started by hand"):
-        StageRuntime(CFG, lambda ev: None, None, spawn=["thinker", "code2wav"])  # type: ignore[arg-type]
+        StageRuntime(
+            CFG,
+            lambda ev: None,
+            None,  # type: ignore[arg-type]
+            RuntimeOptions(spawn=["thinker", "code2wav"]),
+        )
 
 
 @pytest.mark.timeout(60)

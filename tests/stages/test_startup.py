@@ -16,6 +16,7 @@ import pytest
 from omnix.events.blobs import MemoryBlobStore
 from omnix.events.types import Chunk, StageFinished, WorkerJoined, WorkerLost
 from omnix.pipelines.config import ScriptedArgs
+from omnix.stages.options import RuntimeOptions
 from omnix.stages.runtime import RuntimeConfigError, StageRuntime, WorkerStartError
 
 from .conftest import pid_alive, scripted_pipeline
@@ -153,11 +154,18 @@ async def test_a_ready_replica_lost_while_others_load_is_restarted(harness_facto
 def test_a_public_tcp_endpoint_requires_a_worker_token():
     p = scripted_pipeline(s=(ScriptedArgs(), 1))
     with pytest.raises(RuntimeConfigError, match="--worker-token or OMNIX_WORKER_TOKEN"):
-        StageRuntime(p, lambda ev: None, MemoryBlobStore(), endpoint="tcp://0.0.0.0:0", spawn=False)
+        StageRuntime(
+            p,
+            lambda ev: None,
+            MemoryBlobStore(),
+            RuntimeOptions(endpoint="tcp://0.0.0.0:0", spawn=False),
+        )
     with pytest.raises(RuntimeConfigError, match="'nope', which pipeline 'test' does not have"):
-        StageRuntime(p, lambda ev: None, MemoryBlobStore(), spawn=["s", "nope"])
+        StageRuntime(p, lambda ev: None, MemoryBlobStore(), RuntimeOptions(spawn=["s", "nope"]))
     for private in ("tcp://127.0.0.1:0", "tcp://127.0.0.2:0", "tcp://localhost:0", "tcp://[::1]:0"):
-        StageRuntime(p, lambda ev: None, MemoryBlobStore(), endpoint=private, spawn=False)
+        StageRuntime(
+            p, lambda ev: None, MemoryBlobStore(), RuntimeOptions(endpoint=private, spawn=False)
+        )
 
 
 @pytest.fixture
