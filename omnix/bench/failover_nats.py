@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -44,6 +43,7 @@ import msgspec
 from omnix.bench.failover_pipeline import PROMPT, bench_pipeline, log_line
 from omnix.testing.nats_server import NatsServer
 from omnix.testing.served import ServeProcess
+from omnix.testing.sse import chat_delta_text, sse_events
 
 LOG_NAME = "bench"
 
@@ -69,23 +69,18 @@ async def _stream(
         async with http.post(url + "/v1/chat/completions", json=body) as r:
             if r.status != 200:
                 return out
-            async for raw in r.content:
-                line = raw.decode().strip()
-                if line == "data: [DONE]":
+            async for event in sse_events(r.content):
+                if event.done:
                     out.ok = True
                     break
-                if not line.startswith("data: "):
-                    continue
-                for choice in json.loads(line[6:]).get("choices", []):
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        now = time.perf_counter()
-                        if not out.arrivals:
-                            out.ttft_s = now - t0
-                        out.arrivals.append(now)
-                        parts.append(text)
-                        if len(parts) == kill_at and kill is not None:
-                            kill.set()
+                if text := chat_delta_text(event.data):
+                    now = time.perf_counter()
+                    if not out.arrivals:
+                        out.ttft_s = now - t0
+                    out.arrivals.append(now)
+                    parts.append(text)
+                    if len(parts) == kill_at and kill is not None:
+                        kill.set()
     except Exception as exc:  # the bench counts it lost
         log_line(f"a stream failed: {exc!r}")
     out.text = "".join(parts)

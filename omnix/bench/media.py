@@ -42,6 +42,7 @@ from typing import Any
 from omnix.bench.loop import run_on_loop
 from omnix.pipelines.config import MediaLimits, PipelineConfig, ScriptedArgs, StageConfig
 from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.testing.sse import chat_delta_text, sse_events
 from omnix.usage import UsageError, count, int_in
 
 PROMPT = "Describe what you were given in one short sentence."
@@ -140,8 +141,8 @@ class _Client:
                 self.errors.append(f"{r.status}: {(await r.text())[:200]}")
                 return None
             first = None
-            async for line in r.content:
-                if first is None and line.startswith(b"data: {") and _has_text(line):
+            async for event in sse_events(r.content):
+                if first is None and chat_delta_text(event.data):
                     first = time.perf_counter() - t0
             return first
 
@@ -228,12 +229,6 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
         "media_per_s": media_rate,
         "errors": c.errors,
     }
-
-
-def _has_text(line: bytes) -> bool:
-    """A streamed chunk carrying some generated text (not the role-only first delta)."""
-    choices = json.loads(line[6:]).get("choices") or [{}]
-    return bool(choices[0].get("delta", {}).get("content"))
 
 
 def _client_main(url: str, args: dict[str, Any], out: Any) -> None:

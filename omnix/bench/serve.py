@@ -45,7 +45,7 @@ import struct
 import sys
 import time
 import wave
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -53,6 +53,7 @@ import msgspec
 import numpy as np
 
 from omnix.bench.loop import run_on_loop
+from omnix.testing.sse import sse_events
 
 Kind = Literal["text", "audio-out", "audio-in", "speech", "image"]
 KINDS: tuple[Kind, ...] = ("text", "audio-out", "audio-in", "speech", "image")
@@ -385,33 +386,6 @@ class AudioMeter:
             self.seconds += n / self._bytes_per_s
 
 
-async def _sse_events(content: Any) -> AsyncIterator[str]:
-    """The ``data`` of each server-sent event (multi-line data joined).
-
-    Reads pieces, not lines: aiohttp's line reader refuses lines over 128
-    KiB, and one event of base64 audio can be larger."""
-    data: list[str] = []
-    line = bytearray()
-    async for piece in content.iter_any():
-        start = 0
-        while (end := piece.find(b"\n", start)) >= 0:
-            line += piece[start:end]
-            start = end + 1
-            text = line.decode("utf-8", "replace").rstrip("\r")
-            line.clear()
-            if not text:
-                if data:
-                    yield "\n".join(data)
-                    data = []
-            elif text.startswith("data:"):
-                data.append(text[5:].removeprefix(" "))
-        line += piece[start:]
-    if line.startswith(b"data:"):
-        data.append(line[5:].decode("utf-8", "replace").strip())
-    if data:
-        yield "\n".join(data)
-
-
 # --------------------------------------------------------------------------
 # Requests
 # --------------------------------------------------------------------------
@@ -575,10 +549,10 @@ class Client:
             if r.content_type == "application/json":  # a server that does not stream
                 self._chat_chunk(m, _decode(_chunk_dec, await r.read()))
             else:
-                async for data in _sse_events(r.content):
-                    if data.strip() == "[DONE]":
+                async for event in sse_events(r.content):
+                    if event.done:
                         break
-                    self._chat_chunk(m, _decode(_chunk_dec, data.encode()))
+                    self._chat_chunk(m, _decode(_chunk_dec, event.data.encode()))
         if m.ttft is None:
             raise _Failure("the response carried no text (no non-empty delta.content)")
         if kind == "audio-out" and m.audio.sample_bytes == 0:
@@ -612,10 +586,10 @@ class Client:
             if r.status != 200:
                 raise _Failure(_http_error(r.status, await r.read()))
             if r.content_type == "text/event-stream":
-                async for data in _sse_events(r.content):
-                    if data.strip() == "[DONE]":
+                async for event in sse_events(r.content):
+                    if event.done:
                         break
-                    ev = _decode(_speech_dec, data.encode())
+                    ev = _decode(_speech_dec, event.data.encode())
                     if ev.error is not None or ev.type == "error":
                         raise _Failure(_one_line(f"error in stream: {_error_text(ev.error)}"))
                     if ev.audio:

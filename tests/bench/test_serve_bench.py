@@ -314,27 +314,6 @@ def test_vllm_bench_help_runs_without_gpu() -> None:
     assert "PackageNotFoundError" not in done.stderr
 
 
-class _Pieces:
-    def __init__(self, data: bytes, size: int) -> None:
-        self.pieces = [data[i : i + size] for i in range(0, len(data), size)]
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        for p in self.pieces:
-            yield p
-
-
-@aio
-async def test_sse_parser_big_events_any_split() -> None:
-    big = "A" * 300_000  # one event of base64 audio larger than aiohttp's line limit
-    body = (
-        f'id: 1\r\ndata: {{"a": "{big}"}}\r\n\r\n: a comment\n\ndata: one\ndata: two\n\n'
-        "event: x\ndata: [DONE]\n\n"
-    ).encode()
-    for size in (1, 7, 4096, len(body)):
-        events = [e async for e in serve_bench._sse_events(_Pieces(body, size))]
-        assert events == [f'{{"a": "{big}"}}', "one\ntwo", "[DONE]"], size
-
-
 def test_vllm_omni_shaped_chunks() -> None:
     """vLLM-Omni streams audio as one base64 WAV per chunk in delta.content
     ("modality": "audio"), with usage on every chunk."""
