@@ -55,7 +55,8 @@ from typing import Any
 from omnix.bench.engines_text import LEVELS, TTFT_RATIO, TTFT_SLACK_MS, _text_figures, _text_phase
 from omnix.bench.engines_ttfp import TTFP_CUT, _ttfp_phase
 from omnix.bench.loop import run_on_loop
-from omnix.usage import UsageError, arg_type, count
+from omnix.bench.pipeline_arg import load_pipeline_arg, prepare_pipeline_models
+from omnix.usage import arg_type, count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -192,18 +193,10 @@ def _setup_flags(parser: argparse.ArgumentParser) -> None:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from omnix.models.prepare import prepare_models
-    from omnix.pipelines.validate import PipelineError, load_pipeline
-
-    text = load_pipeline("tiny-text")
-    try:
-        omni = load_pipeline(args.ttfp_pipeline)
-    except PipelineError as exc:
-        raise UsageError(str(exc)) from None
-    from pathlib import Path
-
+    text = load_pipeline_arg("tiny-text")
+    omni = load_pipeline_arg(args.ttfp_pipeline)
     for p in (text, omni):  # builds what is missing (seconds), exports OMNIX_MODEL_DIR
-        prepare_models(p, Path(args.model_dir) if args.model_dir else None)
+        prepare_pipeline_models(p, args.model_dir)
     # A worker is declared lost after 2 s without heartbeats by default; on
     # a 2-core machine shared with other work (and vLLM's busy-polling
     # processes) a starved worker went silent that long during its first

@@ -53,6 +53,7 @@ import msgspec
 
 from omnix.bench.failover_pipeline import PROMPT, bench_pipeline, log_line
 from omnix.bench.loop import run_on_loop
+from omnix.bench.pipeline_arg import prepare_pipeline_models
 from omnix.events.types import RequestSpec, Routed
 from omnix.testing.served import ServeProcess
 from omnix.testing.sse import chat_delta_text, sse_events
@@ -295,13 +296,9 @@ async def _first_new_token(http: Any, base: str, rid: str, last_id: str, logged:
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from omnix.models.prepare import prepare_models
-
     # Builds what is missing and exports OMNIX_MODEL_DIR, which the
     # workers and the `omnix serve` subprocesses inherit.
-    prepare_models(
-        bench_pipeline(args, args.max_tokens), Path(args.model_dir) if args.model_dir else None
-    )
+    prepare_pipeline_models(bench_pipeline(args, args.max_tokens), args.model_dir)
     res: dict[str, Any] = {
         "load_average_start": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),

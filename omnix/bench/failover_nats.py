@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 
 from omnix.bench.failover_pipeline import PROMPT, bench_pipeline, log_line
+from omnix.bench.pipeline_arg import prepare_pipeline_models
 from omnix.testing.nats_server import NatsServer
 from omnix.testing.served import ServeProcess
 from omnix.testing.sse import chat_delta_text, sse_events
@@ -194,12 +195,7 @@ async def _bench_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from omnix.models.prepare import prepare_models
-
-    prepare_models(
-        bench_pipeline(args, args.max_tokens, replicas=1),
-        Path(args.model_dir) if args.model_dir else None,
-    )
+    prepare_pipeline_models(bench_pipeline(args, args.max_tokens, replicas=1), args.model_dir)
     res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="omnix-bench-failover-nats-") as tmp:
         res.update(await _bench_in(args, Path(tmp)))

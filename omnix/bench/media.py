@@ -40,10 +40,11 @@ import time
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.pipeline_arg import load_pipeline_arg
 from omnix.pipelines.config import MediaLimits, PipelineConfig, ScriptedArgs, StageConfig
-from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.pipelines.validate import validate_pipeline
 from omnix.testing.sse import chat_delta_text, sse_events
-from omnix.usage import UsageError, count, int_in
+from omnix.usage import count, int_in
 
 PROMPT = "Describe what you were given in one short sentence."
 
@@ -246,10 +247,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.testing.serving import serve_scripted
 
     real = bool(args.pipeline)
-    try:
-        cfg = load_pipeline(args.pipeline) if real else _scripted(args.delay_ms)
-    except PipelineError as exc:
-        raise UsageError(str(exc)) from None
+    cfg = load_pipeline_arg(args.pipeline) if real else _scripted(args.delay_ms)
     async with serve_scripted(cfg, processes=real) as server:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
