@@ -42,7 +42,7 @@ from omnix.testing.sse import sse_events
 Kind = Literal["text", "audio-out", "audio-in", "speech", "image"]
 KINDS: tuple[Kind, ...] = ("text", "audio-out", "audio-in", "speech", "image")
 SpeechMode = Literal["audio", "sse", "stream", "none"]
-#: ``--speech-stream auto`` tries these in order (see ``_probe_speech``).
+#: ``--speech-stream auto`` tries these in order (see ``Client.probe_speech``).
 _PROBE_ORDER: tuple[SpeechMode, ...] = ("audio", "stream", "none")
 
 
