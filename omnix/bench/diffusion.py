@@ -34,8 +34,8 @@ import time
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.pipeline_arg import load_pipeline_arg
 from omnix.events.types import CancelRequested, Progress
-from omnix.pipelines.validate import PipelineError, load_pipeline
 from omnix.usage import UsageError, count, int_in
 
 
@@ -125,10 +125,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     from omnix.testing.serving import serve_scripted
 
-    try:
-        cfg = load_pipeline(args.pipeline)
-    except PipelineError as exc:
-        raise UsageError(str(exc)) from None
+    cfg = load_pipeline_arg(args.pipeline)
     if "image" not in cfg.outputs:
         raise UsageError(f"pipeline {cfg.name!r} makes no images: give a diffusion pipeline")
     body = {"prompt": "a red cube", "size": f"{args.size}x{args.size}", "steps": args.steps}

@@ -44,7 +44,6 @@ import random
 import re
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,7 +53,10 @@ import msgspec
 
 from omnix.bench.failover_pipeline import PROMPT, bench_pipeline, log_line
 from omnix.bench.loop import run_on_loop
+from omnix.bench.pipeline_arg import prepare_pipeline_models
 from omnix.events.types import RequestSpec, Routed
+from omnix.testing.served import ServeProcess
+from omnix.testing.sse import chat_delta_text, sse_events
 from omnix.usage import UsageError
 
 # The restart request must still be running when the server is killed:
@@ -210,75 +212,8 @@ async def _migration(args: argparse.Namespace) -> dict[str, Any]:
 # -- restart-resume ----------------------------------------------------------------
 
 
-class _Server:
-    """``omnix serve`` as a subprocess; ``url`` once it listens."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.url = ""
-        self.ready_at = 0.0  # when ``until`` last matched
-        self.lines: list[str] = []
-        self._reader: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def start(cls, cfg: Path, log_dir: Path) -> _Server:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "omnix.cli", "serve", "--pipeline", str(cfg), "--port", "0",
-            "--log-dir", str(log_dir),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        return cls(proc)
-
-    async def until(self, pattern: str, limit_s: float) -> re.Match[str]:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        async with asyncio.timeout(limit_s):
-            while True:
-                line = (await stdout.readline()).decode()
-                if not line:
-                    raise RuntimeError("omnix serve exited:\n" + "".join(self.lines[-30:]))
-                self.lines.append(line)
-                if m := re.search(pattern, line):
-                    self.ready_at = time.perf_counter()
-                    return m
-
-    def drain(self) -> None:
-        async def run() -> None:
-            assert self.proc.stdout is not None
-            while await self.proc.stdout.readline():
-                pass
-
-        self._reader = asyncio.ensure_future(run())
-
-    async def kill9(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-            await self.proc.wait()
-        if self._reader is not None:
-            self._reader.cancel()
-
-
-def _sse_events(buf: bytes) -> tuple[list[tuple[str, str]], bytes]:
-    """Complete SSE events in ``buf`` as (id, data), and the rest."""
-    out: list[tuple[str, str]] = []
-    while b"\n\n" in buf:
-        raw, buf = buf.split(b"\n\n", 1)
-        eid = data = ""
-        for line in raw.decode().splitlines():
-            if line.startswith("id:"):
-                eid = line[3:].strip()
-            elif line.startswith("data:"):
-                data = line[5:].strip()
-        out.append((eid, data))
-    return out, buf
-
-
-def _has_token(data: str) -> bool:
-    if not data.startswith("{"):
-        return False
-    choices = json.loads(data).get("choices") or []
-    return any((c.get("delta") or {}).get("content") for c in choices)
+async def _server(cfg: Path, log_dir: Path) -> ServeProcess:
+    return await ServeProcess.start("--pipeline", str(cfg), "--log-dir", str(log_dir))
 
 
 async def _restart(args: argparse.Namespace) -> dict[str, Any]:
@@ -302,50 +237,44 @@ async def _restart_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     }
     timeout = aiohttp.ClientTimeout(total=args.ready_timeout)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        first = await _Server.start(cfg, log_dir)
+        first = await _server(cfg, log_dir)
         try:
-            first.url = (await first.until(r"listening on (http://\S+)", args.ready_timeout)).group(
-                1
-            )
-            await first.until(r"ready in [0-9.]+ s", args.ready_timeout)
-            first.drain()
+            await first.ready(args.ready_timeout)
             last_id, tokens = "", 0
             async with http.post(first.url + "/v1/chat/completions", json=body) as r:
                 if r.status != 200:
                     raise RuntimeError(f"chat request answered {r.status}: {await r.text()}")
                 rid = r.headers["X-Request-Id"]
-                buf = b""
-                while tokens < 5:
-                    chunk = await r.content.readany()
-                    if not chunk:
-                        raise RuntimeError("the request ended before the server could be killed")
-                    events, buf = _sse_events(buf + chunk)
-                    for eid, data in events:
-                        last_id = eid or last_id
-                        tokens += _has_token(data)
+                async for event in sse_events(r.content):
+                    last_id = event.id or last_id
+                    tokens += bool(chat_delta_text(event.data))
+                    if tokens >= 5:
+                        break
+                else:
+                    raise RuntimeError("the request ended before the server could be killed")
                 await first.kill9()
         finally:
-            await first.kill9()
+            await first.close()
         logged = sum(1 for _ in iter_log(log_dir / "events"))
         log_line(f"killed the server after {tokens} tokens; {logged} events in its log")
         t0 = time.perf_counter()
-        second = await _Server.start(cfg, log_dir)
+        second = await _server(cfg, log_dir)
         ready: asyncio.Future[re.Match[str]] | None = None
+        ready_at: list[float] = []
         try:
-            second.url = (
-                await second.until(r"listening on (http://\S+)", args.ready_timeout)
-            ).group(1)
+            listening = await second.until(r"listening on (http://\S+)", args.ready_timeout)
+            second.url = listening.group(1)
             # Read the resumed stream from the moment the server listens, and
             # note when it says "ready" meanwhile.
             ready = asyncio.ensure_future(second.until(r"ready in [0-9.]+ s", args.ready_timeout))
+            ready.add_done_callback(lambda _: ready_at.append(time.perf_counter()))
             first_new = await _first_new_token(http, second.url, rid, last_id, logged) - t0
             await ready
-            ready_s = second.ready_at - t0
-            second.drain()
+            ready_s = ready_at[0] - t0
         finally:
             if ready is not None and not ready.done():
                 ready.cancel()
-            await second.kill9()
+            await second.close()
     return {"restart_resume_s": round(first_new, 2), "restart_ready_s": round(ready_s, 2)}
 
 
@@ -356,31 +285,20 @@ async def _first_new_token(http: Any, base: str, rid: str, last_id: str, logged:
     async with http.get(url, headers={"Last-Event-ID": last_id}) as r:
         if r.status != 200:
             raise RuntimeError(f"resumed stream answered {r.status}: {await r.text()}")
-        buf = b""
-        while True:
-            chunk = await r.content.readany()
-            if not chunk:
-                raise RuntimeError(
-                    "the resumed stream ended without a token from the restarted server"
-                )
-            events, buf = _sse_events(buf + chunk)
-            for eid, data in events:
-                head = eid.partition(".")[0]
-                if head.isdigit() and int(head) >= logged and _has_token(data):
-                    return time.perf_counter()
+        async for event in sse_events(r.content):
+            head = event.id.partition(".")[0]
+            if head.isdigit() and int(head) >= logged and chat_delta_text(event.data):
+                return time.perf_counter()
+    raise RuntimeError("the resumed stream ended without a token from the restarted server")
 
 
 # -- entry point ---------------------------------------------------------------------
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from omnix.models.prepare import prepare_models
-
     # Builds what is missing and exports OMNIX_MODEL_DIR, which the
     # workers and the `omnix serve` subprocesses inherit.
-    prepare_models(
-        bench_pipeline(args, args.max_tokens), Path(args.model_dir) if args.model_dir else None
-    )
+    prepare_pipeline_models(bench_pipeline(args, args.max_tokens), args.model_dir)
     res: dict[str, Any] = {
         "load_average_start": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -42,8 +41,10 @@ from typing import Any
 import msgspec
 
 from omnix.bench.failover_pipeline import PROMPT, bench_pipeline, log_line
+from omnix.bench.pipeline_arg import prepare_pipeline_models
 from omnix.testing.nats_server import NatsServer
 from omnix.testing.served import ServeProcess
+from omnix.testing.sse import chat_delta_text, sse_events
 
 LOG_NAME = "bench"
 
@@ -69,23 +70,18 @@ async def _stream(
         async with http.post(url + "/v1/chat/completions", json=body) as r:
             if r.status != 200:
                 return out
-            async for raw in r.content:
-                line = raw.decode().strip()
-                if line == "data: [DONE]":
+            async for event in sse_events(r.content):
+                if event.done:
                     out.ok = True
                     break
-                if not line.startswith("data: "):
-                    continue
-                for choice in json.loads(line[6:]).get("choices", []):
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        now = time.perf_counter()
-                        if not out.arrivals:
-                            out.ttft_s = now - t0
-                        out.arrivals.append(now)
-                        parts.append(text)
-                        if len(parts) == kill_at and kill is not None:
-                            kill.set()
+                if text := chat_delta_text(event.data):
+                    now = time.perf_counter()
+                    if not out.arrivals:
+                        out.ttft_s = now - t0
+                    out.arrivals.append(now)
+                    parts.append(text)
+                    if len(parts) == kill_at and kill is not None:
+                        kill.set()
     except Exception as exc:  # the bench counts it lost
         log_line(f"a stream failed: {exc!r}")
     out.text = "".join(parts)
@@ -199,12 +195,7 @@ async def _bench_in(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from omnix.models.prepare import prepare_models
-
-    prepare_models(
-        bench_pipeline(args, args.max_tokens, replicas=1),
-        Path(args.model_dir) if args.model_dir else None,
-    )
+    prepare_pipeline_models(bench_pipeline(args, args.max_tokens, replicas=1), args.model_dir)
     res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="omnix-bench-failover-nats-") as tmp:
         res.update(await _bench_in(args, Path(tmp)))

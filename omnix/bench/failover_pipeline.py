@@ -13,9 +13,10 @@ import sys
 
 import msgspec
 
+from omnix.bench.pipeline_arg import load_pipeline_arg
 from omnix.events.types import StageParams
 from omnix.pipelines.config import PipelineConfig, StageConfig, VllmArgs
-from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.pipelines.validate import validate_pipeline
 from omnix.usage import UsageError
 
 PROMPT = "Tell me a story about a cat."
@@ -36,10 +37,7 @@ def bench_pipeline(args: argparse.Namespace, max_tokens: int, replicas: int = 2)
         )
         cfg = PipelineConfig(name="bench-failover", stages=(stage,), outputs={"text": "thinker"})
     else:
-        try:
-            cfg = load_pipeline(args.pipeline)
-        except PipelineError as exc:
-            raise UsageError(str(exc)) from None
+        cfg = load_pipeline_arg(args.pipeline)
         if len(cfg.stages) != 1 or list(cfg.outputs) != ["text"]:
             raise UsageError(
                 f"--pipeline {args.pipeline}: give a pipeline of one stage with a text output "

@@ -40,9 +40,11 @@ import time
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.pipeline_arg import load_pipeline_arg
 from omnix.pipelines.config import MediaLimits, PipelineConfig, ScriptedArgs, StageConfig
-from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
-from omnix.usage import UsageError, count, int_in
+from omnix.pipelines.validate import validate_pipeline
+from omnix.testing.sse import chat_delta_text, sse_events
+from omnix.usage import count, int_in
 
 PROMPT = "Describe what you were given in one short sentence."
 
@@ -140,8 +142,8 @@ class _Client:
                 self.errors.append(f"{r.status}: {(await r.text())[:200]}")
                 return None
             first = None
-            async for line in r.content:
-                if first is None and line.startswith(b"data: {") and _has_text(line):
+            async for event in sse_events(r.content):
+                if first is None and chat_delta_text(event.data):
                     first = time.perf_counter() - t0
             return first
 
@@ -230,12 +232,6 @@ async def _client(url: str, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _has_text(line: bytes) -> bool:
-    """A streamed chunk carrying some generated text (not the role-only first delta)."""
-    choices = json.loads(line[6:]).get("choices") or [{}]
-    return bool(choices[0].get("delta", {}).get("content"))
-
-
 def _client_main(url: str, args: dict[str, Any], out: Any) -> None:
     out.put(asyncio.run(_client(url, args)))
 
@@ -251,10 +247,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.testing.serving import serve_scripted
 
     real = bool(args.pipeline)
-    try:
-        cfg = load_pipeline(args.pipeline) if real else _scripted(args.delay_ms)
-    except PipelineError as exc:
-        raise UsageError(str(exc)) from None
+    cfg = load_pipeline_arg(args.pipeline) if real else _scripted(args.delay_ms)
     async with serve_scripted(cfg, processes=real) as server:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()

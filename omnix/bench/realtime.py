@@ -41,12 +41,12 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.pipeline_arg import load_pipeline_arg, prepare_pipeline_models
 from omnix.usage import UsageError
 
 
@@ -253,23 +253,18 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from omnix.api import Omni
-    from omnix.models.prepare import prepare_models
     from omnix.pipelines.registry import DEFAULT_PIPELINE
-    from omnix.pipelines.validate import PipelineError, load_pipeline
     from omnix.stages.options import RuntimeOptions
     from omnix.testing.serving import serve_omni
 
-    try:
-        pipeline = load_pipeline(args.pipeline or DEFAULT_PIPELINE)
-    except PipelineError as exc:
-        raise UsageError(str(exc)) from None
+    pipeline = load_pipeline_arg(args.pipeline or DEFAULT_PIPELINE)
     media = pipeline.input_media
     if "audio" not in pipeline.outputs or media is None or not media.audio:
         raise UsageError(
             f"--pipeline {args.pipeline}: the bench needs a pipeline that takes and makes audio "
             "(tiny-omni, or a scripted one with media = { audio = true })"
         )
-    prepare_models(pipeline, Path(args.model_dir) if args.model_dir else None)
+    prepare_pipeline_models(pipeline, args.model_dir)
     load = round(os.getloadavg()[0], 2)
     a = {
         "sessions": args.sessions,

@@ -26,13 +26,12 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.pipeline_arg import load_pipeline_arg, prepare_pipeline_models
+from omnix.testing.served import ServeProcess
 from omnix.usage import UsageError
 
 
@@ -72,42 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def _start_server(
-    args: argparse.Namespace,
-) -> tuple[asyncio.subprocess.Process, str, asyncio.Task[None]]:
-    cmd = [
-        sys.executable, "-m", "omnix.cli", "serve", "--port", "0",
-        "--retain-requests", str(args.retain_requests),
-    ]  # fmt: skip
-    if args.pipeline:
-        cmd += ["--pipeline", args.pipeline]
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    url = ""
-    assert proc.stdout is not None
-    async with asyncio.timeout(args.start_timeout):
-        while True:
-            line = (await proc.stdout.readline()).decode()
-            if not line:
-                raise RuntimeError("omnix serve exited:\n" + "".join(lines[-30:]))
-            lines.append(line)
-            if m := re.search(r"listening on (http://\S+)", line):
-                url = m.group(1)
-            if "ready in" in line:
-                break
-
-    async def drain() -> None:
-        assert proc.stdout is not None
-        while line := await proc.stdout.readline():
-            lines.append(line.decode())
-            del lines[:-200]
-
-    return proc, url, asyncio.get_running_loop().create_task(drain())
+async def _start_server(args: argparse.Namespace) -> ServeProcess:
+    pipeline = ("--pipeline", args.pipeline) if args.pipeline else ()
+    served = await ServeProcess.start("--retain-requests", str(args.retain_requests), *pipeline)
+    try:
+        await served.ready(args.start_timeout)
+    except BaseException:
+        await served.close()
+        raise
+    return served
 
 
 async def _load(url: str, n: int, concurrency: int, max_tokens: int) -> tuple[int, int]:
@@ -156,25 +128,21 @@ async def _metric(url: str, name: str) -> float | None:
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     import psutil
 
-    from omnix.models.prepare import prepare_models
     from omnix.pipelines.registry import DEFAULT_PIPELINE
-    from omnix.pipelines.validate import PipelineError, load_pipeline
 
     # Builds what is missing and exports OMNIX_MODEL_DIR (the server inherits it).
-    try:
-        pipeline = load_pipeline(args.pipeline or DEFAULT_PIPELINE)
-    except PipelineError as exc:
-        raise UsageError(str(exc)) from None
-    prepare_models(pipeline, Path(args.model_dir) if args.model_dir else None)
+    pipeline = load_pipeline_arg(args.pipeline or DEFAULT_PIPELINE)
+    prepare_pipeline_models(pipeline, args.model_dir)
     res: dict[str, Any] = {
         "load_average_start": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }
     t0 = time.perf_counter()
-    proc, url, drain = await _start_server(args)
+    served = await _start_server(args)
+    url = served.url
     res["server_ready_s"] = round(time.perf_counter() - t0, 1)
     try:
-        server = psutil.Process(proc.pid)
+        server = psutil.Process(served.proc.pid)
         w_ok, w_err = await _load(url, args.warmup, args.concurrency, args.max_tokens)
         await asyncio.sleep(1.0)  # the projection and the sweep catch up
         rss0 = server.memory_info().rss
@@ -192,14 +160,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         rss1 = server.memory_info().rss
         retained = await _metric(url, "omnix_requests_retained")
     finally:
-        drain.cancel()
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await served.stop(grace_s=60.0)
     res.update(
         {
             "rss_growth_kb_per_request": round((rss1 - rss0) / 1024 / max(1, args.requests), 3),

@@ -76,6 +76,17 @@ class ServeProcess:
             self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
 
+    async def stop(self, grace_s: float = 60.0) -> None:
+        """SIGTERM, as a user stops it (its workers shut down with it);
+        SIGKILL if it is still running ``grace_s`` later."""
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace_s)
+            except TimeoutError:
+                pass
+        await self.close()
+
     async def close(self) -> None:
         await self.kill9()
         self._reader.cancel()

@@ -26,6 +26,10 @@ import pytest
 import pytest_asyncio
 
 from omnix.bench import serve as serve_bench
+from omnix.bench.audio_meter import AudioMeter
+from omnix.bench.serve_client import Client, _Measure
+from omnix.bench.serve_results import RequestRecord, ServeBenchResult
+from omnix.bench.serve_wire import _chunk_dec
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.served import ServeProcess, omnix_serve
 
@@ -85,7 +89,7 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args([*argv, "--no-progress"])
 
 
-def _summary(res: serve_bench.ServeBenchResult) -> dict[str, object]:
+def _summary(res: ServeBenchResult) -> dict[str, object]:
     out = json.loads(serve_bench._summary_json(res))
     assert isinstance(out, dict)
     return out
@@ -265,7 +269,7 @@ def _wav(samples: int, rate: int = 16000, channels: int = 1) -> bytes:
 def test_audio_meter_wav_split_anywhere() -> None:
     data = _wav(8000)  # 0.5 s
     for cut in (1, 3, 11, 20, 40, 44, 45, 100):
-        m = serve_bench.AudioMeter(24000)
+        m = AudioMeter(24000)
         m.feed(data[:cut])
         m.feed(data[cut:])
         assert m.seconds == pytest.approx(0.5), cut
@@ -276,25 +280,25 @@ def test_audio_meter_streamed_header_and_chunk_files() -> None:
     fmt = struct.pack("<HHIIHH", 1, 2, 8000, 8000 * 4, 4, 16)
     head = (b"RIFF" + b"\xff\xff\xff\xff" + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt
             + b"LIST" + struct.pack("<I", 3) + b"abc\0" + b"data" + b"\xff\xff\xff\xff")  # fmt: skip
-    m = serve_bench.AudioMeter(24000)
+    m = AudioMeter(24000)
     m.feed(head)
     assert m.sample_bytes == 0  # a header is not audio: no TTFP yet
     m.feed(b"\0" * 16000)  # 8 kHz stereo 16-bit: 0.5 s
     assert m.seconds == pytest.approx(0.5)
     # A server that sends each chunk as a WAV file of its own.
-    m = serve_bench.AudioMeter(24000)
+    m = AudioMeter(24000)
     for _ in range(3):
         m.feed(_wav(1600))
     assert m.seconds == pytest.approx(0.3)
     # Raw PCM at the given rate.
-    m = serve_bench.AudioMeter(24000)
+    m = AudioMeter(24000)
     m.feed(b"\1\0" * 12000)
     assert m.seconds == pytest.approx(0.5)
 
 
 def test_result_structs_roundtrip() -> None:
-    rec = serve_bench.RequestRecord(index=0, kind="text", ok=True, itl_s=[0.1])
-    assert msgspec.json.decode(msgspec.json.encode(rec), type=serve_bench.RequestRecord) == rec
+    rec = RequestRecord(index=0, kind="text", ok=True, itl_s=[0.1])
+    assert msgspec.json.decode(msgspec.json.encode(rec), type=RequestRecord) == rec
 
 
 # -- the vllm bench runner ---------------------------------------------------------
@@ -314,34 +318,13 @@ def test_vllm_bench_help_runs_without_gpu() -> None:
     assert "PackageNotFoundError" not in done.stderr
 
 
-class _Pieces:
-    def __init__(self, data: bytes, size: int) -> None:
-        self.pieces = [data[i : i + size] for i in range(0, len(data), size)]
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        for p in self.pieces:
-            yield p
-
-
-@aio
-async def test_sse_parser_big_events_any_split() -> None:
-    big = "A" * 300_000  # one event of base64 audio larger than aiohttp's line limit
-    body = (
-        f'id: 1\r\ndata: {{"a": "{big}"}}\r\n\r\n: a comment\n\ndata: one\ndata: two\n\n'
-        "event: x\ndata: [DONE]\n\n"
-    ).encode()
-    for size in (1, 7, 4096, len(body)):
-        events = [e async for e in serve_bench._sse_events(_Pieces(body, size))]
-        assert events == [f'{{"a": "{big}"}}', "one\ntwo", "[DONE]"], size
-
-
 def test_vllm_omni_shaped_chunks() -> None:
     """vLLM-Omni streams audio as one base64 WAV per chunk in delta.content
     ("modality": "audio"), with usage on every chunk."""
     import base64
 
-    client = serve_bench.Client(None, "http://x", "m", _args("--base-url", "http://x"))
-    m = serve_bench._Measure(24000)
+    client = Client(None, "http://x", "m", _args("--base-url", "http://x"))
+    m = _Measure(24000)
     wav = base64.b64encode(_wav(2400, rate=24000)).decode()
     chunks = [
         {"modality": "text", "choices": [{"delta": {"role": "assistant", "content": ""}}]},
@@ -351,7 +334,7 @@ def test_vllm_omni_shaped_chunks() -> None:
         {"modality": "audio", "choices": [{"delta": {"content": wav}}], "usage": {"prompt_tokens": 5, "completion_tokens": 0}},
     ]  # fmt: skip
     for c in chunks:
-        client._chat_chunk(m, serve_bench._chunk_dec.decode(json.dumps(c).encode()))
+        client._chat_chunk(m, _chunk_dec.decode(json.dumps(c).encode()))
     assert m.text_chunks == 2 and m.ttft is not None and len(m.itl) == 1
     assert m.audio.seconds == pytest.approx(0.2) and m.ttfp is not None
     assert m.usage is not None and m.usage.completion_tokens == 2

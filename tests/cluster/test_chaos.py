@@ -32,6 +32,7 @@ from omnix.pipelines.validate import load_pipeline
 from omnix.replay.drive import drive
 from omnix.testing.nats_server import NatsCluster, NatsServer
 from omnix.testing.served import ServeProcess
+from omnix.testing.sse import sse_events
 from omnix.trace import export_trace, read_trace
 
 pytestmark = pytest.mark.engines
@@ -79,14 +80,11 @@ async def stream(
         url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}
     ) as r:
         assert r.status == 200, await r.text()
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if line == "data: [DONE]":
+        async for event in sse_events(r.content):
+            if event.done:
                 out.done = True
                 break
-            if not line.startswith("data: "):
-                continue
-            for choice in json.loads(line[6:]).get("choices", []):
+            for choice in json.loads(event.data).get("choices", []):
                 delta = choice.get("delta") or {}
                 text.append(delta.get("content") or "")
                 if delta.get("audio") and delta["audio"].get("data"):

@@ -7,7 +7,6 @@ deterministic), with one terminal event in the log."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from omnix.events.types import TERMINAL_TYPES, WorkerLost
 from omnix.orchestrator.recovery import RESTART_REASON
 from omnix.testing.nats_server import NatsServer, free_port
 from omnix.testing.served import ServeProcess
+from omnix.testing.sse import SseReader, chat_delta_text, sse_events
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -45,13 +45,10 @@ async def stream_chat(
         url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}
     ) as r:
         assert r.status == 200, await r.text()
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
+        async for event in sse_events(r.content):
+            if event.done:
                 continue
-            chunk = json.loads(line[len("data: ") :])
-            for choice in chunk["choices"]:
-                text.append(choice["delta"].get("content") or "")
+            text.append(chat_delta_text(event.data))
             if len(text) == kill_after and kill is not None:
                 await kill()
     return "".join(text)
@@ -101,17 +98,10 @@ async def test_a_stream_through_a_frontend_survives_the_leader_killed_mid_stream
 
 def sse_text(raw: bytes) -> tuple[str, str, bool]:
     """(content text, last SSE id, saw [DONE]) of an SSE body read so far."""
-    text, last, done = [], "", False
-    for block in raw.decode().split("\n\n"):
-        for line in block.splitlines():
-            if line.startswith("id:"):
-                last = line[3:].strip()
-            elif line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                for choice in json.loads(line[6:]).get("choices", []):
-                    text.append((choice.get("delta") or {}).get("content") or "")
-    return "".join(text), last, done
+    reader = SseReader()
+    events = reader.feed(raw)
+    text = "".join(chat_delta_text(event.data) for event in events)
+    return text, reader.last_id, any(event.done for event in events)
 
 
 @in_session_loop

@@ -15,6 +15,7 @@ import pytest
 from omnix.replay.drive import drive
 from omnix.replay.faults import check_invariants
 from omnix.replay.show import render_timeline
+from omnix.testing.sse import parse_sse
 from omnix.trace import read_trace
 
 CORPUS = Path(__file__).resolve().parents[2] / "replay"
@@ -69,10 +70,10 @@ def _response(body: Path) -> tuple[str, str, object]:
     text: list[str] = []
     audio: list[str] = []
     usage: object = None
-    for line in body.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("data: {"):
+    for event in parse_sse(body.read_bytes()):
+        if not event.data.startswith("{"):
             continue
-        data = json.loads(line[6:])
+        data = json.loads(event.data)
         for choice in data.get("choices", []):
             delta = choice.get("delta", {})
             text.append(delta.get("content") or "")
