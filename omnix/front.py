@@ -1,6 +1,6 @@
 """What the HTTP layer needs of the process it serves for.
 
-Owns: ``Front``, the protocol the HTTP handlers are written against.  Two
+Owns: ``OmniProtocol``, the protocol the HTTP handlers are written against.  Two
 things implement it structurally: ``omnix.api.Omni`` (the pipeline served
 in this process: ``omnix serve``) and ``omnix.cluster.remote.RemoteOmni``
 (a frontend that follows a replicated log and hands what it must append
@@ -46,7 +46,7 @@ class Unavailable(RuntimeError):
     Retry-After and this message."""
 
 
-class Front(Protocol):
+class OmniProtocol(Protocol):
     """A served pipeline as its HTTP handlers see it (see the module docstring)."""
 
     pipeline: PipelineConfig

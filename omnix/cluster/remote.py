@@ -64,7 +64,7 @@ class LeaderUnavailable(Unavailable):
 
 
 class RemoteOmni:
-    """The HTTP API's ``Omni`` on a frontend (``omnix.front.Front``)."""
+    """The HTTP API's ``Omni`` on a frontend (``omnix.front.OmniProtocol``)."""
 
     retention: Retention | None = None
 

@@ -31,7 +31,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from omnix.front import Front
+from omnix.front import OmniProtocol
 from omnix.http.core.auth import auth_middleware
 from omnix.http.core.body import generation
 from omnix.http.core.cors import Cors
@@ -45,18 +45,18 @@ from omnix.telemetry import Telemetry
 
 log = logging.getLogger("omnix.http")
 
-OMNI_KEY: web.AppKey[Front] = web.AppKey("omni", Front)
+OMNI_KEY: web.AppKey[OmniProtocol] = web.AppKey("omni", OmniProtocol)
 SERVER_KEY: web.AppKey[Server] = web.AppKey("server", Server)
 
 
-def _make_telemetry(omni: Front) -> Telemetry:
+def _make_telemetry(omni: OmniProtocol) -> Telemetry:
     """The telemetry behind /metrics, built from the environment."""
     # The config, not its name: audio seconds count at its codec stage's rate.
     return Telemetry.from_env(omni.pipeline)
 
 
 def build_app(
-    omni: Front,
+    omni: OmniProtocol,
     options: HttpOptions | None = None,
     *,
     telemetry: Telemetry | bool | None = True,
@@ -119,7 +119,7 @@ class HttpServer:
 
     def __init__(
         self,
-        omni: Front,
+        omni: OmniProtocol,
         options: HttpOptions | None = None,
         *,
         host: str = "127.0.0.1",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from omnix.front import Front
+from omnix.front import OmniProtocol
 
 log = logging.getLogger("omnix.http")
 
@@ -24,7 +24,7 @@ log = logging.getLogger("omnix.http")
 class Readers:
     """The readers of one server's streamed responses."""
 
-    def __init__(self, omni: Front, grace_s: float) -> None:
+    def __init__(self, omni: OmniProtocol, grace_s: float) -> None:
         self.omni = omni
         #: Seconds a streamed request outlives its dropped client, for a
         #: reconnect to ``/stream`` (0: cancel at once).

@@ -23,7 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from omnix.events.log import LogClosed
-from omnix.front import Front
+from omnix.front import OmniProtocol
 from omnix.http.common.rendering import Head, Rendered
 
 #: A streamed response writes at least this often (bytes) within a burst.
@@ -82,7 +82,7 @@ async def finish(
     return resp
 
 
-async def durable(omni: Front, pos: int) -> None:
+async def durable(omni: OmniProtocol, pos: int) -> None:
     """Wait until the log position ``pos`` is acknowledged (on disk for a
     ``--log-dir`` log, acked by JetStream for a replicated one): a client
     is never sent bytes of an event that a crash could take back, so the
@@ -95,7 +95,7 @@ async def durable(omni: Front, pos: int) -> None:
             pass  # closing wrote out (and acknowledged) everything it could
 
 
-def caught_up(omni: Front, rid: str, pos: int) -> bool:
+def caught_up(omni: OmniProtocol, rid: str, pos: int) -> bool:
     """No event of ``rid`` after ``pos`` is in the log yet: the tail is
     about to wait, so what is buffered should leave now."""
     rs = omni.state(rid)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from omnix.events.options import SpeechOptions, group_of
 from omnix.events.types import Admitted, Rejected
-from omnix.front import Front
+from omnix.front import OmniProtocol
 from omnix.http.common.rendering import parse_event_id
 from omnix.http.core.errors import ApiError
 from omnix.http.render import StreamRenderer
@@ -52,7 +52,7 @@ def _bad_id(rid: str, last: str, why: str, status: int = 409) -> ApiError:
     )
 
 
-async def resume_point(omni: Front, rid: str, last: str | None) -> ResumePoint:
+async def resume_point(omni: OmniProtocol, rid: str, last: str | None) -> ResumePoint:
     """The point after SSE event ``last`` of ``rid``'s streamed response
     (from its start when ``last`` is None).  Raises ``ApiError``: 400 when
     ``last`` is not an event id; 409 when the response was not streamed,

@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 from aiohttp import web
 
 from omnix.api import new_request_id, new_seed
-from omnix.front import Front
+from omnix.front import OmniProtocol
 from omnix.http.common.plan import Served
 from omnix.http.common.rendering import RETRY_AFTER
 from omnix.http.common.tokens import PromptTokens
@@ -47,7 +47,11 @@ class Server:
     """What the handlers of one app share."""
 
     def __init__(
-        self, omni: Front, options: HttpOptions | None = None, *, telemetry: Telemetry | None = None
+        self,
+        omni: OmniProtocol,
+        options: HttpOptions | None = None,
+        *,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.omni = omni
         self.options = options = options or HttpOptions()

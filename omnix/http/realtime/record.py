@@ -26,7 +26,7 @@ from omnix.events.blobs import BlobStore
 from omnix.events.options import API_TRANSCRIPTION, RealtimeOptions
 from omnix.events.sessions import SessionOp, SessionSettings
 from omnix.events.types import Admitted, Event, RequestEvent, SessionChanged
-from omnix.front import Front
+from omnix.front import OmniProtocol
 from omnix.http.realtime.conversation import Conversation, Entry
 from omnix.http.realtime.items import as_event, from_event
 from omnix.http.realtime.protocol import Item
@@ -37,7 +37,7 @@ from omnix.http.realtime.transcript import TranscriptStream
 class Recorder:
     """Appends one session's changes to the log."""
 
-    def __init__(self, omni: Front, session: str) -> None:
+    def __init__(self, omni: OmniProtocol, session: str) -> None:
         self.omni = omni
         self.session = session
 
@@ -165,7 +165,7 @@ def _apply(out: Folded, ev: SessionChanged) -> None:
                 entry.audio_ms = ev.audio_end_ms
 
 
-def restore(omni: Front, session: str) -> Folded | None:
+def restore(omni: OmniProtocol, session: str) -> Folded | None:
     """The session as the log holds it; None when the log has no such
     session (never opened here, or released with the log's prefix)."""
     log = omni.log
