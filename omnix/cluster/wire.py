@@ -12,7 +12,7 @@ A call carries everything the leader needs: the arrays a request's media
 parts reference travel with its admission, a session change's audio with
 the change (a frontend's blob store is a follower's, not the leader's).
 
-Does not own sending (``remote``) or answering (``door``).
+Does not own sending (``remote``) or answering (``answerer``).
 """
 
 from __future__ import annotations

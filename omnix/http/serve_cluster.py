@@ -7,7 +7,7 @@ server on one: it follows the log (``NatsLog.follow``), starts its workers
 (``LeaderLease``: at once, or as a standby when the leader's lapses),
 promotes the log, takes it over as a restart does (``Omni.start``: the old
 leader's replicas are recorded lost, its requests in flight continue on
-this server's workers), and answers its frontends' calls (``FrontDoor``).
+this server's workers), and answers its frontends' calls (``FrontendCallAnswerer``).
 A server whose lease went unrenewed (NATS did not answer) takes it back
 when NATS answers; one that another server took the lease from, or whose
 appends another leader fenced, stops at once without appending (exit
@@ -246,9 +246,9 @@ async def lead(cluster: Replicated, omni: Omni, server: HttpServer) -> None:
     """A server on a replicated log: its workers load, then it leads (at
     once, or when the leader it stands by for stops), then it answers
     its frontends."""
-    from omnix.cluster.door import FrontDoor
+    from omnix.cluster.answerer import FrontendCallAnswerer
 
     await omni.warm()
     await cluster.lead(omni, server)
     assert cluster.log is not None
-    await FrontDoor(omni, cluster.log.conn.nc, cluster.name).open()
+    await FrontendCallAnswerer(omni, cluster.log.conn.nc, cluster.name).open()

@@ -1,6 +1,6 @@
 """The leader's side of its frontends' calls.
 
-Owns: ``FrontDoor``, which answers the calls of ``wire.Call`` on the log's
+Owns: ``FrontendCallAnswerer``, which answers the calls of ``wire.Call`` on the log's
 calls subject (NATS request/reply, a queue group so one leader answers
 each) by calling the leader's ``Omni`` exactly as its own HTTP handlers do,
 and replies once what the call appended is acknowledged by the log, so a
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("omnix.cluster")
 
 
-class FrontDoor:
+class FrontendCallAnswerer:
     """Answers a log's frontend calls with ``omni``."""
 
     def __init__(self, omni: Omni, nc: Any, log_name: str) -> None:
