@@ -51,7 +51,7 @@ def test_openapi_publishes_only_what_the_pipeline_answers() -> None:
 def test_x_request_id_names_every_route_s_requests() -> None:
     from omnix.http.audio.protocol import SpeechRequest
     from omnix.http.audio.speech import speech_plan
-    from omnix.http.common.plan import CLIENT_REQUEST_ID, Served
+    from omnix.http.common.plan import CLIENT_REQUEST_ID, PlanContext
     from omnix.http.images.plan import image_plan
     from omnix.http.images.protocol import ImageRequest
     from omnix.pipelines.validate import parse_pipeline
@@ -66,7 +66,7 @@ def test_x_request_id_names_every_route_s_requests() -> None:
         image = "image"
         """
     )
-    served = Served(image, new_request_id=lambda: "fresh", new_seed=lambda: 1)
+    served = PlanContext(image, new_request_id=lambda: "fresh", new_seed=lambda: 1)
     token = CLIENT_REQUEST_ID.set("mine")
     try:
         plan = image_plan(ImageRequest(prompt="x", n=3), served)

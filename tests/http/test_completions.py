@@ -17,7 +17,7 @@ from omnix.events.options import RawPrompt, group_of
 from omnix.events.types import Admitted, Chunk, Event, Finished, StageFinished, TokenLogprob
 from omnix.http.chat.plan import chat_plan
 from omnix.http.chat.protocol import ChatCompletionRequest
-from omnix.http.common.plan import Plan, Served
+from omnix.http.common.plan import Plan, PlanContext
 from omnix.http.completions.plan import completion_plan
 from omnix.http.completions.protocol import CompletionRequest
 from omnix.http.core.errors import ApiError
@@ -33,9 +33,11 @@ _on_session_loop = pytest.mark.asyncio(loop_scope="session")
 _decode = msgspec.json.Decoder(CompletionRequest)
 
 
-def _served(name: str = "tiny-text") -> Served:
+def _served(name: str = "tiny-text") -> PlanContext:
     ids = iter(range(10**6))
-    return Served(load_pipeline(name), new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 11)
+    return PlanContext(
+        load_pipeline(name), new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 11
+    )
 
 
 def _plan(body: dict[str, Any], tokenizer: Any = None, name: str = "tiny-text") -> Plan:

@@ -20,7 +20,7 @@ from omnix.http.audio.speech import speech_plan
 from omnix.http.audio.transcribe import transcription_plan
 from omnix.http.chat.plan import chat_plan
 from omnix.http.chat.protocol import ChatCompletionRequest
-from omnix.http.common.plan import Plan, Served
+from omnix.http.common.plan import Plan, PlanContext
 from omnix.http.completions.plan import completion_plan
 from omnix.http.completions.protocol import CompletionRequest
 from omnix.http.images.plan import image_plan
@@ -32,7 +32,7 @@ V5 = json.loads((Path(__file__).parent / "fixtures" / "options_v5.json").read_te
 USER = [{"role": "user", "content": "hi"}]
 
 
-def served(name: str) -> Served:
+def served(name: str) -> PlanContext:
     ids = iter(range(100))
     pipeline = load_pipeline(name)
     if name == "tiny-omni":
@@ -40,7 +40,7 @@ def served(name: str) -> Served:
         # which took any voice (the fixture's "v1"); Qwen3-Omni's talker now
         # refuses one its checkpoint lacks.  The same stages, stand-ins.
         pipeline = msgspec.structs.replace(standin_omni(), name=name)
-    return Served(pipeline, new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 5)
+    return PlanContext(pipeline, new_request_id=lambda: f"r{next(ids)}", new_seed=lambda: 5)
 
 
 class _Tok:
@@ -71,7 +71,7 @@ def _images_url() -> Plan:
         'name = "img"\n[[stages]]\nname = "image"\n'
         'engine = { kind = "diffusers", model = "/nonexistent/x" }\n[outputs]\nimage = "image"\n'
     )
-    s = Served(img, new_request_id=lambda: "r0", new_seed=lambda: 5)
+    s = PlanContext(img, new_request_id=lambda: "r0", new_seed=lambda: 5)
     body = {"prompt": "cat", "response_format": "url", "output_format": "jpeg"}
     return image_plan(_dec(ImageRequest, body), s, files_url="http://h/v1/files/")
 

@@ -26,7 +26,7 @@ from omnix.events.types import (
 )
 from omnix.http.audio.protocol import SpeechRequest
 from omnix.http.audio.speech import speech_plan
-from omnix.http.common.plan import Served
+from omnix.http.common.plan import PlanContext
 from omnix.http.core.body import files_url as _files_url
 from omnix.http.core.errors import ApiError
 from omnix.http.images.plan import image_plan
@@ -274,8 +274,10 @@ image = "image"
 """
 
 
-def served() -> Served:
-    return Served(parse_pipeline(DIFFUSION), new_request_id=lambda: "req-1", new_seed=lambda: 7)
+def served() -> PlanContext:
+    return PlanContext(
+        parse_pipeline(DIFFUSION), new_request_id=lambda: "req-1", new_seed=lambda: 7
+    )
 
 
 async def test_url_is_absolute_from_the_host():
@@ -332,7 +334,7 @@ async def test_diffusion_params_are_recorded_and_url_renders_from_the_log():
 
 
 async def test_speech_plan_stream_true():
-    s = Served(
+    s = PlanContext(
         parse_pipeline(
             '\nname = "p-tts"\n[[stages]]\nname = "code2wav"\nengine = { kind = "scripted", '
             'output_modality = "audio" }\n[outputs]\naudio = "code2wav"\n'

@@ -15,7 +15,7 @@ from __future__ import annotations
 from omnix.events.options import API_SPEECH, SpeechOptions
 from omnix.events.types import Modality, RequestSpec, StageParams
 from omnix.http.audio.protocol import SpeechRequest
-from omnix.http.common.plan import Plan, Served
+from omnix.http.common.plan import Plan, PlanContext
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import (
     bad,
@@ -27,7 +27,7 @@ from omnix.http.common.sampling import (
 )
 
 
-def speech_plan(body: SpeechRequest, served: Served, *, traceparent: str = "") -> Plan:
+def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = "") -> Plan:
     served.check_model(body.model)
     if body.stream is False and body.stream_format is not None:
         raise bad(

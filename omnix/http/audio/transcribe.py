@@ -49,7 +49,7 @@ from omnix.http.common.fields import (
     TextPart,
 )
 from omnix.http.common.form import Upload
-from omnix.http.common.plan import DecodedBlob, Plan, Served
+from omnix.http.common.plan import DecodedBlob, Plan, PlanContext
 from omnix.http.core.errors import ApiError
 from omnix.http.media.common import AUDIO_MEDIA_TYPES
 
@@ -224,7 +224,7 @@ def audio_part(upload: Upload) -> MediaContentPart:
 # --------------------------------------------------------------------------
 
 
-def check_pipeline(served: Served) -> None:
+def check_pipeline(served: PlanContext) -> None:
     """400 unless the served pipeline takes audio and produces text."""
     p = served.pipeline
     media = p.input_media
@@ -257,7 +257,7 @@ def instruction(form: TranscriptionForm) -> str:
 
 def transcription_plan(
     form: TranscriptionForm,
-    served: Served,
+    served: PlanContext,
     audio: MediaPart,
     blobs: tuple[DecodedBlob, ...],
     *,

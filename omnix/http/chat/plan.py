@@ -22,7 +22,7 @@ from omnix.events.options import API_CHAT, AudioFormat, ChatOptions
 from omnix.events.types import ChatMessage, MediaPart, Modality, RequestSpec, StageParams
 from omnix.http.chat.protocol import ChatCompletionRequest
 from omnix.http.common.fields import MediaContentPart, Message, TextPart
-from omnix.http.common.plan import DecodedBlob, Media, Plan, Served, group_ids, member
+from omnix.http.common.plan import DecodedBlob, Media, Plan, PlanContext, group_ids, member
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import bad, put, sampling_extras, text_params
 from omnix.http.core.errors import ApiError
@@ -209,7 +209,7 @@ def _check_samples(body: ChatCompletionRequest, batched: bool, wants_audio: bool
 
 def _options(
     body: ChatCompletionRequest,
-    served: Served,
+    served: PlanContext,
     outputs: tuple[Modality, ...],
     text_stage: str,
     logprobs: bool,
@@ -240,7 +240,7 @@ def _options(
 
 def chat_plan(
     body: ChatCompletionRequest,
-    served: Served,
+    served: PlanContext,
     *,
     traceparent: str = "",
     media: Media | None = None,

@@ -3,7 +3,7 @@
 Owns: the body pieces several routes' protocols are built of (``fields``:
 value types, messages and their content parts, ``StreamOptions``, the
 sampling fields of chat and completions, ``Usage``), planning's common
-ground (``plan``: ``Served``, ``Plan``, request ids and a call's group;
+ground (``plan``: ``PlanContext``, ``Plan``, request ids and a call's group;
 ``sampling``: the parameters per stage and the engines that honour them;
 ``tokens``: a prompt's length and the tokenizer routes' tokenizer),
 rendering's common ground (``rendering``: heads, SSE framing and ids,

@@ -1,7 +1,7 @@
 """Planning's common ground: what one HTTP call submits, and for which pipeline.
 
 Owns: ``Plan`` (the requests one call submits, in choice order, and the
-decoded media their specs reference), ``Served`` (what every route's
+decoded media their specs reference), ``PlanContext`` (what every route's
 planning needs to know about the served pipeline: its model name, output
 stages, engines, audio rate; fresh ids and seeds), the request id a
 client named (``CLIENT_REQUEST_ID``, set by ``body.generation`` for the
@@ -68,7 +68,7 @@ class Plan(msgspec.Struct, frozen=True):
         return tuple(rid for rid, _ in self.specs)
 
 
-class Served:
+class PlanContext:
     """What the adapters need to know about the served pipeline."""
 
     def __init__(
@@ -187,7 +187,7 @@ class Served:
         return got
 
 
-def group_ids(served: Served, n: int) -> tuple[str, list[str]]:
+def group_ids(served: PlanContext, n: int) -> tuple[str, list[str]]:
     """The id of a call that submits ``n`` requests, and theirs: the id
     itself for one, ``ID-0``, ``ID-1``... for more."""
     gid = served.new_request_id()

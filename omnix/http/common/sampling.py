@@ -30,7 +30,7 @@ from omnix.http.common.fields import (
     SamplingParamsList,
     Stop,
 )
-from omnix.http.common.plan import Served
+from omnix.http.common.plan import PlanContext
 from omnix.http.core.errors import ApiError
 from omnix.pipelines.plan import merge_params
 
@@ -100,7 +100,7 @@ def bad(param: str, why: str) -> ApiError:
     return ApiError(400, why, param=param, code="invalid_value")
 
 
-def stage_params(served: Served, given: SamplingParamsList | None) -> dict[str, StageParams]:
+def stage_params(served: PlanContext, given: SamplingParamsList | None) -> dict[str, StageParams]:
     """``sampling_params_list`` as a map by stage name."""
     if given is None:
         return {}
@@ -127,7 +127,7 @@ def put(params: dict[str, StageParams], stage: str, base: StageParams) -> None:
     params[stage] = merge_params(base, params.get(stage))
 
 
-def check_speech(served: Served, param: str, stages: tuple[str, ...]) -> None:
+def check_speech(served: PlanContext, param: str, stages: tuple[str, ...]) -> None:
     """400 unless one of ``stages`` (the speech stages) honours ``param``."""
     can = SPEECH_ENGINE_PARAMS[param]
     if any(served.engine_of(st) in can for st in stages):
@@ -142,7 +142,7 @@ def check_speech(served: Served, param: str, stages: tuple[str, ...]) -> None:
     )
 
 
-def check_engines(served: Served, params: dict[str, StageParams]) -> None:
+def check_engines(served: PlanContext, params: dict[str, StageParams]) -> None:
     """400 for a sampling parameter a stage's engine cannot honour
     (``ENGINE_PARAMS``, the diffusion fields, ``speed``), naming the
     parameter and the stage."""
@@ -175,7 +175,7 @@ def check_engines(served: Served, params: dict[str, StageParams]) -> None:
             check_speech(served, "speed", (stage,))
 
 
-def check_diffusion(served: Served, params: dict[str, StageParams]) -> None:
+def check_diffusion(served: PlanContext, params: dict[str, StageParams]) -> None:
     """400 for a diffusion parameter a diffusers stage's pipeline would
     ignore (``diffusers_engine.refusal``, judged on the stage's defaults
     with the request's values on top, as the engine will run it).  The
@@ -265,7 +265,7 @@ def sampling_extras(
 
 
 def text_params(
-    served: Served, given: SamplingParamsList | None, stage: str, base: StageParams
+    served: PlanContext, given: SamplingParamsList | None, stage: str, base: StageParams
 ) -> dict[str, StageParams]:
     """Every stage's parameters: ``sampling_params_list``, the top-level
     ones put on the text ``stage``; 400 for one a stage's engine cannot

@@ -21,7 +21,7 @@ import msgspec
 
 from omnix.events.options import API_COMPLETIONS, CompletionOptions, RawPrompt
 from omnix.events.types import RequestSpec
-from omnix.http.common.plan import Plan, Served, group_ids, member
+from omnix.http.common.plan import Plan, PlanContext, group_ids, member
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import bad, sampling_extras, text_params, unsupported
 from omnix.http.completions.protocol import CompletionRequest
@@ -31,7 +31,7 @@ from omnix.http.core.errors import ApiError
 COMPLETION_MAX_TOKENS: Final = 16
 
 
-def completion_stage(served: Served) -> str:
+def completion_stage(served: PlanContext) -> str:
     """The stage a raw completion prompt goes to: the text stage, when it is
     a vLLM stage that reads the request's prompt itself (the pipeline's
     first stage, whose tokenizer counts the prompt); else 400 naming it."""
@@ -172,7 +172,7 @@ def _entries(
 
 
 def completion_plan(
-    body: CompletionRequest, served: Served, *, traceparent: str = "", tokenizer: Any = None
+    body: CompletionRequest, served: PlanContext, *, traceparent: str = "", tokenizer: Any = None
 ) -> Plan:
     """``tokenizer``: the text stage's (``PromptTokens.tokenizer``), needed
     for token-id prompts (checked against its vocabulary, and decoded: the

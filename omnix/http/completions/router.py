@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from omnix.http.common import doc
-from omnix.http.common.plan import Served
+from omnix.http.common.plan import PlanContext
 from omnix.http.completions.plan import completion_plan, completion_stage
 from omnix.http.completions.protocol import Completion, CompletionRequest
 from omnix.http.core.body import read_body, traceparent
@@ -43,7 +43,7 @@ async def completions(server: Server, request: web.Request) -> web.StreamRespons
 def completions_served(pipeline: PipelineConfig) -> bool:
     """Whether ``/v1/completions`` answers for this pipeline (else 400)."""
     try:
-        completion_stage(Served(pipeline, new_request_id=str, new_seed=int))
+        completion_stage(PlanContext(pipeline, new_request_id=str, new_seed=int))
     except ApiError:
         return False
     return True

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from omnix.api import new_request_id, new_seed
 from omnix.front import OmniProtocol
-from omnix.http.common.plan import Served
+from omnix.http.common.plan import PlanContext
 from omnix.http.common.rendering import RETRY_AFTER
 from omnix.http.common.tokens import PromptTokens
 from omnix.http.core.errors import ApiError, Handler
@@ -59,7 +59,7 @@ class Server:
         if telemetry is not None and omni.retention is not None:
             telemetry.follow_retention(omni.retention)
         self.metrics: Handler | None = None if telemetry is None else metrics_handler(telemetry)
-        self.served = Served(
+        self.served = PlanContext(
             omni.pipeline,
             names=options.served_model_names,
             new_request_id=new_request_id,

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from omnix.engines.diffusers_model import edit_task
 from omnix.http.common import form as common_form
-from omnix.http.common.plan import Served
+from omnix.http.common.plan import PlanContext
 from omnix.http.core.body import files_url, traceparent
 from omnix.http.core.errors import ApiError
 from omnix.http.core.live import respond
@@ -72,7 +72,7 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
-def _stage_args(served: Served) -> tuple[str, DiffusersArgs]:
+def _stage_args(served: PlanContext) -> tuple[str, DiffusersArgs]:
     """The image stage, which must be a diffusers stage taking images."""
     p = served.pipeline
     stage = served.output_stage("image")
@@ -90,7 +90,7 @@ def _stage_args(served: Served) -> tuple[str, DiffusersArgs]:
 
 
 def _files(
-    served: Served, stage: str, args: DiffusersArgs, form: common_form.Form
+    served: PlanContext, stage: str, args: DiffusersArgs, form: common_form.Form
 ) -> list[FilePart]:
     """The files to decode, after the checks that need no decoding."""
     images = form.files.get(IMAGE, [])
@@ -125,7 +125,7 @@ def _files(
 
 
 def _check_task(
-    served: Served, stage: str, args: DiffusersArgs, body: ImageEditForm, mask: bool
+    served: PlanContext, stage: str, args: DiffusersArgs, body: ImageEditForm, mask: bool
 ) -> None:
     model = served.diffusion_model(stage)
     if model is None:

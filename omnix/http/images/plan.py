@@ -24,7 +24,7 @@ import msgspec
 
 from omnix.events.options import API_IMAGE_EDITS, API_IMAGES, ImageOptions
 from omnix.events.types import ChatMessage, MediaPart, Modality, RequestSpec, StageParams
-from omnix.http.common.plan import DecodedBlob, Plan, Served, group_ids, member
+from omnix.http.common.plan import DecodedBlob, Plan, PlanContext, group_ids, member
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import (
     bad,
@@ -68,7 +68,7 @@ def parse_size(size: str, param: str = "size") -> tuple[int, int]:
     return w, h
 
 
-def _image_options(body: ImageBody, served: Served, stage: str, files_url: str) -> None:
+def _image_options(body: ImageBody, served: PlanContext, stage: str, files_url: str) -> None:
     """400 for OpenAI's image options this pipeline cannot honour."""
     kind = served.engine_of(stage)
     if body.quality is not None and body.quality not in DEFAULT_QUALITIES:
@@ -137,7 +137,7 @@ def _steps(body: ImageBody) -> int | None:
 
 def _params(
     body: ImageBody,
-    served: Served,
+    served: PlanContext,
     stage: str,
     steps: int | None,
     width: int | None,
@@ -170,7 +170,7 @@ def _params(
 
 def image_plan(
     body: ImageBody,
-    served: Served,
+    served: PlanContext,
     *,
     traceparent: str = "",
     files_url: str = "",

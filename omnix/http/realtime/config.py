@@ -28,7 +28,7 @@ from msgspec import UNSET
 
 from omnix.events.sessions import SessionSettings, TranscriptionSettings, TurnSettings
 from omnix.http.audio import transcribe
-from omnix.http.common.plan import Served
+from omnix.http.common.plan import PlanContext
 from omnix.http.core.errors import ApiError
 from omnix.http.realtime import vad
 from omnix.http.realtime.protocol import (
@@ -79,7 +79,7 @@ class SessionConfig:
     transcription: TranscriptionSettings | None = None
 
     @classmethod
-    def for_pipeline(cls, served: Served) -> SessionConfig:
+    def for_pipeline(cls, served: PlanContext) -> SessionConfig:
         audio_out = "audio" in served.pipeline.outputs and served.sample_rate() == 24000
         media = served.pipeline.input_media
         audio_in = media is not None and media.audio
@@ -196,7 +196,7 @@ class SessionConfig:
             raise unsupported(param, 'give 1 to 4096, or "inf".', "invalid_value")
         return given
 
-    def _voice(self, served: Served, voice: str, param: str) -> str:
+    def _voice(self, served: PlanContext, voice: str, param: str) -> str:
         served.check_voice(voice, param)
         return voice
 
@@ -233,7 +233,7 @@ class SessionConfig:
 
     # -- session.update --------------------------------------------------------
 
-    def update(self, served: Served, u: SessionUpdate) -> SessionConfig:
+    def update(self, served: PlanContext, u: SessionUpdate) -> SessionConfig:
         """A new configuration with ``u`` applied (self is left as it was)."""
         new = replace(self)
         if u.type is not UNSET and u.type != "realtime":
@@ -258,7 +258,7 @@ class SessionConfig:
             self._audio(served, new, u)
         return new
 
-    def _audio(self, served: Served, new: SessionConfig, u: SessionUpdate) -> None:
+    def _audio(self, served: PlanContext, new: SessionConfig, u: SessionUpdate) -> None:
         audio = u.audio
         assert audio is not UNSET
         if audio.input is not UNSET:
@@ -284,7 +284,7 @@ class SessionConfig:
 
     # -- response.create -------------------------------------------------------
 
-    def for_response(self, served: Served, p: ResponseParams | None) -> ResponseConfig:
+    def for_response(self, served: PlanContext, p: ResponseParams | None) -> ResponseConfig:
         base = ResponseConfig(
             instructions=self.instructions,
             modalities=self.modalities,
@@ -333,7 +333,7 @@ def _refuse_tools(tools: Any, tool_choice: Any, prompt: Any, where: str) -> None
         raise unsupported(f"{where}.prompt", "stored prompts are not offered; send instructions.")
 
 
-def _transcription(served: Served, t: Transcription | None) -> TranscriptionSettings | None:
+def _transcription(served: PlanContext, t: Transcription | None) -> TranscriptionSettings | None:
     """Input transcription's settings, checked as ``POST
     /v1/audio/transcriptions`` checks its form (None: off)."""
     if t is None:

@@ -18,7 +18,7 @@ import secrets
 
 from omnix.events.options import API_REALTIME, RealtimeOptions
 from omnix.events.types import ChatMessage, Modality, RequestSpec, StageParams
-from omnix.http.common.plan import DecodedBlob, Plan, Served
+from omnix.http.common.plan import DecodedBlob, Plan, PlanContext
 from omnix.http.common.sampling import put, text_params
 from omnix.http.core.errors import ApiError
 from omnix.http.realtime.config import ResponseConfig
@@ -32,7 +32,7 @@ def new_id(prefix: str) -> str:
 
 
 def response_plan(
-    served: Served,
+    served: PlanContext,
     cfg: ResponseConfig,
     messages: tuple[ChatMessage, ...],
     blobs: tuple[DecodedBlob, ...],

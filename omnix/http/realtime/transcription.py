@@ -33,7 +33,7 @@ from omnix.events.options import RealtimeOptions, TranscriptionOptions
 from omnix.events.sessions import TranscriptionSettings
 from omnix.http.audio import transcribe
 from omnix.http.audio.protocol import TranscriptionForm
-from omnix.http.common.plan import Plan, Served
+from omnix.http.common.plan import Plan, PlanContext
 from omnix.http.core.errors import ApiError
 from omnix.http.core.server import Server
 from omnix.http.core.submit import admit
@@ -50,7 +50,7 @@ FAILED = "conversation.item.input_audio_transcription.failed"
 
 
 def turn_transcription_plan(
-    served: Served, settings: TranscriptionSettings, entry: Entry, session: str
+    served: PlanContext, settings: TranscriptionSettings, entry: Entry, session: str
 ) -> Plan:
     """The request that transcribes ``entry``'s audio (see the module's docstring)."""
     form = TranscriptionForm(

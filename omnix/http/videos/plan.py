@@ -23,7 +23,7 @@ import msgspec
 from omnix.engines.diffusers_model import DiffusionModel
 from omnix.events.options import API_VIDEOS, VideoOptions
 from omnix.events.types import ChatMessage, MediaPart, RequestSpec, StageParams
-from omnix.http.common.plan import DecodedBlob, Plan, Served
+from omnix.http.common.plan import DecodedBlob, Plan, PlanContext
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import check_diffusion, check_engines
 from omnix.http.core.errors import ApiError
@@ -120,7 +120,7 @@ def shape(form: VideoForm, args: DiffusersArgs, model: DiffusionModel | None) ->
 
 def video_plan(
     form: VideoForm,
-    served: Served,
+    served: PlanContext,
     *,
     reference: tuple[MediaPart, DecodedBlob] | None = None,
     traceparent: str = "",

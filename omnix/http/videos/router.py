@@ -31,7 +31,7 @@ from omnix.events.options import API_VIDEOS, VideoOptions
 from omnix.events.types import Admitted, Event, Rejected
 from omnix.http.common import doc
 from omnix.http.common import form as common_form
-from omnix.http.common.plan import Served
+from omnix.http.common.plan import PlanContext
 from omnix.http.common.summary import Summary
 from omnix.http.core.body import traceparent
 from omnix.http.core.errors import ApiError, ErrorBody
@@ -78,7 +78,7 @@ def _json(body: msgspec.Struct, status: int = 200, poll: bool = False) -> web.Re
     )
 
 
-def check_pipeline(served: Served) -> DiffusersArgs:
+def check_pipeline(served: PlanContext) -> DiffusersArgs:
     p = served.pipeline
     stage = served.output_stage("video")
     args = p.stage(stage).engine if stage else None
