@@ -90,7 +90,7 @@ from omnix.http.common.rendering import (
     terminal_error,
     with_id,
 )
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.completions import render as completions_render
 from omnix.http.core.groups import (
     GroupStream,
@@ -123,7 +123,7 @@ __all__ = [
 ]
 
 
-def whole_response(members: list[Summary]) -> Rendered:
+def whole_response(members: list[RequestSummary]) -> Rendered:
     """A complete response for finished (or refused/failed) members."""
     rids = [s.request_id for s in members]
     for s in members:
@@ -162,7 +162,7 @@ def whole_response(members: list[Summary]) -> Rendered:
             assert_never(opts)
 
 
-def _open(s: Summary, ev: Admitted, blobs: BlobStore) -> tuple[ApiStream, Head, bool]:
+def _open(s: RequestSummary, ev: Admitted, blobs: BlobStore) -> tuple[ApiStream, Head, bool]:
     """The stream of a request admitted with a streamed response: its
     renderer, its head, and whether its SSE events carry ``id:``."""
     opts = ev.spec.response
@@ -200,7 +200,7 @@ class StreamRenderer:
     ``[DONE]``, raw audio and whole bodies)."""
 
     def __init__(self, blobs: BlobStore) -> None:
-        self.summary = Summary(blobs)
+        self.summary = RequestSummary(blobs)
         self.head: Head | None = None
         self.done = False
         self.aborted = False
@@ -289,7 +289,7 @@ class StreamRenderer:
         return out
 
 
-def _member_stream(s: Summary) -> StreamTail:
+def _member_stream(s: RequestSummary) -> StreamTail:
     opts = s.response
     match opts:
         case ChatOptions():

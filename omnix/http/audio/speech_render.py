@@ -18,10 +18,10 @@ from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished, Pro
 from omnix.http.audio.protocol import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
 from omnix.http.common.audio import MEDIA_TYPES, StreamEncoder, encode_audio
 from omnix.http.common.rendering import Head, Rendered, b64, sse, typed_sse_error
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 
 
-def whole(s: Summary) -> Rendered:
+def whole(s: RequestSummary) -> Rendered:
     fmt = s.audio_format
     data = encode_audio(s.all_audio(), s.sample_rate, fmt)
     return Rendered(
@@ -35,7 +35,7 @@ def stream_ids(opts: SpeechOptions) -> bool:
     return opts.render != 1 and opts.stream_format == "sse"
 
 
-def stream_head(s: Summary, opts: SpeechOptions) -> Head:
+def stream_head(s: RequestSummary, opts: SpeechOptions) -> Head:
     sse_ = opts.stream_format == "sse"
     ctype = "text/event-stream" if sse_ else MEDIA_TYPES[s.audio_format]
     extra = (("Cache-Control", "no-cache"),) if sse_ else ()
@@ -47,7 +47,7 @@ def stream_head(s: Summary, opts: SpeechOptions) -> Head:
 class SpeechStream:
     """One request's streamed speech."""
 
-    def __init__(self, s: Summary, opts: SpeechOptions) -> None:
+    def __init__(self, s: RequestSummary, opts: SpeechOptions) -> None:
         self.s = s
         self.sse = opts.stream_format == "sse"
         self.audio_stage = opts.audio_stage

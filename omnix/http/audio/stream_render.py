@@ -52,7 +52,7 @@ from omnix.events.types import (
 )
 from omnix.http.common.audio import to_pcm16
 from omnix.http.common.rendering import terminal_error
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 
 Message = str | bytes
 
@@ -67,7 +67,7 @@ class SentenceStream:
     """One streamed-input speech request's messages (see the module's docstring)."""
 
     def __init__(self, blobs: BlobStore, utterance: int = 0) -> None:
-        self.s = Summary(blobs, collect_media=False)
+        self.s = RequestSummary(blobs, collect_media=False)
         self.utterance = utterance
         #: the request ended (its last messages were returned)
         self.done = False

@@ -29,10 +29,10 @@ from omnix.http.audio.protocol import (
     TranscriptTextDone,
 )
 from omnix.http.common.rendering import Head, Rendered, encode, json_head, sse, typed_sse_error
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 
 
-def _usage(s: Summary) -> TranscriptionUsage:
+def _usage(s: RequestSummary) -> TranscriptionUsage:
     p, c = s.usage()
     return TranscriptionUsage(input_tokens=p, output_tokens=c, total_tokens=p + c)
 
@@ -47,7 +47,7 @@ def _clip_seconds(spec: RequestSpec) -> float:
     return 0.0
 
 
-def whole(s: Summary, opts: TranscriptionOptions) -> Rendered:
+def whole(s: RequestSummary, opts: TranscriptionOptions) -> Rendered:
     spec = s.spec
     assert spec is not None
     text = "".join(s.text)
@@ -89,7 +89,7 @@ class TranscriptionStream:
 
     aborted = False
 
-    def __init__(self, s: Summary, opts: TranscriptionOptions) -> None:
+    def __init__(self, s: RequestSummary, opts: TranscriptionOptions) -> None:
         self.s = s
         self.text_stage = opts.text_stage
 

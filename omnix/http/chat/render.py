@@ -46,7 +46,7 @@ from omnix.http.common.rendering import (
     sse,
     totals,
 )
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 
 
 def _token_bytes(token: str) -> list[int]:
@@ -70,7 +70,7 @@ def choice_logprobs(lps: Iterable[TokenLogprob]) -> ChoiceLogprobs:
     )
 
 
-def whole(members: list[Summary], opts: ChatOptions) -> Rendered:
+def whole(members: list[RequestSummary], opts: ChatOptions) -> Rendered:
     """The ``chat.completion`` of finished members (``opts``: the first's)."""
     first = members[0]
     spec = first.spec
@@ -122,7 +122,7 @@ class ChatStream(StreamTail):
     """One request's ``chat.completion.chunk`` stream, or (``member``) its
     choice in the stream of an n > 1 group (``core.groups.GroupStream``)."""
 
-    def __init__(self, s: Summary, opts: ChatOptions, member: bool = False) -> None:
+    def __init__(self, s: RequestSummary, opts: ChatOptions, member: bool = False) -> None:
         super().__init__(s, usage=opts.include_usage, member=member)
         spec = s.spec
         assert spec is not None

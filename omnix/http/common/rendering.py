@@ -36,7 +36,7 @@ from omnix.events.types import (
     TerminalEvent,
 )
 from omnix.http.common.fields import Usage
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.core.errors import error_body, error_type
 
 #: Bumped whenever the bytes rendered for the same events change; recorded
@@ -243,7 +243,7 @@ class StreamTail:
 
     aborted = False
 
-    def __init__(self, s: Summary, *, usage: bool, member: bool) -> None:
+    def __init__(self, s: RequestSummary, *, usage: bool, member: bool) -> None:
         self.s = s
         #: stream_options.include_usage
         self.usage = usage

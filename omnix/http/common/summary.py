@@ -1,6 +1,6 @@
 """One request's outputs, folded from its events, as rendering needs them.
 
-Owns ``Summary``: a small pure fold of one request's events (its spec and
+Owns ``RequestSummary``: a small pure fold of one request's events (its spec and
 typed response options, ``created``, the answer's text, token ids and
 logprobs, audio and images from the chunks' blobs, the stages' ends, the
 terminal event), and which stages' chunks are the answer (from the
@@ -59,7 +59,7 @@ from omnix.events.types import (
 from omnix.http.common.audio import as_mono_float
 
 
-class Summary:
+class RequestSummary:
     """What rendering needs from one request's events (a small pure fold)."""
 
     def __init__(self, blobs: BlobStore, collect_media: bool = True) -> None:

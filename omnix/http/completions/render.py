@@ -28,7 +28,7 @@ from omnix.http.common.rendering import (
     sse,
     totals,
 )
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.completions.protocol import Completion, CompletionChoice, CompletionLogprobs
 
 
@@ -52,7 +52,7 @@ def completion_logprobs(lps: Iterable[TokenLogprob], offset: int = 0) -> Complet
     return out
 
 
-def whole(members: list[Summary], opts: CompletionOptions) -> Rendered:
+def whole(members: list[RequestSummary], opts: CompletionOptions) -> Rendered:
     """The ``text_completion`` of finished members (``opts``: the first's)."""
     first = members[0]
     spec = first.spec
@@ -95,7 +95,7 @@ class CompletionStream(StreamTail):
     """One request's ``text_completion`` stream, or (``member``) its choice
     in the stream of an n > 1 group."""
 
-    def __init__(self, s: Summary, opts: CompletionOptions, member: bool = False) -> None:
+    def __init__(self, s: RequestSummary, opts: CompletionOptions, member: bool = False) -> None:
         super().__init__(s, usage=opts.include_usage, member=member)
         spec = s.spec
         assert spec is not None

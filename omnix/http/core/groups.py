@@ -47,7 +47,7 @@ from omnix.events.types import (
     WorkerLost,
 )
 from omnix.http.common.rendering import SSE_DONE, Head, StreamTail, sse_head, totals
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 
 
 def split(events: Iterable[Event]) -> dict[str, list[Event]]:
@@ -90,13 +90,13 @@ def in_log_order(by_rid: dict[str, list[Event]]) -> list[Event]:
     return sorted((ev for evs in by_rid.values() for ev in evs), key=lambda ev: ev.pos)
 
 
-def members_in_order(by_rid: dict[str, list[Event]], blobs: BlobStore) -> list[Summary]:
+def members_in_order(by_rid: dict[str, list[Event]], blobs: BlobStore) -> list[RequestSummary]:
     """The call's members, folded, in choice order; the refused one alone
     when admission refused one."""
     members = []
     groups = set()
     for rid, evs in by_rid.items():
-        s = Summary(blobs)
+        s = RequestSummary(blobs)
         for ev in evs:
             s.feed(ev)
         if s.spec is None:
@@ -122,7 +122,7 @@ def members_in_order(by_rid: dict[str, list[Event]], blobs: BlobStore) -> list[S
     return members
 
 
-def _index(s: Summary) -> int:
+def _index(s: RequestSummary) -> int:
     group = group_of(s.response)
     return group.index if group is not None else 0
 
@@ -131,15 +131,17 @@ class GroupStream:
     """The one SSE response of an n > 1 group; ``member_stream`` makes the
     stream of a member's choice (chat's or completions')."""
 
-    def __init__(self, blobs: BlobStore, member_stream: Callable[[Summary], StreamTail]) -> None:
+    def __init__(
+        self, blobs: BlobStore, member_stream: Callable[[RequestSummary], StreamTail]
+    ) -> None:
         self.blobs = blobs
         self.member_stream = member_stream
-        self.members: dict[str, tuple[Summary, StreamTail]] = {}
+        self.members: dict[str, tuple[RequestSummary, StreamTail]] = {}
         self.size = 0
         self.ended = 0
         self.head: Head | None = None
         self.done = False
-        self.first: Summary | None = None
+        self.first: RequestSummary | None = None
 
     def feed(self, ev: Event) -> list[bytes]:
         if self.done:
@@ -190,7 +192,7 @@ class GroupStream:
                 assert_never(ev)
 
     def _admitted(self, ev: Admitted) -> list[bytes]:
-        s = Summary(self.blobs, collect_media=False)
+        s = RequestSummary(self.blobs, collect_media=False)
         s.admitted(ev)
         stream = self.member_stream(s)
         self.members[ev.request_id] = (s, stream)

@@ -24,7 +24,7 @@ from omnix.events.blobs import BlobStore
 from omnix.events.options import ImageOptions
 from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished, Progress
 from omnix.http.common.rendering import Rendered, b64, encode, json_head, sse, typed_sse_error
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.images.protocol import (
     ImageData,
     ImagesResponse,
@@ -33,7 +33,7 @@ from omnix.http.images.protocol import (
 )
 
 
-def whole(members: list[Summary], opts: ImageOptions) -> Rendered:
+def whole(members: list[RequestSummary], opts: ImageOptions) -> Rendered:
     """The images of finished members (``opts``: the first's)."""
     if opts.response_format == "url":
         # The files are the chunks' blobs, served by GET /v1/files/{digest};
@@ -61,7 +61,7 @@ class ImageStream:
 
     aborted = False
 
-    def __init__(self, s: Summary, opts: ImageOptions, blobs: BlobStore) -> None:
+    def __init__(self, s: RequestSummary, opts: ImageOptions, blobs: BlobStore) -> None:
         self.s = s
         self.opts = opts
         self.blobs = blobs

@@ -47,7 +47,7 @@ from omnix.events.types import (
 )
 from omnix.http.common.audio import to_pcm16
 from omnix.http.common.rendering import b64
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.realtime.protocol import (
     AudioOutputOut,
     Content,
@@ -66,7 +66,7 @@ PCM_BYTES_PER_S = 2 * 24000
 _CANCEL_REASON = {"interrupted": "turn_detected"}
 
 
-def _status(ev: Finished | Failed | Cancelled | Rejected, s: Summary) -> tuple[str, Any]:
+def _status(ev: Finished | Failed | Cancelled | Rejected, s: RequestSummary) -> tuple[str, Any]:
     """The response's final status and status_details."""
     if isinstance(ev, Finished):
         if s.finish_reason() == "length":
@@ -85,7 +85,7 @@ class ResponseStream:
 
     def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
-        self.s = Summary(blobs, collect_media=False)
+        self.s = RequestSummary(blobs, collect_media=False)
         self.opts = RealtimeOptions()
         self.rid = ""
         self.done = False

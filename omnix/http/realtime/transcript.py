@@ -41,7 +41,7 @@ from omnix.events.types import (
     StageFinished,
 )
 from omnix.http.common.rendering import terminal_error
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.realtime.protocol import LogFrames
 
 #: The content part of a committed audio item that holds its audio.
@@ -61,7 +61,7 @@ class TranscriptStream:
     ``completed``: it finished."""
 
     def __init__(self, blobs: BlobStore) -> None:
-        self.s = Summary(blobs, collect_media=False)
+        self.s = RequestSummary(blobs, collect_media=False)
         self.opts = RealtimeOptions()
         self.frames = LogFrames()
         self.done = False

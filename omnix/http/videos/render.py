@@ -31,7 +31,7 @@ from omnix.events.types import (
     StageStarted,
 )
 from omnix.http.common.rendering import Rendered, encode, json_head, terminal_error
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.videos.protocol import Video, VideoError, VideoStatus
 
 
@@ -40,7 +40,7 @@ class VideoFold:
     started, how often it was routed anew."""
 
     def __init__(self, blobs: BlobStore) -> None:
-        self.s = Summary(blobs, collect_media=False)
+        self.s = RequestSummary(blobs, collect_media=False)
         self.started = False
         self.routes = 0
 
@@ -110,7 +110,7 @@ def video(f: VideoFold, opts: VideoOptions, *, retain_s: float | None = None) ->
     )
 
 
-def whole(s: Summary, opts: VideoOptions) -> Rendered:
+def whole(s: RequestSummary, opts: VideoOptions) -> Rendered:
     """``POST /v1/videos``' answer: the job as admitted."""
     queued = VideoFold(s.blobs)
     queued.s.request_id, queued.s.spec, queued.s.created = s.request_id, s.spec, s.created

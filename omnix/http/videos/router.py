@@ -32,7 +32,7 @@ from omnix.events.types import Admitted, Event, Rejected
 from omnix.http.common import doc
 from omnix.http.common import form as common_form
 from omnix.http.common.plan import PlanContext
-from omnix.http.common.summary import Summary
+from omnix.http.common.summary import RequestSummary
 from omnix.http.core.body import traceparent
 from omnix.http.core.errors import ApiError, ErrorBody
 from omnix.http.core.respond import whole_response
@@ -123,7 +123,7 @@ async def create(server: Server, request: web.Request) -> web.StreamResponse:
         return whole_response(render_response(rejected, blobs))
     (adm,) = server.omni.log.events_for(plan.request_ids[0])[:1]
     assert isinstance(adm, Admitted)
-    s = Summary(blobs)
+    s = RequestSummary(blobs)
     s.admitted(adm)
     opts = adm.spec.response
     assert isinstance(opts, VideoOptions)
