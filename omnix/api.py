@@ -274,7 +274,7 @@ async def _scale_sweep(omni: Omni, interval_s: float) -> None:
                 return
 
 
-class _Sweeps:
+class _RetentionAndScalingTimers:
     """An idle server's own inputs, on timers: retention's sweep (every
     ``sweep_interval_s``) and the drains the clock makes due for stages
     that scale."""
@@ -482,7 +482,7 @@ class Omni:
         if not standby:
             self._attach_retention()
         self.sweep_interval_s = sweep_interval_s
-        self._sweeps = _Sweeps()
+        self._sweeps = _RetentionAndScalingTimers()
         factory = runtime_factory or _stage_runtime(runtime_options)
         self._gate = EmitGate(self.sequencer.emit, held=standby)
         self.runtime: Runtime = factory(self.pipeline, self._gate, self.blobs)
