@@ -255,7 +255,7 @@ NOT_ANSWERING = (nats.js.errors.ServiceUnavailableError, TimeoutError, nats.erro
 _T = TypeVar("_T")
 
 
-async def asking_again(call: Callable[[], Awaitable[_T]], wait_s: float, what: str) -> _T:
+async def retry_until_answered(call: Callable[[], Awaitable[_T]], wait_s: float, what: str) -> _T:
     """``call()``, asked again every 0.2 s for up to ``wait_s`` while
     JetStream does not answer; then a ``LogError`` naming ``what``.  A
     stream or consumer that does not exist (``NotFoundError``) is an
@@ -276,8 +276,8 @@ async def asking_again(call: Callable[[], Awaitable[_T]], wait_s: float, what: s
 
 
 async def stream_info(conn: NatsConnection, names: Names, wait_s: float) -> StreamInfo:
-    """The log's stream as JetStream describes it now (``asking_again``)."""
-    return await asking_again(
+    """The log's stream as JetStream describes it now (``retry_until_answered``)."""
+    return await retry_until_answered(
         lambda: conn.js.stream_info(names.stream), wait_s, f"stream {names.stream}"
     )
 

@@ -34,7 +34,7 @@ from omnix.events.jetstream import (
     NatsConnection,
     ReplicaDiverged,
     StreamRefused,
-    asking_again,
+    retry_until_answered,
 )
 from omnix.events.segments import LogError
 from omnix.events.types import SCHEMA_VERSION, Event
@@ -81,7 +81,7 @@ class StreamReader:
         cluster electing a new leader after a node died)."""
         self.last_seq = seq - 1
         loop = asyncio.get_running_loop()
-        self._sub = await asking_again(
+        self._sub = await retry_until_answered(
             lambda: self.conn.js.subscribe(
                 self.names.subject,
                 stream=self.names.stream,
