@@ -62,7 +62,7 @@ def bench(name: str, *argv: str | Path, timeout: float = 120) -> dict[str, Any]:
     return out
 
 
-def has(out: dict[str, Any], *keys: str) -> None:
+def assert_has_keys(out: dict[str, Any], *keys: str) -> None:
     missing = [k for k in keys if k not in out]
     assert not missing, f"missing {missing} in {sorted(out)}"
 
@@ -85,7 +85,7 @@ def test_every_bench_has_a_smoke_test():
 
 def test_log(tmp_path):
     out = bench("log", "--events", "2000", "--memory-events", "2000", "--repeat", "1")
-    has(
+    assert_has_keys(
         out,
         "memory_append_fold_events_per_s", "disk_batched_fsync_events_per_s", "fold_1m_seconds",
         "reopen_1m_seconds", "reopen_after_1m_events_s", "reopen_after_1m_folded_events",
@@ -99,7 +99,7 @@ def test_log(tmp_path):
 def test_log_nats():
     """``--backend nats`` starts its own nats-server nodes (one, then three)."""
     out = bench("log", "--backend", "nats", "--nats-events", "3000", "--repeat", "1")
-    has(
+    assert_has_keys(
         out,
         "nats_append_events_per_s", "nats_append_events_per_s_r3", "nats_messages",
         "nats_events_per_message", "load_average",
@@ -109,13 +109,15 @@ def test_log_nats():
 
 def test_hop():
     out = bench("hop", "--hops", "20", "--chunks", "200")
-    has(out, "hop_p50_us", "hop_p99_us", "chunk_events_per_s", "zmq_rtt_p50_us", "zmq_rtt_p99_us")
+    assert_has_keys(
+        out, "hop_p50_us", "hop_p99_us", "chunk_events_per_s", "zmq_rtt_p50_us", "zmq_rtt_p99_us"
+    )
     assert out["hops"] == 20
 
 
 def test_http():
     out = bench("http", "--streams", "20", "--seconds", "5", "--concurrency", "4")
-    has(out, "sse_streams_per_s", "sse_events_per_s", "omni_streams_per_s")
+    assert_has_keys(out, "sse_streams_per_s", "sse_events_per_s", "omni_streams_per_s")
     assert out["errors"] == 0 and out["streams"] > 0
 
 
@@ -124,7 +126,7 @@ def test_media():
         "media", "--requests", "3", "--media-requests", "1", "--image-mb", "0.1",
         "--audio-s", "0.5",
     )  # fmt: skip
-    has(
+    assert_has_keys(
         out,
         "ttft_ms_text_alone", "ttft_ms_text_beside_media", "admission_ms_per_mb",
         "beside_over_alone", "ttft_ms_image", "ttft_ms_audio",
@@ -135,7 +137,7 @@ def test_media():
 def test_replay(tmp_path):
     # --trace: a trace of the corpus, so the run writes nothing to the cache.
     out = bench("replay", "--trace", ROOT / "replay" / "scripted-omni-busy.trace", "--repeat", "1")
-    has(
+    assert_has_keys(
         out,
         "fold_events_per_s",
         "drive_events_per_s",
@@ -146,14 +148,14 @@ def test_replay(tmp_path):
 
 def test_telemetry():
     out = bench("telemetry", "--requests", "5", "--rounds", "2")
-    has(out, "telemetry_throughput_ratio", "telemetry_traces_throughput_ratio")
+    assert_has_keys(out, "telemetry_throughput_ratio", "telemetry_traces_throughput_ratio")
 
 
 def test_failover(pipelines):
     out = bench(
         "failover", "--pipeline", pipelines["slow-text"], "--runs", "2", "--max-tokens", "16"
     )
-    has(
+    assert_has_keys(
         out,
         "migrations_ok", "migrate_gap_p50_ms", "migrate_gap_max_ms", "replica_back_p50_s",
         "restart_resume_s", "restart_ready_s",
@@ -166,7 +168,9 @@ def test_failover_on_nats(pipelines):
         "failover", "--backend", "nats", "--pipeline", pipelines["slow-text"], "--runs", "1",
         "--streams", "2", "--ttft-requests", "2", "--max-tokens", "24",
     )  # fmt: skip
-    has(out, "takeover_s", "frontend_gap_p50_ms", "lost_requests", "ttft_ratio_vs_local")
+    assert_has_keys(
+        out, "takeover_s", "frontend_gap_p50_ms", "lost_requests", "ttft_ratio_vs_local"
+    )
     assert out["lost_requests"] == 0
 
 
@@ -175,7 +179,7 @@ def test_soak(pipelines):
         "soak", "--pipeline", pipelines["omni"], "--warmup", "4", "--requests", "12",
         "--segment", "6", "--retain-requests", "4", "--concurrency", "2",
     )  # fmt: skip
-    has(out, "rss_growth_kb_per_request", "rss_mb_by_segment", "retained_requests")
+    assert_has_keys(out, "rss_growth_kb_per_request", "rss_mb_by_segment", "retained_requests")
     assert out["errors"] == 0 and len(out["rss_mb_by_segment"]) == 2
 
 
@@ -200,7 +204,7 @@ def test_engines(pipelines, tmp_path_factory):
         "--thinker-tokens", "8", "--talker-tokens", "4",
         timeout=600,
     )  # fmt: skip
-    has(
+    assert_has_keys(
         out,
         "ttft_p50_ratio_c1", "tokens_per_s_ratio_c1", "ttft_p50_ms_direct_c1", "ttft_p50_ms_omnix_c1",
         "same_tokens_c1", "ttft_ok_c1", "tokens_per_s_ok_c1", "ttfp_ms_chunked",
@@ -221,7 +225,7 @@ def test_speech(tmp_path_factory):
         "speech", "--prompts", "1", "--concurrency", "1", "--thinker-tokens", "6",
         "--talker-tokens", "8", timeout=600,
     )  # fmt: skip
-    has(
+    assert_has_keys(
         out,
         "oracle_equal", "ttfp_ms", "rtf", "ttfp_ratio_vs_transformers",
         "throughput_ratio_vs_transformers",
@@ -242,7 +246,7 @@ def test_diffusion(tmp_path_factory):
         "diffusion", "--requests", "4", "--rounds", "1", "--cancels", "1", "--steps", "2",
         timeout=300,
     )  # fmt: skip
-    has(
+    assert_has_keys(
         out,
         "images_per_s_c1", "images_per_s_c4", "images_per_s_c4_over_c1", "e2e_ms_p50_c1",
         "e2e_ms_p50_c4", "cancel_steps_after_p50", "cancel_steps_after_max", "cancel_ms_p50",
@@ -265,7 +269,7 @@ def test_realtime(tmp_path):
     cfg = tmp_path / "realtime.toml"
     cfg.write_text(REALTIME)
     out = bench("realtime", "--pipeline", cfg, "--sessions", "2", "--runs", "2")
-    has(
+    assert_has_keys(
         out,
         "ttfa_p50_ms", "ttfa_ratio_vs_http", "bargein_gap_p50_ms", "sessions_ok",
         "http_ttfa_p50_ms", "ttfa_p50_ms_min", "ttfa_p50_ms_runs", "sessions_total",
@@ -277,7 +281,7 @@ def test_realtime(tmp_path):
 def test_placement():
     # A real loopback Ray cluster, two servers and a node lost: one run.
     out = bench("placement", "--runs", "1", "--requests", "2", timeout=300)
-    has(
+    assert_has_keys(
         out,
         "ready_s_ray", "ready_s_spawn", "node_loss_recovery_s", "lost_requests",
         "ready_s_ray_min", "ready_s_ray_median", "node_loss_recovery_s_min",
