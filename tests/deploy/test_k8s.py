@@ -60,7 +60,7 @@ def manifests() -> list[dict[str, Any]]:
     return docs
 
 
-def one(kind: str, name: str) -> dict[str, Any]:
+def manifest(kind: str, name: str) -> dict[str, Any]:
     (doc,) = [d for d in manifests() if d["kind"] == kind and d["metadata"]["name"] == name]
     return doc
 
@@ -71,7 +71,7 @@ def pod_containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def pipeline_of_configmap(key: str = "pipeline.toml") -> PipelineConfig:
-    return parse_pipeline(one("ConfigMap", "omnix-pipeline")["data"][key])
+    return parse_pipeline(manifest("ConfigMap", "omnix-pipeline")["data"][key])
 
 
 def scripted(cfg: PipelineConfig) -> str:
@@ -114,7 +114,7 @@ def test_every_manifest_parses_and_names_itself_once():
     }
     assert deployments == {f"omnix-stage-{s}" for s in stages}
     for name in deployments:
-        (worker,) = one("Deployment", name)["spec"]["template"]["spec"]["containers"]
+        (worker,) = manifest("Deployment", name)["spec"]["template"]["spec"]["containers"]
         assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
         env = {e["name"]: e for e in worker["env"]}
         assert env["OMNIX_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == (
@@ -134,7 +134,7 @@ def test_the_by_hand_and_ray_pipelines_are_one_pipeline_that_scales_only_under_r
         ),
     )
     assert unscaled == fixed
-    serve_ray = yaml.safe_load(one("ConfigMap", "omnix-pipeline")["data"]["serve-ray.yaml"])
+    serve_ray = yaml.safe_load(manifest("ConfigMap", "omnix-pipeline")["data"]["serve-ray.yaml"])
     assert serve_ray["pipeline"] == "/etc/omnix/pipeline-ray.toml"
 
 
@@ -253,7 +253,7 @@ def test_the_kubernetes_schemas_refuse_a_misspelt_field():
     import jsonschema
     from kubernetes_validate.utils import validate
 
-    server = one("Deployment", "omnix-server")
+    server = manifest("Deployment", "omnix-server")
     server["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
     with pytest.raises(jsonschema.ValidationError, match="volumeMount"):
         validate(server, K8S_VERSION, strict=True)
@@ -264,7 +264,7 @@ def test_the_kubernetes_schemas_refuse_a_misspelt_field():
             port=8091
         ),
     ):
-        rc = one("RayCluster", "omnix")
+        rc = manifest("RayCluster", "omnix")
         spoil(rc)
         with pytest.raises(jsonschema.ValidationError):
             validate_raycluster(rc)
@@ -283,7 +283,7 @@ def autoscaler_config(rc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_ray_clusters_autoscaler_grows_each_group_as_far_as_its_stage_scales():
-    rc = one("RayCluster", "omnix")
+    rc = manifest("RayCluster", "omnix")
     assert rc["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     # minReplicas/maxReplicas act only through KubeRay's autoscaler.
     assert rc["spec"]["enableInTreeAutoscaling"] is True
@@ -309,11 +309,11 @@ def test_the_ray_clusters_autoscaler_grows_each_group_as_far_as_its_stage_scales
 
 
 def test_the_servers_log_is_on_a_claimed_volume_that_outlives_the_pod():
-    serve_ray = yaml.safe_load(one("ConfigMap", "omnix-pipeline")["data"]["serve-ray.yaml"])
-    server = one("Deployment", "omnix-server")
+    serve_ray = yaml.safe_load(manifest("ConfigMap", "omnix-pipeline")["data"]["serve-ray.yaml"])
+    server = manifest("Deployment", "omnix-server")
     (container,) = server["spec"]["template"]["spec"]["containers"]
     args = container["args"]
-    head = one("RayCluster", "omnix")["spec"]["headGroupSpec"]["template"]
+    head = manifest("RayCluster", "omnix")["spec"]["headGroupSpec"]["template"]
     for pod, log_dir in (
         (server["spec"]["template"], args[args.index("--log-dir") + 1]),
         (head, serve_ray["log-dir"]),
@@ -321,7 +321,7 @@ def test_the_servers_log_is_on_a_claimed_volume_that_outlives_the_pod():
         (c,) = pod["spec"]["containers"]
         (mount,) = [m for m in c["volumeMounts"] if log_dir.startswith(m["mountPath"] + "/")]
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
-        claim = one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+        claim = manifest("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
         assert "ReadWriteOnce" in claim["spec"]["accessModes"]
     # One writer on the log: the old pod ends before the new one starts.
     assert server["spec"]["strategy"] == {"type": "Recreate"}
@@ -350,7 +350,7 @@ class Local:
         }
         for p in self.mounts.values():
             p.mkdir(parents=True, exist_ok=True)
-        data = one("ConfigMap", "omnix-pipeline")["data"]
+        data = manifest("ConfigMap", "omnix-pipeline")["data"]
         for name, text in data.items():
             (self.mounts["/etc/omnix"] / name).write_text(text)
         for key in ("pipeline.toml", "pipeline-ray.toml"):  # scripted engines, no GPU
@@ -418,7 +418,7 @@ async def stop(served: ServeProcess) -> int:
 @ASYNC
 async def test_the_by_hand_manifests_commands_run_a_server_and_its_stage_workers(tmp_path):
     local = Local(tmp_path)
-    (server,) = one("Deployment", "omnix-server")["spec"]["template"]["spec"]["containers"]
+    (server,) = manifest("Deployment", "omnix-server")["spec"]["template"]["spec"]["containers"]
     served = await serve(local.argv(server["command"] + server["args"]), local.env(server))
     workers: list[asyncio.subprocess.Process] = []
     try:
@@ -426,7 +426,7 @@ async def test_the_by_hand_manifests_commands_run_a_server_and_its_stage_workers
         log = "".join(served.lines)
         assert f"tcp://127.0.0.1:{local.workers_port}" in log and "--worker-token" in log, log
         for name in ("omnix-stage-talker", "omnix-stage-code2wav"):
-            init, worker = pod_containers(one("Deployment", name))
+            init, worker = pod_containers(manifest("Deployment", name))
             made = await run(local.argv(init["command"]), local.env(init))
             out, _ = await made.communicate()
             assert made.returncode == 0, out.decode()
@@ -452,7 +452,7 @@ async def test_the_by_hand_manifests_commands_run_a_server_and_its_stage_workers
 @ASYNC
 async def test_the_ray_cluster_head_command_serves_with_placement_ray(ray_cluster, tmp_path):
     local = Local(tmp_path)
-    rc = one("RayCluster", "omnix")
+    rc = manifest("RayCluster", "omnix")
     for group in rc["spec"]["workerGroupSpecs"]:
         add_node(ray_cluster, json.loads(json.loads(group["rayStartParams"]["resources"])))
     (head,) = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
