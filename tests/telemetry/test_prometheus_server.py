@@ -59,7 +59,7 @@ class Feeder:
         for ev in worker_events():
             self.log.append(ev)
 
-    def one(self) -> None:
+    def append_request(self) -> None:
         outcome = "cancelled" if self.n % 5 == 4 else "finished"
         t0 = T0 + self.n * 1_000_000_000
         for ev in tiny_omni_events(f"req-{self.n}", t0, self.log.next_pos, outcome=outcome):
@@ -68,7 +68,7 @@ class Feeder:
 
     async def run(self) -> None:
         while True:
-            self.one()
+            self.append_request()
             await asyncio.sleep(0.2)  # the feed's rate: Prometheus rates need a live series
 
 
