@@ -11,7 +11,7 @@ from omnix.events.types import RequestSpec
 from omnix.testing.sim import start_sim
 
 from .orchestrator.conftest import omni_like
-from .waiting import until
+from .waiting import wait_until
 
 SPEC = RequestSpec(prompt="hi", outputs=("text",))
 
@@ -63,7 +63,7 @@ async def test_request_status() -> None:
     )
     await omni.start()
     try:
-        await until(lambda: all(omni.ready().values()), "ready replicas")
+        await wait_until(lambda: all(omni.ready().values()), "ready replicas")
         for k in range(3):
             await omni.generate(SPEC, request_id=f"s{k}")
         assert omni.request_status("s0") == "released"

@@ -1,6 +1,6 @@
 """Waiting in tests: on a condition, never for a guessed time.
 
-Owns ``until`` (async) and ``until_blocking`` (for synchronous tests): poll a
+Owns ``wait_until`` (async) and ``wait_until_blocking`` (for synchronous tests): poll a
 predicate until it holds, and fail naming what was awaited when a deadline
 passes.  A test waits on what it needs (an event in the log, a line of
 output, a process gone), so it is as fast as the machine allows and does not
@@ -23,7 +23,7 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 5.0
 
 
-async def until(
+async def wait_until(
     pred: Callable[[], T | Awaitable[T]],
     what: str,
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 (a deadline, then a message naming `what`)
@@ -44,13 +44,13 @@ async def until(
         await asyncio.sleep(interval)
 
 
-def until_blocking(
+def wait_until_blocking(
     pred: Callable[[], T],
     what: str,
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = 0.05,
 ) -> T:
-    """``until`` for code with no event loop: blocks the calling thread."""
+    """``wait_until`` for code with no event loop: blocks the calling thread."""
     deadline = time.monotonic() + timeout
     while not (got := pred()):
         if time.monotonic() >= deadline:

@@ -13,7 +13,7 @@ from omnix.events.types import StageParams
 from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.engine import Engine, load_engine
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece, Resume
-from tests.waiting import until
+from tests.waiting import wait_until
 
 
 async def _feed(*pieces: InputPiece):
@@ -111,7 +111,7 @@ async def test_hang_at_stops_until_cancelled_and_journal_records_abort(tmp_path,
     task = asyncio.create_task(consume())
     # With no delay an engine that did not hang would have run on past t0 in
     # the same loop turn that delivered it: seeing t0 is seeing the hang.
-    await until(lambda: got, "the first output")
+    await wait_until(lambda: got, "the first output")
     assert got == ["t0 "] and not task.done()
     await eng.abort("r1")
     task.cancel()
@@ -143,7 +143,7 @@ async def test_streaming_input_is_consumed_as_it_arrives():
 
     task = asyncio.create_task(consume())
     await q.put(InputPiece(text="first"))
-    await until(lambda: outs, "the first output")
+    await wait_until(lambda: outs, "the first output")
     assert outs == ["first"]  # output before the input is closed
     await q.put(InputPiece(text="second"))
     await q.put(None)

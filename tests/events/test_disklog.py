@@ -35,7 +35,7 @@ from omnix.events.types import (
     WorkerLost,
 )
 from tests.events.conftest import interleaved, request_events
-from tests.waiting import until
+from tests.waiting import wait_until
 
 SMALL = LogConfig(fsync="none", segment_bytes=4096)
 
@@ -364,7 +364,7 @@ async def test_batch_flush_waits_for_the_group_fsync(tmp_path: Path) -> None:
         assert got == [len(log)] * 20 and log.durable_pos == len(log)
         # Without anyone waiting the flusher still syncs within the interval.
         log.append(request_events("s")[0])
-        await until(lambda: log.durable_pos == len(log), "the flusher's sync", timeout=2.0)
+        await wait_until(lambda: log.durable_pos == len(log), "the flusher's sync", timeout=2.0)
         assert log.durable_pos == len(log)
 
 
@@ -374,7 +374,7 @@ async def test_none_never_fsyncs_unless_asked(tmp_path: Path) -> None:
         for ev in request_events("r"):
             log.append(ev)
         # written to the OS by the flusher thread
-        await until(lambda: log.written_pos == len(log), "the flusher's write", timeout=2.0)
+        await wait_until(lambda: log.written_pos == len(log), "the flusher's write", timeout=2.0)
         assert log.written_pos == len(log) and log.durable_pos == 0
         assert await log.flush() == len(log)
         assert log.durable_pos == len(log)

@@ -19,7 +19,7 @@ from omnix.events.types import (
     WorkerJoined,
 )
 from tests.events.conftest import interleaved, request_events
-from tests.waiting import until
+from tests.waiting import wait_until
 
 
 async def take(it, n: int, within: float = 5.0) -> list[Event]:
@@ -44,7 +44,7 @@ async def test_tail_from_a_position_then_live(make_log) -> None:
 
     async def later() -> None:
         # The tail reads them live: it is parked at the log's end (white-box: the log's own test).
-        await until(lambda: log._waiters, "the tail to wait at the log's end")
+        await wait_until(lambda: log._waiters, "the tail to wait at the log's end")
         for ev in request_events("live", chunks=2):
             log.append(ev)
             await asyncio.sleep(0)
@@ -64,7 +64,7 @@ async def test_tail_one_request(make_log) -> None:
     got = await take(it, 8)
     assert got == log.events_for("req-2")
     ends = asyncio.create_task(take(it, 1, within=0.2))
-    await until(lambda: log._req_waiters.get("req-2"), "the tail to wait for req-2")
+    await wait_until(lambda: log._req_waiters.get("req-2"), "the tail to wait for req-2")
     log.append(request_events("other")[0])  # wakes the tail; not its request
     with pytest.raises(TimeoutError):
         await ends
@@ -82,9 +82,9 @@ async def test_tail_ends_when_the_log_closes(make_log) -> None:
         return got
 
     task = asyncio.create_task(drain())
-    await until(lambda: len(got) == 1, "the tail to read position 0")  # then it waits
+    await wait_until(lambda: len(got) == 1, "the tail to read position 0")  # then it waits
     log.append(request_events("r")[1])
-    await until(lambda: len(got) == 2, "the tail to read position 1")
+    await wait_until(lambda: len(got) == 2, "the tail to read position 1")
     log.close()
     got = await asyncio.wait_for(task, 5)
     assert [e.pos for e in got] == [0, 1]

@@ -21,7 +21,7 @@ from omnix.events.types import (
 )
 from omnix.http.render import render_response
 
-from ..waiting import until
+from ..waiting import wait_until
 from .conftest import parse_sse
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -75,9 +75,9 @@ async def test_disconnect_while_waiting_for_a_whole_response_cancels_too(slow_se
     task = asyncio.create_task(
         http.post(slow_server.url + "/v1/chat/completions", json={"messages": USER})
     )
-    live = await until(lambda: slow_server.omni.orchestrator.live_requests, "the admission")
+    live = await wait_until(lambda: slow_server.omni.orchestrator.live_requests, "the admission")
     (rid,) = live
-    await until(
+    await wait_until(
         lambda: any(isinstance(e, Chunk) for e in slow_server.omni.log.events_for(rid)),
         "the response under way",
     )
@@ -149,7 +149,7 @@ async def test_event_stream_ids_are_log_positions_and_data_decodes(omni_server, 
 async def test_resuming_an_event_stream_has_no_gap_and_no_duplicate(slow_server, http):
     url = slow_server.url
     chat = asyncio.create_task(http.post(url + "/v1/chat/completions", json={"messages": USER}))
-    live = await until(lambda: slow_server.omni.orchestrator.live_requests, "the admission")
+    live = await wait_until(lambda: slow_server.omni.orchestrator.live_requests, "the admission")
     (rid,) = live
     # Read part of the live stream, drop it, reconnect with Last-Event-ID.
     async with http.get(f"{url}/v1/requests/{rid}/events") as r:
@@ -240,7 +240,7 @@ async def test_health_ready_models_metrics(omni_server, http):
     async with http.post(url + "/v1/chat/completions", json={"messages": USER}) as r:
         assert r.status == 200
     # The projection follows the log on an interval: until it has seen this one end.
-    await until(recorded, "the projection to record the request")
+    await wait_until(recorded, "the projection to record the request")
     async with http.get(url + "/metrics") as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")

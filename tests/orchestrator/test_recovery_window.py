@@ -22,7 +22,7 @@ from omnix.pipelines.validate import parse_pipeline
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.serving import InProcessRuntime
 from omnix.testing.sim import start_sim
-from tests.waiting import until
+from tests.waiting import wait_until
 
 from .conftest import omni_like
 from .test_recovery import bookkeeping
@@ -96,7 +96,7 @@ PIPELINE = scripted_omni_toml(
 
 
 async def _ready(omni: Omni) -> None:
-    await until(lambda: all(omni.ready().values()), "ready replicas")
+    await wait_until(lambda: all(omni.ready().values()), "ready replicas")
 
 
 async def test_a_log_dir_server_restarts_after_retention_released_requests(tmp_path) -> None:

@@ -12,7 +12,7 @@ from omnix.pipelines.config import ScriptedArgs
 from omnix.stages.launcher import Launcher
 from omnix.stages.spawner import Spawner
 
-from ..waiting import until
+from ..waiting import wait_until
 from .conftest import pid_alive, scripted_pipeline
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -29,7 +29,7 @@ async def test_a_spawned_replica_stopped_for_good_is_not_restarted_and_spawn_bri
     pid = slot.pid
     h.rt._lose(slot, "scaled down", restart=False)
     launcher.stop(slot)
-    await until(lambda: not pid_alive(pid), "text/1's process gone", timeout=5)
+    await wait_until(lambda: not pid_alive(pid), "text/1's process gone", timeout=5)
     assert slot.state == "down" and slot.restart_handle is None
     assert h.rt.ready_replicas("text") == 1
     launcher.spawn(slot)

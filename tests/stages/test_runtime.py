@@ -39,7 +39,7 @@ from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import make_dealer, readable, recv_parts
 from omnix.transport.work import InputPiece, WorkItem
 
-from ..waiting import until
+from ..waiting import wait_until
 from .conftest import pid_alive, scripted_pipeline
 
 
@@ -343,7 +343,7 @@ async def test_shutdown_during_start_up_does_not_wait_for_a_loading_engine(harne
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     starting = asyncio.create_task(h.rt.start())
     # Welcomed: the worker has its config and is loading its engine.
-    await until(lambda: "welcomed s/0" in caplog.text, "the worker's hello", timeout=30)
+    await wait_until(lambda: "welcomed s/0" in caplog.text, "the worker's hello", timeout=30)
     (pid,) = {c.pid for c in psutil.Process().children()} - before
     t0 = time.monotonic()
     starting.cancel()  # what omnix serve does on Ctrl-C while it starts
@@ -475,7 +475,7 @@ async def test_workers_die_with_a_killed_server():
         assert len(pids) == 2 and all(pid_alive(p) for p in pids)
         owner.kill()  # no shutdown(), no finalizer: only the workers can notice
         await owner.wait()
-        await until(lambda: not any(pid_alive(p) for p in pids), "orphaned workers to exit")
+        await wait_until(lambda: not any(pid_alive(p) for p in pids), "orphaned workers to exit")
         assert not any(pid_alive(p) for p in pids), "orphaned workers"
     finally:
         if owner.returncode is None:
@@ -494,7 +494,7 @@ async def test_work_sent_in_one_loop_turn_leaves_as_one_message_and_aborts_follo
     enc, dec = FrameEncoder(), m.decoders(m.WORKER_BOUND)
 
     async def recv() -> tuple[bytes, object]:
-        await until(lambda: readable(sock), "a message from the runtime")
+        await wait_until(lambda: readable(sock), "a message from the runtime")
         mtype, body, aux = recv_parts(sock)
         return mtype, dec[mtype].decode(body, aux)
 

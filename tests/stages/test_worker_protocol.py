@@ -18,7 +18,7 @@ from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.sockets import make_router, readable, recv_parts
 from omnix.transport.work import InputPiece, WorkItem
-from tests.waiting import until_blocking
+from tests.waiting import wait_until_blocking
 
 
 class RawServer:
@@ -207,7 +207,7 @@ def test_worker_clean_stop_leaves_no_engine_process(server, tmp_path, monkeypatc
         assert psutil.pid_exists(child)
         server.send(m.SHUTDOWN, m.Shutdown("test over"))
         assert proc.wait(20) == 0
-        until_blocking(lambda: not _alive(child), "the engine's child process to die")
+        wait_until_blocking(lambda: not _alive(child), "the engine's child process to die")
         assert not _alive(child)
     finally:
         proc.kill()

@@ -12,7 +12,7 @@ from omnix.transport import messages as m
 from omnix.transport.codec import FrameEncoder
 from omnix.transport.inbox import Inbox, Route, ignore
 from omnix.transport.sockets import MAX_DRAIN, readable, send_frames
-from tests.waiting import until
+from tests.waiting import wait_until
 
 log = logging.getLogger("test.inbox")
 
@@ -90,7 +90,7 @@ async def test_dispatches_in_order_with_the_sender_and_skips_bad_messages(pair, 
     send_frames(dealer, [m.SHUTDOWN, b"\xc1"])  # handled by its route's on_malformed
     send_frames(dealer, enc.encode(m.SHUTDOWN, m.Shutdown("bye")))
     with caplog.at_level(logging.ERROR, logger="test.inbox"):
-        await until(lambda: len(got) == 2, "both messages handled")
+        await wait_until(lambda: len(got) == 2, "both messages handled")
     inbox.close()
     assert got == [(b"w1", m.Abort("r1")), (b"w1", m.Shutdown("bye"))]
     assert len(malformed) == 1
@@ -130,7 +130,7 @@ async def test_a_dealer_gets_no_peer_and_a_flood_is_read_in_turns(pair):
             loop.call_soon(count_turn)
 
     loop.call_soon(count_turn)
-    await until(lambda: len(got) == n, "the flood handled")
+    await wait_until(lambda: len(got) == n, "the flood handled")
     inbox.close()
     assert got == [(b"", f"r{i}") for i in range(n)]
     # Other callbacks ran while the flood was read: it was read in turns.
@@ -159,7 +159,7 @@ async def test_a_handler_that_closes_the_inbox_stops_the_reading(pair):
     enc = FrameEncoder()
     for rid in ("a", "b"):
         send_frames(dealer, enc.encode(m.ABORT, m.Abort(rid)))
-    await until(lambda: got, "the first message handled")
+    await wait_until(lambda: got, "the first message handled")
     # The second has reached the socket and stays there, unread.
-    await until(lambda: readable(router), "b to wait on the socket")
+    await wait_until(lambda: readable(router), "b to wait on the socket")
     assert got == ["a"]
