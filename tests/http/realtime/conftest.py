@@ -4,7 +4,7 @@ The servers are scripted omni pipelines that take audio (thinker ->
 talker -> code2wav) behind a real ``HttpServer``, shared by the session
 of tests like ``conftest.py``'s; ``SLOW`` speaks long enough to be
 interrupted.  ``connect`` opens the ``openai`` SDK's realtime client on
-one; ``until`` reads server events up to one of a type.
+one; ``next_event`` reads server events up to one of a type.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def client_for(server: HttpServer, api_key: str = "unused") -> Any:
     return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0)
 
 
-async def until(conn: Any, type_: str, seen: list[Any] | None = None) -> Any:
+async def next_event(conn: Any, type_: str, seen: list[Any] | None = None) -> Any:
     """Read events up to the first of ``type_`` (returned); the others
     go to ``seen``.  An error event on the way fails the test."""
     while True:
@@ -92,4 +92,4 @@ async def manual(conn: Any, **session: Any) -> None:
     await conn.session.update(
         session={"type": "realtime", "audio": {"input": {"turn_detection": None}}, **session}
     )
-    await until(conn, "session.updated")
+    await next_event(conn, "session.updated")

@@ -17,7 +17,7 @@ from omnix.events.options import API_TRANSCRIPTION
 from omnix.events.types import Admitted, Cancelled, is_terminal
 
 from ..conftest import real_engine_marks
-from .conftest import b64, client_for, pcm16, until
+from .conftest import b64, client_for, next_event, pcm16
 
 PIPELINE = "tiny-omni"
 pytestmark = real_engine_marks()
@@ -27,24 +27,24 @@ async def _turn(conn: Any, **session: Any) -> None:
     await conn.session.update(
         session={"type": "realtime", "audio": {"input": {"turn_detection": None}}, **session}
     )
-    await until(conn, "session.updated")
+    await next_event(conn, "session.updated")
     await conn.input_audio_buffer.append(audio=b64(pcm16(0.8)))
     await conn.input_audio_buffer.commit()
-    await until(conn, "conversation.item.done")
+    await next_event(conn, "conversation.item.done")
 
 
 async def test_speech_in_speech_out(server):
     async with client_for(server).realtime.connect(model="tiny-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await conn.session.update(
             session={"type": "realtime", "audio": {"output": {"voice": "nobody"}}}
         )
-        err = await until(conn, "error")
+        err = await next_event(conn, "error")
         assert err.error.code == "invalid_value" and "chelsie" in err.error.message
         await _turn(conn, audio={"input": {"turn_detection": None}, "output": {"voice": "ethan"}})
         await conn.response.create(response={"max_output_tokens": 16})
         events: list[Any] = []
-        done = await until(conn, "response.done", events)
+        done = await next_event(conn, "response.done", events)
     assert done.response.status in ("completed", "incomplete")
     transcript = "".join(
         e.delta for e in events if e.type == "response.output_audio_transcript.delta"
@@ -64,11 +64,11 @@ async def test_speech_in_speech_out(server):
 
 async def test_barge_in_stops_every_stage(server):
     async with client_for(server).realtime.connect(model="tiny-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await _turn(conn)
         await conn.response.create(response={"max_output_tokens": 200})
-        rid = (await until(conn, "response.created")).response.id
-        await until(conn, "response.output_audio.delta")
+        rid = (await next_event(conn, "response.created")).response.id
+        await next_event(conn, "response.output_audio.delta")
         t_cancel = time.monotonic()
         await conn.response.cancel()
         last = t_cancel
@@ -90,10 +90,12 @@ async def test_a_turn_is_transcribed_as_post_transcriptions_does(server, client)
     pcm = pcm16(0.8)
     tx = {"model": "tiny-omni", "language": "en"}
     async with client_for(server).realtime.connect(model="tiny-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await _turn(conn, audio={"input": {"turn_detection": None, "transcription": tx}})
         deltas: list[Any] = []
-        done = await until(conn, "conversation.item.input_audio_transcription.completed", deltas)
+        done = await next_event(
+            conn, "conversation.item.input_audio_transcription.completed", deltas
+        )
     assert done.transcript == "".join(
         e.delta for e in deltas if e.type == "conversation.item.input_audio_transcription.delta"
     )

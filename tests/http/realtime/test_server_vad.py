@@ -17,7 +17,7 @@ import soundfile as sf
 from omnix.events.options import API_TRANSCRIPTION
 from omnix.events.types import Admitted, Cancelled
 
-from .conftest import b64, client_for, until
+from .conftest import b64, client_for, next_event
 
 pytest.importorskip("silero_vad", reason="server VAD needs the silero-vad package")
 
@@ -53,7 +53,7 @@ async def test_server_vad_commits_the_turn_and_answers_it(rt_server):
     said = speech()
     said_ms = len(said) // 48
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        created = await until(conn, "session.created")
+        created = await next_event(conn, "session.created")
         assert created.session.audio.input.turn_detection.type == "server_vad"
         await conn.session.update(
             session={
@@ -62,13 +62,13 @@ async def test_server_vad_commits_the_turn_and_answers_it(rt_server):
                 "audio": {"input": {"turn_detection": {"type": "server_vad"}}},
             }
         )
-        await until(conn, "session.updated")
+        await next_event(conn, "session.updated")
         await stream(conn, silence(0.5) + said + silence(1.0))
-        started = await until(conn, "input_audio_buffer.speech_started")
-        stopped = await until(conn, "input_audio_buffer.speech_stopped")
-        committed = await until(conn, "input_audio_buffer.committed")
-        response = await until(conn, "response.created")
-        done = await until(conn, "response.done")
+        started = await next_event(conn, "input_audio_buffer.speech_started")
+        stopped = await next_event(conn, "input_audio_buffer.speech_stopped")
+        committed = await next_event(conn, "input_audio_buffer.committed")
+        response = await next_event(conn, "response.created")
+        done = await next_event(conn, "response.done")
     # Speech is found where it is (windows of 32 ms), reported with the
     # default 300 ms of padding before it.
     assert abs(started.audio_start_ms - (500 - 300)) <= 96, started
@@ -84,15 +84,15 @@ async def test_server_vad_commits_the_turn_and_answers_it(rt_server):
 
 async def test_silence_and_a_tone_are_no_speech(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await stream(conn, silence(0.6) + tone(0.8) + silence(0.6))
         # Nothing was heard: the buffer kept only the padding before speech.
         await conn.input_audio_buffer.commit()
         ev = await conn.recv()
         assert ev.type == "input_audio_buffer.committed", ev
-        item = await until(conn, "conversation.item.added")
+        item = await next_event(conn, "conversation.item.added")
         await conn.conversation.item.retrieve(item_id=item.item.id)
-        got = await until(conn, "conversation.item.retrieved")
+        got = await next_event(conn, "conversation.item.retrieved")
     import base64
 
     assert len(base64.b64decode(got.item.content[0].audio)) == 48 * 300
@@ -102,30 +102,30 @@ async def test_speech_over_a_response_interrupts_it(rt_slow):
     server = rt_slow
     said = speech()
     async with client_for(server).realtime.connect(model="rt-slow") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await stream(conn, silence(0.3) + said + silence(0.8))
-        first = (await until(conn, "response.created")).response.id
-        await until(conn, "response.output_audio.delta")
+        first = (await next_event(conn, "response.created")).response.id
+        await next_event(conn, "response.output_audio.delta")
         # The user speaks over the answer.
         await stream(conn, said[: 48 * 600])
-        await until(conn, "input_audio_buffer.speech_started")
-        done = await until(conn, "response.done")
+        await next_event(conn, "input_audio_buffer.speech_started")
+        done = await next_event(conn, "response.done")
         assert done.response.id == first and done.response.status == "cancelled"
         assert done.response.status_details.reason == "turn_detected"
         # Their turn ends: it is committed and answered, after the first ended.
         await stream(conn, said[48 * 600 :] + silence(0.8))
-        await until(conn, "input_audio_buffer.committed")
-        second = (await until(conn, "response.created")).response.id
+        await next_event(conn, "input_audio_buffer.committed")
+        second = (await next_event(conn, "response.created")).response.id
         assert second != first
         await conn.response.cancel()
-        await until(conn, "response.done")
+        await next_event(conn, "response.done")
     events = server.omni.log.events_for(first)
     assert isinstance(events[-1], Cancelled) and events[-1].reason == "interrupted"
 
 
 async def test_a_turn_server_vad_commits_is_transcribed(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await conn.session.update(
             session={
                 "type": "realtime",
@@ -133,9 +133,9 @@ async def test_a_turn_server_vad_commits_is_transcribed(rt_server):
                 "audio": {"input": {"turn_detection": {"type": "server_vad"}, "transcription": {}}},
             }
         )
-        await until(conn, "session.updated")
+        await next_event(conn, "session.updated")
         await stream(conn, silence(0.5) + speech() + silence(1.0))
-        committed = await until(conn, "input_audio_buffer.committed")
+        committed = await next_event(conn, "input_audio_buffer.committed")
         seen: list[Any] = []
         while not {"response.done", COMPLETED} <= {e.type for e in seen}:
             seen.append(await conn.recv())

@@ -15,7 +15,7 @@ import pytest
 from omnix.events.options import API_REALTIME, RealtimeOptions
 from omnix.events.types import Admitted, Cancelled, CancelRequested, Chunk, is_terminal
 
-from .conftest import API_KEY, b64, client_for, manual, pcm16, until
+from .conftest import API_KEY, b64, client_for, manual, next_event, pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -48,7 +48,7 @@ def collapsed(types: list[str]) -> list[str]:
 
 async def response_events(conn: Any) -> list[Any]:
     events: list[Any] = []
-    done = await until(conn, "response.done", events)
+    done = await next_event(conn, "response.done", events)
     return [*events, done]
 
 
@@ -89,7 +89,7 @@ async def test_session_created_then_updated(rt_server):
 
 async def test_an_audio_turn_in_the_order_the_sdk_expects(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(conn, instructions="Be brief.")
         audio = pcm16(0.5)
         for i in range(0, len(audio), 4800):  # 100 ms appends
@@ -97,10 +97,10 @@ async def test_an_audio_turn_in_the_order_the_sdk_expects(rt_server):
         await conn.input_audio_buffer.commit()
         committed = await conn.recv()
         assert committed.type == "input_audio_buffer.committed"
-        added = await until(conn, "conversation.item.added")
+        added = await next_event(conn, "conversation.item.added")
         assert added.item.id == committed.item_id and added.item.role == "user"
         assert added.item.content[0].type == "input_audio"
-        await until(conn, "conversation.item.done")
+        await next_event(conn, "conversation.item.done")
         await conn.response.create()
         events = await response_events(conn)
     assert collapsed([e.type for e in events]) == AUDIO_ORDER
@@ -134,7 +134,7 @@ async def test_an_audio_turn_in_the_order_the_sdk_expects(rt_server):
 
 async def test_text_turns_carry_the_conversation(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(conn, output_modalities=["text"])
         await conn.conversation.item.create(
             item={
@@ -143,7 +143,7 @@ async def test_text_turns_carry_the_conversation(rt_server):
                 "content": [{"type": "input_text", "text": "Hello there"}],
             }
         )
-        added = await until(conn, "conversation.item.added")
+        added = await next_event(conn, "conversation.item.added")
         assert added.item.content[0].text == "Hello there"
         await conn.response.create()
         first = await response_events(conn)
@@ -158,7 +158,7 @@ async def test_text_turns_carry_the_conversation(rt_server):
                 "content": [{"type": "input_text", "text": "More"}],
             }
         )
-        await until(conn, "conversation.item.done")
+        await next_event(conn, "conversation.item.done")
         await conn.response.create()
         second = await response_events(conn)
     spec = admitted(rt_server, second[0].response.id).spec
@@ -172,7 +172,7 @@ async def test_text_turns_carry_the_conversation(rt_server):
 
 async def test_response_overrides(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(conn)
         await conn.conversation.item.create(
             item={
@@ -182,7 +182,7 @@ async def test_response_overrides(rt_server):
                 "content": [{"type": "input_text", "text": "Q"}],
             }
         )
-        await until(conn, "conversation.item.done")
+        await next_event(conn, "conversation.item.done")
         await conn.response.create(
             response={
                 "instructions": "Out of band.",
@@ -207,29 +207,29 @@ async def test_response_overrides(rt_server):
         assert spec.stage_params["thinker"].max_tokens == 3
         # Out of band: the conversation holds the question alone.
         await conn.conversation.item.retrieve(item_id=done.output[0].id)
-        err = await until(conn, "error")
+        err = await next_event(conn, "error")
         assert err.error.code == "item_not_found"
 
 
 async def test_items_deleted_retrieved_truncated(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(conn)
         audio = pcm16(0.3)
         await conn.input_audio_buffer.append(audio=b64(audio))
         await conn.input_audio_buffer.commit()
-        committed = await until(conn, "input_audio_buffer.committed")
+        committed = await next_event(conn, "input_audio_buffer.committed")
         await conn.conversation.item.retrieve(item_id=committed.item_id)
-        got = await until(conn, "conversation.item.retrieved")
+        got = await next_event(conn, "conversation.item.retrieved")
         assert base64.b64decode(got.item.content[0].audio) == audio
         await conn.response.create()
         events = await response_events(conn)
         item = events[-1].response.output[0]
         await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=10)
-        truncated = await until(conn, "conversation.item.truncated")
+        truncated = await next_event(conn, "conversation.item.truncated")
         assert truncated.item_id == item.id and truncated.audio_end_ms == 10
         await conn.conversation.item.delete(item_id=committed.item_id)
-        deleted = await until(conn, "conversation.item.deleted")
+        deleted = await next_event(conn, "conversation.item.deleted")
         assert deleted.item_id == committed.item_id
         await conn.conversation.item.create(
             item={
@@ -238,7 +238,7 @@ async def test_items_deleted_retrieved_truncated(rt_server):
                 "content": [{"type": "input_text", "text": "x"}],
             }
         )
-        await until(conn, "conversation.item.done")
+        await next_event(conn, "conversation.item.done")
         await conn.response.create()
         events = await response_events(conn)
     # The deleted audio is gone from the context, the truncated answer's
@@ -250,15 +250,15 @@ async def test_items_deleted_retrieved_truncated(rt_server):
 async def test_barge_in_cancels_through_the_log(rt_slow):
     server = rt_slow
     async with client_for(server).realtime.connect(model="rt-slow") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(conn)
         await conn.input_audio_buffer.append(audio=b64(pcm16(0.3)))
         await conn.input_audio_buffer.commit()
-        await until(conn, "conversation.item.done")
+        await next_event(conn, "conversation.item.done")
         await conn.response.create()
-        created = await until(conn, "response.created")
+        created = await next_event(conn, "response.created")
         rid = created.response.id
-        await until(conn, "response.output_audio.delta")
+        await next_event(conn, "response.output_audio.delta")
         t_cancel = time.monotonic()
         await conn.response.cancel()
         after: list[Any] = []
@@ -274,7 +274,7 @@ async def test_barge_in_cancels_through_the_log(rt_slow):
         assert done.status == "cancelled" and done.status_details.reason == "client_cancelled"
         # The socket goes on: nothing of the cancelled response follows.
         await conn.session.update(session={"type": "realtime", "instructions": "next"})
-        await until(conn, "session.updated")
+        await next_event(conn, "session.updated")
     gap_ms = (last_audio - t_cancel) * 1000
     assert gap_ms < 100, f"an audio delta left {gap_ms:.0f} ms after the cancel"
     events = server.omni.log.events_for(rid)
@@ -291,25 +291,25 @@ async def test_barge_in_cancels_through_the_log(rt_slow):
 
 async def _text_turn(conn) -> None:
     """A manual-turn text session: "hi" added, a response asked for."""
-    await until(conn, "session.created")
+    await next_event(conn, "session.created")
     await manual(conn, output_modalities=["text"])
     await conn.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
     )
-    await until(conn, "conversation.item.done")
+    await next_event(conn, "conversation.item.done")
     await conn.response.create()
 
 
 async def test_a_second_response_while_one_runs_is_an_error(rt_slow):
     async with client_for(rt_slow).realtime.connect(model="rt-slow") as conn:
         await _text_turn(conn)
-        created = await until(conn, "response.created")
+        created = await next_event(conn, "response.created")
         await conn.send({"type": "response.create", "event_id": "evt_second"})
-        err = await until(conn, "error")
+        err = await next_event(conn, "error")
         assert err.error.code == "conversation_already_has_active_response"
         assert err.error.event_id == "evt_second" and err.error.type == "invalid_request_error"
         await conn.response.cancel(response_id=created.response.id)
-        done = await until(conn, "response.done")
+        done = await next_event(conn, "response.done")
         assert done.response.status == "cancelled"
 
 
@@ -317,7 +317,7 @@ async def test_a_client_that_goes_cancels_its_response(rt_slow):
     server = rt_slow
     async with client_for(server).realtime.connect(model="rt-slow") as conn:
         await _text_turn(conn)
-        rid = (await until(conn, "response.created")).response.id
+        rid = (await next_event(conn, "response.created")).response.id
     for _ in range(200):
         rs = server.omni.state(rid)
         if rs is not None and rs.terminal:
@@ -365,13 +365,13 @@ async def test_a_prompt_holds_the_newest_audio_the_model_takes(rt_server):
     a second spoken turn is heard, the first stays in the conversation
     without its audio in the context."""
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(conn, output_modalities=["text"])
         for _ in range(2):
             await conn.input_audio_buffer.append(audio=b64(pcm16(0.3)))
             await conn.input_audio_buffer.commit()
-            await until(conn, "conversation.item.done")
+            await next_event(conn, "conversation.item.done")
             await conn.response.create()
-            done = await until(conn, "response.done")
+            done = await next_event(conn, "response.done")
     spec = admitted(rt_server, done.response.id).spec
     assert [(m.role, len(m.media)) for m in spec.messages] == [("assistant", 0), ("user", 1)]

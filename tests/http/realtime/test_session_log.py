@@ -30,7 +30,7 @@ from omnix.testing.serving import serve_scripted
 from omnix.trace import export_from_dir, read_trace
 
 from ..conftest import use_processes
-from .conftest import FAST, b64, client_for, manual, pcm16, until
+from .conftest import FAST, b64, client_for, manual, next_event, pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -38,27 +38,27 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 async def _a_conversation(conn: Any) -> list[str]:
     """Audio, an answer, a text item, another answer, a deletion and a
     truncation; the item ids the client saw, in order."""
-    await until(conn, "session.created")
+    await next_event(conn, "session.created")
     await manual(conn, instructions="Be brief.")
     await conn.input_audio_buffer.append(audio=b64(pcm16(0.4)))
     await conn.input_audio_buffer.commit()
-    audio_item = (await until(conn, "input_audio_buffer.committed")).item_id
+    audio_item = (await next_event(conn, "input_audio_buffer.committed")).item_id
     await conn.response.create()
-    first = (await until(conn, "response.done")).response.output[0].id
+    first = (await next_event(conn, "response.done")).response.output[0].id
     await conn.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
     )
-    text_item = (await until(conn, "conversation.item.added")).item.id
+    text_item = (await next_event(conn, "conversation.item.added")).item.id
     await conn.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "y"}]}
     )
-    gone = (await until(conn, "conversation.item.added")).item.id
+    gone = (await next_event(conn, "conversation.item.added")).item.id
     await conn.conversation.item.delete(item_id=gone)
-    await until(conn, "conversation.item.deleted")
+    await next_event(conn, "conversation.item.deleted")
     await conn.response.create()
-    second = (await until(conn, "response.done")).response.output[0].id
+    second = (await next_event(conn, "response.done")).response.output[0].id
     await conn.conversation.item.truncate(item_id=second, content_index=0, audio_end_ms=5)
-    await until(conn, "conversation.item.truncated")
+    await next_event(conn, "conversation.item.truncated")
     return [audio_item, first, text_item, second]
 
 
@@ -172,12 +172,12 @@ async def test_a_session_resumes_after_kill_9_and_restart(tmp_path: Path):
         async with client.realtime.connect(
             model="rt-restart", on_reconnecting=reconnecting
         ) as conn:
-            sid = (await until(conn, "session.created")).session.id
+            sid = (await next_event(conn, "session.created")).session.id
             await manual(conn)
             await conn.input_audio_buffer.append(audio=b64(pcm16(0.4)))
             await conn.input_audio_buffer.commit()
-            user_item = (await until(conn, "input_audio_buffer.committed")).item_id
-            await until(conn, "conversation.item.done")
+            user_item = (await next_event(conn, "input_audio_buffer.committed")).item_id
+            await next_event(conn, "conversation.item.done")
             await conn.response.create()
             heard = asyncio.Event()
             reading = asyncio.ensure_future(_read_to_done(conn, seen, heard))
@@ -187,7 +187,7 @@ async def test_a_session_resumes_after_kill_9_and_restart(tmp_path: Path):
             done = await asyncio.wait_for(reading, 90)
             # The conversation is intact: answered again, it is the context.
             await conn.response.create(response={"output_modalities": ["text"]})
-            again = await until(conn, "response.done")
+            again = await next_event(conn, "response.done")
     finally:
         await first.close()
         if second is not None:

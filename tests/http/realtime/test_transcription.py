@@ -36,7 +36,7 @@ from omnix.testing.serving import serve_scripted
 from omnix.trace import export_from_dir, read_trace
 
 from ..conftest import _serve, use_processes
-from .conftest import FAST, b64, client_for, manual, pcm16, until
+from .conftest import FAST, b64, client_for, manual, next_event, pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -75,8 +75,8 @@ async def commit(conn: Any, pcm: bytes) -> str:
     """Commit ``pcm`` as a turn; the item's id, once its events came."""
     await conn.input_audio_buffer.append(audio=b64(pcm))
     await conn.input_audio_buffer.commit()
-    item = (await until(conn, "input_audio_buffer.committed")).item_id
-    await until(conn, "conversation.item.done")
+    item = (await next_event(conn, "input_audio_buffer.committed")).item_id
+    await next_event(conn, "conversation.item.done")
     return item
 
 
@@ -105,14 +105,14 @@ def admitted_transcriptions(server: Any, session: str) -> list[Admitted]:
 async def test_a_committed_turn_is_transcribed_as_post_transcriptions_would(rt_server):
     tx = {"model": "rt-omni", "language": "en", "prompt": "Hello"}
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        sid = (await until(conn, "session.created")).session.id
+        sid = (await next_event(conn, "session.created")).session.id
         await conn.session.update(
             session={
                 "type": "realtime",
                 "audio": {"input": {"turn_detection": None, "transcription": tx}},
             }
         )
-        shown = (await until(conn, "session.updated")).session.audio.input.transcription
+        shown = (await next_event(conn, "session.updated")).session.audio.input.transcription
         assert (shown.model, shown.language, shown.prompt) == ("rt-omni", "en", "Hello")
         pcm = pcm16(0.5)
         item = await commit(conn, pcm)
@@ -120,7 +120,7 @@ async def test_a_committed_turn_is_transcribed_as_post_transcriptions_would(rt_s
         deltas = [e for e in events if e.type == DELTA]
         done = events[-1]
         await conn.conversation.item.retrieve(item_id=item)
-        retrieved = await until(conn, "conversation.item.retrieved")
+        retrieved = await next_event(conn, "conversation.item.retrieved")
     assert [e.type for e in events] == [DELTA] * len(deltas) + [COMPLETED]
     assert deltas and all(e.item_id == item and e.content_index == 0 for e in deltas)
     assert done.item_id == item and done.content_index == 0
@@ -154,7 +154,7 @@ async def test_a_committed_turn_is_transcribed_as_post_transcriptions_would(rt_s
 
 async def test_the_response_runs_beside_the_transcription(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(conn, audio={"input": {"turn_detection": None, "transcription": {}}})
         item = await commit(conn, pcm16(0.4))
         await conn.response.create()
@@ -180,11 +180,11 @@ async def test_the_response_runs_beside_the_transcription(rt_server):
 )
 async def test_bad_transcription_settings_are_error_events(rt_server, transcription, param, code):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await conn.session.update(
             session={"type": "realtime", "audio": {"input": {"transcription": transcription}}}
         )
-        err = await until(conn, "error")
+        err = await next_event(conn, "error")
         assert err.error.code == code, err
         if param is not None:
             assert err.error.param == param
@@ -192,36 +192,36 @@ async def test_bad_transcription_settings_are_error_events(rt_server, transcript
             assert "temperature" in err.error.message
         # The session goes on as it was: transcription still off.
         await conn.session.update(session={"type": "realtime", "instructions": "next"})
-        updated = await until(conn, "session.updated")
+        updated = await next_event(conn, "session.updated")
         assert updated.session.audio.input.transcription is None
 
 
 async def test_include_logprobs_is_an_error_event(rt_server):
     async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await conn.session.update(
             session={"type": "realtime", "include": ["item.input_audio_transcription.logprobs"]}
         )
-        err = await until(conn, "error")
+        err = await next_event(conn, "error")
         assert err.error.param == "session.include"
 
 
 async def test_a_pipeline_that_cannot_transcribe_refuses_it(slow_server):
     async with client_for(slow_server).realtime.connect(model="http-slow") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await conn.session.update(
             session={"type": "realtime", "audio": {"input": {"transcription": {}}}}
         )
-        err = await until(conn, "error")
+        err = await next_event(conn, "error")
         assert err.error.param == PARAM and err.error.code == "unsupported_input"
         assert "audio input" in err.error.message
         await conn.session.update(session={"type": "realtime", "instructions": "still here"})
-        assert (await until(conn, "session.updated")).session.instructions == "still here"
+        assert (await next_event(conn, "session.updated")).session.instructions == "still here"
 
 
 async def test_a_failed_transcription_ends_neither_the_response_nor_the_session(rt_failing):
     async with client_for(rt_failing).realtime.connect(model="rt-failing") as conn:
-        await until(conn, "session.created")
+        await next_event(conn, "session.created")
         await manual(
             conn,
             output_modalities=["text"],
@@ -237,17 +237,17 @@ async def test_a_failed_transcription_ends_neither_the_response_nor_the_session(
         assert done.response.status == "incomplete"
         # The session goes on; the item has no transcript.
         await conn.conversation.item.retrieve(item_id=item)
-        got = await until(conn, "conversation.item.retrieved")
+        got = await next_event(conn, "conversation.item.retrieved")
         assert got.item.content[0].transcript is None
 
 
 async def test_a_client_that_goes_cancels_its_transcription(rt_slow):
     server = rt_slow
     async with client_for(server).realtime.connect(model="rt-slow") as conn:
-        sid = (await until(conn, "session.created")).session.id
+        sid = (await next_event(conn, "session.created")).session.id
         await manual(conn, audio={"input": {"turn_detection": None, "transcription": {}}})
         await commit(conn, pcm16(0.3))
-        await until(conn, DELTA)
+        await next_event(conn, DELTA)
     (adm,) = admitted_transcriptions(server, sid)
     rid = adm.request_id
     for _ in range(200):
@@ -269,7 +269,7 @@ async def test_the_session_trace_holds_its_transcriptions(tmp_path: Path):
         omni_options={"log_dir": log_dir},
     ) as server:
         async with client_for(server).realtime.connect(model="rt-omni") as conn:
-            sid = (await until(conn, "session.created")).session.id
+            sid = (await next_event(conn, "session.created")).session.id
             await manual(conn, audio={"input": {"turn_detection": None, "transcription": {}}})
             item = await commit(conn, pcm16(0.4))
             await conn.response.create()
@@ -309,10 +309,10 @@ async def test_a_transcript_outlives_a_restart(tmp_path: Path):
     try:
         await first.ready()
         async with client_for(first).realtime.connect(model="rt-omni") as conn:
-            sid = (await until(conn, "session.created")).session.id
+            sid = (await next_event(conn, "session.created")).session.id
             await manual(conn, audio={"input": {"turn_detection": None, "transcription": {}}})
             item = await commit(conn, pcm16(0.4))
-            transcript = (await until(conn, COMPLETED)).transcript
+            transcript = (await next_event(conn, COMPLETED)).transcript
         await first.kill9()
         second = await ServeProcess.start(*args)
         await second.ready()
@@ -320,9 +320,9 @@ async def test_a_transcript_outlives_a_restart(tmp_path: Path):
         async with client.realtime.connect(
             model="rt-omni", extra_query={"session_id": sid}
         ) as conn:
-            created = await until(conn, "session.created")
+            created = await next_event(conn, "session.created")
             await conn.conversation.item.retrieve(item_id=item)
-            got = await until(conn, "conversation.item.retrieved")
+            got = await next_event(conn, "conversation.item.retrieved")
     finally:
         await first.close()
         if second is not None:
@@ -357,7 +357,7 @@ async def test_a_transcription_in_flight_goes_on_after_kill_9(tmp_path: Path):
         await first.ready()
         client = client_for(first)
         async with client.realtime.connect(model="rt-long", on_reconnecting=reconnecting) as conn:
-            sid = (await until(conn, "session.created")).session.id
+            sid = (await next_event(conn, "session.created")).session.id
             await manual(conn, audio={"input": {"turn_detection": None, "transcription": {}}})
             await commit(conn, pcm16(0.3))
             async for ev in conn:
