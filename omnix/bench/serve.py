@@ -48,7 +48,7 @@ import msgspec
 
 from omnix.bench.loop import run_on_loop
 from omnix.bench.serve_client import KINDS
-from omnix.bench.serve_results import ServeBenchResult, ServeBenchSummary, _table
+from omnix.bench.serve_results import ServeBenchResult, ServeBenchSummary, summary_table
 from omnix.bench.serve_run import BenchError, bench
 
 __all__ = ["add_arguments", "bench", "run"]
@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         print(_summary_json(res).decode())
     else:
-        print(_table(res))
+        print(summary_table(res))
         if args.result_file:
             print(f"full result saved to {args.result_file}")
     return 0 if res.failed == 0 else 1

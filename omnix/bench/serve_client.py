@@ -3,7 +3,7 @@
 Owns: the kinds of request (``Kind``: streamed chat, chat with audio out,
 chat with an input_audio part, speech, images) and their bodies, the
 speech stream modes and their probe, ``Client.send`` (one request to one
-``RequestRecord``: its failure, if any, as one line) and ``_Measure``, the
+``RequestRecord``: its failure, if any, as one line) and ``Measure``, the
 clock readings of one request (TTFT, ITL, TTFP, audio seconds).  Does not
 own parsing bodies (``serve_wire``), counting audio (``audio_meter``) nor
 the run's pacing (``serve_run``).
@@ -24,18 +24,18 @@ import numpy as np
 from omnix.bench.audio_meter import AudioMeter
 from omnix.bench.serve_results import RequestRecord
 from omnix.bench.serve_wire import (
-    _b64,
-    _ChatChunk,
-    _chunk_dec,
-    _decode,
-    _error_text,
-    _Failure,
-    _http_error,
-    _images_dec,
-    _one_line,
-    _speech_dec,
-    _unreachable,
-    _Usage,
+    ChatChunk,
+    RequestFailed,
+    Usage,
+    b64_audio,
+    chunk_decoder,
+    decode_body,
+    error_text,
+    http_error,
+    images_decoder,
+    one_line,
+    speech_decoder,
+    unreachable,
 )
 from omnix.testing.sse import sse_events
 
@@ -46,7 +46,7 @@ SpeechMode = Literal["audio", "sse", "stream", "none"]
 _PROBE_ORDER: tuple[SpeechMode, ...] = ("audio", "stream", "none")
 
 
-class _Measure:
+class Measure:
     """The clock readings of one request."""
 
     def __init__(self, sample_rate: int) -> None:
@@ -58,7 +58,7 @@ class _Measure:
         self.ttfp: float | None = None
         self.last_audio = 0.0
         self.audio = AudioMeter(sample_rate)
-        self.usage: _Usage | None = None
+        self.usage: Usage | None = None
         self.images = 0
         self.status = 0
 
@@ -147,7 +147,7 @@ class Client:
     async def send(self, index: int, kind: Kind, prompt: str, t_run: float) -> RequestRecord:
         import aiohttp
 
-        m = _Measure(self.args.sample_rate)
+        m = Measure(self.args.sample_rate)
         rec = RequestRecord(index=index, kind=kind, ok=False, start_s=m.t0 - t_run)
         try:
             if kind == "speech":
@@ -157,18 +157,18 @@ class Client:
             else:
                 await self._chat(m, kind, prompt)
             rec.ok = True
-        except _Failure as exc:
+        except RequestFailed as exc:
             rec.error = str(exc)
         except aiohttp.ClientConnectorError as exc:
-            rec.error = _unreachable(self.base, exc)
+            rec.error = unreachable(self.base, exc)
         except aiohttp.ClientPayloadError as exc:
-            rec.error = _one_line(f"response cut mid-body: {exc}")
+            rec.error = one_line(f"response cut mid-body: {exc}")
         except TimeoutError:
             rec.error = f"no complete response within {self.args.timeout:g} s"
         except aiohttp.ClientError as exc:
-            rec.error = _one_line(f"{type(exc).__name__}: {exc}")
+            rec.error = one_line(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # one odd response must not end the run
-            rec.error = _one_line(f"client error: {type(exc).__name__}: {exc}")
+            rec.error = one_line(f"client error: {type(exc).__name__}: {exc}")
         rec.e2el_s = time.perf_counter() - m.t0
         rec.status = m.status
         rec.ttft_s = m.ttft
@@ -192,26 +192,26 @@ class Client:
             self.base + path, data=json.dumps(body).encode(), headers=self._headers()
         )
 
-    async def _chat(self, m: _Measure, kind: Kind, prompt: str) -> None:
+    async def _chat(self, m: Measure, kind: Kind, prompt: str) -> None:
         async with self._post("/v1/chat/completions", self._chat_body(kind, prompt)) as r:
             m.status = r.status
             if r.status != 200:
-                raise _Failure(_http_error(r.status, await r.read()))
+                raise RequestFailed(http_error(r.status, await r.read()))
             if r.content_type == "application/json":  # a server that does not stream
-                self._chat_chunk(m, _decode(_chunk_dec, await r.read()))
+                self._chat_chunk(m, decode_body(chunk_decoder, await r.read()))
             else:
                 async for event in sse_events(r.content):
                     if event.done:
                         break
-                    self._chat_chunk(m, _decode(_chunk_dec, event.data.encode()))
+                    self._chat_chunk(m, decode_body(chunk_decoder, event.data.encode()))
         if m.ttft is None:
-            raise _Failure("the response carried no text (no non-empty delta.content)")
+            raise RequestFailed("the response carried no text (no non-empty delta.content)")
         if kind == "audio-out" and m.audio.sample_bytes == 0:
-            raise _Failure("the response carried no audio (no delta.audio.data)")
+            raise RequestFailed("the response carried no audio (no delta.audio.data)")
 
-    def _chat_chunk(self, m: _Measure, chunk: _ChatChunk) -> None:
+    def _chat_chunk(self, m: Measure, chunk: ChatChunk) -> None:
         if chunk.error is not None:
-            raise _Failure(_one_line(f"error in stream: {_error_text(chunk.error)}"))
+            raise RequestFailed(one_line(f"error in stream: {error_text(chunk.error)}"))
         u = chunk.usage
         # vLLM-Omni puts usage (completion 0) on audio chunks too: keep the largest.
         if u is not None and (u.completion_tokens or 0) >= (
@@ -224,45 +224,47 @@ class Client:
             if part is None:
                 continue
             if chunk.modality == "audio" and part.content:
-                m.audio_bytes(_b64(part.content))
+                m.audio_bytes(b64_audio(part.content))
                 continue
             if part.content:
                 m.text(part.content)
             if part.audio is not None and part.audio.data:
-                m.audio_bytes(_b64(part.audio.data))
+                m.audio_bytes(b64_audio(part.audio.data))
 
-    async def _speech(self, m: _Measure, prompt: str, mode: SpeechMode) -> None:
+    async def _speech(self, m: Measure, prompt: str, mode: SpeechMode) -> None:
         async with self._post("/v1/audio/speech", self._speech_body(prompt, mode)) as r:
             m.status = r.status
             if r.status != 200:
-                raise _Failure(_http_error(r.status, await r.read()))
+                raise RequestFailed(http_error(r.status, await r.read()))
             if r.content_type == "text/event-stream":
                 async for event in sse_events(r.content):
                     if event.done:
                         break
-                    ev = _decode(_speech_dec, event.data.encode())
+                    ev = decode_body(speech_decoder, event.data.encode())
                     if ev.error is not None or ev.type == "error":
-                        raise _Failure(_one_line(f"error in stream: {_error_text(ev.error)}"))
+                        raise RequestFailed(one_line(f"error in stream: {error_text(ev.error)}"))
                     if ev.audio:
-                        m.audio_bytes(_b64(ev.audio))
+                        m.audio_bytes(b64_audio(ev.audio))
             elif r.content_type == "application/json":
-                raise _Failure(_one_line(f"expected audio, got JSON: {(await r.read())[:200]!r}"))
+                raise RequestFailed(
+                    one_line(f"expected audio, got JSON: {(await r.read())[:200]!r}")
+                )
             else:
                 async for piece in r.content.iter_any():
                     m.audio_bytes(piece)
         if m.audio.sample_bytes == 0:
-            raise _Failure("the response carried no audio")
+            raise RequestFailed("the response carried no audio")
 
-    async def _image(self, m: _Measure, prompt: str) -> None:
+    async def _image(self, m: Measure, prompt: str) -> None:
         async with self._post("/v1/images/generations", self._image_body(prompt)) as r:
             m.status = r.status
             raw = await r.read()
             if r.status != 200:
-                raise _Failure(_http_error(r.status, raw))
-        body = _decode(_images_dec, raw)
+                raise RequestFailed(http_error(r.status, raw))
+        body = decode_body(images_decoder, raw)
         m.images = sum(1 for img in body.data if img.b64_json or img.url)
         if not m.images:
-            raise _Failure("the response carried no image")
+            raise RequestFailed("the response carried no image")
 
     async def probe_speech(self) -> SpeechMode:
         """The first of audio / stream / none the server does not refuse

@@ -4,8 +4,8 @@ Owns: ``RequestRecord`` (one request's clock readings and counts), the
 summary ``--json`` prints (``ServeBenchSummary``: vLLM's key names where
 it has them, vLLM-Omni's for audio) and the result ``--result-file``
 saves (``ServeBenchResult``, every request beside it), the percentiles
-per figure, summing a run's records into them (``_summarize``) and the
-table printed without ``--json`` (``_table``).  Does not own the
+per figure, summing a run's records into them (``summarize``) and the
+table printed without ``--json`` (``summary_table``).  Does not own the
 requests (``serve_client``) nor the run (``serve_run``).
 """
 
@@ -165,7 +165,7 @@ def _first_errors(failed: list[RequestRecord]) -> list[str]:
     ]
 
 
-def _summarize(
+def summarize(
     args: argparse.Namespace,
     base: str,
     model: str,
@@ -235,7 +235,7 @@ def _summarize(
     return res
 
 
-def _table(res: ServeBenchSummary) -> str:
+def summary_table(res: ServeBenchSummary) -> str:
     lines = ["{s:{c}^{n}}".format(s=" omnix bench serve ", n=56, c="=")]
 
     def row(label: str, value: Any, fmt: str = "") -> None:

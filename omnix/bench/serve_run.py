@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 
 from omnix.bench.serve_client import KINDS, Client, Kind
-from omnix.bench.serve_results import RequestRecord, ServeBenchResult, _summarize
-from omnix.bench.serve_wire import _http_error, _models_dec, _one_line, _unreachable
+from omnix.bench.serve_results import RequestRecord, ServeBenchResult, summarize
+from omnix.bench.serve_wire import http_error, models_decoder, one_line, unreachable
 
 _WORDS = (
     (
@@ -114,13 +114,13 @@ async def _first_model(session: Any, base: str, headers: dict[str, str]) -> str:
         async with session.get(url, headers=headers) as r:
             raw = await r.read()
             if r.status != 200:
-                raise BenchError(f"GET {url}: {_http_error(r.status, raw)}; pass --model")
+                raise BenchError(f"GET {url}: {http_error(r.status, raw)}; pass --model")
     except aiohttp.ClientConnectorError as exc:
-        raise BenchError(_unreachable(base, exc)) from None
+        raise BenchError(unreachable(base, exc)) from None
     except aiohttp.ClientError as exc:
-        raise BenchError(_one_line(f"GET {url}: {type(exc).__name__}: {exc}")) from None
+        raise BenchError(one_line(f"GET {url}: {type(exc).__name__}: {exc}")) from None
     try:
-        models = _models_dec.decode(raw)
+        models = models_decoder.decode(raw)
     except msgspec.DecodeError:
         raise BenchError(f"GET {url}: not a model list; pass --model") from None
     if not models.data:
@@ -165,10 +165,10 @@ async def bench(
                 try:
                     client.speech_mode = await client.probe_speech()
                 except aiohttp.ClientConnectorError as exc:
-                    raise BenchError(_unreachable(base, exc)) from None
+                    raise BenchError(unreachable(base, exc)) from None
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise BenchError(
-                        _one_line(f"speech probe: {type(exc).__name__}: {exc}")
+                        one_line(f"speech probe: {type(exc).__name__}: {exc}")
                     ) from None
             else:
                 client.speech_mode = args.speech_stream
@@ -200,4 +200,4 @@ async def bench(
                 t.cancel()
             progress.close()
         duration = time.perf_counter() - t_run
-    return _summarize(args, base, model, kinds, speech, records, duration)
+    return summarize(args, base, model, kinds, speech, records, duration)

@@ -4,7 +4,7 @@ Owns: the response bodies the bench reads, as any server sends them
 (omnix, vLLM, vLLM-Omni; unknown fields ignored): chat chunks, speech
 events, image and model lists, error bodies in OpenAI's, vLLM's and
 FastAPI's shapes; their decoders; and the one-line messages a failed
-request is reported with (``_Failure``, HTTP errors, an unreachable
+request is reported with (``RequestFailed``, HTTP errors, an unreachable
 server, an unreadable body, audio that is not base64).  Does not own
 sending requests (``serve_client``) nor SSE framing (``omnix.testing.sse``).
 """
@@ -43,20 +43,20 @@ class _Choice(msgspec.Struct):
     message: _Message | None = None
 
 
-class _Usage(msgspec.Struct):
+class Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
 
 
-class _ChatChunk(msgspec.Struct):
+class ChatChunk(msgspec.Struct):
     """A ``chat.completion(.chunk)`` as any server sends it; unknown fields
     are ignored.  ``modality`` is vLLM-Omni's: its audio chunks carry the
     base64 audio in ``delta.content``."""
 
     choices: list[_Choice] | None = None
-    usage: _Usage | None = None
+    usage: Usage | None = None
     error: _ErrorObj | str | None = None
     modality: str | None = None
 
@@ -93,57 +93,57 @@ class _ErrorBody(msgspec.Struct):
     detail: Any = None
 
 
-_chunk_dec = msgspec.json.Decoder(_ChatChunk)
-_speech_dec = msgspec.json.Decoder(_SpeechEvent)
-_images_dec = msgspec.json.Decoder(_ImagesBody)
-_models_dec = msgspec.json.Decoder(_ModelList)
-_error_dec = msgspec.json.Decoder(_ErrorBody)
+chunk_decoder = msgspec.json.Decoder(ChatChunk)
+speech_decoder = msgspec.json.Decoder(_SpeechEvent)
+images_decoder = msgspec.json.Decoder(_ImagesBody)
+models_decoder = msgspec.json.Decoder(_ModelList)
+error_decoder = msgspec.json.Decoder(_ErrorBody)
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def one_line(text: str, limit: int = 300) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _error_text(err: _ErrorObj | str | None) -> str:
+def error_text(err: _ErrorObj | str | None) -> str:
     if isinstance(err, _ErrorObj):
         return err.message or err.type or str(err.code or "")
     return err or ""
 
 
-def _unreachable(base: str, exc: Any) -> str:
+def unreachable(base: str, exc: Any) -> str:
     """``ClientConnectorError`` as "cannot reach URL: Connection refused"."""
     os_error = getattr(exc, "os_error", None)
     errno = getattr(os_error, "errno", None)
     # uvloop's strerror is "Connect call failed (...)": name the errno instead.
     why = os.strerror(errno) if isinstance(errno, int) and errno > 0 else ""
     why = why or getattr(os_error, "strerror", None) or str(os_error or exc)
-    return _one_line(f"cannot reach {base}: {why}")
+    return one_line(f"cannot reach {base}: {why}")
 
 
-def _http_error(status: int, body: bytes) -> str:
+def http_error(status: int, body: bytes) -> str:
     msg = ""
     try:
-        eb = _error_dec.decode(body)
-        msg = _error_text(eb.error) or eb.message or (str(eb.detail) if eb.detail else "")
+        eb = error_decoder.decode(body)
+        msg = error_text(eb.error) or eb.message or (str(eb.detail) if eb.detail else "")
     except msgspec.DecodeError:
         msg = body.decode("utf-8", "replace")
-    return _one_line(f"HTTP {status}: {msg}" if msg else f"HTTP {status}")
+    return one_line(f"HTTP {status}: {msg}" if msg else f"HTTP {status}")
 
 
-class _Failure(Exception):
+class RequestFailed(Exception):
     """A request failed; the message is the one line reported."""
 
 
-def _decode(decoder: Any, raw: bytes) -> Any:
+def decode_body(decoder: Any, raw: bytes) -> Any:
     try:
         return decoder.decode(raw)
     except msgspec.DecodeError as exc:
-        raise _Failure(_one_line(f"unreadable response ({exc}): {raw[:120]!r}")) from None
+        raise RequestFailed(one_line(f"unreadable response ({exc}): {raw[:120]!r}")) from None
 
 
-def _b64(data: str) -> bytes:
+def b64_audio(data: str) -> bytes:
     try:
         return base64.b64decode(data)
     except ValueError as exc:
-        raise _Failure(f"audio data is not base64: {exc}") from None
+        raise RequestFailed(f"audio data is not base64: {exc}") from None

@@ -27,9 +27,9 @@ import pytest_asyncio
 
 from omnix.bench import serve as serve_bench
 from omnix.bench.audio_meter import AudioMeter
-from omnix.bench.serve_client import Client, _Measure
+from omnix.bench.serve_client import Client, Measure
 from omnix.bench.serve_results import RequestRecord, ServeBenchResult
-from omnix.bench.serve_wire import _chunk_dec
+from omnix.bench.serve_wire import chunk_decoder
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.served import ServeProcess, omnix_serve
 
@@ -324,7 +324,7 @@ def test_vllm_omni_shaped_chunks() -> None:
     import base64
 
     client = Client(None, "http://x", "m", _args("--base-url", "http://x"))
-    m = _Measure(24000)
+    m = Measure(24000)
     wav = base64.b64encode(_wav(2400, rate=24000)).decode()
     chunks = [
         {"modality": "text", "choices": [{"delta": {"role": "assistant", "content": ""}}]},
@@ -334,7 +334,7 @@ def test_vllm_omni_shaped_chunks() -> None:
         {"modality": "audio", "choices": [{"delta": {"content": wav}}], "usage": {"prompt_tokens": 5, "completion_tokens": 0}},
     ]  # fmt: skip
     for c in chunks:
-        client._chat_chunk(m, _chunk_dec.decode(json.dumps(c).encode()))
+        client._chat_chunk(m, chunk_decoder.decode(json.dumps(c).encode()))
     assert m.text_chunks == 2 and m.ttft is not None and len(m.itl) == 1
     assert m.audio.seconds == pytest.approx(0.2) and m.ttfp is not None
     assert m.usage is not None and m.usage.completion_tokens == 2
