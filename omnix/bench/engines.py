@@ -52,8 +52,8 @@ import json
 import os
 from typing import Any
 
-from omnix.bench.engines_text import LEVELS, TTFT_RATIO, TTFT_SLACK_MS, _text_figures, _text_phase
-from omnix.bench.engines_ttfp import TTFP_CUT, _ttfp_phase
+from omnix.bench.engines_text import LEVELS, TTFT_RATIO, TTFT_SLACK_MS, text_figures, text_phase
+from omnix.bench.engines_ttfp import TTFP_CUT, ttfp_phase
 from omnix.bench.loop import run_on_loop
 from omnix.bench.pipeline_arg import load_pipeline_arg, prepare_pipeline_models
 from omnix.usage import arg_type, count
@@ -213,11 +213,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     )
     res: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 2)}
     if not args.skip_text:
-        res.update(_text_figures(await _text_phase(args, text, options)))
+        res.update(text_figures(await text_phase(args, text, options)))
         res["max_tokens"] = args.max_tokens
         res["levels"] = list(args.levels)
     if not args.skip_ttfp:
-        res.update(await _ttfp_phase(args, omni, options))
+        res.update(await ttfp_phase(args, omni, options))
     res["load_average_end"] = round(os.getloadavg()[0], 2)
     res["cpus"] = os.cpu_count()
     return res

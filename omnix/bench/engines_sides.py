@@ -38,11 +38,11 @@ PROMPTS = (
 SEED0 = 1000
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"[bench engines] {msg}", file=sys.stderr, flush=True)
 
 
-def _p50(xs: list[float]) -> float:
+def p50(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
@@ -160,7 +160,7 @@ class OmnixSide:
             s.to_chunk_ms = (chunk - s.submit_ns) / 1e6
 
 
-def _freeze_heap() -> None:
+def freeze_startup_heap() -> None:
     """Take what the start-up left on the heap out of the collector's reach
     (``omnix.stages.worker.freeze_heap``).
 

@@ -3,8 +3,8 @@
 Owns: ``DirectSide`` (``AsyncLLM`` in this process, driven as omnix's
 engine drives it, on the CPUs omnix would give its engine core), a batch
 of ``c`` requests sent at once and timed from its start (``_batch``), the
-alternating rounds per concurrency level (``_text_phase``) and their
-figures and targets (``_text_figures``: TTFT p50 <= 1.10 x direct + 2 ms,
+alternating rounds per concurrency level (``text_phase``) and their
+figures and targets (``text_figures``: TTFT p50 <= 1.10 x direct + 2 ms,
 tokens/s >= 0.95 x direct, CPU per token by process role, tokens that
 matched).  Does not own omnix's side (``engines_sides.OmnixSide``) nor
 the verb (``engines``).
@@ -26,9 +26,9 @@ from omnix.bench.engines_sides import (
     SEED0,
     OmnixSide,
     Sample,
-    _freeze_heap,
-    _p50,
-    _say,
+    freeze_startup_heap,
+    p50,
+    say,
 )
 from omnix.events.types import StageParams
 
@@ -159,16 +159,16 @@ async def _start_all(sides: Sequence[Side], limit_s: float) -> None:
     # each start slower, and a start failure then names its side.
     for s in sides:
         t0 = time.perf_counter()
-        _say(f"starting {s.name} ...")
+        say(f"starting {s.name} ...")
         s.meter = CpuMeter()
         before = s.meter.children()
         async with asyncio.timeout(limit_s):
             await s.start()
         s.meter.adopt(before)
-        _say(f"{s.name} ready in {time.perf_counter() - t0:.1f} s")
+        say(f"{s.name} ready in {time.perf_counter() - t0:.1f} s")
 
 
-async def _text_phase(
+async def text_phase(
     args: argparse.Namespace, pipeline: Any, options: RuntimeOptions
 ) -> dict[int, dict[str, list[Batch]]]:
     from omnix.pipelines.plan import merge_params
@@ -185,9 +185,9 @@ async def _text_phase(
     sides: list[Side] = [direct, omnix_]
     try:
         await _start_all(sides, args.start_timeout)
-        _freeze_heap()
+        freeze_startup_heap()
         n = args.max_tokens
-        _say("warming up both sides")
+        say("warming up both sides")
         levels: tuple[int, ...] = args.levels
         for s in sides:
             for c in sorted({1, min(8, max(levels)), max(levels)}):
@@ -198,7 +198,7 @@ async def _text_phase(
                 args.batches if c > 1 else 1, args.requests // c
             )  # batches of c per side per round
             batches: dict[str, list[Batch]] = {"direct": [], "omnix": []}
-            _say(f"concurrency {c}: {args.rounds} rounds x {per_round} batches of {c} per side")
+            say(f"concurrency {c}: {args.rounds} rounds x {per_round} batches of {c} per side")
             for r in range(args.rounds):
                 order = sides if r % 2 == 0 else sides[::-1]
                 for s in order:
@@ -217,10 +217,10 @@ async def _text_phase(
             try:
                 await s.close()
             except Exception as exc:  # keep closing the others
-                _say(f"closing {s.name} failed: {type(exc).__name__}: {exc}")
+                say(f"closing {s.name} failed: {type(exc).__name__}: {exc}")
 
 
-def _text_figures(res: dict[int, dict[str, list[Batch]]]) -> dict[str, Any]:
+def text_figures(res: dict[int, dict[str, list[Batch]]]) -> dict[str, Any]:
     fig: dict[str, Any] = {}
     for c, sides in res.items():
         per: dict[str, dict[str, float]] = {}
@@ -228,7 +228,7 @@ def _text_figures(res: dict[int, dict[str, list[Batch]]]) -> dict[str, Any]:
             samples = [s for b in batches for s in b.samples]
             tokens = sum(s.tokens for s in samples)
             per[name] = {
-                "ttft_p50_ms": _p50([s.ttft * 1e3 for s in samples]),
+                "ttft_p50_ms": p50([s.ttft * 1e3 for s in samples]),
                 "tokens_per_s": tokens / sum(b.wall for b in batches),
                 "tokens": tokens,
                 "requests": len(samples),
@@ -240,8 +240,8 @@ def _text_figures(res: dict[int, dict[str, list[Batch]]]) -> dict[str, Any]:
             for role, sec in cpu.items():
                 per[name][f"cpu_us_per_token_{role.replace(' ', '_')}"] = sec / tokens * 1e6
             if name == "omnix":
-                per[name]["to_started_p50_ms"] = _p50([s.to_started_ms for s in samples])
-                per[name]["to_chunk_p50_ms"] = _p50([s.to_chunk_ms for s in samples])
+                per[name]["to_started_p50_ms"] = p50([s.to_started_ms for s in samples])
+                per[name]["to_chunk_p50_ms"] = p50([s.to_chunk_ms for s in samples])
         d, o = per["direct"], per["omnix"]
         direct_ids = {s.index: s.ids for b in sides["direct"] for s in b.samples}
         same = sum(1 for b in sides["omnix"] for s in b.samples if direct_ids.get(s.index) == s.ids)

@@ -3,7 +3,7 @@
 Owns: the pipeline with every edge forwarding only at its source's
 finish (``unchunked``), one set of worker processes shared by two ``Omni``
 (``SharedWorkers``, ``OmniVariant``), the rounds of sequential requests
-per variant and their figures (``_ttfp_phase``: TTFP and TTFT p50, the
+per variant and their figures (``ttfp_phase``: TTFP and TTFT p50, the
 target: forwarding at least halves TTFP), and the runtime's CPU
 placement in a line (``describe_plan``).  Does not own the verb
 (``engines``).
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from omnix.bench.engines_sides import OmnixSide, Sample, _freeze_heap, _p50, _say
+from omnix.bench.engines_sides import OmnixSide, Sample, freeze_startup_heap, p50, say
 from omnix.events.types import Event, RequestEvent, Scaled
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class OmniVariant(OmnixSide):
         return f"{self.name}-{self._n}"
 
 
-async def _ttfp_phase(
+async def ttfp_phase(
     args: argparse.Namespace, pipeline: Any, options: RuntimeOptions
 ) -> dict[str, Any]:
     import dataclasses
@@ -151,18 +151,18 @@ async def _ttfp_phase(
     tt, ta = args.thinker_tokens, args.talker_tokens
     try:
         t0 = time.perf_counter()
-        _say("starting tiny-omni's workers (thinker, talker, code2wav) ...")
+        say("starting tiny-omni's workers (thinker, talker, code2wav) ...")
         await shared.runtime.start()
         for s in sides:
             await s.start()
-        _say(f"tiny-omni ready in {time.perf_counter() - t0:.1f} s")
-        _freeze_heap()
-        _say("warming up both variants")
+        say(f"tiny-omni ready in {time.perf_counter() - t0:.1f} s")
+        freeze_startup_heap()
+        say("warming up both variants")
         for s in sides:
             await s.one_omni(900_000, tt, ta)
         rounds = min(4, max(1, args.ttfp_requests))
         per_round = max(1, args.ttfp_requests // rounds)
-        _say(f"TTFP: {rounds} rounds x {per_round} sequential requests per variant")
+        say(f"TTFP: {rounds} rounds x {per_round} sequential requests per variant")
         for r in range(rounds):
             for s in sides if r % 2 == 0 else sides[::-1]:
                 await asyncio.sleep(args.settle)
@@ -173,12 +173,12 @@ async def _ttfp_phase(
             try:
                 await s.close()
             except Exception as exc:
-                _say(f"closing {s.name} failed: {type(exc).__name__}: {exc}")
+                say(f"closing {s.name} failed: {type(exc).__name__}: {exc}")
         await shared.shutdown()
     fig: dict[str, Any] = {}
     for name, ss in samples.items():
-        fig[f"ttfp_ms_{name}"] = round(_p50([s.ttfp * 1e3 for s in ss]), 1)
-        fig[f"ttft_ms_{name}"] = round(_p50([s.ttft * 1e3 for s in ss]), 1)
+        fig[f"ttfp_ms_{name}"] = round(p50([s.ttfp * 1e3 for s in ss]), 1)
+        fig[f"ttft_ms_{name}"] = round(p50([s.ttft * 1e3 for s in ss]), 1)
     fig["ttfp_cut"] = round(fig["ttfp_ms_chunked"] / fig["ttfp_ms_unchunked"], 3)
     fig["ttfp_ok"] = fig["ttfp_ms_chunked"] <= TTFP_CUT * fig["ttfp_ms_unchunked"]
     fig["ttfp_requests"] = len(samples["chunked"])
