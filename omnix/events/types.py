@@ -33,7 +33,7 @@ import msgspec
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 from omnix.events.sessions import SessionItem, SessionOp, SessionSettings
 
-SCHEMA_VERSION = 8  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 9  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
@@ -43,7 +43,8 @@ SCHEMA_VERSION = 8  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Re
 # RealtimeOptions (a /v1/realtime response), the cancel reason "interrupted",
 # SessionChanged (a realtime session's settings and conversation items),
 # RequestSpec.input_streams and InputAppended (a client's text into a running request);
-# 8: Scaled (a stage's replica started, drained or gone after its drain)
+# 8: Scaled (a stage's replica started, drained or gone after its drain);
+# 9: StageFailed.retry (False: the engine refused the request's own input)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -397,11 +398,15 @@ class StageFinished(RequestEvent, frozen=True, kw_only=True, tag="stage_finished
 
 @final
 class StageFailed(RequestEvent, frozen=True, kw_only=True, tag="stage_failed"):
-    """The stage's engine raised for this request (the worker lives on)."""
+    """The stage's engine raised for this request (the worker lives on).
+    ``retry`` False (schema v9): it refused the request's own input (a
+    ``ValueError``), which no other replica would take either: the request
+    fails at once instead of continuing elsewhere."""
 
     stage: str
     replica: int
     message: str
+    retry: bool = True
 
 
 @final

@@ -248,7 +248,9 @@ class Orchestrator:
         if plan is None:
             return []
         self._router.release_slot(plan, ev.stage)
-        out = self._stage_gone(plan, ev.stage, ev, state, "stage_error", ev.message)
+        out = self._stage_gone(
+            plan, ev.stage, ev, state, "stage_error", ev.message, may_continue=ev.retry
+        )
         out += self._router.drain(ev.stage, ev, state)
         return out + self.scaler.sample(ev, state, self._placement, ev.stage)
 
@@ -271,18 +273,27 @@ class Orchestrator:
         return out
 
     def _stage_gone(
-        self, plan: Plan, stage: str, ev: Event, state: Fold, reason: FailReason, message: str
+        self,
+        plan: Plan,
+        stage: str,
+        ev: Event,
+        state: Fold,
+        reason: FailReason,
+        message: str,
+        may_continue: bool = True,
     ) -> list[Event]:
         """A stage of a live request stopped without finishing (its replica
-        was lost, or it failed): continue it elsewhere, or fail the request.
-        A continuation re-sends every piece routed so far, its first one
-        saying how many chunks the stage already delivered (``resume``)."""
+        was lost, or it failed): continue it elsewhere, or fail the request
+        (at once when not ``may_continue``: its engine refused the request's
+        own input).  A continuation re-sends every piece routed so far, its
+        first one saying how many chunks the stage already delivered
+        (``resume``)."""
         rs = state.requests[plan.request_id]
         if rs.status == "cancelling":
             return cancelled_once_idle(rs, ev)
         st = rs.stage(stage)
         tgt = plan.targets[stage]
-        if st is not None and self._may_retry(stage, st.chunks, tgt.attempts):
+        if may_continue and st is not None and self._may_retry(stage, st.chunks, tgt.attempts):
             # Every piece routed so far goes again, first to whichever
             # replica is free next; the stage continues after its chunks.
             tgt.pending = tgt.routed + tgt.pending

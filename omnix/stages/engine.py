@@ -49,7 +49,9 @@ class Engine(Protocol):
 
         ``inputs`` ends when the stage's input is closed.  Raising fails the
         request on this stage (the worker reports StageFailed) but never the
-        worker.
+        worker.  A ``ValueError`` says the request's own input is refused:
+        the request fails at once; anything else may continue on another
+        replica as the stage's ``retries`` allow.
         """
         ...
 

@@ -121,7 +121,15 @@ def _other(
         case m.Error():
             _ended(slot, rid, credit_back)
             if live:
-                emit(StageFailed(request_id=rid, stage=stage, replica=replica, message=rec.message))
+                emit(
+                    StageFailed(
+                        request_id=rid,
+                        stage=stage,
+                        replica=replica,
+                        message=rec.message,
+                        retry=rec.retry,
+                    )
+                )
         case _:
             assert_never(rec)
     return live

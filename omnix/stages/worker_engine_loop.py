@@ -95,7 +95,9 @@ class EngineLoop:
             log.warning(
                 "request %s failed on stage %s: %s: %s", rid, self.stage, type(exc).__name__, exc
             )
-            record(m.Error(rid, f"{type(exc).__name__}: {exc}"))
+            # A ValueError is the request's own input refused (an unknown
+            # voice, a prompt too long): another replica would refuse it too.
+            record(m.Error(rid, f"{type(exc).__name__}: {exc}", not isinstance(exc, ValueError)))
             return
         self._finished(req)
         # (vLLM's engine core aborts what runs when it shuts down: ``ending``

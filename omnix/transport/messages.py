@@ -208,6 +208,8 @@ class Done(msgspec.Struct, tag="f", **_REC):
 class Error(msgspec.Struct, tag="e", **_REC):
     request_id: str
     message: str
+    #: False: the engine refused the request's own input (see StageFailed.retry)
+    retry: bool = True
 
 
 Record = Started | Output | ProgressRec | Done | Error

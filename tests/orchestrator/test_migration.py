@@ -18,6 +18,7 @@ from omnix.events.types import (
     Finished,
     RequestSpec,
     Routed,
+    StageFailed,
     StageStarted,
     WorkerJoined,
     WorkerLost,
@@ -310,3 +311,35 @@ async def test_a_continuation_says_how_the_delivered_chunks_split_over_the_input
     plain = Dispatcher(omni.log, None, omni.blobs, cfg).resume(routed)  # resume() uses no runtime
     assert plain.token_ids == resume.token_ids
     assert plain.pieces == (PieceOutput(cut, len(resume.token_ids), len(resume.text)),)
+
+
+async def test_a_stage_refusing_the_requests_own_input_fails_it_without_a_continuation():
+    """A ValueError from an engine (StageFailed.retry False) is the request's
+    own input refused: another replica would refuse it too, so the request
+    fails at once, its retries unused."""
+    cfg = omni_like(
+        talker='engine = { kind = "scripted", chunks_per_piece = 3, delay_ms = 1, '
+        'output_modality = "codec" }\nreplicas = 2'
+    )
+    omni, sim = await start_sim(cfg)
+    omni.submit(SPEC, request_id="r1")
+    for _ in range(12):
+        sim.step()
+        st = omni.state("r1").stage("talker")
+        if st is not None and st.replica >= 0:
+            break
+    replica = omni.state("r1").stage("talker").replica
+    omni.sequencer.emit(
+        StageFailed(
+            request_id="r1",
+            stage="talker",
+            replica=replica,
+            message="ValueError: unknown voice 'alloy'",
+            retry=False,
+        )
+    )
+    sim.run_until_idle()
+    (end,) = terminals(omni, "r1")
+    assert isinstance(end, Failed) and end.reason == "stage_error"
+    assert "unknown voice" in end.message
+    assert omni.state("r1").stage("talker").attempt == 1
