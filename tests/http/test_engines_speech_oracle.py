@@ -174,3 +174,35 @@ async def test_the_speakers_are_listed_and_an_unknown_voice_is_refused(server, c
     assert err.value.status_code == 400
     assert "chelsie, ethan, aiden" in str(err.value)
     assert len(server.omni.log.state.requests) == before  # refused before admission
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_one_token_answer_with_audio_is_answered_200(server, client, stream):
+    """The thinker says one token (max_tokens 1): there is no text position
+    for the talker's prefill (transformers' own generate raises there); the
+    talker ends with no frames and the client gets its one token, 200,
+    never a retried 500."""
+    kwargs = {
+        "model": PIPELINE,
+        "messages": [{"role": "user", "content": "hi"}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "chelsie", "format": "wav"},
+        "temperature": 0.0,
+        "max_tokens": 1,
+    }
+    if stream:
+        text, done = "", None
+        async for chunk in await client.chat.completions.create(stream=True, **kwargs):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                done = chunk.choices[0].finish_reason or done
+        assert done == "length"
+        rid = chunk.id.removeprefix("chatcmpl-")
+    else:
+        resp = await client.chat.completions.create(**kwargs)
+        assert resp.choices[0].finish_reason == "length"
+        rid = resp.id.removeprefix("chatcmpl-")
+    state = server.omni.state(rid)
+    assert state.status == "finished"
+    assert state.stage("talker").attempt == 1
+    assert not [c for c in _stage_chunks(server, rid, "talker") if c.token_ids]
