@@ -30,6 +30,8 @@ Behaviour (all deterministic; ``n`` counts outputs of one request from 0):
   payload-free output (not a chunk) with ``prompt_tokens`` = number of
   input pieces and ``output_tokens`` = number of outputs.
 * ``fail_at = n`` raises ``ScriptedFailure`` instead of output n;
+  ``refuse_at = n`` raises ``ValueError`` there (the request's own input
+  refused: the request fails without a continuation);
   ``crash_at = n`` kills the whole worker process (``os._exit(1)``, no
   goodbye, exactly like a segfault or an OOM kill); ``hang_at = n`` stops
   producing forever (until aborted).
@@ -150,6 +152,8 @@ class ScriptedEngine:
                     os._exit(1)  # a hard crash: no goodbye, no flush, no cleanup
                 if n == a.fail_at:
                     raise ScriptedFailure(f"scripted failure at output {n} of request {rid}")
+                if n == a.refuse_at:
+                    raise ValueError(f"scripted refusal of request {rid}'s input at output {n}")
                 if n == a.hang_at:
                     await asyncio.Event().wait()  # until cancelled
                 out = self._echo(piece) if a.echo else self._output(n)

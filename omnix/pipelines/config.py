@@ -157,7 +157,8 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
 
     For each input piece it yields ``chunks_per_piece`` outputs (text
     ``"t{n} "`` or codec ids) after ``delay_ms`` each.  ``fail_at`` raises
-    at that output index; ``crash_at`` kills the worker process there;
+    at that output index (``refuse_at``: a ``ValueError``, the request's own
+    input refused); ``crash_at`` kills the worker process there;
     ``hang_at`` stops producing (for timeout tests).  Never a product
     default.
     """
@@ -167,6 +168,7 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     output_modality: OutputModality = "text"
     capacity: int = 8
     fail_at: int = -1
+    refuse_at: int = -1
     crash_at: int = -1
     hang_at: int = -1
     start_delay_ms: float = 0.0

@@ -206,6 +206,20 @@ async def test_engine_failure_fails_request_worker_lives_on(harness_factory):
     assert h.kinds("r2")[-1] == "StageFinished" and not h.of(WorkerLost)
 
 
+@pytest.mark.parametrize(("fault", "retry"), [("fail_at", True), ("refuse_at", False)])
+async def test_an_engine_value_error_is_reported_as_the_requests_own_input(
+    harness_factory, fault, retry
+):
+    """A ValueError from the engine is the request's own input refused:
+    its StageFailed says not to continue elsewhere; any other error may."""
+    h = harness_factory(scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=4, **{fault: 1}), 1)))
+    await h.rt.start()
+    h.send("r", "s")
+    await h.wait_for(lambda: _finished(h, "r"))
+    (failed,) = h.of(StageFailed, "r")
+    assert failed.retry is retry
+
+
 async def test_no_restart_makes_replica_unavailable(harness_factory):
     h = harness_factory(
         scripted_pipeline(s=(ScriptedArgs(chunks_per_piece=100, crash_at=1), 1)), restart=False
