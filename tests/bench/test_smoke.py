@@ -234,6 +234,27 @@ def test_speech(tmp_path_factory):
 
 
 @pytest.mark.engines
+def test_speech_stages(tmp_path_factory):
+    """The speech stages alone (the GPU bench's path), on the tiny model and
+    the CPU with static decoding: transformers' talker generate against the
+    talker and Code2Wav engines, two levels, one run."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
+    out = bench(
+        "speech", "--stages", "--levels", "1,2", "--frames", "12", "--runs", "1",
+        "--decode", "static", "--reference-frames", "4", timeout=600,
+    )  # fmt: skip
+    assert_has_keys(
+        out,
+        "card", "transformers_ms_per_frame", "transformers_rtf", "code2wav_ms_per_frame",
+        "rtf", "audio_s_per_s", "first_packet_ms", "rtf_min",
+    )  # fmt: skip
+    assert out["card"] == "cpu" and set(out["rtf"]) == {"1", "2"}
+    assert all(v > 0 for v in out["audio_s_per_s"].values())
+
+
+@pytest.mark.engines
 @pytest.mark.skipif(
     importlib.util.find_spec("diffusers") is None, reason="real engines unavailable: no diffusers"
 )
