@@ -27,15 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from omnix.models.qwen3_omni_speech import (
     CODEBOOK_SIZE,
-    CODEC_BOS,
-    CODEC_EOS,
-    CODEC_NOTHINK,
-    CODEC_PAD,
-    CODEC_THINK_BOS,
-    CODEC_THINK_EOS,
     NUM_CODE_GROUPS,
-    SPEAKERS,
     TALKER_VOCAB,
+    codec_layout,
 )
 
 if TYPE_CHECKING:
@@ -138,18 +132,10 @@ def real_speech_config() -> Any:
     talker = {
         "text_config": text,
         "code_predictor_config": predictor,
-        "num_code_groups": NUM_CODE_GROUPS,
         "thinker_hidden_size": REAL_THINKER_HIDDEN,
         "accept_hidden_layer": REAL_ACCEPT_HIDDEN_LAYER,
-        "codec_eos_token_id": CODEC_EOS,
-        "codec_nothink_id": CODEC_NOTHINK,
-        "codec_think_bos_id": CODEC_THINK_BOS,
-        "codec_think_eos_id": CODEC_THINK_EOS,
-        "codec_pad_id": CODEC_PAD,
-        "codec_bos_id": CODEC_BOS,
+        **codec_layout(),
         **mm,
-        "speaker_id": dict(SPEAKERS),
-        "spatial_merge_size": 2,
     }
     code2wav = {
         "codebook_size": CODEBOOK_SIZE,

@@ -141,16 +141,24 @@ def talker_config(ids: OmniTokenIds) -> dict[str, Any]:
     return {
         "text_config": text,
         "code_predictor_config": predictor,
-        "num_code_groups": NUM_CODE_GROUPS,
         "thinker_hidden_size": TEXT_HIDDEN,
         "accept_hidden_layer": ACCEPT_HIDDEN_LAYER,
+        **codec_layout(),
+        **mm_token_ids(ids),
+    }
+
+
+def codec_layout() -> dict[str, Any]:
+    """The talker config's codec fields, the published checkpoint's at any
+    width: code groups, codec specials, speakers."""
+    return {
+        "num_code_groups": NUM_CODE_GROUPS,
         "codec_eos_token_id": CODEC_EOS,
         "codec_nothink_id": CODEC_NOTHINK,
         "codec_think_bos_id": CODEC_THINK_BOS,
         "codec_think_eos_id": CODEC_THINK_EOS,
         "codec_pad_id": CODEC_PAD,
         "codec_bos_id": CODEC_BOS,
-        **mm_token_ids(ids),
         "speaker_id": dict(SPEAKERS),
         "spatial_merge_size": 2,
     }
