@@ -444,14 +444,14 @@ class TalkerEngine:
     def _replay_forced(self, req: _Request) -> None:
         """A continuation's delivered frames, replayed eagerly on its own
         cache before it takes a slot (as ``_step`` replays them in a batch)."""
+        import torch
+
         from omnix.engines.talker_model import BatchCache
 
         model = self.model
         assert model is not None and req.slot is not None
         cache = BatchCache(model.talker.config.text_config)
         cache.add(req.cache, req.slot.length)
-        import torch
-
         while req.frames < len(req.forced):
             text = self._trailing(req, req.frames)
             assert text is not None  # _can_prefill waited for it
@@ -478,27 +478,23 @@ class TalkerEngine:
         graphs = self._graphs
         assert graphs is not None
         out: list[tuple[_Request, EngineOutput | BaseException | None]] = []
+        # A request whose slot is full ends before the step (which would
+        # write its next position), leaving its slot to the last one.
+        for req in [self._rows[row] for row in range(graphs.used)]:
+            assert req.slot is not None
+            if req.slot.length >= graphs.max_len:
+                out += self._finish(req, "length")
         active: dict[int, Any] = {}
         stepping: list[_Request] = []
         for row in range(graphs.used):
             req = self._rows[row]
-            assert req.slot is not None
-            if req.slot.length + 1 > graphs.max_len:
-                continue  # ended below, after the step
             text = self._trailing(req, req.frames)
             if text is not None:
                 active[row] = text
                 stepping.append(req)
-        full = [
-            self._rows[row]
-            for row in range(graphs.used)
-            if self._rows[row].slot.length + 1 > graphs.max_len  # type: ignore[union-attr]
-        ]
-        result = graphs.step(active) if active else None
-        for req in full:
-            out += self._finish(req, "length")
-        if result is None:
+        if not active:
             return out
+        result = graphs.step(active)
         for req, frame, code in zip(stepping, result.frames, result.codes, strict=True):
             assert req.slot is not None
             req.frames += 1

@@ -198,7 +198,9 @@ class TalkerGraphs:
         h = (self.total[:b] + self.text[:b])[:, None]  # [b, 1, H]
         pos = (lengths + self.delta[:b])[None, :, None].expand(3, b, 1)
         cos, sin = talker.model.rotary_emb(h, pos)
-        where = torch.arange(b, device=h.device) * L + lengths
+        # A full row waiting (never stepped: the engine ends it) writes
+        # inside its own slot all the same.
+        where = torch.arange(b, device=h.device) * L + lengths.clamp_max(L - 1)
         visible = (self._positions[None, :] <= lengths[:, None])[:, None, None, :]  # [b,1,1,L]
         for i, layer in enumerate(talker.model.layers):
             a = layer.self_attn
@@ -319,6 +321,7 @@ class TalkerGraphs:
         self.used = last
         if slot == last:
             self.samplings[last] = None
+            self.lengths[last] = 0
             return None
         L = self.max_len
         with torch.inference_mode():
@@ -331,6 +334,7 @@ class TalkerGraphs:
             r = self.rows
             for t in (r.temperature, r.top_k, r.top_p, r.penalty):
                 t[slot].copy_(t[last])
+            self.lengths[last] = 0
         self.samplings[slot], self.samplings[last] = self.samplings[last], None
         return last
 

@@ -257,3 +257,40 @@ async def test_a_pipeline_asking_more_than_its_graph_buckets_is_refused() -> Non
     )
     with pytest.raises(PipelineError, match=r"graph_buckets must be increasing sizes >= 1"):
         validate_pipeline(msgspec.structs.replace(base, stages=stages))
+
+
+async def test_a_full_slot_ends_its_request_with_length_and_the_others_go_on(
+    tiny_models: ModelPaths, reference
+) -> None:
+    """Static decoding holds max_len positions a request: one that fills its
+    slot ends ("length") with the frames so far, equal to the reference's,
+    and the requests beside it are not disturbed."""
+    from omnix.engines.talker_engine import TalkerEngine
+    from omnix.pipelines.config import TalkerArgs
+
+    short, long_ = reference[2], reference[1]
+    prefill = len(short.prompt_ids) + 30  # a bound on any tiny prompt's prefill here
+    engine = TalkerEngine(
+        TalkerArgs(
+            model=tiny_models.omni,
+            decode="static",
+            max_batch=2,
+            graph_buckets=(1, 2),
+            max_len=prefill,
+        )
+    )
+    await engine.start()
+    try:
+        (a, fin_a), (b, _) = await asyncio.gather(
+            _frames(
+                engine, _request("full", "aiden"), _pieces(short.prompt_ids, short.thinker_ids, 2)
+            ),
+            _frames(
+                engine, _request("wide", "ethan"), _pieces(long_.prompt_ids, long_.thinker_ids, 3)
+            ),
+        )
+    finally:
+        await engine.close()
+    assert fin_a == "length" and 0 < len(a) < len(short.codes)
+    np.testing.assert_array_equal(a, short.codes[: len(a)])
+    np.testing.assert_array_equal(b, long_.codes[: len(b)])
