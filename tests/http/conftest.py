@@ -16,7 +16,7 @@ Tests that use these fixtures must run on the session's event loop:
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -169,7 +169,7 @@ class BuiltinServers:
 
     def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
         self.tmp_path_factory = tmp_path_factory
-        self.up: dict[str, tuple[HttpServer, AsyncIterator[HttpServer]]] = {}
+        self.up: dict[str, tuple[HttpServer, AsyncGenerator[HttpServer, None]]] = {}
 
     async def get(self, name: str) -> HttpServer:
         if name in self.up:
@@ -184,7 +184,7 @@ class BuiltinServers:
 
     async def _close(self, name: str) -> None:
         _, serving = self.up.pop(name)
-        await serving.aclose()  # type: ignore[attr-defined]
+        await serving.aclose()
 
     async def close(self) -> None:
         for name in list(self.up):
@@ -224,7 +224,7 @@ async def client(server: HttpServer):
     await c.close()
 
 
-async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer]:
+async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServer, None]:
     """A built-in pipeline on real engines, its tiny models built once per
     session (``$OMNIX_MODEL_DIR`` when set: point it at a folder that keeps
     them to skip building)."""
