@@ -9,10 +9,10 @@ kept and the next round's kill always finds one standing by), or, in the
 second variant, one node of a three-node JetStream cluster (R=3).  The
 undisturbed answers are non-empty, text and audio; every response
 completes, equal byte for byte (text and audio) to them; no request is
-lost or duplicated; each has exactly one terminal event; the log shows
-each round's takeover between its requests' admissions and their ends
-(every kill landed while all 8 were in flight); and the whole log replays
-with zero divergence afterwards.
+lost or duplicated; each has exactly one terminal event; in the leader
+variant the log shows each round's takeover between its requests'
+admissions and their ends (every kill landed while all 8 were in
+flight); and the whole log replays with zero divergence afterwards.
 
 ``OMNIX_CHAOS_ROUNDS`` sets the rounds of the leader variant (20, the
 issue's count, by default)."""
