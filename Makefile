@@ -1,8 +1,9 @@
 # The two commands a newcomer needs (see README.md):
 #   make serve   set up .venv, build the tiny models if missing, serve tiny-omni
 #   make test    set up .venv and run the whole test suite
+#   make test-fast  the edit loop: every test but those on real model engines or marked slow
 #   make lint    ruff (lint and format check), and mypy (strict on events, orchestrator, transport, replay, trace)
-.PHONY: setup serve test lint
+.PHONY: setup serve test test-fast lint
 
 setup:
 	@bash scripts/setup.sh
@@ -13,6 +14,9 @@ serve: setup
 test: setup
 	@bash scripts/test-deps.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider
+
+test-fast: setup
+	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not engines and not slow"
 
 lint: setup
 	.venv/bin/ruff check omnix tests

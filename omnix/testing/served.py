@@ -1,8 +1,9 @@
 """``omnix serve`` as a subprocess, for tests and benchmarks that kill it.
 
 Owns: ``ServeProcess`` (the process and its merged output, read line by
-line in the background, so a test can wait for a log line and the pipe
-never fills) and ``omnix_serve``, which starts one, waits until it is
+line in the background, so a test can wait for a log line, in order with
+``until`` or anywhere in the output with ``seen``, and the pipe never
+fills) and ``omnix_serve``, which starts one, waits until it is
 ready and kills whatever is left of it on exit.  Does not own the server
 (``omnix.http.serve``) nor any assertion about it.
 """
@@ -63,6 +64,28 @@ class ServeProcess:
                     )
                 self._more.clear()
                 await self._more.wait()
+
+    async def seen(self, pattern: str, timeout: float = 60) -> re.Match[str]:  # noqa: ASYNC109
+        """The first line of all the output so far or to come that matches
+        ``pattern``, without moving ``until``'s place: several tasks may
+        wait on one process this way, and one cancelled loses nothing."""
+        checked = 0
+        async with asyncio.timeout(timeout):
+            while True:
+                while checked < len(self.lines):
+                    checked += 1
+                    if m := re.search(pattern, self.lines[checked - 1]):
+                        return m
+                if self._reader.done():
+                    raise AssertionError(
+                        f"omnix serve exited before {pattern!r}:\n" + "".join(self.lines)
+                    )
+                self._more.clear()
+                await self._more.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
 
     async def ready(self, timeout: float = 60) -> str:  # noqa: ASYNC109
         """Wait for the 'listening on' and 'ready in' lines; returns the url."""

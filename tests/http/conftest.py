@@ -5,6 +5,10 @@ processes costs about a second).  Stages run in real worker processes
 through ``StageRuntime``; set ``OMNIX_HTTP_TEST_INPROC=1`` to run them in
 the server process instead (``omnix.testing.serving.InProcessRuntime``).
 
+Also the built-in pipelines on real engines (``server``, for modules
+marked ``engines`` that name a ``PIPELINE``): one server per pipeline,
+shared by the modules that name it (``BuiltinServers``).
+
 Tests that use these fixtures must run on the session's event loop:
 ``pytestmark = pytest.mark.asyncio(loop_scope="session")``.
 """
@@ -12,7 +16,7 @@ Tests that use these fixtures must run on the session's event loop:
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -154,17 +158,59 @@ def real_engine_marks() -> list[pytest.MarkDecorator]:
     ]
 
 
+class BuiltinServers:
+    """Built-in pipelines on real engines, shared by the modules that name
+    the same ``PIPELINE`` (loading vLLM or diffusers costs tens of seconds
+    on two cores, and none of these modules needs a fresh server: each
+    looks at its own requests' events).  The ``KEEP`` pipelines used last
+    stay up; an older one is shut down when another starts, so the
+    session never holds every engine at once."""
+
+    KEEP = 2
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.tmp_path_factory = tmp_path_factory
+        self.up: dict[str, tuple[HttpServer, AsyncGenerator[HttpServer, None]]] = {}
+
+    async def get(self, name: str) -> HttpServer:
+        if name in self.up:
+            self.up[name] = self.up.pop(name)  # the most recent last
+            return self.up[name][0]
+        while len(self.up) >= self.KEEP:
+            await self._close(next(iter(self.up)))
+        serving = serve_builtin(name, self.tmp_path_factory)
+        server = await anext(serving)
+        self.up[name] = (server, serving)
+        return server
+
+    async def _close(self, name: str) -> None:
+        _, serving = self.up.pop(name)
+        await serving.aclose()
+
+    async def close(self) -> None:
+        for name in list(self.up):
+            await self._close(name)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def builtin_servers(tmp_path_factory) -> AsyncIterator[BuiltinServers]:
+    servers = BuiltinServers(tmp_path_factory)
+    try:
+        yield servers
+    finally:
+        await servers.close()
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(request, tmp_path_factory) -> AsyncIterator[HttpServer]:
+async def server(request, builtin_servers: BuiltinServers) -> HttpServer:
     """The built-in pipeline the test module names in ``PIPELINE``, on real
-    engines: one server per module (each loads its own vLLM engines)."""
+    engines: shared with the other modules that name it (``BuiltinServers``)."""
     name = getattr(request.module, "PIPELINE", None)
     if name is None:
         raise RuntimeError(
             f"{request.module.__name__} uses the server fixture but sets no PIPELINE"
         )
-    async for s in serve_builtin(name, tmp_path_factory):
-        yield s
+    return await builtin_servers.get(name)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -179,7 +225,7 @@ async def client(server: HttpServer):
     await c.close()
 
 
-async def serve_builtin(name: str, tmp_path_factory) -> AsyncIterator[HttpServer]:
+async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServer, None]:
     """A built-in pipeline on real engines, its tiny models built once per
     session (``$OMNIX_MODEL_DIR`` when set: point it at a folder that keeps
     them to skip building)."""

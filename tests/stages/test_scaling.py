@@ -55,6 +55,37 @@ def joined(omni: Omni, wid: str) -> bool:
     return ws is not None and ws.alive
 
 
+def each_drain_leaves(events: list, down_after_s: float) -> None:
+    """Every drain, not only the first: the replica takes no new request
+    after it and leaves once (``Scaled(left)``) before it starts again;
+    an idle drain comes ``down_after_s`` of log time after the stage's
+    previous start or drain."""
+    changes = [e for e in events if type(e) is Scaled and e.op in ("start", "drain")]
+    for d in (e for e in events if type(e) is Scaled and e.op == "drain"):
+        after = events[d.pos + 1 :]
+        restart = next(
+            (
+                e.pos
+                for e in after
+                if type(e) is Scaled and e.op == "start" and e.replica == d.replica
+            ),
+            len(events),
+        )
+        window = events[d.pos + 1 : restart]
+        left = [
+            e for e in window if type(e) is Scaled and e.op == "left" and e.replica == d.replica
+        ]
+        assert len(left) == 1 and left[0].reason == "drained", (d, left)
+        assert not [
+            e
+            for e in window
+            if type(e) is Routed and e.stage == d.stage and e.replica == d.replica and e.seq == 0
+        ], f"new work went to draining {d.stage}/{d.replica}"
+        if d.reason == "idle":
+            prev = [e for e in changes if e.stage == d.stage and e.pos < d.pos][-1]
+            assert d.ts_ns - prev.ts_ns >= down_after_s * 1e9, (d, prev)
+
+
 @pytest.mark.timeout(90)
 async def test_scale_up_and_down_under_load_loses_nothing():
     async with Omni(CFG) as omni:
@@ -112,6 +143,7 @@ async def test_scale_up_and_down_under_load_loses_nothing():
         assert len(ends) == 1 and type(ends[0]) is Finished
     ops = [(e.op, e.reason) for e in events if type(e) is Scaled]
     assert ("drain", "idle") in ops and ops.count(("left", "drained")) >= 3
+    each_drain_leaves(events, down_after_s=0.4)
     rejoined = [e for e in events if type(e) is WorkerJoined and e.worker_id == "talker/1"]
     assert len(rejoined) >= 2  # the same replica index comes back after it left
     trace = read_trace(export_trace(omni.log, omni.blobs, omni.pipeline, None))
