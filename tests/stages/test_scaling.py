@@ -25,7 +25,7 @@ from omnix.trace import export_trace, read_trace
 
 SPEC = RequestSpec(prompt="hi", outputs=("text", "audio"))
 TALKER = (
-    'engine = { kind = "scripted", chunks_per_piece = 6, delay_ms = 15, '
+    'engine = { kind = "scripted", chunks_per_piece = 6, delay_ms = 40, '
     'output_modality = "codec", capacity = 1 }'
 )
 CFG = scripted_omni(
