@@ -13,7 +13,7 @@ serve: setup
 
 test: setup
 	@bash scripts/test-deps.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider
+	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25
 
 test-fast: setup
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not engines and not slow"
