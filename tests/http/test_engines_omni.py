@@ -75,14 +75,14 @@ async def test_vllm_stages_run_their_model_in_the_engine_core_placed_on_its_own_
     core, which inherited its start-up thread's CPUs, sits on its share."""
     import psutil
 
+    from omnix.events.types import WorkerJoined
     from omnix.stages.worker_cli import parse_cpus
 
     plan = server.omni.runtime.cpu_plan
-    workers = {
-        p.cmdline()[p.cmdline().index("--stage") + 1]: p
-        for p in psutil.Process().children(recursive=True)
-        if "omnix.stages.worker_cli" in p.cmdline()
-    }
+    # This server's workers, by the pids its log recorded: the session keeps
+    # other servers up beside it, whose workers are this process's children too.
+    joined = [e for e in server.omni.log.read() if type(e) is WorkerJoined and e.replica == 0]
+    workers = {e.stage: psutil.Process(e.pid) for e in joined}
     for stage in ("thinker",):  # tiny-omni's one vLLM stage
         kids = workers[stage].children(recursive=True)
         names = [k.name() for k in kids]
