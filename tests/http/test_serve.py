@@ -43,9 +43,13 @@ async def test_serve_logs_serves_and_stops_on_sigterm(tmp_path):
         await served.until(r"ready in [0-9.]+ s")
         auth = {"Authorization": "Bearer k"}
         async with aiohttp.ClientSession() as http:
+            # The probes answer without the key (a readiness probe carries
+            # none); the API does not.
             async with http.get(url + "/health") as r:
                 assert r.status == 200
             async with http.get(url + "/ready") as r:
+                assert r.status == 200
+            async with http.get(url + "/v1/models") as r:
                 assert r.status == 401
             body = {"messages": [{"role": "user", "content": "hi"}]}
             async with http.post(url + "/v1/chat/completions", json=body, headers=auth) as r:
