@@ -13,17 +13,19 @@ What of vLLM this leans on (vLLM 0.32; docs/engines.md lists it too):
 
 - ``worker_extension_cls`` and ``collective_rpc``, vLLM's supported way to
   add methods to its workers and call them;
-- a forward hook on one decoder layer of the language model (module path
-  ``model.language_model.model.layers``), run eagerly (``enforce_eager``:
-  a compiled or graph-captured forward runs no hooks);
-- the model runner's per-step buffers, read in the hook to map the batch's
+- the thinker's own class, ``vllm_thinker.CapturingThinker`` (vLLM's
+  Qwen3-Omni thinker whose language model returns the hidden layer as an
+  extra output, ``aux_hidden_state_layers``), whose forward hands it to the
+  sink set here: it survives compilation and piecewise CUDA graphs;
+- the model runner's per-step buffers, read in the sink to map the batch's
   token rows to requests: ``input_batch.req_ids``, ``query_start_loc``,
   ``input_ids`` and ``positions``; and ``requests[id].mm_features`` for the
   media's grids.  These are internals: a vLLM upgrade that renames them
   breaks the capture loudly (an ``AttributeError`` at the first prefill).
 
 vLLM's decoder layers return the hidden state and the residual apart; the
-reference's ``hidden_states[k]`` is their sum, which is what is recorded.
+reference's ``hidden_states[k]`` is their sum, which is what vLLM's extra
+output holds and what is recorded.
 Captures of requests nobody takes are bounded (oldest dropped first).
 """
 
@@ -47,29 +49,37 @@ class HiddenCapture:
     worker (``self.model_runner`` is vLLM's)."""
 
     def omnix_capture_start(self, layer: int, media_ids: list[int]) -> None:
-        """Record the output of decoder layer ``layer - 1`` (the reference's
-        ``hidden_states[layer]``) at tokens whose id is in ``media_ids``."""
+        """Record the thinker's hidden layer ``layer`` (the output of decoder
+        layer ``layer - 1``, the reference's ``hidden_states[layer]``) at
+        tokens whose id is in ``media_ids``: the sink of the model, which
+        must be ``CapturingThinker`` built for that layer."""
         import torch
 
+        from omnix.engines.vllm_plugin import THINKER_ARCHITECTURE
+
         runner: Any = self.model_runner  # type: ignore[attr-defined]
-        layers = runner.get_model().language_model.model.layers
-        if not 1 <= layer <= len(layers):
-            raise ValueError(f"hidden layer {layer} is outside 1..{len(layers)}")
+        model = runner.get_model()
+        if not hasattr(model, "omnix_sink"):
+            raise ValueError(
+                f"the thinker runs {type(model).__name__}, not {THINKER_ARCHITECTURE}: talker_context "
+                "needs omnix's vLLM plugin installed (pip install -e . registers it)"
+            )
+        built, _ = capture_settings(Path(runner.model_config.model))
+        if built != layer:
+            raise ValueError(f"the thinker captures layer {built}, asked for {layer}")
         self._omnix_kept: OrderedDict[str, tuple[list[Any], dict[str, Any]]] = OrderedDict()
         media = torch.tensor(sorted(media_ids))
 
-        def hook(module: Any, args: Any, output: Any) -> None:
-            hidden, residual = output
-            total = hidden if residual is None else hidden + residual
+        def sink(total: Any) -> None:
             try:
                 self._omnix_record(runner, total, media)
             except Exception:
                 # A capture that breaks must not take the thinker down with
                 # it: the talker then fails for want of the hidden states.
                 log.exception("hidden-state capture failed; it is off from now on")
-                handle.remove()
+                model.omnix_sink = None
 
-        handle = layers[layer - 1].register_forward_hook(hook)
+        model.omnix_sink = sink
 
     def _omnix_record(self, runner: Any, total: Any, media: Any) -> None:
         import torch

@@ -1,4 +1,5 @@
-"""omnix's vLLM general plugin: the torchvision shim for Qwen-Omni thinkers.
+"""omnix's vLLM general plugin: omnix's thinker class in vLLM's model
+registry, and the torchvision shim for Qwen-Omni thinkers.
 
 Owns: ``register()``, the function vLLM calls in *every* process it starts
 (API process, engine core, workers, the model-registry inspection
@@ -8,10 +9,12 @@ processes, which import the model code afresh.  Declare it in
 pyproject.toml::
 
     [project.entry-points."vllm.general_plugins"]
-    omnix_torchvision_shim = "omnix.engines.vllm_plugin:register"
+    omnix = "omnix.engines.vllm_plugin:register"
 
-What it patches, only where torchvision is not installed (where it is,
-``register()`` does nothing), and only once per process:
+It names ``vllm_thinker.CapturingThinker`` in vLLM's model registry (a
+name of its own, lazily imported: only a ``talker_context`` stage asks for
+it), and patches, only where torchvision is not installed, once per
+process:
 
 1. ``transformers.models.qwen2_vl.image_processing_qwen2_vl``: the
    torchvision image processor module, which vLLM's ``qwen2_vl.py`` (and so
@@ -66,6 +69,11 @@ STANDIN_FOR = "Qwen2VLVideoProcessor"
 #: The base class ``ProcessorMixin`` checks a video slot against, by name.
 VIDEO_MIXIN = "VideoProcessorMixin"
 
+#: The registry name of ``vllm_thinker.CapturingThinker``, which a
+#: ``talker_context`` stage asks vLLM for (``hf_overrides.architectures``).
+THINKER_ARCHITECTURE = "OmnixCapturingQwen3OmniThinker"
+_THINKER_CLASS = "omnix.engines.vllm_thinker:CapturingThinker"
+
 _applied = False
 
 
@@ -89,6 +97,8 @@ def register() -> None:
     omnix processes that load a Qwen-Omni processor outside vLLM (admission
     checks, tests) call it themselves: only vLLM runs general plugins."""
     global _applied
+    if "vllm" in sys.modules:  # called by vLLM (omnix's own calls need no model class)
+        _register_thinker()
     if _applied or not shim_enabled():
         return
     try:
@@ -104,6 +114,18 @@ def register() -> None:
 def is_applied() -> bool:
     """Whether ``register()`` patched this process."""
     return _applied
+
+
+def _register_thinker() -> None:
+    """Name the capturing thinker in this process's model registry, lazily
+    (its module imports vLLM's model code only when a stage asks for it)."""
+    try:
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        if THINKER_ARCHITECTURE not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(THINKER_ARCHITECTURE, _THINKER_CLASS)
+    except Exception:  # a plugin must not break vLLM's start for other models
+        logger.exception("omnix could not register %s with vLLM", THINKER_ARCHITECTURE)
 
 
 # -- 1. smart_resize and friends ------------------------------------------------

@@ -113,8 +113,11 @@ def omnix_defaults(args: VllmArgs, folder: Path, profile_dir: Path | None) -> di
       talker) takes prompts as ids;
     * ``disable_log_stats``: omnix's telemetry reports the engine's work;
       vLLM's periodic stats lines would only repeat it in the log;
-    * ``worker_extension_cls`` (``talker_context``): the hidden-state
-      capture (``vllm_capture.py``); validation refuses another.
+    * ``worker_extension_cls``, ``hf_overrides`` and on a GPU
+      ``compilation_config`` (``talker_context``): the hidden-state capture
+      (``vllm_capture.py``), the thinker class that outputs the talker's
+      layer (``vllm_thinker.py``) and vLLM's piecewise CUDA graphs (a full
+      graph would replay without the capture); validation refuses others.
     """
     from vllm.config import ProfilerConfig, StructuredOutputsConfig
     from vllm.platforms import current_platform
@@ -139,7 +142,12 @@ def omnix_defaults(args: VllmArgs, folder: Path, profile_dir: Path | None) -> di
     if _uni_on_cpu(args):
         out["distributed_executor_backend"] = "uni"
     if args.talker_context:
+        from omnix.engines.vllm_plugin import THINKER_ARCHITECTURE
+
         out["worker_extension_cls"] = CAPTURE_EXTENSION
+        out["hf_overrides"] = {"architectures": [THINKER_ARCHITECTURE]}
+        if not current_platform.is_cpu():
+            out["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
     return out
 
 

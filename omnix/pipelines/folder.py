@@ -177,10 +177,9 @@ def qwen3_omni(f: Folder, gpu: bool) -> PipelineConfig:
             f,
             gpu,
             limit_mm_per_prompt={"audio": 1, "image": 1, "video": 1},
-            # Capturing the talker's context hooks the model's forward, which
-            # runs only eagerly; the talker and Code2Wav share the GPU unless
-            # devices place them elsewhere.
-            **({"talker_context": True, "enforce_eager": True} if speaks else {}),
+            # The talker and Code2Wav share the GPU unless devices place
+            # them elsewhere.
+            **({"talker_context": True} if speaks else {}),
             **({"gpu_memory_utilization": 0.7} if speaks and gpu else {}),
         ),
         media=MediaLimits(audio=True, image=True, video=True, max_audio_seconds=120.0),

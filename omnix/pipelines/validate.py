@@ -265,23 +265,31 @@ def _talker_problems(eng: TalkerArgs) -> list[str]:
 
 
 def _speech_problems(cfg: PipelineConfig) -> list[str]:
-    """A thinker that feeds a talker its context runs eagerly: the capture
-    is a hook in the model's forward, which a compiled forward skips; and
-    the capture is omnix's worker extension, which the stage may not swap."""
+    """A thinker that feeds a talker its context runs omnix's capture: its
+    worker extension and its thinker class (``hf_overrides``), which the
+    stage may not swap, and vLLM's piecewise CUDA graphs (a full graph
+    replays the whole forward without the Python that hands the hidden
+    states on)."""
     problems = []
     for st in cfg.stages:
         eng = st.engine
         if not isinstance(eng, VllmArgs) or not eng.talker_context:
             continue
-        if eng.engine_args.get("enforce_eager", eng.enforce_eager) is not True:
+        for key, what in (
+            ("worker_extension_cls", "omnix's own worker extension (the hidden-state capture)"),
+            ("hf_overrides", "omnix's thinker class (hf_overrides.architectures)"),
+        ):
+            if eng.engine_args.get(key):
+                problems.append(
+                    f"stage {st.name!r}: engine_args.{key}: talker_context runs {what}; leave it out"
+                )
+        compilation = eng.engine_args.get("compilation_config")
+        mode = compilation.get("cudagraph_mode") if isinstance(compilation, dict) else None
+        if isinstance(mode, str) and mode.upper() not in ("NONE", "PIECEWISE"):
             problems.append(
-                f"stage {st.name!r}: talker_context needs enforce_eager = true (the hidden-state "
-                "capture hooks the model's forward, which a compiled or graph-captured run skips)"
-            )
-        if eng.engine_args.get("worker_extension_cls"):
-            problems.append(
-                f"stage {st.name!r}: engine_args.worker_extension_cls: talker_context runs "
-                "omnix's own worker extension (the hidden-state capture); leave it out"
+                f"stage {st.name!r}: compilation_config.cudagraph_mode {mode!r}: talker_context "
+                "needs NONE or PIECEWISE (a full CUDA graph replays the forward without the "
+                "hidden-state capture)"
             )
     return problems
 

@@ -83,13 +83,20 @@ def test_a_bad_key_or_value_names_the_stage_and_the_key(table, says):
     assert says in problem
 
 
-def test_talker_context_keeps_eager_and_its_worker_extension():
+def test_talker_context_keeps_its_capture_and_piecewise_graphs():
+    bad = (
+        "worker_extension_cls = 'x.Y'\nhf_overrides = { architectures = ['X'] }\n"
+        "compilation_config = { cudagraph_mode = 'FULL_AND_PIECEWISE' }"
+    )
     with pytest.raises(PipelineError) as err:
-        parse_pipeline(
-            _stage("enforce_eager = false\nworker_extension_cls = 'x.Y'", "talker_context = true")
-        )
-    assert any("talker_context needs enforce_eager = true" in p for p in err.value.problems)
-    assert any("engine_args.worker_extension_cls" in p for p in err.value.problems)
+        parse_pipeline(_stage(bad, "talker_context = true"))
+    problems = err.value.problems
+    assert any("engine_args.worker_extension_cls" in p for p in problems)
+    assert any("engine_args.hf_overrides" in p for p in problems)
+    assert any("cudagraph_mode 'FULL_AND_PIECEWISE'" in p for p in problems)
+    # compiled, with piecewise graphs: the capture survives both
+    fine = "enforce_eager = false\ncompilation_config = { cudagraph_mode = 'PIECEWISE' }"
+    parse_pipeline(_stage(fine, "talker_context = true"))
 
 
 def test_typed_fields_are_defaults_the_table_overrides():
