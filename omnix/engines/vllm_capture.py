@@ -14,9 +14,9 @@ What of vLLM this leans on (vLLM 0.32; docs/engines.md lists it too):
 - ``worker_extension_cls`` and ``collective_rpc``, vLLM's supported way to
   add methods to its workers and call them;
 - the thinker's own class, ``vllm_thinker.CapturingThinker`` (vLLM's
-  Qwen3-Omni thinker whose language model returns the hidden layer as an
-  extra output, ``aux_hidden_state_layers``), whose forward hands it to the
-  sink set here: it survives compilation and piecewise CUDA graphs;
+  Qwen3-Omni thinker whose decoder layer writes its output into a buffer
+  through a custom op), whose forward hands the step's rows to the sink
+  set here: it survives compilation and piecewise CUDA graphs;
 - the model runner's per-step buffers, read in the sink to map the batch's
   token rows to requests: ``input_batch.req_ids``, ``query_start_loc``,
   ``input_ids`` and ``positions``; and ``requests[id].mm_features`` for the
@@ -24,8 +24,8 @@ What of vLLM this leans on (vLLM 0.32; docs/engines.md lists it too):
   breaks the capture loudly (an ``AttributeError`` at the first prefill).
 
 vLLM's decoder layers return the hidden state and the residual apart; the
-reference's ``hidden_states[k]`` is their sum, which is what vLLM's extra
-output holds and what is recorded.
+reference's ``hidden_states[k]`` is their sum (before the deepstack visual
+features are added), which is what is recorded.
 Captures of requests nobody takes are bounded (oldest dropped first).
 """
 
