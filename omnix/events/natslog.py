@@ -120,7 +120,7 @@ class NatsLog(MemoryLog):
         self.max_pending = opts.max_pending
         self.timeout_s = opts.timeout_s
         self.on_fenced = opts.on_fenced
-        self._snaps = SnapshotStore(conn, names.snapshots, log_id)
+        self._snaps = SnapshotStore(conn, names.snapshots, log_id, wait_s=opts.timeout_s)
         self._failure: LogError | None = None
         self._last_seq = 0  # the last stream sequence this log knows
         self._bfirst: list[int] = []  # first position of each known batch...

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -29,7 +30,12 @@ from nats.js.api import ObjectMeta, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
-from omnix.events.jetstream import HDR_LOG_ID, NatsConnection, StreamRefused
+from omnix.events.jetstream import (
+    HDR_LOG_ID,
+    NatsConnection,
+    StreamRefused,
+    retry_until_answered,
+)
 from omnix.events.snapshot import SnapshotFile, decode_snapshot, encode_snapshot, snapshot_name
 
 __all__ = ["HDR_INDEX_SEQ", "HDR_SEQ", "LoadedSnapshot", "SnapshotStore", "SnapshotWriter"]
@@ -53,8 +59,13 @@ class LoadedSnapshot:
 class SnapshotStore:
     """The snapshots of one log in the object store ``bucket``."""
 
-    def __init__(self, conn: NatsConnection, bucket: str, log_id: str, keep: int = 2) -> None:
+    def __init__(
+        self, conn: NatsConnection, bucket: str, log_id: str, keep: int = 2, wait_s: float = 10.0
+    ) -> None:
         self.conn = conn
+        #: how long a read waits for JetStream to answer (a leader election
+        #: after a node's loss takes seconds)
+        self.wait_s = wait_s
         self.bucket = bucket
         self.log_id = log_id
         self.keep = keep
@@ -66,7 +77,9 @@ class SnapshotStore:
         if self._store is None:
             js = self.conn.js
             try:
-                self._store = await js.object_store(self.bucket)
+                self._store = await retry_until_answered(
+                    lambda: js.object_store(self.bucket), self.wait_s, f"bucket {self.bucket}"
+                )
             except (BucketNotFoundError, NotFoundError):
                 if not create:
                     return None
@@ -81,7 +94,9 @@ class SnapshotStore:
         if store is None:
             return []
         try:
-            infos = await store.list(ignore_deletes=True)
+            infos = await retry_until_answered(
+                lambda: store.list(ignore_deletes=True), self.wait_s, f"bucket {self.bucket}"
+            )
         except NotFoundError:
             return []
         out = []
@@ -108,7 +123,9 @@ class SnapshotStore:
         for pos, iseq, name in reversed(listing):
             assert store is not None
             try:
-                res = await store.get(name)
+                res = await retry_until_answered(
+                    functools.partial(store.get, name), self.wait_s, f"{self.bucket}/{name}"
+                )
                 snap = decode_snapshot(res.data or b"", f"{self.bucket}/{name}")
                 if snap.next_pos != pos:
                     raise ValueError(f"{name}: holds position {snap.next_pos}")
