@@ -1,7 +1,8 @@
 """What every test shares: in CI, a skipped test is not a pass.
 
-Owns the ``OMNIX_REQUIRE_ALL`` switch (``.ci/run`` sets it to 1) and the
-``may_skip`` marker.  Under the switch a test that skips (a missing vLLM,
+Owns the ``OMNIX_REQUIRE_ALL`` switch (``.ci/run`` sets it to 1), the
+``may_skip`` marker, and the ``starts_first`` marker (the order modules are
+handed to pytest-xdist's workers in).  Under the switch a test that skips (a missing vLLM,
 torch or diffusers, a missing ``prometheus`` binary, a trace absent from
 the checkout, the in-process mode of the HTTP tests) fails instead, naming
 its skip reason, and so does a module skipped while it is collected.  Only
@@ -33,6 +34,18 @@ def pytest_configure(config: pytest.Config) -> None:
         f"may_skip(why): the test may skip even under {REQUIRE_ALL_ENV}=1 (CI); "
         "why says what it needs and why omnix does not promise it",
     )
+    config.addinivalue_line(
+        "markers",
+        "starts_first: a module that runs for minutes; when modules run side by side "
+        "(make test: pytest-xdist, a module to a worker) it is handed out first",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules marked ``starts_first`` first, the rest in their order: the
+    suite's wall time under ``-n`` is at least the time at which its longest
+    module starts plus that module's own."""
+    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
 
 
 def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:

@@ -9,6 +9,7 @@ there too (``pytestmark = pytest.mark.asyncio(loop_scope="session")``).
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import pytest_asyncio
@@ -40,16 +41,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     config._omnix_needs_vllm = any(_VLLM_FIXTURES & set(item.fixturenames) for item in items)
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session", autouse=True)
-async def _prestart_vllm(request):
-    """When any collected test needs the vLLM engines, start them at the
-    first test of this folder, so their start-up (mostly spawned processes
-    importing torch and vLLM) overlaps the codec and diffusers tests instead
-    of being waited for in a row."""
-    if not getattr(request.config, "_omnix_needs_vllm", False):
-        yield None
-        return
-    request.getfixturevalue("tiny_models")
+def _start_vllm():
+    """The tiny thinker's and talker's engines, starting: (thinker, talker,
+    the future of both starts)."""
     from omnix.engines.vllm_engine import VllmEngine
     from omnix.pipelines.config import VllmArgs
 
@@ -68,7 +62,24 @@ async def _prestart_vllm(request):
     # them importing transformers too could see it half-initialised.
     import vllm.v1.engine.async_llm  # noqa: F401
 
-    started = asyncio.ensure_future(asyncio.gather(thinker.start(), talker.start()))
+    return thinker, talker, asyncio.ensure_future(asyncio.gather(thinker.start(), talker.start()))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session", autouse=True)
+async def _prestart_vllm(request):
+    """When any collected test needs the vLLM engines, start them at the
+    first test of this folder, so their start-up (mostly spawned processes
+    importing torch and vLLM) overlaps the codec and diffusers tests instead
+    of being waited for in a row.  Not under pytest-xdist: there a worker
+    may run none of the tests that need them (``vllm_engines`` starts them
+    on first use)."""
+    if not getattr(request.config, "_omnix_needs_vllm", False) or os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    ):
+        yield None
+        return
+    request.getfixturevalue("tiny_models")
+    thinker, talker, started = _start_vllm()
     for _ in range(5):
         # Let both start() calls reach their engine-building thread: from
         # there they progress while synchronous tests hold the loop.
@@ -81,12 +92,19 @@ async def _prestart_vllm(request):
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def vllm_engines(_prestart_vllm):
+async def vllm_engines(_prestart_vllm, tiny_models):
     """The thinker and the talker, one engine each for the whole session."""
-    assert _prestart_vllm is not None, "collection hook missed a vLLM test"
-    thinker, talker, started = _prestart_vllm
-    await started
-    return thinker, talker
+    if _prestart_vllm is not None:
+        thinker, talker, started = _prestart_vllm
+        await started
+        yield thinker, talker
+        return
+    thinker, talker, started = _start_vllm()
+    try:
+        await started
+        yield thinker, talker
+    finally:
+        await asyncio.gather(thinker.close(), talker.close())
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

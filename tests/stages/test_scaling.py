@@ -115,7 +115,9 @@ async def test_scale_up_and_down_under_load_loses_nothing():
         results = await asyncio.gather(*wave1)
         assert all(r.status == "finished" for r in results)
         await until(
-            lambda: len([e for e in scaled(omni) if e.op == "left"]) == 2, what="both to leave"
+            lambda: len([e for e in scaled(omni) if e.op == "left"]) == 2,
+            timeout=60.0,
+            what="both to leave",
         )
         for rep in (1, 2):
             proc = rt._slots.get("talker", rep).proc
