@@ -56,10 +56,9 @@ in_session_loop = pytest.mark.asyncio(loop_scope="session")
 ROUNDS = int(os.environ.get("OMNIX_CHAOS_ROUNDS", "20"))
 PROMPTS = [f"Say something about the number {i}." for i in range(8)]
 LOG = "chaos"
-#: Warm standbys kept: one takes over, the others are ready for the next
-#: rounds while the killed servers come back (a server's start, ~35 s of
-#: CPU, is what a round waits for: three warm side by side).
-STANDBYS = 3
+#: Warm standbys kept: one takes over, the other is ready for the next
+#: round while the killed server comes back.
+STANDBYS = 2
 
 
 def chaos_pipeline(tmp: Path) -> Path:
