@@ -100,23 +100,27 @@ async def stream(
         "stream": True,
     }
     text, audio = [], []
-    async with http.post(
-        url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}
-    ) as r:
-        assert r.status == 200, await r.text()
-        async for event in sse_events(r.content):
-            if event.done:
-                out.done = True
-                break
-            for choice in json.loads(event.data).get("choices", []):
-                delta = choice.get("delta") or {}
-                text.append(delta.get("content") or "")
-                if delta.get("audio") and delta["audio"].get("data"):
-                    audio.append(base64.b64decode(delta["audio"]["data"]))
-                out.deltas += 1
-                progress.set()
+    try:
+        async with http.post(
+            url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}
+        ) as r:
+            assert r.status == 200, await r.text()
+            async for event in sse_events(r.content):
+                if event.done:
+                    out.done = True
+                    break
+                for choice in json.loads(event.data).get("choices", []):
+                    delta = choice.get("delta") or {}
+                    text.append(delta.get("content") or "")
+                    if delta.get("audio") and delta["audio"].get("data"):
+                        audio.append(base64.b64decode(delta["audio"]["data"]))
+                    out.deltas += 1
+                    progress.set()
+    finally:
+        # A request that fails wakes the round too: it fails the test
+        # rather than leaving the round waiting for deltas that never come.
+        progress.set()
     out.text, out.audio = "".join(text), b"".join(audio)
-    progress.set()
     return out
 
 
