@@ -61,7 +61,11 @@ async def read_until(ws: Any, type_: str) -> list[Any]:
     """Messages (text ones decoded) up to the first of ``type_``."""
     out: list[Any] = []
     while True:
-        m = await asyncio.wait_for(ws.recv(), 30)
+        try:
+            m = await asyncio.wait_for(ws.recv(), 30)
+        except TimeoutError:
+            said = [m for m in out if isinstance(m, dict)]
+            raise AssertionError(f"no {type_} in 30 s; the text messages were {said}") from None
         out.append(json.loads(m) if isinstance(m, str) else m)
         if isinstance(out[-1], dict) and out[-1]["type"] == type_:
             return out
