@@ -248,7 +248,7 @@ def test_speech_stages(tmp_path_factory):
     assert_has_keys(
         out,
         "card", "transformers_ms_per_frame", "transformers_rtf", "code2wav_ms_per_frame",
-        "rtf", "audio_s_per_s", "first_packet_ms", "rtf_min",
+        "code2wav_ms_per_frame_batch16", "rtf", "audio_s_per_s", "first_packet_ms", "rtf_min",
     )  # fmt: skip
     assert out["card"] == "cpu" and set(out["rtf"]) == {"1", "2"}
     assert all(v > 0 for v in out["audio_s_per_s"].values())
