@@ -20,6 +20,7 @@ Does not own which kinds a family takes or the settings' checks
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from omnix.pipelines.diffusion_cache import (
@@ -30,6 +31,13 @@ from omnix.pipelines.diffusion_cache import (
     TaylorSeerCache,
     cache_kind,
 )
+
+#: Pipelines that name their denoiser calls to the hooks themselves
+#: (``transformer.cache_context("cond")``, ``"uncond"``), in diffusers 0.42.
+#: Flux's image-to-image, inpaint and Kontext classes do not: the engine
+#: names their one forward a step ``"cond"`` (first-block cache keeps its
+#: state per name and refuses a call without one).
+NAMES_ITS_CALLS = frozenset({"FluxPipeline", "WanPipeline", "WanImageToVideoPipeline"})
 
 
 class Denoiser:
@@ -66,11 +74,28 @@ class Denoiser:
                 raise ValueError(f"engine.compile: {pipeline_name} has no denoiser module")
             denoiser.compile()
 
-    def before_call(self, pipe: Any) -> None:
-        """In the pipeline thread, before ``pipe`` runs: a clean cache state."""
+    def before_call(self, pipe: Any, kwargs: dict[str, Any]) -> None:
+        """In the pipeline thread, before ``pipe`` runs: a clean cache state.
+        Raises ``ValueError`` for true classifier-free guidance on a
+        pipeline that does not tell the hooks its two forwards apart."""
         self._running = pipe
-        if self._transformer is not None:
-            self._transformer._reset_stateful_cache()
+        if self._transformer is None:
+            return
+        self._transformer._reset_stateful_cache()
+        name = type(pipe).__name__
+        if name not in NAMES_ITS_CALLS and kwargs.get("negative_prompt") is not None:
+            raise ValueError(
+                f"negative_prompt is not honoured with engine.cache on a "
+                f"{name}: it runs the guidance forward without telling the cache "
+                "it from the other; send the edit without it, or serve the stage uncached"
+            )
+
+    def call_context(self, pipe: Any) -> contextlib.AbstractContextManager[Any]:
+        """What a call of ``pipe`` runs inside: a named cache context where
+        the pipeline sets none itself."""
+        if self._transformer is None or type(pipe).__name__ in NAMES_ITS_CALLS:
+            return contextlib.nullcontext()
+        return self._transformer.cache_context("cond")
 
     def _timestep(self) -> Any:
         return self._running.current_timestep

@@ -50,6 +50,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -203,13 +204,15 @@ class DiffusersEngine:
         pipeline = model.pipeline if model is not None else "this pipeline"
         raise ValueError(f"{pipeline} has no {task.replace('_', '-')} pipeline")
 
-    def _prepare(self, pipe: Any, jobs: list[Job], kwargs: dict[str, Any]) -> None:
+    def _prepare(
+        self, pipe: Any, jobs: list[Job], kwargs: dict[str, Any]
+    ) -> AbstractContextManager[Any]:
         """In the pipeline thread, before a call: the prompt length cap; an
         image-to-video call's prompt embeddings, from the text-to-video
         pipeline (Wan's image-to-video module cleans prompts with ftfy,
         which it imports only when installed and then calls regardless);
-        the denoiser's cache state, reset."""
-        self._denoiser.before_call(pipe)
+        the denoiser's cache state, reset, and the context the call runs in."""
+        self._denoiser.before_call(pipe, kwargs)
         accepts = pipe._omnix_accepts
         if self._max_sequence_length is not None and "max_sequence_length" in accepts:
             kwargs["max_sequence_length"] = self._max_sequence_length
@@ -225,6 +228,7 @@ class DiffusersEngine:
             kwargs["prompt_embeds"] = positive
             if negative is not None:
                 kwargs["negative_prompt_embeds"] = negative
+        return self._denoiser.call_context(pipe)
 
     def generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
