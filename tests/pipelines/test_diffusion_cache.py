@@ -94,7 +94,7 @@ def test_the_command_line_spec() -> None:
         spatial_attention_timestep_skip_range=(0, 1000)
     )
     assert parse_cache_spec("video:none") == ("video", None)
-    with pytest.raises(ValueError, match="not a cache kind .kinds: first_block"):
+    with pytest.raises(ValueError, match=r"not a cache kind \(kinds: first_block"):
         parse_cache_spec("fbc")
     with pytest.raises(ValueError, match="unknown field `x`"):
         parse_cache_spec("first_block,x=1")
