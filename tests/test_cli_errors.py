@@ -383,3 +383,11 @@ def test_validate_a_cache_option_diffusers_does_not_have(tmp_path):
     assert (
         code == 1 and "unknown field `treshold`" in err[-1] and "first_block: threshold" in err[-1]
     )
+
+
+def test_serve_a_cache_the_pipeline_family_does_not_run_names_the_kinds_that_do(tiny):
+    code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--cache", "taylorseer")
+    one_line_error(
+        code, err, "serve", "stage 'video': engine.cache: taylorseer does not run on WanPipeline",
+        "the kinds that do: first_block, pyramid_attention_broadcast",
+    )  # fmt: skip

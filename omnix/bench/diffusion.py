@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-requests",
         type=count,
         default=8,
-        help="requests per level and cache in the cache table (default 8)",
+        help="requests alone, and calls of four, per cache in the cache table (default 8)",
     )
 
 

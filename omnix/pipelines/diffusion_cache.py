@@ -78,11 +78,13 @@ CompileMode = Literal["off", "blocks", "model"]
 #: The cache kinds that run on each pipeline family (``model_index.json``'s
 #: ``_class_name``), edits and image-to-video included: the hooks sit on
 #: the transformer, which the sibling pipelines share.  Measured on omnix's
-#: tiny Flux and Wan 2.2 (docs/engines.md, "Step caching").
+#: tiny Flux and Wan 2.2 (docs/engines.md, "Step caching").  Not taylorseer
+#: on Wan: its default module patterns (``^blocks.*attn``, matched whole)
+#: match none of Wan's ``attn1``/``attn2``, so it would run uncached.
 CACHE_FAMILIES: Final[dict[str, tuple[CacheKind, ...]]] = {
     "FluxPipeline": CACHE_KINDS,
     "FluxKontextPipeline": CACHE_KINDS,
-    "WanPipeline": CACHE_KINDS,
+    "WanPipeline": ("first_block", "pyramid_attention_broadcast"),
 }
 
 

@@ -77,7 +77,12 @@ def test_a_family_the_hooks_do_not_run_on_names_where_they_do(tmp_path) -> None:
     assert "StableDiffusionPipeline" in line and "FluxPipeline" in line and "WanPipeline" in line
     parse_pipeline(_toml("", model=str(folder)))  # uncached it is fine
     (folder / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
-    parse_pipeline(_toml(', cache = { kind = "taylorseer" }', model=str(folder)))
+    parse_pipeline(_toml(', cache = { kind = "first_block" }', model=str(folder)))
+    (line,) = _problems(_toml(', cache = { kind = "taylorseer" }', model=str(folder)))
+    assert line == (
+        "stage 'image': engine.cache: taylorseer does not run on WanPipeline; the kinds that "
+        "do: first_block, pyramid_attention_broadcast"
+    )
     assert family_problem(TaylorSeerCache(), "FluxKontextPipeline") is None
 
 
