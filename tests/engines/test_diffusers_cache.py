@@ -96,8 +96,9 @@ async def test_each_kind_stays_close_to_the_uncached_image_with_its_progress(
         await engine.close()
 
 
-async def test_an_aborted_cached_call_leaves_no_state_for_the_next(tiny_models) -> None:
-    engine = await _engine(CACHES["first_block"])
+@pytest.mark.parametrize("kind", sorted(CACHES))
+async def test_an_aborted_cached_call_leaves_no_state_for_the_next(tiny_models, kind) -> None:
+    engine = await _engine(CACHES[kind])
     try:
         piece = InputPiece(text="a quiet harbour")
         first = await _run(engine, "r-1", piece, seed=7, num_inference_steps=8)
@@ -105,9 +106,7 @@ async def test_an_aborted_cached_call_leaves_no_state_for_the_next(tiny_models) 
         async for out in engine.generate(req, _feed(InputPiece(text="something else"))):
             if out.step >= 4:
                 await engine.abort("r-cut")
-        assert ("r-cut", 4, "aborted") in engine.history or any(
-            h[0] == "r-cut" and h[2] == "aborted" for h in engine.history
-        )
+        assert any(h[0] == "r-cut" and h[2] == "aborted" for h in engine.history)
         again = await _run(engine, "r-2", piece, seed=7, num_inference_steps=8)
         assert again[-1].data == first[-1].data
     finally:
