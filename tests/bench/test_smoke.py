@@ -264,8 +264,8 @@ def test_diffusion(tmp_path_factory):
 
     session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
     out = bench(
-        "diffusion", "--requests", "4", "--rounds", "1", "--cancels", "1", "--steps", "2",
-        timeout=300,
+        "diffusion", "--part", "http", "--requests", "4", "--rounds", "1", "--cancels", "1",
+        "--steps", "2", timeout=300,
     )  # fmt: skip
     assert_has_keys(
         out,
