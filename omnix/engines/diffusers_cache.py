@@ -136,5 +136,4 @@ class Denoiser:
 
 def describe(cache: StepCache | None, compile_mode: CompileMode) -> dict[str, str]:
     """The settings as ``EngineInfo.settings`` reports them."""
-    out = {"cache": cache_kind(cache) if cache is not None else "none", "compile": compile_mode}
-    return out
+    return {"cache": cache_kind(cache) if cache is not None else "none", "compile": compile_mode}
