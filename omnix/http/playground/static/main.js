@@ -3,7 +3,7 @@
 // forms.js for the rest), lays out each turn beside its request's timeline
 // (timeline.js), and says every failure in words.
 
-import { ApiError, apiKey, call, setApiKey } from "./api.js";
+import { ApiError, GONE, apiKey, call, setApiKey } from "./api.js";
 import * as forms from "./forms.js";
 import { Talk } from "./talk.js";
 import { Timeline } from "./timeline.js";
@@ -91,9 +91,26 @@ function showKeyForm() {
   $("key-input").focus();
 }
 
+// A server still loading its models answers 503 to work: wait for /ready.
+async function ready() {
+  for (;;) {
+    let body;
+    try {
+      body = await (await fetch("/ready")).json();
+    } catch {
+      throw new ApiError(0, "unreachable", GONE);
+    }
+    if (body.ready) return;
+    const stages = Object.entries(body.stages || {}).map(([s, n]) => `${s} ${n ? "ready" : "loading"}`);
+    ui.problem(`The server is loading its models (${stages.join(", ")}): the page goes on once it is ready.`);
+    await new Promise((r) => setTimeout(r, 1000));
+  }
+}
+
 async function boot() {
   let card;
   try {
+    await ready();
     card = (await (await call("/v1/models")).json()).data[0];
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) showKeyForm();

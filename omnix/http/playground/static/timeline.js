@@ -171,7 +171,7 @@ export class Timeline {
       rows.push(el("div", { class: "lane" }, el("span", { class: "name", text: `${name} · ${st.chunks} chunks` }), bar));
     }
     const axis = el("div", { class: "bar marks" });
-    for (const m of marks) axis.append(el("span", { class: "mark", style: `left:${x(m.ts)}`, title: `${m.name} +${ms(m.ts - t0)}`, text: m.name }));
+    for (const m of marks) axis.append(el("span", { class: (m.ts - t0) / span > 0.8 ? "mark late" : "mark", style: `left:${x(m.ts)}`, title: `${m.name} +${ms(m.ts - t0)}`, text: m.name }));
     rows.push(el("div", { class: "lane" }, el("span", { class: "name", text: `0 – ${ms(span)}` }), axis));
     this.lanes.replaceChildren(...rows);
     this.head.querySelector(".state").textContent = ` ${this.ended ? this.ended.type : "running"} · ${ms(end - t0)}`;

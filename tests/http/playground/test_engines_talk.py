@@ -1,0 +1,122 @@
+"""The playground on ``tiny-omni`` with real engines, in Chromium, as a person
+uses it: a typed turn and a spoken one (the fake microphone says a
+sentence; the server's VAD ends the turn) are answered in text and in
+audio the page plays; beside each answer the timeline lists the request's
+events as the log holds them, in order, with the log's figures; the trace
+it downloads is one ``omnix replay`` reads, and the replay view opens.  A
+person who refuses the microphone is told so in words."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from omnix.cli import main
+from omnix.events.types import Event
+from omnix.http.app import HttpServer
+from omnix.trace import read_trace
+
+from ..conftest import real_engine_marks
+from .conftest import open_page, shot
+
+PIPELINE = "tiny-omni"
+pytestmark = real_engine_marks()
+
+ANSWERED = ".turn.answer:not([data-status='running'])"
+TERMINAL = {"finished", "cancelled", "failed", "rejected"}
+
+
+async def log_events(server: HttpServer, rid: str) -> dict[int, Event]:
+    return {ev.pos: ev async for ev in server.omni.events(rid)}
+
+
+async def check_timeline(server: HttpServer, answer: Any) -> str:
+    """The answer's timeline against the log: its events, in the log's
+    order, each the log's event at that position; its TTFT the log's.
+    Returns the request id."""
+    rid = await answer.get_attribute("data-request-id")
+    assert rid
+    timeline = answer.locator(".timeline")
+    await timeline.locator(".figures .kpis").wait_for(timeout=30_000)
+    shown = [
+        (int(await li.get_attribute("data-pos")), await li.get_attribute("data-type"))
+        for li in await timeline.locator("ol.events li").all()
+    ]
+    log = await log_events(server, rid)
+    assert [pos for pos, _ in shown] == sorted(pos for pos, _ in shown)
+    for pos, kind in shown:
+        assert type(log[pos]).__struct_config__.tag == kind
+    kinds = [kind for _, kind in shown]
+    assert kinds[0] == "admitted" and kinds[-1] in TERMINAL
+    started = [log[pos].stage for pos, kind in shown if kind == "stage_started"]  # type: ignore[attr-defined]
+    assert started == ["thinker", "talker", "code2wav"]
+    rs = server.omni.state(rid)
+    assert rs is not None and rs.first_token_ts
+    ttft = (rs.first_token_ts - rs.admitted_ts) / 1e6
+    assert await timeline.locator("[data-figure=ttft] b").inner_text() == f"{ttft:.1f} ms"
+    return rid
+
+
+async def test_a_typed_turn_is_answered_in_text_and_audio_beside_its_timeline(
+    server, browser, tmp_path
+):
+    page = await open_page(browser, server.url + "/")
+    assert page.url.endswith("/playground")
+    await page.locator("#mic").wait_for(timeout=60_000)
+    await page.fill("#text", "Say something short.")
+    await page.click("#send")
+    answer = page.locator(ANSWERED).first
+    await answer.wait_for(timeout=120_000)
+    assert await page.locator(".turn.user .text").first.inner_text() == "Say something short."
+    assert (await answer.locator(".text").inner_text()).strip()
+    assert int(await answer.get_attribute("data-audio-samples") or 0) > 0
+    rid = await check_timeline(server, answer)
+    await shot(page, "typed-turn")
+
+    async with page.expect_download() as dl:
+        await answer.locator("button.trace").click()
+    download = await dl.value
+    assert download.suggested_filename == f"{rid}.omnixtrace"
+    path = tmp_path / download.suggested_filename
+    await download.save_as(path)
+    assert rid in read_trace(path).targets
+    assert await asyncio.to_thread(main, ["replay", str(path)]) == 0
+
+    async with page.context.expect_page() as opened:
+        await answer.locator("button.replay").click()
+    view = await opened.value
+    await view.wait_for_load_state()
+    assert rid in await view.title()
+    assert page.problems == []
+    await page.context.close()
+
+
+async def test_a_spoken_turn_is_transcribed_and_answered_aloud(server, browser):
+    page = await open_page(browser, server.url + "/playground", microphone=True)
+    await page.locator("#mic").wait_for(timeout=60_000)
+    await page.click("#mic")
+    answer = page.locator(ANSWERED).first
+    await answer.wait_for(timeout=120_000)
+    assert int(await answer.get_attribute("data-audio-samples") or 0) > 0
+    said = page.locator(".turn.user .text").first
+    for _ in range(300):  # the transcription is a request of its own, beside the answer
+        if (await said.inner_text()).strip() not in ("", "…"):
+            break
+        await asyncio.sleep(0.1)
+    assert (await said.inner_text()).strip() not in ("", "…")
+    await check_timeline(server, answer)
+    await shot(page, "spoken-turn")
+    assert await page.locator("#problem").is_hidden()
+    assert page.problems == []
+    await page.context.close()
+
+
+async def test_a_refused_microphone_is_said_in_words(server, browser):
+    page = await open_page(browser, server.url + "/playground", microphone=False)
+    await page.locator("#mic").wait_for(timeout=60_000)
+    await page.click("#mic")
+    problem = page.locator("#problem")
+    await problem.wait_for()
+    assert "microphone is not allowed" in await problem.inner_text()
+    await shot(page, "microphone-refused")
+    await page.context.close()
