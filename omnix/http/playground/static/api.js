@@ -23,6 +23,8 @@ export class ApiError extends Error {
 
 export const GONE =
   "The server cannot be reached: it may have stopped. Start it again (omnix serve), then reload this page.";
+export const DROPPED =
+  "The server went away in the middle of the answer: it may have stopped. Start it again (omnix serve), then reload this page.";
 
 // What a refusal means to the person at the page.
 export function say(status, error) {
@@ -87,7 +89,7 @@ export async function* sse(resp) {
     try {
       chunk = await reader.read();
     } catch {
-      throw new ApiError(0, "dropped", "The server went away in the middle of the answer: " + GONE);
+      throw new ApiError(0, "dropped", DROPPED);
     }
     if (chunk.done) break;
     buffer += chunk.value;

@@ -3,7 +3,7 @@
 // names its request (X-Request-Id) so that main.js follows its timeline
 // from the first event, and says its failure in words through `ui`.
 
-import { call, newRequestId, sse } from "./api.js";
+import { ApiError, DROPPED, call, newRequestId, sse } from "./api.js";
 
 export async function voices() {
   try {
@@ -25,8 +25,12 @@ export async function chat(model, messages, ui) {
       json: { model, messages, stream: true },
       extraHeaders: { "X-Request-Id": rid },
     });
+    let done = false;
     for await (const { data } of sse(resp)) {
-      if (data === "[DONE]") break;
+      if (data === "[DONE]") {
+        done = true;
+        break;
+      }
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message);
       const delta = chunk.choices?.[0]?.delta?.content || "";
@@ -35,6 +39,8 @@ export async function chat(model, messages, ui) {
         ui.answerText(rid, delta);
       }
     }
+    // A stream cut short (the server stopped) ends without its [DONE].
+    if (!done) throw new ApiError(0, "dropped", DROPPED);
     ui.answerDone(rid, "completed");
   } catch (err) {
     ui.answerDone(rid, "failed");
