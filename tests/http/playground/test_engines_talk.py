@@ -1,7 +1,8 @@
 """The playground on ``tiny-omni`` with real engines, in Chromium, as a person
 uses it: a typed turn and a spoken one (the fake microphone says a
 sentence; the server's VAD ends the turn) are answered in text and in
-audio the page plays; beside each answer the timeline lists the request's
+audio the page plays, in the voice picked from those the server lists;
+beside each answer the timeline lists the request's
 events as the log holds them, in order, with the log's figures; the trace
 it downloads is one ``omnix replay`` reads, and the replay view opens.  A
 person who refuses the microphone is told so in words."""
@@ -58,11 +59,16 @@ async def check_timeline(server: HttpServer, answer: Any) -> str:
 
 
 async def test_a_typed_turn_is_answered_in_text_and_audio_beside_its_timeline(
-    server, browser, tmp_path
+    server, browser, http, tmp_path
 ):
     page = await open_page(browser, server.url + "/")
     assert page.url.endswith("/playground")
     await page.locator("#mic").wait_for(timeout=60_000)
+    async with http.get(server.url + "/v1/audio/voices") as r:
+        voices = (await r.json())["voices"]
+    assert len(voices) > 1
+    assert await page.locator("#voice option").all_inner_texts() == voices
+    await page.select_option("#voice", voices[-1])
     await page.fill("#text", "Say something short.")
     await page.click("#send")
     answer = page.locator(ANSWERED).first
@@ -71,6 +77,8 @@ async def test_a_typed_turn_is_answered_in_text_and_audio_beside_its_timeline(
     assert (await answer.locator(".text").inner_text()).strip()
     assert int(await answer.get_attribute("data-audio-samples") or 0) > 0
     rid = await check_timeline(server, answer)
+    admitted = next(iter((await log_events(server, rid)).values()))
+    assert admitted.spec.stage_params["talker"].voice == voices[-1]  # type: ignore[attr-defined]
     await shot(page, "typed-turn")
 
     async with page.expect_download() as dl:

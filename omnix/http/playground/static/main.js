@@ -122,10 +122,16 @@ async function boot() {
   $("model").textContent = `${card.id}: ${card.stages.join(" → ")} (${card.modalities.join(", ")})`;
   $("controls").hidden = false;
   const out = new Set(card.modalities);
+  const select = $("voice");
+  if (out.has("audio")) {
+    for (const v of await forms.voices()) select.append(new Option(v, v));
+    select.hidden = select.options.length === 0;
+  }
   let send;
   if (out.has("audio") && out.has("text")) {
     const talk = new Talk(card.id, ui);
     talk.connect();
+    select.addEventListener("change", () => talk.voice(select.value));
     $("mic").addEventListener("click", async () => {
       if (talk.listening) {
         talk.stopMic();
@@ -147,9 +153,6 @@ async function boot() {
       messages.push({ role: "assistant", content: answer });
     };
   } else if (out.has("audio")) {
-    const select = $("voice");
-    for (const v of await forms.voices()) select.append(new Option(v, v));
-    select.hidden = select.options.length === 0;
     $("text").placeholder = "Text to speak…";
     send = async (text) => {
       turn("user", {}, text);

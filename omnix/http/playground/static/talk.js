@@ -142,6 +142,11 @@ export class Talk {
     }
   }
 
+  // The voice of the answers from now on (one of GET /v1/audio/voices).
+  voice(name) {
+    this.send({ type: "session.update", session: { type: "realtime", audio: { output: { voice: name } } } });
+  }
+
   say(text) {
     const id = `item_pg${Date.now().toString(36)}`;
     this.ui.userTurn(id, text);
