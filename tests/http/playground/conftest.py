@@ -1,7 +1,8 @@
 """A person's browser for the playground tests: Debian's Chromium, headless,
 driven by Playwright (``executable_path``: no browser is downloaded), one
 per test session, with a fake microphone that says one recorded sentence
-(the server VAD tests' espeak-ng fixture) between silences, once.
+(the server VAD tests' espeak-ng fixture) twice, two seconds apart, once:
+the second time over the answer to the first.
 
 Also where the tests keep their screenshots: ``$OMNIX_TEST_ARTIFACTS``, else
 ``build/test-artifacts`` at the project's root (``shot``).
@@ -49,12 +50,18 @@ async def shot(page: Any, name: str) -> Path:
 
 @pytest.fixture(scope="session")
 def turn_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Half a second of silence, the sentence, three seconds of silence (for
-    the server's VAD to hear the turn end): the fake microphone's input."""
+    """The fake microphone's input: half a second of silence, the sentence,
+    two seconds of silence (the server's VAD ends the turn after half a
+    second and the answer starts; tiny-omni's takes three to five seconds
+    here), the sentence again (a barge-in), then four seconds of silence
+    for the second turn to end."""
     pcm, rate = sf.read(SPEECH, dtype="int16")
-    quiet = np.zeros(rate // 2, dtype="int16")
+
+    def quiet(seconds: float) -> np.ndarray:
+        return np.zeros(int(rate * seconds), dtype="int16")
+
     path = tmp_path_factory.mktemp("mic") / "turn.wav"
-    sf.write(path, np.concatenate([quiet, pcm, np.zeros(rate * 3, dtype="int16")]), rate)
+    sf.write(path, np.concatenate([quiet(0.5), pcm, quiet(2.0), pcm, quiet(4.0)]), rate)
     return path
 
 

@@ -1,6 +1,7 @@
 """The playground on ``tiny-omni`` with real engines, in Chromium, as a person
-uses it: a typed turn and a spoken one (the fake microphone says a
-sentence; the server's VAD ends the turn) are answered in text and in
+uses it: a typed turn and spoken ones (the fake microphone says a
+sentence twice; the server's VAD ends each turn, and the second, said over
+the first answer, interrupts it) are answered in text and in
 audio the page plays, in the voice picked from those the server lists;
 beside each answer the timeline lists the request's
 events as the log holds them, in order, with the log's figures; the trace
@@ -99,21 +100,32 @@ async def test_a_typed_turn_is_answered_in_text_and_audio_beside_its_timeline(
     await page.context.close()
 
 
-async def test_a_spoken_turn_is_transcribed_and_answered_aloud(server, browser):
+async def test_spoken_turns_are_transcribed_answered_aloud_and_interrupted(server, browser):
     page = await open_page(browser, server.url + "/playground", microphone=True)
     await page.locator("#mic").wait_for(timeout=60_000)
     await page.click("#mic")
-    answer = page.locator(ANSWERED).first
-    await answer.wait_for(timeout=120_000)
-    assert int(await answer.get_attribute("data-audio-samples") or 0) > 0
-    said = page.locator(".turn.user .text").first
-    for _ in range(300):  # the transcription is a request of its own, beside the answer
-        if (await said.inner_text()).strip() not in ("", "…"):
+    answers = page.locator(ANSWERED)
+    await answers.nth(1).wait_for(timeout=180_000)
+    # The second sentence came over the first answer: the server cancelled
+    # it through the log (the page dropped what it had not played yet).
+    first, second = answers.nth(0), answers.nth(1)
+    assert await first.get_attribute("data-status") == "cancelled"
+    assert "interrupted" in (await first.get_attribute("class") or "")
+    cut = await first.get_attribute("data-request-id")
+    rs = server.omni.state(cut or "")
+    assert rs is not None and rs.status == "cancelled" and rs.cancel_reason == "interrupted"
+    await first.locator(".timeline li[data-type=cancelled]").wait_for(state="attached")
+
+    assert int(await second.get_attribute("data-audio-samples") or 0) > 0
+    said = page.locator(".turn.user .text")
+    for _ in range(300):  # each transcription is a request of its own, beside the answer
+        texts = [t.strip() for t in await said.all_inner_texts()]
+        if len(texts) == 2 and all(t not in ("", "…") for t in texts):
             break
         await asyncio.sleep(0.1)
-    assert (await said.inner_text()).strip() not in ("", "…")
-    await check_timeline(server, answer)
-    await shot(page, "spoken-turn")
+    assert len(texts) == 2 and all(t not in ("", "…") for t in texts), texts
+    await check_timeline(server, second)
+    await shot(page, "spoken-turns")
     assert await page.locator("#problem").is_hidden()
     assert page.problems == []
     await page.context.close()
