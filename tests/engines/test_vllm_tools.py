@@ -3,8 +3,9 @@ model format's text token by token as the engine streams it (how
 ``tool_choice: "auto"`` is held: a random-weight model never writes a
 call by itself): hermes-style calls become OpenAI's call pieces, the text
 around them the answer; Qwen3's reasoning parser splits the reasoning off;
-``required`` and a named function get the structured output that forces a
-call; ``none`` leaves the text alone.  And the chat template sees the
+``required`` and a named function sample under the JSON schema of their
+calls and read it back as vLLM's server does, with or without a parser;
+``none`` leaves the text alone.  And the chat template sees the
 tools and the history's calls, as vLLM hands them to it."""
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _parse(tokenizer, tool_parser="hermes", reasoning_parser="", **params):
 
     args = VllmArgs(
         model="thinker",
-        enable_auto_tool_choice=True,
+        enable_auto_tool_choice=bool(tool_parser),
         tool_call_parser=tool_parser,
         reasoning_parser=reasoning_parser,
     )
@@ -128,16 +129,29 @@ def test_a_reasoning_parser_alone_splits_requests_without_tools(tokenizer):
     assert (reasoning, content, pieces) == ("hmm", "Hello.", [])
 
 
-@pytest.mark.parametrize(
-    "choice", ['"required"', json.dumps({"type": "function", "function": {"name": "get_time"}})]
-)
-def test_required_and_named_sample_under_structured_output(tokenizer, choice):
-    parse = _parse(tokenizer, tools=json.dumps([WEATHER, TIME]), tool_choice=choice)
-    assert parse.structured is not None
-    # The output it forces is the parser's own format: it reads back as a call.
-    text = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
-    _, _, pieces = _stream(tokenizer, parse, text)
-    assert [c["name"] for c in _calls(pieces)] == ["get_time"]
+@pytest.mark.parametrize("tool_parser", ["hermes", ""])
+def test_required_samples_a_json_array_of_calls_and_reads_it_back(tokenizer, tool_parser):
+    parse = _parse(
+        tokenizer, tool_parser, tools=json.dumps([WEATHER, TIME]), tool_choice='"required"'
+    )
+    schema = json.loads(json.dumps(parse.structured.json))
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    text = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "get_time", "parameters": {}}]'
+    content, _, pieces = _stream(tokenizer, parse, text)
+    calls = _calls(pieces)
+    assert content == ""
+    assert [c["name"] for c in calls] == ["get_weather", "get_time"]
+    assert [json.loads(c["arguments"]) for c in calls] == [{"city": "Oslo"}, {}]
+
+
+def test_a_named_function_samples_its_arguments_and_reads_them_as_its_call(tokenizer):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    parse = _parse(tokenizer, tools=json.dumps([WEATHER, TIME]), tool_choice=json.dumps(named))
+    assert parse.structured.json == WEATHER["function"]["parameters"]
+    content, _, pieces = _stream(tokenizer, parse, '{"city": "Paris"}')
+    (call,) = _calls(pieces)
+    assert content == "" and call["name"] == "get_weather" and call["id"]
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
 
 
 TOOLS_TEMPLATE = (

@@ -24,6 +24,7 @@ from omnix.http.chat.protocol import ChatCompletionRequest, NamedToolChoice
 from omnix.http.common.fields import Message
 from omnix.http.common.plan import PlanContext
 from omnix.http.common.sampling import bad
+from omnix.http.core.errors import ApiError
 from omnix.pipelines.config import VllmArgs
 
 
@@ -71,13 +72,17 @@ def tool_params(body: ChatCompletionRequest, served: PlanContext, stage: str) ->
             f"give (it gives {', '.join(sorted(names))}).",
         )
     args = _stage_args(served, stage)
-    if args is None or not args.tool_call_parser:
-        raise bad(
-            "tools",
-            f"the text stage {stage!r} reads no tool calls: serve it with --tool-call-parser "
-            "NAME (and --enable-auto-tool-choice for tool_choice 'auto'), or omit tools.",
+    if args is None or args.output_modality != "text":
+        raise ApiError(
+            400,
+            f"tools: the text stage {stage!r} is not a vLLM stage writing text: it calls no "
+            "tools; omit tools.",
+            param="tools",
+            code="unsupported_parameter",
         )
-    if (choice is None or choice == "auto") and not args.enable_auto_tool_choice:
+    if (choice is None or choice == "auto") and not (
+        args.enable_auto_tool_choice and args.tool_call_parser
+    ):
         # vLLM's server's words for the same request.
         raise bad(
             "tool_choice",
