@@ -89,7 +89,10 @@ async def test_a_tool_call_is_not_spoken(server):
     events = server.omni.log.events_for(resp.id.removeprefix("chatcmpl-"))
     by_pos = {e.pos: e for e in events}
     fed = [
-        by_pos[p] for e in events if isinstance(e, Routed) and e.stage == "talker" for p in e.sources
+        by_pos[p]
+        for e in events
+        if isinstance(e, Routed) and e.stage == "talker"
+        for p in e.sources
     ]
     calls = [e for e in events if isinstance(e, Chunk) and e.tool_calls]
     assert calls  # the thinker did write the call
