@@ -184,10 +184,6 @@ async def test_named_function_streams_deltas_the_client_assembles(server, client
         ),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
-        (
-            {"messages": [*USER, {"role": "tool", "content": "x"}], "tools": [WEATHER]},
-            "messages[1].tool_call_id",
-        ),
     ],
 )
 async def test_bad_tools_are_one_400_naming_the_field(server, http, body, param):

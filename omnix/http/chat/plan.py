@@ -86,7 +86,7 @@ def _messages(conv: list[Message], where: str, media: Media) -> tuple[ChatMessag
                 if track is not None:
                     parts.append(msgspec.structs.replace(track, at=at))
             text = "\n".join(texts)
-        calls, answers = history_calls(m, f"{where}[{i}]")
+        calls, answers = history_calls(m)
         out.append(
             ChatMessage(
                 role=m.role,

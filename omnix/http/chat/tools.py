@@ -5,8 +5,8 @@ the history's calls against each other and against the text stage (its
 parsers, as ``--enable-auto-tool-choice`` and ``--tool-call-parser`` set
 them), with the error vLLM's server gives where it gives one, naming the
 field; and the ``StageParams`` the stage runs them with (the tools and the
-choice as JSON, as vLLM's parsers take them).  The history's messages as
-``ChatMessage``s with their calls (``history_calls``).
+choice as JSON, as vLLM's parsers take them).  The history's calls as the
+log records them (``history_calls``).
 
 Does not own the rest of the body (``plan.py``), rendering the tools into
 the prompt nor parsing the output (the vLLM stage's worker:
@@ -25,13 +25,15 @@ from omnix.http.common.fields import Message
 from omnix.http.common.plan import PlanContext
 from omnix.http.common.sampling import bad
 from omnix.http.core.errors import ApiError
-from omnix.pipelines.config import VllmArgs
+from omnix.pipelines.config import PipelineConfig, VllmArgs
 
 
-def _stage_args(served: PlanContext, stage: str) -> VllmArgs | None:
-    for st in served.pipeline.stages:
+def tool_stage(pipeline: PipelineConfig, stage: str) -> VllmArgs | None:
+    """The stage's vLLM arguments when it is a vLLM stage writing text (the
+    only kind that calls tools), else None."""
+    for st in pipeline.stages:
         if st.name == stage and isinstance(st.engine, VllmArgs):
-            return st.engine
+            return st.engine if st.engine.output_modality == "text" else None
     return None
 
 
@@ -71,8 +73,8 @@ def tool_params(body: ChatCompletionRequest, served: PlanContext, stage: str) ->
             f"tool_choice names the function {choice.function.name!r}, which tools does not "
             f"give (it gives {', '.join(sorted(names))}).",
         )
-    args = _stage_args(served, stage)
-    if args is None or args.output_modality != "text":
+    args = tool_stage(served.pipeline, stage)
+    if args is None:
         raise ApiError(
             400,
             f"tools: the text stage {stage!r} is not a vLLM stage writing text: it calls no "
@@ -96,17 +98,11 @@ def tool_params(body: ChatCompletionRequest, served: PlanContext, stage: str) ->
     )
 
 
-def history_calls(m: Message, where: str) -> tuple[tuple[ToolCall, ...], str]:
-    """A history message's calls (an assistant's) and the call it answers (a
-    tool's), checked: only an assistant calls, a tool message names its call."""
+def history_calls(m: Message) -> tuple[tuple[ToolCall, ...], str]:
+    """A history message's calls and the call it answers, as given: like
+    vLLM's server, the chat template judges them (the document lets any
+    role carry both, so refusing one here would refuse a body it allows)."""
     calls = m.tool_calls or []
-    if calls and m.role != "assistant":
-        raise bad(f"{where}.tool_calls", f"{where}: only assistant messages make tool calls.")
-    if m.role == "tool" and not m.tool_call_id:
-        raise bad(
-            f"{where}.tool_call_id",
-            f"{where}: a tool message needs tool_call_id, the id of the call it answers.",
-        )
     return (
         tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in calls
