@@ -22,8 +22,10 @@ from omnix.http.app import HttpServer
 from omnix.http.render import render_response
 from omnix.pipelines.config import VllmArgs
 from omnix.pipelines.validate import PipelineError, load_pipeline, validate_pipeline
+from omnix.replay.client import client_bytes
 from omnix.stages.options import RuntimeOptions
 from omnix.testing.serving import serve_omni
+from omnix.trace import read_trace
 
 from .conftest import real_engine_marks
 
@@ -162,6 +164,11 @@ async def test_named_function_streams_deltas_the_client_assembles(server, client
         rid = r.headers["X-Request-Id"]
     assert b'"tool_calls":[{"index":0,"id":"' in raw
     assert render_response(server.omni.log.events_for(rid), server.omni.blobs).body == raw
+    # And from the trace a client downloads (`omnix replay --client-bytes`).
+    async with http.get(f"{server.url}/v1/requests/{rid}/trace") as r:
+        assert r.status == 200
+        trace = read_trace(await r.read())
+    assert client_bytes(trace, rid) == raw
 
 
 @pytest.mark.parametrize(
