@@ -139,6 +139,9 @@ class RequestParse:
                 arguments=(tc.function.arguments or "") if tc.function is not None else "",
             )
             for tc in delta.tool_calls
+            # parallel_tool_calls false: the first call only, as vLLM's server
+            # filters them (maybe_filter_parallel_tool_calls)
+            if tc.index == 0 or self.request.parallel_tool_calls is not False
         )
         return Parsed(delta.content or "", delta.reasoning or "", calls)
 

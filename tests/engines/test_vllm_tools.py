@@ -101,6 +101,21 @@ def test_auto_reads_parallel_calls_in_order(tokenizer):
     assert calls[0]["id"] != calls[1]["id"]
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call_only(tokenizer):
+    parse = _parse(
+        tokenizer,
+        tools=json.dumps([WEATHER, TIME]),
+        tool_choice='"auto"',
+        parallel_tool_calls=False,
+    )
+    text = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
+    _, _, pieces = _stream(tokenizer, parse, text)
+    assert [c["name"] for c in _calls(pieces)] == ["get_weather"]
+
+
 def test_plain_text_stays_the_answer(tokenizer):
     parse = _parse(tokenizer, tools=json.dumps([WEATHER]), tool_choice='"auto"')
     content, _, pieces = _stream(tokenizer, parse, "It is sunny in Paris.")
