@@ -201,13 +201,16 @@ def _graph_timings(graphs: Any, steps: int) -> dict[int, tuple[float, float]]:
     return out
 
 
-def _code2wav_ms(built: _Built, chunk: int = 25, context: int = 25, reps: int = 10) -> float:
-    """ms a frame of one streamed chunk (``chunk`` new frames after
-    ``context`` frames of context)."""
+def _code2wav_ms(
+    built: _Built, batch: int = 1, chunk: int = 25, context: int = 25, reps: int = 10
+) -> float:
+    """ms a frame of streamed chunks (``chunk`` new frames after ``context``
+    frames of context), ``batch`` requests' chunks in one forward as the
+    engine batches them: the GPU time a frame of one row costs."""
     import torch
 
     groups = built.talker.layout.num_code_groups
-    codes = torch.randint(0, 2048, (1, groups, chunk + context), device=built.talker.device)
+    codes = torch.randint(0, 2048, (batch, groups, chunk + context), device=built.talker.device)
     with torch.no_grad():
         built.code2wav(codes)
         _sync(built.device)
@@ -215,7 +218,7 @@ def _code2wav_ms(built: _Built, chunk: int = 25, context: int = 25, reps: int = 
         for _ in range(reps):
             built.code2wav(codes)
         _sync(built.device)
-    return (time.perf_counter() - start) * 1000 / reps / chunk
+    return (time.perf_counter() - start) * 1000 / reps / chunk / batch
 
 
 async def _speak(
@@ -337,6 +340,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "transformers_ms_per_frame": round(ref_ms, 2),
         "transformers_rtf": round(ref_rtf, 3),
         "code2wav_ms_per_frame": round(await asyncio.to_thread(_code2wav_ms, built), 3),
+        "code2wav_ms_per_frame_batch16": round(await asyncio.to_thread(_code2wav_ms, built, 16), 3),
     }
     ours = await _omnix(built, args, levels)
     res["graph_start_s"] = ours["graph_start_s"]

@@ -55,6 +55,20 @@ log = logging.getLogger(__name__)
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query position per row against its slot's whole cache: ``q``
+    [b, kv_heads, group, head_dim], ``keys``/``values`` [b, kv_heads,
+    max_len, head_dim], ``hidden`` [b, 1, 1, max_len] true past each row's
+    length.  Two batched matmuls and a float32 softmax: SDPA runs this
+    shape as a masked prefill, at half of a graphed step's time on an H100
+    (docs/bench.md)."""
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
+    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    return torch.matmul(probs.to(values.dtype), values)
+
+
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket that holds ``n`` rows."""
     for b in buckets:
@@ -123,10 +137,12 @@ class TalkerGraphs:
             return torch.zeros(*shape, dtype=dtype, device=dev)
 
         layers = len(talker.model.layers)
-        # [slots * max_len, kv_heads, head_dim]: row b's position p is b * max_len + p,
-        # so one index_copy_ writes every row at its own length.
-        self.keys = [z(S * max_len, self.kv_heads, self.head_dim) for _ in range(layers)]
-        self.values = [z(S * max_len, self.kv_heads, self.head_dim) for _ in range(layers)]
+        # [slots, kv_heads, max_len, head_dim]: the first b slots are one
+        # contiguous batch of matrices, so attention is two plain batched
+        # matmuls with no copy of the cache.
+        kv = (S, self.kv_heads, max_len, self.head_dim)
+        self.keys = [z(*kv) for _ in range(layers)]
+        self.values = [z(*kv) for _ in range(layers)]
         self.lengths = z(S, dtype=torch.long)
         self.delta = z(S, dtype=torch.long)
         self.active = z(S, dtype=torch.bool)
@@ -200,8 +216,13 @@ class TalkerGraphs:
         cos, sin = talker.model.rotary_emb(h, pos)
         # A full row waiting (never stepped: the engine ends it) writes
         # inside its own slot all the same.
-        where = torch.arange(b, device=h.device) * L + lengths.clamp_max(L - 1)
-        visible = (self._positions[None, :] <= lengths[:, None])[:, None, None, :]  # [b,1,1,L]
+        at = (
+            torch.arange(b, device=h.device)[:, None],
+            torch.arange(self.kv_heads, device=h.device)[None, :],
+            lengths.clamp_max(L - 1)[:, None],
+        )
+        hidden_pos = self._positions[None, :] > lengths[:, None]
+        hidden_pos = hidden_pos[:, None, None, :]  # [b, 1, 1, L]
         for i, layer in enumerate(talker.model.layers):
             a = layer.self_attn
             x = layer.input_layernorm(h)
@@ -209,15 +230,11 @@ class TalkerGraphs:
             k = a.k_norm(a.k_proj(x).view(b, 1, -1, hd)).transpose(1, 2)
             v = a.v_proj(x).view(b, 1, -1, hd).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            self.keys[i].index_copy_(0, where, k[:, :, 0])
-            self.values[i].index_copy_(0, where, v[:, :, 0])
-            keys = self.keys[i].view(self.slots, L, self.kv_heads, hd)[:b].transpose(1, 2)
-            values = self.values[i].view(self.slots, L, self.kv_heads, hd)[:b].transpose(1, 2)
+            self.keys[i].index_put_(at, k[:, :, 0])
+            self.values[i].index_put_(at, v[:, :, 0])
             # One query position: a KV head's query heads become its queries.
             qg = q.reshape(b, self.kv_heads, -1, hd)
-            att = F.scaled_dot_product_attention(
-                qg, keys, values, attn_mask=visible, dropout_p=0.0, scale=a.scaling
-            )
+            att = _attend(qg, self.keys[i][:b], self.values[i][:b], hidden_pos, a.scaling)
             h = h + a.o_proj(att.reshape(b, 1, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         hidden = talker.model.norm(h)[:, 0]
@@ -290,12 +307,11 @@ class TalkerGraphs:
                 f"{self.max_len}: raise the talker's max_len or shorten the prompt"
             )
         s = self.used
-        L = self.max_len
         with torch.inference_mode():
             for i, layer in enumerate(cache.layers):
                 # DynamicCache rows are [1, kv_heads, n, head_dim].
-                self.keys[i][s * L : s * L + length].copy_(layer.keys[0].transpose(0, 1))
-                self.values[i][s * L : s * L + length].copy_(layer.values[0].transpose(0, 1))
+                self.keys[i][s, :, :length].copy_(layer.keys[0])
+                self.values[i][s, :, :length].copy_(layer.values[0])
             self.lengths[s] = length
             self.delta[s] = rope_delta
             self.codes[s] = code
@@ -323,12 +339,11 @@ class TalkerGraphs:
             self.samplings[last] = None
             self.lengths[last] = 0
             return None
-        L = self.max_len
         with torch.inference_mode():
             n = int(self.lengths[last]) + 1
             for k, v in zip(self.keys, self.values, strict=True):
-                k[slot * L : slot * L + n].copy_(k[last * L : last * L + n])
-                v[slot * L : slot * L + n].copy_(v[last * L : last * L + n])
+                k[slot, :, :n].copy_(k[last, :, :n])
+                v[slot, :, :n].copy_(v[last, :, :n])
             for t in (self.lengths, self.delta, self.codes, self.hidden, self.seen):
                 t[slot].copy_(t[last])
             r = self.rows

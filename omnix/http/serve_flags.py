@@ -144,6 +144,15 @@ def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
         help="the GPUs a stage's replicas use, e.g. thinker=0,1 (repeat per stage; over the "
         "pipeline's own devices; ignored on a machine without a GPU)",
     )
+    parser.add_argument(
+        "--cache",
+        action="append",
+        default=None,
+        metavar="[STAGE:]KIND[,OPT=VALUE...]",
+        help="a diffusion stage's step cache (diffusers' hooks), over the pipeline's own: "
+        "first_block, taylorseer, pyramid_attention_broadcast or none, with diffusers' options, "
+        "e.g. image:first_block,threshold=0.1 (no STAGE: every diffusion stage)",
+    )
     listen_flags(parser, DEFAULT_PORT)
     parser.add_argument(
         "--log-dir",

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import msgspec
 
 from omnix.events.types import Modality, OutputModality, StageParams
+from omnix.pipelines.diffusion_cache import CompileMode, StepCache
 
 _STRICT = dict(frozen=True, forbid_unknown_fields=True, kw_only=True)
 
@@ -97,7 +98,11 @@ class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT
     activations).  ``edit``: what an image edit without a mask is
     (``auto``: the family's own; ``image_to_image``; ``reference``, a
     reference-image edit such as Flux Kontext).  ``default_frames`` and
-    ``default_fps``: a video's, when the request names neither."""
+    ``default_fps``: a video's, when the request names neither.
+    ``cache``: a step cache of diffusers' own hooks on the denoiser
+    (``omnix.pipelines.diffusion_cache``; None: every step computed in
+    full); ``compile``: ``torch.compile`` of the denoiser (``off``,
+    ``blocks``, ``model``)."""
 
     model: str
     dtype: str = "float32"
@@ -109,6 +114,8 @@ class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT
     edit: Literal["auto", "image_to_image", "reference"] = "auto"
     default_frames: int = 17
     default_fps: int = 16
+    cache: StepCache | None = None
+    compile: CompileMode = "off"
 
 
 class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):
