@@ -5,6 +5,8 @@ or ``--model``, derived by ``omnix.pipelines.folder``; else ``--pipeline``,
 a built-in name or a file; else the default); vLLM's engine flags the
 command line gave, put into every vLLM stage's ``engine_args`` (over the
 stage's own) and ``--chat-template`` into their ``chat_template``;
+vLLM's parser flags (``--enable-auto-tool-choice``, ``--tool-call-parser``,
+``--reasoning-parser``) into every vLLM stage writing text;
 ``--stage-devices`` into the stages' ``devices``; the names the server
 answers to (``--served-model-name``, else the folder's or pipeline's
 name; the pipeline is named after the first, so every response, log line
@@ -62,6 +64,7 @@ def served_pipeline(args: argparse.Namespace) -> ServedPipeline:
         raise UsageError(str(bad)) from None
     names = _names(flags.get("served_model_name"), pipeline.name)
     pipeline = _with_flags(pipeline, flags, args.chat_template, args.stage_devices or [])
+    pipeline = _with_parsers(pipeline, _parser_flags(args))
     pipeline = _with_caches(pipeline, getattr(args, "cache", None) or [])
     pipeline = msgspec.structs.replace(pipeline, name=names[0])
     try:
@@ -74,6 +77,7 @@ def served_pipeline(args: argparse.Namespace) -> ServedPipeline:
         and not os.path.exists(args.pipeline or DEFAULT_PIPELINE)
         and not flags
         and not args.chat_template
+        and not _parser_flags(args)
     )
     return ServedPipeline(pipeline, names, shipped)
 
@@ -148,6 +152,39 @@ def _with_flags(
         stages.append(msgspec.structs.replace(st, **changes) if changes else st)
     _check_flags_apply(pipeline.stages, flags)
     return msgspec.structs.replace(pipeline, stages=tuple(stages))
+
+
+def _parser_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's parser flags given on the command line, as ``VllmArgs`` fields."""
+    given = {
+        "enable_auto_tool_choice": getattr(args, "enable_auto_tool_choice", None),
+        "tool_call_parser": getattr(args, "tool_call_parser", None),
+        "reasoning_parser": getattr(args, "reasoning_parser", None),
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _with_parsers(pipeline: PipelineConfig, parsers: dict[str, Any]) -> PipelineConfig:
+    """The parser flags on every vLLM stage that writes text (a talker's
+    codes are not parsed)."""
+    if not parsers:
+        return pipeline
+
+    def text(st: StageConfig) -> bool:
+        return isinstance(st.engine, VllmArgs) and st.engine.output_modality == "text"
+
+    if not any(text(st) for st in pipeline.stages):
+        raise UsageError(
+            f"{', '.join('--' + k.replace('_', '-') for k in parsers)}: the pipeline "
+            f"{pipeline.name!r} has no vLLM stage writing text to parse"
+        )
+    stages = tuple(
+        msgspec.structs.replace(st, engine=msgspec.structs.replace(st.engine, **parsers))
+        if text(st)
+        else st
+        for st in pipeline.stages
+    )
+    return msgspec.structs.replace(pipeline, stages=stages)
 
 
 def _check_flags_apply(stages: tuple[StageConfig, ...], flags: dict[str, Any]) -> None:

@@ -76,6 +76,14 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # tokenizer's own).  A front-end setting in vLLM, not an engine
     # argument, so a field of its own.
     chat_template: str = ""
+    # vLLM's --enable-auto-tool-choice, --tool-call-parser and
+    # --reasoning-parser (front-end settings in vLLM too): the parsers, by
+    # vLLM's names, that split a text stage's output into the answer, its
+    # reasoning and its tool calls ("": none); tool_choice "auto" needs
+    # both of the first two.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
     # vLLM's EngineArgs by field name: the explicit table, over the fields above.
     engine_args: dict[str, Any] = {}
 

@@ -334,7 +334,11 @@ def _vllm_problems(eng: VllmArgs) -> list[str]:
         from omnix.pipelines.vllm_args import check_engine_args
 
         problems.extend(check_engine_args(eng.engine_args))
-    from omnix.pipelines.vllm_args import load_chat_template, vllm_installed
+    from omnix.pipelines.vllm_args import load_chat_template, parser_problems, vllm_installed
+
+    problems.extend(
+        parser_problems(eng.tool_call_parser, eng.reasoning_parser, eng.enable_auto_tool_choice)
+    )
 
     if eng.chat_template and vllm_installed():
         try:
