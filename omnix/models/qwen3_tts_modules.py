@@ -302,6 +302,12 @@ class SpeechDecoder(nn.Module):
                 Qwen3OmniMoeCausalConvNet(out_dim, 1, 7),
             ]
         )
+        for module in self.modules():
+            if isinstance(module, Qwen3OmniMoeCausalTransConvNet):
+                # Causal: the transposed convolutions' overhang is cut on
+                # the right only (Qwen3-Omni's Code2Wav cuts both sides),
+                # so T frames give exactly T x 1920 samples.
+                module.left_pad = 0
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         hidden = self.pre_conv(self.quantizer.decode(codes)).transpose(1, 2)
