@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond the venv (a real Prometheus
+# What the test suite needs beyond the venv: a real Prometheus
 # server for the telemetry tests).  Idempotent; quiet when already present.
 set -euo pipefail
 if ! command -v prometheus >/dev/null 2>&1; then
@@ -9,3 +9,8 @@ if ! command -v prometheus >/dev/null 2>&1; then
             || echo "warning: could not install prometheus; its tests will be skipped" >&2
     fi
 fi
+# The Qwen3-TTS reference (qwen-tts in .venv-ref, beside .venv: it pins
+# transformers 4.57.3); a few minutes the first time.  Should it fail, the
+# reference tests say so (and fail under OMNIX_REQUIRE_ALL=1).
+bash scripts/reference-env.sh \
+    || echo "warning: could not build the Qwen3-TTS reference environment (scripts/reference-env.sh)" >&2

@@ -31,6 +31,7 @@ TINY_MODELS: tuple[str, ...] = (
     "omni_thinker",
     "omni",
     "video",
+    "qwen3_tts_custom_voice",
 )
 
 #: Written last into a built folder; its presence means "complete".
@@ -51,6 +52,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     omni_thinker: str
     omni: str
     video: str
+    qwen3_tts_custom_voice: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:
