@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What the test suite needs beyond the venv: a real Prometheus
-# server for the telemetry tests).  Idempotent; quiet when already present.
+# What the test suite needs beyond the venv: a real Prometheus server for
+# the telemetry tests, and the Qwen3-TTS reference's own environment.
+# Idempotent; quiet when already present.
 set -euo pipefail
 if ! command -v prometheus >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
