@@ -11,7 +11,7 @@ of the checkpoint the reference's modules lack or miss, then for each case
 calls the reference's own ``generate_custom_voice`` greedy (the talker and
 its code predictor), capturing the codes its ``generate`` returns on the
 way, and writes the codes and the waveform the reference's decoder made of
-them.
+them.  A case ``{"decode": codes}`` runs the reference's decoder alone.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def main(folder: str, cases_path: str, out_path: str) -> None:
     tts.model.generate = capture
     results = []
     for case in json.loads(Path(cases_path).read_text()):
+        if "decode" in case:  # the decoder alone, on given codes
+            codes = torch.tensor(case["decode"])
+            wavs, rate = tts.model.speech_tokenizer.decode([{"audio_codes": codes}])
+            results.append({"codes": case["decode"], "wav": [float(x) for x in wavs[0]], "sample_rate": rate})
+            continue
         captured.clear()
         wavs, rate = tts.generate_custom_voice(
             text=case["text"],

@@ -1,0 +1,158 @@
+"""omnix's Qwen3-TTS held to the reference, ``qwen-tts`` 0.1.1, on the tiny
+CustomVoice checkpoint: the reference's own greedy ``generate_custom_voice``
+runs in its environment (``.venv-ref``, scripts/reference-env.sh: it pins
+transformers 4.57.3) as a subprocess, omnix's talker and speech decoder
+here; the codes must be equal in all 16 groups of every frame, and omnix's
+waveform for those codes equal to the reference decoder's, sample for
+sample.  Never skipped in CI (OMNIX_REQUIRE_ALL=1): without the reference
+environment these tests skip, which fails there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from omnix.models.paths import ModelPaths
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("qwen3_tts_reference.py")
+MAX_NEW_TOKENS = 24
+
+#: What each case asks (SpeechRequest's fields, plus the frame budget).
+CASES: dict[str, dict] = {
+    "named speaker": {"text": "Hello there, how are you today?", "speaker": "Vivian"},
+    "named speaker and language": {
+        "text": "The quick brown fox.",
+        "speaker": "ryan",
+        "language": "English",
+    },
+    "instruction": {
+        "text": "Speak softly, please.",
+        "speaker": "Aiden",
+        "instruct": "Very happy, and a little fast.",
+    },
+    "dialect speaker": {"text": "One two three.", "speaker": "Eric", "language": "Chinese"},
+    "text one token a frame": {
+        "text": "Streaming text in, one token a frame.",
+        "speaker": "sohee",
+        "non_streaming": False,
+    },
+}
+
+
+def _reference_python() -> Path:
+    env = Path(os.environ.get("OMNIX_REFERENCE_ENV", ROOT / ".venv-ref"))
+    if not env.is_absolute():
+        env = ROOT / env
+    return env / "bin" / "python"
+
+
+def _long_codes():
+    import torch
+
+    gen = torch.Generator().manual_seed(40)
+    return torch.randint(0, 2048, (330, 16), generator=gen)
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_models: ModelPaths) -> Path:
+    return Path(tiny_models.qwen3_tts_custom_voice)
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path, tmp_path_factory) -> dict:
+    """The reference's run over every case, once (one process: ~20 s)."""
+    python = _reference_python()
+    if not python.exists():
+        pytest.skip(f"no reference environment at {python.parent.parent}: bash scripts/reference-env.sh")
+    tmp = tmp_path_factory.mktemp("qwen3-tts-reference")
+    cases: list[dict] = [{**c, "max_new_tokens": MAX_NEW_TOKENS} for c in CASES.values()]
+    cases.append({"decode": _long_codes().tolist()})
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    out = tmp / "out.json"
+    run = subprocess.run(
+        [str(python), str(RUNNER), str(folder), str(tmp / "cases.json"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""},
+    )
+    assert run.returncode == 0, f"the reference failed:\n{run.stderr[-4000:]}"
+    data = json.loads(out.read_text())
+    data["by_case"] = dict(zip(CASES, data["results"][: len(CASES)], strict=True))
+    data["decoded"] = data["results"][len(CASES)]
+    return data
+
+
+@pytest.fixture(scope="module")
+def omnix_tts(folder: Path):
+    import torch
+
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker
+    from omnix.engines.speech_decoder import SpeechCodec
+
+    torch.set_num_threads(1)
+    return Qwen3TTSTalker.load(folder), SpeechCodec.load(folder)
+
+
+def test_the_reference_loads_the_tiny_checkpoint_with_no_missing_or_unexpected_tensor(
+    reference: dict,
+) -> None:
+    assert reference["keys"] == {
+        "model": {"missing": [], "unexpected": []},
+        "speech_tokenizer": {"missing": [], "unexpected": []},
+    }
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_codes_equal_the_reference_in_every_group_of_every_frame(
+    case: str, reference: dict, omnix_tts
+) -> None:
+    import torch
+
+    from omnix.engines.qwen3_tts_talker import SpeechRequest
+
+    talker, _ = omnix_tts
+    theirs = torch.tensor(reference["by_case"][case]["codes"])
+    ours = talker.generate(SpeechRequest(**CASES[case]), MAX_NEW_TOKENS)
+    assert theirs.shape[1] == 16 and len(theirs) > 2
+    assert ours.shape == theirs.shape
+    assert torch.equal(ours, theirs), (ours != theirs).nonzero()[:5]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_waveform_equals_the_reference_decoders_for_those_codes(
+    case: str, reference: dict, omnix_tts
+) -> None:
+    import torch
+
+    _, codec = omnix_tts
+    result = reference["by_case"][case]
+    codes = torch.tensor(result["codes"])
+    theirs = torch.tensor(result["wav"], dtype=torch.float32)
+    ours = codec.decode(codes)
+    assert result["sample_rate"] == codec.sample_rate == 24000
+    assert ours.shape == theirs.shape == (len(codes) * 1920,)
+    assert torch.equal(ours, theirs), (ours - theirs).abs().max()
+    assert float(ours.abs().max()) > 0.05  # audible, not the silence of zero codebooks
+
+
+def test_a_long_utterance_decodes_in_the_reference_chunks_to_its_samples(
+    reference: dict, omnix_tts
+) -> None:
+    """330 frames: two chunks of the reference's 300, the second with 25
+    frames of left context whose samples are cut off again."""
+    import torch
+
+    _, codec = omnix_tts
+    result = reference["decoded"]
+    codes = torch.tensor(result["codes"])
+    theirs = torch.tensor(result["wav"], dtype=torch.float32)
+    ours = codec.decode(codes)
+    assert ours.shape == theirs.shape == (330 * 1920,)
+    assert torch.equal(ours, theirs), (ours - theirs).abs().max()
