@@ -87,7 +87,9 @@ class Qwen3TTSTalker(TalkerModel):
         self.layout = _layout(self.talker_cfg)
         self.tokenizer = tokenizer
         self.variant = str(cfg.get("tts_model_type", ""))
-        self.languages = {k.lower(): int(v) for k, v in self.talker_cfg["codec_language_id"].items()}
+        self.languages = {
+            k.lower(): int(v) for k, v in self.talker_cfg["codec_language_id"].items()
+        }
         self.dialects = {
             k.lower(): v for k, v in (self.talker_cfg.get("spk_is_dialect") or {}).items() if v
         }
@@ -95,7 +97,9 @@ class Qwen3TTSTalker(TalkerModel):
         self._bind(talker, talker.model.text_embedding, specials)
 
     @classmethod
-    def load(cls, folder: str | Path, device: str = "cpu", dtype: str = "float32") -> Qwen3TTSTalker:
+    def load(
+        cls, folder: str | Path, device: str = "cpu", dtype: str = "float32"
+    ) -> Qwen3TTSTalker:
         """Load the talker (every ``talker.*`` tensor, none missing or left
         over) and the text tokenizer of a Qwen3-TTS folder."""
         import torch
@@ -169,7 +173,9 @@ class Qwen3TTSTalker(TalkerModel):
         parts = []
         with torch.no_grad():
             if req.instruct:
-                parts.append(self.project_text(self._ids(f"<|im_start|>user\n{req.instruct}<|im_end|>\n")))
+                parts.append(
+                    self.project_text(self._ids(f"<|im_start|>user\n{req.instruct}<|im_end|>\n"))
+                )
             codec = embed(torch.tensor(self._codec_prefix(req), device=self.device))
             n = codec.shape[0]
             parts.append(self.project_text(ids[:3]))
@@ -177,7 +183,9 @@ class Qwen3TTSTalker(TalkerModel):
             parts.append(text_side + codec[:-1])
             body = ids[3:-5]
             if req.non_streaming:
-                pads = embed(torch.full((len(body) + 1,), self.layout.codec_pad, device=self.device))
+                pads = embed(
+                    torch.full((len(body) + 1,), self.layout.codec_pad, device=self.device)
+                )
                 parts.append(torch.cat([self.project_text(body), self.tts_eos[None]]) + pads)
                 parts.append((self.tts_pad + codec[-1])[None])
                 trailing = self.tts_pad[None]

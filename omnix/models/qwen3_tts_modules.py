@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -48,7 +48,10 @@ SPEECH_TOKENIZER_DIR = "speech_tokenizer"
 
 
 def _rope(fields: dict[str, Any]) -> dict[str, Any]:
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(fields.get("rope_theta", 10000))}
+    rope: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": float(fields.get("rope_theta", 10000)),
+    }
     scaling = fields.get("rope_scaling") or {}
     if "mrope_section" in scaling:
         rope["mrope_section"] = list(scaling["mrope_section"])
@@ -201,6 +204,10 @@ class _VQ(nn.Module):
         super().__init__()
         self._codebook = _Codebook(dim, size)
 
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._codebook(codes)
+        return out
+
 
 class _Layers(nn.Module):
     def __init__(self, n: int, dim: int, size: int) -> None:
@@ -222,7 +229,7 @@ class _ResidualQuantizer(nn.Module):
         """[B, n, T] codes -> [B, io_dim, T]."""
         total: torch.Tensor = torch.zeros((), device=codes.device)
         for i, layer in enumerate(self.vq.layers):
-            total = total + layer._codebook(codes[:, i]).transpose(1, 2)
+            total = total + layer(codes[:, i]).transpose(1, 2)
         out: torch.Tensor = self.output_proj(total)
         return out
 
@@ -289,7 +296,10 @@ class SpeechDecoder(nn.Module):
         self.pre_transformer = pre
         self.upsample = nn.ModuleList(
             nn.ModuleList(
-                [Qwen3OmniMoeCausalTransConvNet(latent, latent, f, f), Qwen3OmniMoeConvNeXtBlock(latent)]
+                [
+                    Qwen3OmniMoeCausalTransConvNet(latent, latent, f, f),
+                    Qwen3OmniMoeConvNeXtBlock(latent),
+                ]
             )
             for f in cfg.upsampling_ratios
         )
@@ -315,13 +325,15 @@ class SpeechDecoder(nn.Module):
         hidden = pre.output_proj(pre(inputs_embeds=pre.input_proj(hidden)).last_hidden_state)
         hidden = hidden.permute(0, 2, 1)
         for blocks in self.upsample:
-            for block in blocks:
+            for block in cast(nn.ModuleList, blocks):
                 hidden = block(hidden)
         for block in self.decoder:
             hidden = block(hidden)
         return hidden.clamp(min=-1, max=1)
 
-    def chunked(self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25) -> torch.Tensor:
+    def chunked(
+        self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25
+    ) -> torch.Tensor:
         """Decode ``chunk`` frames at a time, each with up to ``left_context``
         frames before it whose samples are cut off again (the reference's
         chunking: the waveform equals its for the same codes)."""

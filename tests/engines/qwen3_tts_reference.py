@@ -27,7 +27,7 @@ def _key_diff(module, files: list[Path], prefix: str = "") -> dict[str, list[str
     stored: set[str] = set()
     for f in files:
         with safe_open(str(f), framework="pt") as fh:
-            stored |= {k for k in fh.keys() if k.startswith(prefix)}  # noqa: SIM118
+            stored |= {k for k in fh.keys() if k.startswith(prefix)}
     have = set(module.state_dict())
     return {"missing": sorted(have - stored), "unexpected": sorted(stored - have)}
 
@@ -58,7 +58,9 @@ def main(folder: str, cases_path: str, out_path: str) -> None:
         if "decode" in case:  # the decoder alone, on given codes
             codes = torch.tensor(case["decode"])
             wavs, rate = tts.model.speech_tokenizer.decode([{"audio_codes": codes}])
-            results.append({"codes": case["decode"], "wav": [float(x) for x in wavs[0]], "sample_rate": rate})
+            results.append(
+                {"codes": case["decode"], "wav": [float(x) for x in wavs[0]], "sample_rate": rate}
+            )
             continue
         captured.clear()
         wavs, rate = tts.generate_custom_voice(

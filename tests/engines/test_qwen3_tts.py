@@ -69,7 +69,9 @@ def reference(folder: Path, tmp_path_factory) -> dict:
     """The reference's run over every case, once (one process: ~20 s)."""
     python = _reference_python()
     if not python.exists():
-        pytest.skip(f"no reference environment at {python.parent.parent}: bash scripts/reference-env.sh")
+        pytest.skip(
+            f"no reference environment at {python.parent.parent}: bash scripts/reference-env.sh"
+        )
     tmp = tmp_path_factory.mktemp("qwen3-tts-reference")
     cases: list[dict] = [{**c, "max_new_tokens": MAX_NEW_TOKENS} for c in CASES.values()]
     cases.append({"decode": _long_codes().tolist()})
