@@ -158,3 +158,29 @@ def test_a_long_utterance_decodes_in_the_reference_chunks_to_its_samples(
     ours = codec.decode(codes)
     assert ours.shape == theirs.shape == (330 * 1920,)
     assert torch.equal(ours, theirs), (ours - theirs).abs().max()
+
+
+def test_an_unknown_voice_or_language_is_refused_naming_what_the_checkpoint_has(omnix_tts) -> None:
+    from omnix.engines.qwen3_tts_talker import SpeechRequest
+
+    talker, _ = omnix_tts
+    with pytest.raises(ValueError, match=r"unknown voice 'nobody'.*vivian"):
+        talker.prompt(SpeechRequest(text="hi", speaker="nobody"))
+    with pytest.raises(ValueError, match=r"unknown language 'klingon'.*english"):
+        talker.prompt(SpeechRequest(text="hi", speaker="vivian", language="klingon"))
+
+
+def test_a_folder_with_a_tensor_the_talker_lacks_is_refused(folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker
+
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    weights = load_file(str(copy / "model.safetensors"))
+    weights["talker.extra.weight"] = weights["talker.codec_head.weight"].clone()
+    save_file(weights, str(copy / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"unexpected \['extra.weight'\]"):
+        Qwen3TTSTalker.load(copy)
