@@ -103,7 +103,7 @@ class Qwen3TTSTalker(TalkerModel):
         """Load the talker (every ``talker.*`` tensor, none missing or left
         over) and the text tokenizer of a Qwen3-TTS folder."""
         import torch
-        from transformers import AutoTokenizer
+        from transformers import Qwen2Tokenizer
 
         from omnix.engines.checkpoint import tensors_under
         from omnix.models.qwen3_tts_modules import TTSTalker, read_config
@@ -123,7 +123,9 @@ class Qwen3TTSTalker(TalkerModel):
             )
         talker.load_state_dict(weights, strict=True)
         talker = talker.to(device=device, dtype=getattr(torch, dtype)).eval()
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        # The folders' own class; AutoTokenizer would first try to read
+        # config.json's qwen3_tts, a model type transformers does not know.
+        tokenizer = Qwen2Tokenizer.from_pretrained(str(folder))
         return cls(cfg, talker, tokenizer)
 
     # -- the prompt ----------------------------------------------------------------

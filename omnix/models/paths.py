@@ -32,6 +32,7 @@ TINY_MODELS: tuple[str, ...] = (
     "omni",
     "video",
     "qwen3_tts_custom_voice",
+    "qwen3_tts_voice_design",
 )
 
 #: Written last into a built folder; its presence means "complete".
@@ -53,6 +54,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     omni: str
     video: str
     qwen3_tts_custom_voice: str
+    qwen3_tts_voice_design: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

@@ -1,8 +1,10 @@
-"""Builder of the tiny random-weight Qwen3-TTS CustomVoice checkpoint.
+"""Builder of the tiny random-weight Qwen3-TTS CustomVoice and VoiceDesign
+checkpoints.
 
-Owns: ``build_qwen3_tts_custom_voice`` (the ``qwen3_tts_custom_voice`` tiny
-model of ``omnix models init``), its tiny sizes and its folder, laid out as
-the published ``Qwen3-TTS-12Hz-*-CustomVoice`` is: ``config.json``
+Owns: ``build_qwen3_tts_custom_voice`` and ``build_qwen3_tts_voice_design``
+(the ``qwen3_tts_custom_voice`` and ``qwen3_tts_voice_design`` tiny models
+of ``omnix models init``), their tiny sizes and their folders, laid out as
+the published ``Qwen3-TTS-12Hz-*-CustomVoice`` / ``-VoiceDesign`` are: ``config.json``
 (``model_type: qwen3_tts``), ``generation_config.json`` (the reference's
 sampling defaults), the tokenizer files, ``model.safetensors``
 (``talker.*``) and ``speech_tokenizer/`` (``config.json`` of the 12 Hz
@@ -22,8 +24,9 @@ languages' and the nine speakers' codec ids), read by the engines from
 Audible: every table transformers' init would leave at zero (the
 quantizers' codebooks) is random, and the decoder's last convolution is
 scaled so the waveform peaks well above silence.  Deterministic: every
-tensor comes from a generator seeded by ``derived_seed(seed,
-"qwen3_tts_custom_voice", name)``; JSON is written with sorted keys.
+tensor comes from a generator seeded by ``derived_seed(seed, MODEL,
+name)`` (MODEL the tiny model's name); JSON is written with sorted keys.
+The Base (cloning) variant is not built yet.
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ from omnix.models.seeds import derived_seed, pad64
 if TYPE_CHECKING:
     import torch
 
-MODEL_NAME = "qwen3_tts_custom_voice"
+#: Tiny model name per variant (``tts_model_type``).
+MODEL_NAMES = {
+    "custom_voice": "qwen3_tts_custom_voice",
+    "voice_design": "qwen3_tts_voice_design",
+}
 
 # -- the published codec layout ---------------------------------------------------
 TALKER_VOCAB = 3072
@@ -112,7 +119,9 @@ def _rope_scaling() -> dict[str, Any]:
     return {"interleaved": True, "mrope_section": list(MROPE_SECTION), "rope_type": "default"}
 
 
-def talker_config(text_vocab: int) -> dict[str, Any]:
+def talker_config(text_vocab: int, variant: str = "custom_voice") -> dict[str, Any]:
+    """``talker_config``; only CustomVoice has named speakers."""
+    speakers = dict(SPEAKERS) if variant == "custom_voice" else {}
     return {
         "vocab_size": TALKER_VOCAB,
         "hidden_size": TALKER_HIDDEN,
@@ -141,8 +150,8 @@ def talker_config(text_vocab: int) -> dict[str, Any]:
         "codec_pad_id": CODEC_PAD,
         "codec_bos_id": CODEC_BOS,
         "codec_language_id": dict(LANGUAGES),
-        "spk_id": dict(SPEAKERS),
-        "spk_is_dialect": {name: DIALECTS.get(name, False) for name in SPEAKERS},
+        "spk_id": speakers,
+        "spk_is_dialect": {name: DIALECTS.get(name, False) for name in speakers},
         "code_predictor_config": {
             "vocab_size": CODEBOOK_SIZE,
             "hidden_size": PREDICTOR_HIDDEN,
@@ -219,14 +228,14 @@ def build_tokenizer(out_dir: Path) -> TokenIds:
     )
 
 
-def model_config(ids: TokenIds) -> dict[str, Any]:
+def model_config(ids: TokenIds, variant: str = "custom_voice") -> dict[str, Any]:
     """``config.json`` of the whole model (``ids``: the tokenizer's)."""
     return {
         "architectures": ["Qwen3TTSForConditionalGeneration"],
         "model_type": "qwen3_tts",
         "tokenizer_type": "qwen3_tts_tokenizer_12hz",
         "tts_model_size": "tiny",
-        "tts_model_type": "custom_voice",
+        "tts_model_type": variant,
         "im_start_token_id": ids.im_start,
         "im_end_token_id": ids.im_end,
         "tts_pad_token_id": ids.tts_pad,
@@ -234,7 +243,7 @@ def model_config(ids: TokenIds) -> dict[str, Any]:
         "tts_eos_token_id": ids.tts_eos,
         "assistant_token_id": ids.assistant,
         "speaker_encoder_config": {"enc_dim": TALKER_HIDDEN, "sample_rate": SAMPLE_RATE},
-        "talker_config": talker_config(ids.text_vocab),
+        "talker_config": talker_config(ids.text_vocab, variant),
     }
 
 
@@ -365,7 +374,7 @@ def _encoder_shapes() -> dict[str, tuple[int, ...]]:
 
 
 def _random(
-    shapes: dict[str, tuple[int, ...]], seed: int, prefix: str, gains: dict[str, float]
+    shapes: dict[str, tuple[int, ...]], seed: int, model: str, prefix: str, gains: dict[str, float]
 ) -> dict[str, torch.Tensor]:
     """Norms and other vectors ones, biases zeros, matrices N(0, std): the
     codebooks N(0, 1) (transformers' init leaves them zero: silence), the
@@ -380,7 +389,7 @@ def _random(
         elif len(shape) <= 1:
             out[name] = torch.ones(shape)
         else:
-            gen = torch.Generator().manual_seed(derived_seed(seed, MODEL_NAME, name))
+            gen = torch.Generator().manual_seed(derived_seed(seed, model, name))
             if name.endswith(("embedding_sum", "embed_sum")):
                 std = _CODEBOOK_STD
             elif name in _HEADS:
@@ -395,9 +404,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def write_custom_voice_folder(out_dir: Path, seed: int = 0) -> TokenIds:
-    """Write the tiny CustomVoice checkpoint into ``out_dir``; return the
-    tokenizer's special ids."""
+def write_folder(out_dir: Path, seed: int = 0, variant: str = "custom_voice") -> TokenIds:
+    """Write the tiny checkpoint of ``variant`` (a ``tts_model_type``) into
+    ``out_dir``; return the tokenizer's special ids."""
     import torch
     from safetensors.torch import save_file
 
@@ -407,13 +416,14 @@ def write_custom_voice_folder(out_dir: Path, seed: int = 0) -> TokenIds:
     out_dir.mkdir(parents=True, exist_ok=True)
     ids = build_tokenizer(out_dir)
     _check_prompt_tokens(out_dir)
-    config = model_config(ids)
+    model = MODEL_NAMES[variant]
+    config = model_config(ids, variant)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", GENERATION_CONFIG)
     with torch.device("meta"):
         talker = TTSTalker(config["talker_config"])
         decoder = SpeechDecoder(decoder_fields())
-    talker_weights = _random(_shapes(talker), seed, "talker.", {})
+    talker_weights = _random(_shapes(talker), seed, model, "talker.", {})
     save_file(talker_weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
     speech = out_dir / "speech_tokenizer"
@@ -421,8 +431,8 @@ def write_custom_voice_folder(out_dir: Path, seed: int = 0) -> TokenIds:
     _write_json(speech / "config.json", speech_tokenizer_config())
     _write_json(speech / "preprocessor_config.json", FEATURE_EXTRACTOR)
     last_conv = f"decoder.decoder.{len(decoder.decoder) - 1}.conv.weight"
-    weights = _random(_shapes(decoder), seed, "decoder.", {last_conv: DECODER_OUTPUT_GAIN})
-    weights |= _random(_encoder_shapes(), seed, "encoder.", {})
+    weights = _random(_shapes(decoder), seed, model, "decoder.", {last_conv: DECODER_OUTPUT_GAIN})
+    weights |= _random(_encoder_shapes(), seed, model, "encoder.", {})
     save_file(weights, str(speech / "model.safetensors"), metadata={"format": "pt"})
     return ids
 
@@ -442,5 +452,16 @@ def _check_prompt_tokens(folder: Path) -> None:
 
 def build_qwen3_tts_custom_voice(out: Path, seed: int) -> ModelInfo:
     """The ``qwen3_tts_custom_voice`` tiny model (``omnix models init``)."""
-    ids = write_custom_voice_folder(out, seed)
-    return ModelInfo(name=MODEL_NAME, seed=seed, layout=msgspec.structs.asdict(ids))
+    ids = write_folder(out, seed, "custom_voice")
+    return ModelInfo(
+        name=MODEL_NAMES["custom_voice"], seed=seed, layout=msgspec.structs.asdict(ids)
+    )
+
+
+def build_qwen3_tts_voice_design(out: Path, seed: int) -> ModelInfo:
+    """The ``qwen3_tts_voice_design`` tiny model: no named speakers; a voice
+    comes from a description (the instruction)."""
+    ids = write_folder(out, seed, "voice_design")
+    return ModelInfo(
+        name=MODEL_NAMES["voice_design"], seed=seed, layout=msgspec.structs.asdict(ids)
+    )

@@ -8,8 +8,8 @@ transformers 4.57.3 there, 5.19 here, so it cannot run in-process).
 
 Loads FOLDER with ``Qwen3TTSModel.from_pretrained``, reports which tensors
 of the checkpoint the reference's modules lack or miss, then for each case
-calls the reference's own ``generate_custom_voice`` greedy (the talker and
-its code predictor), capturing the codes its ``generate`` returns on the
+calls the reference's own ``generate_custom_voice`` (or, for a VoiceDesign
+folder, ``generate_voice_design``) greedy (the talker and its code predictor), capturing the codes its ``generate`` returns on the
 way, and writes the codes and the waveform the reference's decoder made of
 them.  A case ``{"decode": codes}`` runs the reference's decoder alone.
 """
@@ -63,16 +63,20 @@ def main(folder: str, cases_path: str, out_path: str) -> None:
             )
             continue
         captured.clear()
-        wavs, rate = tts.generate_custom_voice(
-            text=case["text"],
-            speaker=case["speaker"],
-            language=case.get("language", "Auto"),
-            instruct=case.get("instruct"),
-            non_streaming_mode=case.get("non_streaming", True),
-            do_sample=False,
-            subtalker_dosample=False,
-            max_new_tokens=case["max_new_tokens"],
-        )
+        common = {
+            "text": case["text"],
+            "language": case.get("language", "Auto"),
+            "non_streaming_mode": case.get("non_streaming", True),
+            "do_sample": False,
+            "subtalker_dosample": False,
+            "max_new_tokens": case["max_new_tokens"],
+        }
+        if tts.model.tts_model_type == "voice_design":
+            wavs, rate = tts.generate_voice_design(instruct=case.get("instruct") or "", **common)
+        else:
+            wavs, rate = tts.generate_custom_voice(
+                speaker=case["speaker"], instruct=case.get("instruct"), **common
+            )
         codes = captured[0][0]
         results.append(
             {"codes": codes.tolist(), "wav": [float(x) for x in wavs[0]], "sample_rate": rate}

@@ -64,17 +64,13 @@ def folder(tiny_models: ModelPaths) -> Path:
     return Path(tiny_models.qwen3_tts_custom_voice)
 
 
-@pytest.fixture(scope="module")
-def reference(folder: Path, tmp_path_factory) -> dict:
-    """The reference's run over every case, once (one process: ~20 s)."""
+def _run_reference(folder: Path, cases: list[dict], tmp: Path) -> dict:
+    """The reference's run over ``cases`` in one process (~20 s)."""
     python = _reference_python()
     if not python.exists():
         pytest.skip(
             f"no reference environment at {python.parent.parent}: bash scripts/reference-env.sh"
         )
-    tmp = tmp_path_factory.mktemp("qwen3-tts-reference")
-    cases: list[dict] = [{**c, "max_new_tokens": MAX_NEW_TOKENS} for c in CASES.values()]
-    cases.append({"decode": _long_codes().tolist()})
     (tmp / "cases.json").write_text(json.dumps(cases))
     out = tmp / "out.json"
     run = subprocess.run(
@@ -85,7 +81,15 @@ def reference(folder: Path, tmp_path_factory) -> dict:
         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""},
     )
     assert run.returncode == 0, f"the reference failed:\n{run.stderr[-4000:]}"
-    data = json.loads(out.read_text())
+    data: dict = json.loads(out.read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path, tmp_path_factory) -> dict:
+    cases: list[dict] = [{**c, "max_new_tokens": MAX_NEW_TOKENS} for c in CASES.values()]
+    cases.append({"decode": _long_codes().tolist()})
+    data = _run_reference(folder, cases, tmp_path_factory.mktemp("qwen3-tts-reference"))
     data["by_case"] = dict(zip(CASES, data["results"][: len(CASES)], strict=True))
     data["decoded"] = data["results"][len(CASES)]
     return data
@@ -184,3 +188,50 @@ def test_a_folder_with_a_tensor_the_talker_lacks_is_refused(folder: Path, tmp_pa
     save_file(weights, str(copy / "model.safetensors"))
     with pytest.raises(ValueError, match=r"unexpected \['extra.weight'\]"):
         Qwen3TTSTalker.load(copy)
+
+
+#: VoiceDesign: no named speakers, the voice from a description.
+DESIGN_CASES: dict[str, dict] = {
+    "designed voice": {
+        "text": "A voice made of words.",
+        "instruct": "A deep, calm old man's voice, speaking slowly.",
+    },
+    "designed voice and language": {
+        "text": "Guten Morgen.",
+        "instruct": "A bright young woman.",
+        "language": "German",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def design(tiny_models: ModelPaths, tmp_path_factory):
+    """(folder, the reference's run, omnix's talker and decoder) for the
+    tiny VoiceDesign checkpoint."""
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker
+    from omnix.engines.speech_decoder import SpeechCodec
+
+    folder = Path(tiny_models.qwen3_tts_voice_design)
+    cases = [{**c, "max_new_tokens": MAX_NEW_TOKENS} for c in DESIGN_CASES.values()]
+    data = _run_reference(folder, cases, tmp_path_factory.mktemp("qwen3-tts-design"))
+    return data, Qwen3TTSTalker.load(folder), SpeechCodec.load(folder)
+
+
+@pytest.mark.parametrize("case", list(DESIGN_CASES))
+def test_a_designed_voice_equals_the_reference_in_codes_and_samples(case: str, design) -> None:
+    import torch
+
+    from omnix.engines.qwen3_tts_talker import SpeechRequest
+
+    data, talker, codec = design
+    assert data["keys"] == {
+        "model": {"missing": [], "unexpected": []},
+        "speech_tokenizer": {"missing": [], "unexpected": []},
+    }
+    result = dict(zip(DESIGN_CASES, data["results"], strict=True))[case]
+    theirs = torch.tensor(result["codes"])
+    ours = talker.generate(SpeechRequest(**DESIGN_CASES[case]), MAX_NEW_TOKENS)
+    assert theirs.shape[1] == 16 and len(theirs) > 2
+    assert torch.equal(ours, theirs), (ours != theirs).nonzero()[:5]
+    wav = codec.decode(theirs)
+    assert torch.equal(wav, torch.tensor(result["wav"], dtype=torch.float32))

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from omnix.models.qwen3_tts import write_custom_voice_folder
+from omnix.models.qwen3_tts import write_folder
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("qwen3-tts") / "custom_voice"
-    write_custom_voice_folder(out, seed=0)
+    write_folder(out, seed=0)
     return out
 
 
