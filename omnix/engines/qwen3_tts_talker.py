@@ -196,6 +196,8 @@ class Qwen3TTSTalker(TalkerModel):
                 trailing = torch.cat([self.project_text(ids[4:-5]), self.tts_eos[None]])
             embeds = torch.cat(parts)
         positions = torch.arange(embeds.shape[0]).expand(3, -1)
+        # No token ids (-1): the talker reads only the summed embeddings, and
+        # a text-only prompt's three MRoPE rows are its plain positions.
         cond = Conditioning(embeds, torch.full((embeds.shape[0],), -1), positions, 0)
         return Prompt(cond, trailing)
 
