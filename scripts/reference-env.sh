@@ -35,12 +35,17 @@ rm -rf "$REF"
 PIP=("$REF/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" "torch==$TORCH"
 "${PIP[@]}" --no-deps "$QWEN_TTS"
-"${PIP[@]}" "${REF_DEPS[@]}" "torch==$TORCH"
 if ! "${PIP[@]}" --no-deps "torchaudio==${TORCH%%+*}" 2>/dev/null; then
     "${PIP[@]}" --no-deps torchaudio
     LIB=$("$REF/bin/python" -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('torchaudio').origin).parent / 'lib')")
     rm -f "$LIB"/*.so
 fi
-"$REF/bin/python" -c "import qwen_tts, torch, transformers; assert torch.__version__ == '$TORCH', torch.__version__; assert transformers.__version__ == '4.57.3'" >/dev/null
+# pip notes that gradio (not installed, on purpose) is missing.
+"${PIP[@]}" "${REF_DEPS[@]}" "torch==$TORCH"
+# qwen-tts prints a notice about the sox binary (its 25 Hz path's) on import.
+if ! OUT=$("$REF/bin/python" -c "import qwen_tts, torch, transformers; assert torch.__version__ == '$TORCH', torch.__version__; assert transformers.__version__ == '4.57.3'" 2>&1); then
+    echo "$OUT" >&2
+    exit 1
+fi
 echo "$HASH" > "$STAMP"
 echo "reference environment $REF (qwen-tts 0.1.1, torch $TORCH) built in $(( $(date +%s) - START )) s" >&2
