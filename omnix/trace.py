@@ -7,7 +7,7 @@ verified in-memory form every replay mode works on.  Also
 ``export_from_dir`` for logs on disk (``omnix trace export``).
 
 Does not own replaying (``omnix.replay``: drive, faults), presentation
-(``omnix.replay.show``, ``html``) or the log itself (``omnix.events``).
+(``omnix.traceview.show``, ``html``) or the log itself (``omnix.events``).
 It sits below the HTTP layer and telemetry, which export and read traces,
 and above the orchestrator, whose rules version every trace records.
 

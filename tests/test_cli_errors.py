@@ -362,3 +362,32 @@ def test_serve_engine_flags_for_a_pipeline_without_a_vllm_stage(omni_toml):
 def test_serve_a_folder_and_a_pipeline(tiny, omni_toml):
     code, err = omnix("serve", tiny.thinker, "--pipeline", omni_toml)
     one_line_error(code, err, "serve", "give one", "omnix pipelines show --model PATH")
+
+
+def test_serve_a_cache_that_is_not_one_names_the_kinds():
+    code, err = omnix("serve", "--pipeline", "tiny-image", "--port", "0", "--cache", "teacache")
+    one_line_error(code, err, "serve", "--cache 'teacache'", "first_block, taylorseer")
+    code, err = omnix("serve", "--pipeline", "tiny-text", "--port", "0", "--cache", "first_block")
+    one_line_error(code, err, "serve", "the pipeline has no diffusion stage")
+
+
+def test_validate_a_cache_option_diffusers_does_not_have(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'name = "p"\n[[stages]]\nname = "image"\n'
+        'engine = { kind = "diffusers", model = "image", cache = { kind = "first_block", '
+        "treshold = 0.1 } }\n"
+        '[outputs]\nimage = "image"\n'
+    )
+    code, err = omnix("pipelines", "validate", path)
+    assert (
+        code == 1 and "unknown field `treshold`" in err[-1] and "first_block: threshold" in err[-1]
+    )
+
+
+def test_serve_a_cache_the_pipeline_family_does_not_run_names_the_kinds_that_do(tiny):
+    code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--cache", "taylorseer")
+    one_line_error(
+        code, err, "serve", "stage 'video': engine.cache: taylorseer does not run on WanPipeline",
+        "the kinds that do: first_block, pyramid_attention_broadcast",
+    )  # fmt: skip

@@ -34,6 +34,7 @@ FLOORS: dict[str, int] = {
     "trace": 5,
     "telemetry": 6,
     "cluster": 6,
+    "traceview": 6,
     "offline_cli": 6,
     "http": 7,
     "replay": 8,

@@ -18,6 +18,12 @@ shape into one pipeline call), over HTTP on loopback:
   ``cancel_requested``: the step in flight and any already on their way;
   ``cancel_ms_p50``: from the cancel to the request's end.
 
+Then ``caches``: for each of ``--cache-pipelines`` (tiny-image and
+tiny-video), each step cache of ``--cache`` against none: steps/s, images
+(or video seconds) a second at c=1 and c=4, and fidelity to the uncached
+output of the same seed (``diffusion_cache.py``).  ``--part`` runs one
+half alone.
+
 Prints one JSON object on its last line with ``--json``; ``load_avg_1m``
 says how busy the host was.
 """
@@ -33,6 +39,7 @@ import sys
 import time
 from typing import Any
 
+from omnix.bench.diffusion_cache import DEFAULT_CACHES, cache_table
 from omnix.bench.loop import run_on_loop
 from omnix.bench.pipeline_arg import load_pipeline_arg
 from omnix.events.types import CancelRequested, Progress
@@ -54,6 +61,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=count, default=64, help="width and height (default 64)")
     parser.add_argument(
         "--cancels", type=int_in(0, what="a count"), default=5, help="requests to cancel (5)"
+    )
+    parser.add_argument(
+        "--part",
+        choices=("all", "http", "caches"),
+        default="all",
+        help="the HTTP measurement, the cache table, or both (default)",
+    )
+    parser.add_argument(
+        "--cache",
+        action="append",
+        default=None,
+        metavar="KIND[,OPT=VALUE...]",
+        help="a step cache to measure against none, as omnix serve --cache takes it (repeat; "
+        f"default: {' '.join(DEFAULT_CACHES)})",
+    )
+    parser.add_argument(
+        "--cache-pipelines",
+        default="tiny-image,tiny-video",
+        metavar="NAME,...",
+        help="the pipelines of the cache table (default tiny-image,tiny-video)",
+    )
+    parser.add_argument(
+        "--cache-requests",
+        type=count,
+        default=8,
+        help="requests alone, and calls of four, per cache in the cache table (default 8)",
     )
 
 
@@ -121,6 +154,22 @@ async def _cancels(server: Any, session: Any, n: int, size: int) -> tuple[list[i
 
 
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    if args.part in ("all", "http"):
+        res.update(await _http(args))
+    if args.part in ("all", "caches"):
+        specs = tuple(args.cache or DEFAULT_CACHES)
+        res["caches"] = {
+            name: await cache_table(load_pipeline_arg(name), specs, args.cache_requests, args.steps)
+            for name in filter(None, (n.strip() for n in args.cache_pipelines.split(",")))
+        }
+        res["cache_steps"] = args.steps
+        res.setdefault("errors", 0)
+        res["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    return res
+
+
+async def _http(args: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
     from omnix.testing.serving import serve_scripted
@@ -164,7 +213,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     res = run_on_loop(_bench(args))
-    if not getattr(args, "json", False):
+    if not getattr(args, "json", False) and "caches" in res:
+        for name, table in res["caches"].items():
+            for spec, row in table.items():
+                print(f"{name} {spec}: {row}")
+    if not getattr(args, "json", False) and "images_per_s_c1" in res:
         print(
             f"{res['pipeline']}: {res['images_per_s_c1']} images/s alone, "
             f"{res['images_per_s_c4']} at {res['concurrency']} (x{res['images_per_s_c4_over_c1']}); "

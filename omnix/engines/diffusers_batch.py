@@ -30,6 +30,7 @@ import asyncio
 import collections
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any
 
 from omnix.engines.diffusers_jobs import (
@@ -65,14 +66,15 @@ class Batcher:
 
     ``pipeline(task)``: the pipeline a task runs on; ``prepare(pipe, jobs,
     kwargs)``: last changes to a call's arguments (prompt embeddings a
-    class cannot make itself); ``history``: (request id, steps run,
+    class cannot make itself), and the context the call runs in (the
+    step cache's); ``history``: (request id, steps run,
     outcome) per finished job."""
 
     def __init__(
         self,
         pool: ThreadPoolExecutor,
         pipeline: Callable[[str], Any],
-        prepare: Callable[[Any, list[Job], dict[str, Any]], None],
+        prepare: Callable[[Any, list[Job], dict[str, Any]], AbstractContextManager[Any]],
         max_batch: int,
         history: collections.deque[tuple[str, int, str]],
     ) -> None:
@@ -196,8 +198,8 @@ class Batcher:
         if "callback_on_step_end" in _accepts(pipe):
             kwargs["callback_on_step_end"] = on_step_end
         try:
-            self._prepare(pipe, live, kwargs)
-            files = outputs(live, pipe(**kwargs))
+            with self._prepare(pipe, live, kwargs):
+                files = outputs(live, pipe(**kwargs))
         except _Aborted:
             return
         except Exception as exc:

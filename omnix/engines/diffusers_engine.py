@@ -8,7 +8,8 @@ image-to-video request runs on (``from_pipe``: the same components), and
 turning each request into a ``Job``: its task (text to image, image to
 image, inpaint, reference edit, text to video, image to video: from its
 media and the stage's ``edit``), sizes, steps, seed, format.  Jobs run
-through the ``Batcher`` (``diffusers_batch.py``).  What a model folder
+through the ``Batcher`` (``diffusers_batch.py``); the stage's step cache
+and compilation are the ``Denoiser``'s (``diffusers_cache.py``).  What a model folder
 says about its pipeline (``describe_model``, ``refusal``) is
 ``diffusers_model.py``'s, read without torch so the HTTP layer refuses a
 parameter before admission.  Does not own the models (``omnix.models``)
@@ -49,6 +50,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -56,6 +58,7 @@ import numpy as np
 
 from omnix.engines.device import pick_device
 from omnix.engines.diffusers_batch import Batcher
+from omnix.engines.diffusers_cache import Denoiser, describe
 from omnix.engines.diffusers_jobs import VIDEO_TASKS, Job, Posted, Raised, Result, Step, Stopped
 from omnix.engines.diffusers_model import (
     IMAGE_FORMATS,
@@ -69,6 +72,7 @@ from omnix.engines.diffusers_model import (
 from omnix.events.types import Modality
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import DiffusersArgs
+from omnix.pipelines.diffusion_cache import family_problem
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 __all__ = [
@@ -96,6 +100,7 @@ class DiffusersEngine:
         self._batcher: Batcher | None = None
         self._max_sequence_length: int | None = None
         self._model: DiffusionModel | None = None
+        self._denoiser = Denoiser(args.cache, args.compile)
         #: (request_id, steps run, "done" | "aborted" | "error") per finished job.
         self.history: collections.deque[tuple[str, int, str]] = collections.deque(maxlen=64)
 
@@ -112,6 +117,10 @@ class DiffusersEngine:
                 f"{self._model.makes}s, but the stage says output_modality = "
                 f"{self.args.output_modality!r}: set output_modality = {self._model.makes!r}"
             )
+        if self._model is not None:
+            refused = family_problem(self.args.cache, self._model.pipeline)
+            if refused is not None:
+                raise ValueError(refused)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.device = pick_device(self.args.device)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-diffusers")
@@ -125,6 +134,7 @@ class DiffusersEngine:
             capacity=max(1, self.args.max_batch),
             device=self.device,
             model=str(folder),
+            settings=describe(self.args.cache, self.args.compile),
         )
 
     def _load(self, folder: Path) -> Any:
@@ -150,6 +160,7 @@ class DiffusersEngine:
             cls = DiffusionPipeline
         pipe = cls.from_pretrained(str(folder), dtype=dtype, local_files_only=True, **own)
         pipe = pipe.to(self.device)
+        self._denoiser.apply(pipe, type(pipe).__name__)
         self._ready(pipe)
         # Pipelines pad the prompt to max_sequence_length (Flux: 512) whatever
         # the tokenizer can hold; cap it at the tokenizer's own limit (77 for
@@ -193,11 +204,15 @@ class DiffusersEngine:
         pipeline = model.pipeline if model is not None else "this pipeline"
         raise ValueError(f"{pipeline} has no {task.replace('_', '-')} pipeline")
 
-    def _prepare(self, pipe: Any, jobs: list[Job], kwargs: dict[str, Any]) -> None:
+    def _prepare(
+        self, pipe: Any, jobs: list[Job], kwargs: dict[str, Any]
+    ) -> AbstractContextManager[Any]:
         """In the pipeline thread, before a call: the prompt length cap; an
         image-to-video call's prompt embeddings, from the text-to-video
         pipeline (Wan's image-to-video module cleans prompts with ftfy,
-        which it imports only when installed and then calls regardless)."""
+        which it imports only when installed and then calls regardless);
+        the denoiser's cache state, reset, and the context the call runs in."""
+        self._denoiser.before_call(pipe, kwargs)
         accepts = pipe._omnix_accepts
         if self._max_sequence_length is not None and "max_sequence_length" in accepts:
             kwargs["max_sequence_length"] = self._max_sequence_length
@@ -213,6 +228,7 @@ class DiffusersEngine:
             kwargs["prompt_embeds"] = positive
             if negative is not None:
                 kwargs["negative_prompt_embeds"] = negative
+        return self._denoiser.call_context(pipe)
 
     def generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]

@@ -50,6 +50,7 @@ from omnix.engines.vllm_setup import (
     has_tokenizer,
     set_env_defaults,
 )
+from omnix.engines.vllm_tools import stage_parser
 from omnix.models.paths import read_info, resolve_model
 from omnix.pipelines.config import VllmArgs
 from omnix.pipelines.vllm_args import load_chat_template
@@ -116,6 +117,11 @@ class VllmEngine:
         prompts = PromptRenderer(
             self.folder, self.layout, self._llm, self._tokenizer, model_cls, template
         )
+        parser = (
+            await asyncio.to_thread(stage_parser, args, self._tokenizer)
+            if args.output_modality == "text"
+            else None
+        )
         if args.talker_context:
             layer, media_ids = capture_settings(self.folder)
             await self._llm.collective_rpc("omnix_capture_start", args=(layer, media_ids))
@@ -129,6 +135,7 @@ class VllmEngine:
             dead,
             max_model_len=int(self._llm.model_config.max_model_len),
             talker_context=args.talker_context,
+            parser=parser,
         )
         # What vLLM resolved, not what the stage asked: its own config.
         config = self._llm.vllm_config

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,8 @@ from omnix.engines.vllm_prompt import PromptRenderer
 from omnix.engines.vllm_resume import ContinuedText, ResumePlan, resumed_ids
 from omnix.engines.vllm_sampling import budget, sampling_params
 from omnix.engines.vllm_setup import VocabLayout
-from omnix.events.types import TokenLogprob
+from omnix.engines.vllm_tools import RequestParse
+from omnix.events.types import TokenLogprob, ToolCallDelta
 from omnix.pipelines.config import VllmArgs
 from omnix.stages.engine import EngineDead
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
@@ -81,6 +83,9 @@ class Loaded:
     #: emit the talker's context before the first piece's text (see
     #: ``VllmArgs.talker_context``)
     talker_context: bool = False
+    #: vLLM's parser class for the stage's output (``vllm_tools.stage_parser``;
+    #: None: its text is the answer as it comes)
+    parser: Any = None
 
 
 class _Sub:
@@ -130,6 +135,7 @@ class Generation:
         self.top_lps: int | None = None
         self.seq = 0  # sub-requests (non-empty pieces): each has a seed of its own
         self.index = -1  # input pieces, empty ones included (EngineOutput.piece)
+        self.parse: RequestParse | None = None
 
     async def run(self) -> AsyncIterator[EngineOutput]:
         rid = self.request.request_id
@@ -139,6 +145,12 @@ class Generation:
             raise ValueError(f"request {rid!r} is already running on this engine")
         m = self.m = self._loaded
         self.top_lps = None if self.codec else self.request.params.logprobs
+        params = self.request.params
+        self.parse = (
+            RequestParse(m.parser, m.tokenizer, params)
+            if (m.parser is not None or params.tools) and not self.codec
+            else None
+        )
         live = self.live = self.requests[rid] = Live()
         pump = None
         try:
@@ -202,7 +214,8 @@ class Generation:
         nothing goes to vLLM: an empty piece, a continued piece that had
         finished, or one whose budget the lost replica used up."""
         m, request = self.m, self.request
-        prompt = m.prompts.prompt_ids(piece, self.args)
+        tools = json.loads(request.params.tools) if request.params.tools else None
+        prompt = m.prompts.prompt_ids(piece, self.args, tools)
         if not prompt:
             return None  # an empty piece (e.g. whitespace the upstream flushed)
         media = m.prompts.media(piece) if piece.media else None
@@ -229,7 +242,8 @@ class Generation:
                 self.seq += 1
                 self.finish = "stop" if skip else "length"
                 return None
-            params = sampling_params(request, left, self.seq, self.codec, m.layout)
+            structured = self.parse.structured if self.parse is not None else None
+            params = sampling_params(request, left, self.seq, self.codec, m.layout, structured)
         except BaseException:
             m.prompts.unsent(engine_input)
             raise
@@ -258,15 +272,20 @@ class Generation:
         else:
             text = comp.text
         lps = () if self.top_lps is None else token_logprobs(comp.logprobs, ids, self.top_lps)
+        reasoning = ""
+        calls: tuple[ToolCallDelta, ...] = ()
+        if self.parse is not None:
+            split = self.parse.feed(text, ids, out.prompt_token_ids, out.finished)
+            text, reasoning, calls = split.content, split.reasoning, split.tool_calls
         if out.finished:
             self.finish = finish_reason(comp.finish_reason)
             self._check_finish(sub.sub_id)
             live = self.live
             if live.ended and not live.pieces:
                 self.final_sent = True
-                return self._output(text, ids, lps, self.finish)
+                return self._output(text, ids, lps, self.finish, reasoning, calls)
         if text or ids:
-            return self._output(text, ids, lps)
+            return self._output(text, ids, lps, "", reasoning, calls)
         return None
 
     async def _context(self, out: Any, sub_id: str) -> EngineOutput:
@@ -305,6 +324,8 @@ class Generation:
         ids: tuple[int, ...],
         logprobs: tuple[TokenLogprob, ...],
         finish: str = "",
+        reasoning: str = "",
+        tool_calls: tuple[ToolCallDelta, ...] = (),
     ) -> EngineOutput:
         """An output of the current piece; with ``finish``, the request's
         last, with its counts."""
@@ -317,6 +338,8 @@ class Generation:
             finish_reason=finish,
             piece=self.index,
             logprobs=logprobs,
+            reasoning=reasoning,
+            tool_calls=tool_calls,
         )
 
 

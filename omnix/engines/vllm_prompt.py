@@ -22,6 +22,7 @@ Does not own what a continuation appends (``vllm_resume.py``), sampling
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -31,6 +32,13 @@ from omnix.engines.vllm_setup import VocabLayout
 from omnix.events.types import ChatMessage
 from omnix.pipelines.config import VllmArgs
 from omnix.transport.work import InputPiece
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON (the model wrote it): the template gets it as written
 
 
 class PromptRenderer:
@@ -55,11 +63,14 @@ class PromptRenderer:
         #: the stage's own template (vLLM's --chat-template), over the tokenizer's
         self.chat_template = chat_template
 
-    def prompt_ids(self, piece: InputPiece, args: VllmArgs) -> list[int]:
-        """The piece's text ids (per the stage's ``args.input_mode``), mapped into this model's
+    def prompt_ids(
+        self, piece: InputPiece, args: VllmArgs, tools: list[Any] | None = None
+    ) -> list[int]:
+        """The piece's text ids (per the stage's ``args.input_mode``; ``tools``:
+        the request's, which the chat template renders), mapped into this model's
         vocabulary by its layout: shifted by ``text_offset``, then
         ``codec_bos`` (the talker: text ids live above its codec codes)."""
-        ids = self._text_ids(piece, args.input_mode)
+        ids = self._text_ids(piece, args.input_mode, tools)
         if not ids:
             return []
         lay = self.layout
@@ -75,7 +86,7 @@ class PromptRenderer:
             ids.append(lay.codec_bos)
         return ids
 
-    def _text_ids(self, piece: InputPiece, mode: str) -> list[int]:
+    def _text_ids(self, piece: InputPiece, mode: str, tools: list[Any] | None) -> list[int]:
         if piece.raw:
             # A completion prompt, as vLLM's /v1/completions takes it: the
             # ids as given, or the text with the tokenizer's special tokens.
@@ -93,18 +104,17 @@ class PromptRenderer:
                 f"{mode!r}: media input needs input_mode 'chat' on a multimodal model"
             )
         if mode == "chat":
-            return self._chat_ids(piece)
+            return self._chat_ids(piece, tools)
         # "text": the raw text, as a completion prompt
         if piece.text or joined:
             return self._encode(piece.text or joined, special=True)
         return list(piece.token_ids)
 
-    def _chat_ids(self, piece: InputPiece) -> list[int]:
-        """The piece's messages (or text) through the chat template."""
+    def _chat_ids(self, piece: InputPiece, tools: list[Any] | None) -> list[int]:
+        """The piece's messages (or text) and the request's tools through
+        the chat template."""
         if piece.messages:
-            messages = [
-                {"role": m.role, "content": self._with_placeholders(m)} for m in piece.messages
-            ]
+            messages = [self._message(m) for m in piece.messages]
         elif piece.text:
             messages = [{"role": "user", "content": piece.text}]
         else:
@@ -116,9 +126,30 @@ class PromptRenderer:
                 "use input_mode 'text' or give the stage a chat_template (--chat-template)"
             )
         text = tok.apply_chat_template(
-            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True
+            messages,
+            chat_template=self.chat_template,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=True,
         )
         return self._encode(text, special=False)
+
+    def _message(self, m: ChatMessage) -> dict[str, Any]:
+        """A message as chat templates take it; an assistant's calls with
+        their arguments as objects, as vLLM hands them to templates."""
+        out: dict[str, Any] = {"role": m.role, "content": self._with_placeholders(m)}
+        if m.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": _arguments(c.arguments)},
+                }
+                for c in m.tool_calls
+            ]
+        if m.tool_call_id:
+            out["tool_call_id"] = m.tool_call_id
+        return out
 
     def _with_placeholders(self, m: ChatMessage) -> str:
         """The message's text with each media part's placeholder (the model's

@@ -44,10 +44,17 @@ def budget(request: GenerateRequest, max_model_len: int, prompt_len: int) -> int
 
 
 def sampling_params(
-    request: GenerateRequest, max_tokens: int, seq: int, codec: bool, layout: VocabLayout
+    request: GenerateRequest,
+    max_tokens: int,
+    seq: int,
+    codec: bool,
+    layout: VocabLayout,
+    structured: Any = None,
 ) -> Any:
     """The ``SamplingParams`` of sub-request ``seq`` (the ``seq``-th
-    non-empty input piece) of ``request``."""
+    non-empty input piece) of ``request``; ``structured``: the structured
+    output a tool choice of ``required`` or a named function samples under
+    (``vllm_tools.RequestParse``), over the request's own JSON."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -89,6 +96,8 @@ def sampling_params(
         kw["detokenize"] = False
     else:
         _text_only(request, kw)
+        if structured is not None:
+            kw["structured_outputs"] = structured
     return SamplingParams(**kw)
 
 

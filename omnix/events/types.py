@@ -33,7 +33,7 @@ import msgspec
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 from omnix.events.sessions import SessionItem, SessionOp, SessionSettings
 
-SCHEMA_VERSION = 9  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 10  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
@@ -44,7 +44,9 @@ SCHEMA_VERSION = 9  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Re
 # SessionChanged (a realtime session's settings and conversation items),
 # RequestSpec.input_streams and InputAppended (a client's text into a running request);
 # 8: Scaled (a stage's replica started, drained or gone after its drain);
-# 9: StageFailed.retry (False: the engine refused the request's own input)
+# 9: StageFailed.retry (False: the engine refused the request's own input);
+# 10: tool calls: ChatMessage.tool_calls / .tool_call_id, StageParams tools / tool_choice /
+# parallel_tool_calls, Chunk.reasoning / .tool_calls (a text stage's parsed output)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -129,10 +131,23 @@ class MediaPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
     in_video: bool = False  # schema v7: a video's sound track
 
 
+class ToolCall(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A function call an assistant made (schema v10): its id, the
+    function's name, the arguments as the JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     role: str
     content: str
     media: tuple[MediaPart, ...] = ()  # schema v3
+    #: schema v10: an assistant message's function calls, and the call a
+    #: ``tool`` message answers
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
 
 
 class StageParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -191,6 +206,25 @@ class StageParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     partial_images: int | None = None
     num_frames: int | None = None
     fps: int | None = None
+    # schema v10, a text stage's tool calls (docs/http.md "Tool calls"): the
+    # request's tools as OpenAI's JSON array, ``tool_choice`` as JSON
+    # ("auto", "none", "required" or a named function's object), whether
+    # several calls may come in one answer.
+    tools: str | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A piece of a function call as a text stage's tool-call parser read it
+    from the model's output (schema v10), as OpenAI streams it: the call's
+    ``index`` in the answer; ``id`` and ``name`` on its first piece only;
+    then the arguments' JSON text, piece by piece."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -380,6 +414,12 @@ class Chunk(RequestEvent, frozen=True, kw_only=True, tag="chunk"):
     #: per generated token of this chunk, when the request asked for
     #: logprobs (text chunks only; schema v5)
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: schema v10: a text stage whose parsers split its output (tool calls,
+    #: reasoning): ``text`` is the answer's part only, ``reasoning`` the
+    #: reasoning's, ``tool_calls`` the calls' pieces (``token_ids`` stay all
+    #: the chunk's tokens)
+    reasoning: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @final

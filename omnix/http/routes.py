@@ -5,7 +5,7 @@
 its description (or a stated reason it has none: ``Undescribed``) nor
 described without being served.  Each row is its room's (``chat``,
 ``completions``, ``audio``, ``images``, ``videos``, ``models``,
-``requests``, ``files``, ``admin``, ``realtime``): adding a route is a module in a room and a row
+``requests``, ``files``, ``admin``, ``realtime``, ``playground``): adding a route is a module in a room and a row
 here.  The order is the document's.
 """
 
@@ -23,6 +23,7 @@ from omnix.http.core.route import Route
 from omnix.http.files import router as files
 from omnix.http.images import router as images
 from omnix.http.models import router as models
+from omnix.http.playground import router as playground
 from omnix.http.realtime import router as realtime
 from omnix.http.requests import listing
 from omnix.http.requests import router as requests
@@ -58,8 +59,13 @@ ROUTES: Final[tuple[Route, ...]] = (
     listing.LIST,
     requests.STATE,
     requests.EVENTS,
+    requests.FIGURES,
     requests.STREAM,
     requests.CANCEL,
     requests.TRACE,
+    requests.TRACE_HTML,
     admin.OPENAPI,
+    playground.ROOT,
+    playground.PAGE,
+    *playground.ASSETS,
 )

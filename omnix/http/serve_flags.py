@@ -116,12 +116,42 @@ def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
         "template itself (default: the tokenizer's own)",
     )
     parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        default=None,
+        help="vLLM's flag: tool_choice 'auto' on the text stages, their tool calls read by "
+        "--tool-call-parser (default: the pipeline's, by the model's architecture)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="vLLM's flag: the tool-call parser of the text stages, one of the installed "
+        "vLLM's (hermes, qwen3_xml, ...; default: the pipeline's)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="vLLM's flag: the reasoning parser of the text stages, one of the installed "
+        "vLLM's (qwen3, deepseek_r1, ...; default: the pipeline's)",
+    )
+    parser.add_argument(
         "--stage-devices",
         action="append",
         default=None,
         metavar="STAGE=DEVICES",
         help="the GPUs a stage's replicas use, e.g. thinker=0,1 (repeat per stage; over the "
         "pipeline's own devices; ignored on a machine without a GPU)",
+    )
+    parser.add_argument(
+        "--cache",
+        action="append",
+        default=None,
+        metavar="[STAGE:]KIND[,OPT=VALUE...]",
+        help="a diffusion stage's step cache (diffusers' hooks), over the pipeline's own: "
+        "first_block, taylorseer, pyramid_attention_broadcast or none, with diffusers' options, "
+        "e.g. image:first_block,threshold=0.1 (no STAGE: every diffusion stage)",
     )
     listen_flags(parser, DEFAULT_PORT)
     parser.add_argument(

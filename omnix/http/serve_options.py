@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from omnix.http.options import HttpOptions
 from omnix.http.quantities import parse_count, parse_duration, parse_size
-from omnix.http.serve_pipeline import ServedPipeline, check_with_vllm
+from omnix.http.serve_pipeline import ServedPipeline, check_diffusion_caches, check_with_vllm
 from omnix.usage import UsageError
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ def build_omni(
         spawn = _spawn_choice(args.spawn)
         prepare_models(pipeline, args.model_dir, build=not args.no_build)
         check_with_vllm(served)
+        check_diffusion_caches(pipeline)
         return Omni(
             pipeline,
             log_dir=args.log_dir,

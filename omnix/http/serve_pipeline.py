@@ -5,6 +5,8 @@ or ``--model``, derived by ``omnix.pipelines.folder``; else ``--pipeline``,
 a built-in name or a file; else the default); vLLM's engine flags the
 command line gave, put into every vLLM stage's ``engine_args`` (over the
 stage's own) and ``--chat-template`` into their ``chat_template``;
+vLLM's parser flags (``--enable-auto-tool-choice``, ``--tool-call-parser``,
+``--reasoning-parser``) into every vLLM stage writing text;
 ``--stage-devices`` into the stages' ``devices``; the names the server
 answers to (``--served-model-name``, else the folder's or pipeline's
 name; the pipeline is named after the first, so every response, log line
@@ -26,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from omnix.pipelines.config import PipelineConfig, StageConfig, VllmArgs
+from omnix.pipelines.config import DiffusersArgs, PipelineConfig, StageConfig, VllmArgs
 from omnix.usage import UsageError
 
 
@@ -62,6 +64,8 @@ def served_pipeline(args: argparse.Namespace) -> ServedPipeline:
         raise UsageError(str(bad)) from None
     names = _names(flags.get("served_model_name"), pipeline.name)
     pipeline = _with_flags(pipeline, flags, args.chat_template, args.stage_devices or [])
+    pipeline = _with_parsers(pipeline, _parser_flags(args))
+    pipeline = _with_caches(pipeline, getattr(args, "cache", None) or [])
     pipeline = msgspec.structs.replace(pipeline, name=names[0])
     try:
         validate_pipeline(pipeline, "(as served)")
@@ -73,6 +77,7 @@ def served_pipeline(args: argparse.Namespace) -> ServedPipeline:
         and not os.path.exists(args.pipeline or DEFAULT_PIPELINE)
         and not flags
         and not args.chat_template
+        and not _parser_flags(args)
     )
     return ServedPipeline(pipeline, names, shipped)
 
@@ -86,6 +91,21 @@ def check_with_vllm(served: ServedPipeline) -> None:
     problems = vllm_problems(served.pipeline)
     if problems:
         raise UsageError("; ".join(problems))
+
+
+def check_diffusion_caches(pipeline: PipelineConfig) -> None:
+    """A diffusion stage's cache asked of a pipeline family diffusers'
+    hooks do not run on: one ``UsageError`` line naming the kinds that do
+    (the model folder's pipeline class, read without torch)."""
+    from omnix.engines.diffusers_model import describe_model
+    from omnix.pipelines.diffusion_cache import family_problem
+
+    for st in pipeline.stages:
+        if isinstance(st.engine, DiffusersArgs) and st.engine.cache is not None:
+            model = describe_model(st.engine)
+            problem = family_problem(st.engine.cache, model.pipeline) if model else None
+            if problem is not None:
+                raise UsageError(f"stage {st.name!r}: {problem}")
 
 
 def _model_folder(args: argparse.Namespace) -> str | None:
@@ -134,6 +154,39 @@ def _with_flags(
     return msgspec.structs.replace(pipeline, stages=tuple(stages))
 
 
+def _parser_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's parser flags given on the command line, as ``VllmArgs`` fields."""
+    given = {
+        "enable_auto_tool_choice": getattr(args, "enable_auto_tool_choice", None),
+        "tool_call_parser": getattr(args, "tool_call_parser", None),
+        "reasoning_parser": getattr(args, "reasoning_parser", None),
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _with_parsers(pipeline: PipelineConfig, parsers: dict[str, Any]) -> PipelineConfig:
+    """The parser flags on every vLLM stage that writes text (a talker's
+    codes are not parsed)."""
+    if not parsers:
+        return pipeline
+
+    def text(st: StageConfig) -> bool:
+        return isinstance(st.engine, VllmArgs) and st.engine.output_modality == "text"
+
+    if not any(text(st) for st in pipeline.stages):
+        raise UsageError(
+            f"{', '.join('--' + k.replace('_', '-') for k in parsers)}: the pipeline "
+            f"{pipeline.name!r} has no vLLM stage writing text to parse"
+        )
+    stages = tuple(
+        msgspec.structs.replace(st, engine=msgspec.structs.replace(st.engine, **parsers))
+        if text(st)
+        else st
+        for st in pipeline.stages
+    )
+    return msgspec.structs.replace(pipeline, stages=stages)
+
+
 def _check_flags_apply(stages: tuple[StageConfig, ...], flags: dict[str, Any]) -> None:
     """Engine flags for a pipeline without a vLLM stage would be dropped:
     an error, but for --served-model-name, which names the server too."""
@@ -141,6 +194,36 @@ def _check_flags_apply(stages: tuple[StageConfig, ...], flags: dict[str, Any]) -
     if engine and not any(isinstance(st.engine, VllmArgs) for st in stages):
         shown = ", ".join("--" + k.replace("_", "-") for k in engine)
         raise UsageError(f"{shown}: vLLM's engine flags, but the pipeline has no vLLM stage")
+
+
+def _with_caches(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfig:
+    """``--cache [STAGE:]KIND[,OPT=VALUE...]`` on the diffusion stages it
+    names (all of them without a stage), over the file's own ``cache``."""
+    from omnix.pipelines.diffusion_cache import parse_cache_spec
+
+    diffusion = [st.name for st in pipeline.stages if isinstance(st.engine, DiffusersArgs)]
+    caches: dict[str, Any] = {}
+    for spec in specs:
+        try:
+            stage, cache = parse_cache_spec(spec)
+        except ValueError as bad:
+            raise UsageError(str(bad)) from None
+        if stage is not None and stage not in diffusion:
+            raise UsageError(
+                f"--cache {spec!r}: {stage!r} is not a diffusion stage of the pipeline "
+                f"(diffusion stages: {', '.join(diffusion) or 'none'})"
+            )
+        if not diffusion:
+            raise UsageError(f"--cache {spec!r}: the pipeline has no diffusion stage")
+        for name in [stage] if stage is not None else diffusion:
+            caches[name] = cache
+    stages = []
+    for st in pipeline.stages:
+        if st.name in caches and isinstance(st.engine, DiffusersArgs):
+            engine = msgspec.structs.replace(st.engine, cache=caches[st.name])
+            st = msgspec.structs.replace(st, engine=engine)
+        stages.append(st)
+    return msgspec.structs.replace(pipeline, stages=tuple(stages))
 
 
 def _stage_devices(pipeline: PipelineConfig, given: list[str]) -> dict[str, str]:

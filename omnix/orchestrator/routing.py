@@ -5,6 +5,8 @@ stages on its admission; forwarding upstream chunks along each edge (every
 ``every`` chunks, at a sentence end, or once the source finishes) and
 closing a stage's input once every upstream has finished (fan-in); a
 ``hidden`` chunk (a thinker's context for its talker) goes on alone, at once;
+a chunk of reasoning or of a tool call alone goes nowhere (only the answer is
+spoken);
 placing a stage on a replica and routing its pending pieces (``Routed``,
 a continuation's first one saying how many chunks it resumes after);
 giving freed credits to queued requests, oldest first; and giving back a
@@ -83,6 +85,13 @@ class Router:
                 plan.targets[edge.target].pending.append(((ev.pos,), False))
                 out += self.flush(plan, edge.target, ev, state)
                 continue
+            if ev.reasoning or ev.tool_calls:
+                if not ev.text:
+                    # Only the answer is spoken: a chunk of reasoning or of
+                    # a tool call alone goes to no downstream stage.  (No
+                    # chunk recorded before schema v10 has either, so the
+                    # rule changes no recorded decision.)
+                    continue
             buf.positions.append(ev.pos)
             if edge.forward == "finish":
                 continue

@@ -13,7 +13,14 @@ import sys
 
 import msgspec
 
-from omnix.pipelines.config import PipelineConfig, ReplicaRange, engine_kind, engine_model
+from omnix.pipelines.config import (
+    DiffusersArgs,
+    PipelineConfig,
+    ReplicaRange,
+    engine_kind,
+    engine_model,
+)
+from omnix.pipelines.diffusion_cache import cache_kind
 from omnix.pipelines.registry import DEFAULT_PIPELINE, builtin_names
 from omnix.pipelines.toml_out import pipeline_toml
 from omnix.pipelines.validate import PipelineError, load_pipeline, stage_output_modality
@@ -100,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
                 f"  stage {st.name:10s} {kind:9s} {model:12s} -> {out:6s} replicas={_replicas(st.replicas)} "
                 f"timeout={st.timeout_s:g}s retry={'yes, up to ' + str(st.max_retries) if st.retries else 'no'}"
             )
+            eng = st.engine
+            if isinstance(eng, DiffusersArgs) and (eng.cache is not None or eng.compile != "off"):
+                cache = cache_kind(eng.cache) if eng.cache is not None else "none"
+                print(f"        step cache {cache}, compile {eng.compile}")
         media = cfg.input_media
         if media is not None:
             kinds = [k for k, on in (("audio", media.audio), ("image", media.image)) if on]

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import msgspec
 
 from omnix.events.types import Modality, OutputModality, StageParams
+from omnix.pipelines.diffusion_cache import CompileMode, StepCache
 
 _STRICT = dict(frozen=True, forbid_unknown_fields=True, kw_only=True)
 
@@ -75,6 +76,14 @@ class VllmArgs(msgspec.Struct, tag="vllm", tag_field="kind", **_STRICT):
     # tokenizer's own).  A front-end setting in vLLM, not an engine
     # argument, so a field of its own.
     chat_template: str = ""
+    # vLLM's --enable-auto-tool-choice, --tool-call-parser and
+    # --reasoning-parser (front-end settings in vLLM too): the parsers, by
+    # vLLM's names, that split a text stage's output into the answer, its
+    # reasoning and its tool calls ("": none); tool_choice "auto" needs
+    # both of the first two.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
     # vLLM's EngineArgs by field name: the explicit table, over the fields above.
     engine_args: dict[str, Any] = {}
 
@@ -89,7 +98,11 @@ class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT
     activations).  ``edit``: what an image edit without a mask is
     (``auto``: the family's own; ``image_to_image``; ``reference``, a
     reference-image edit such as Flux Kontext).  ``default_frames`` and
-    ``default_fps``: a video's, when the request names neither."""
+    ``default_fps``: a video's, when the request names neither.
+    ``cache``: a step cache of diffusers' own hooks on the denoiser
+    (``omnix.pipelines.diffusion_cache``; None: every step computed in
+    full); ``compile``: ``torch.compile`` of the denoiser (``off``,
+    ``blocks``, ``model``)."""
 
     model: str
     dtype: str = "float32"
@@ -101,6 +114,8 @@ class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT
     edit: Literal["auto", "image_to_image", "reference"] = "auto"
     default_frames: int = 17
     default_fps: int = 16
+    cache: StepCache | None = None
+    compile: CompileMode = "off"
 
 
 class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):

@@ -169,7 +169,10 @@ def text_to_video(f: Folder, gpu: bool) -> PipelineConfig:
 def qwen3_omni(f: Folder, gpu: bool) -> PipelineConfig:
     """Qwen3-Omni as ``tiny-omni`` serves it: thinker -> talker -> code2wav
     over the one folder, the thinker sending its talker context; the
-    thinker alone when the checkpoint does not speak."""
+    thinker alone when the checkpoint does not speak.  Its output is read
+    as vLLM's recipes for Qwen3-Omni read it: hermes-style tool calls
+    (``<tool_call>{json}</tool_call>``), and, on the thinker alone (the
+    Thinking checkpoint), Qwen3's reasoning parser."""
     speaks = f.config.get("enable_audio_output", True) is not False
     thinker = StageConfig(
         name="thinker",
@@ -177,6 +180,9 @@ def qwen3_omni(f: Folder, gpu: bool) -> PipelineConfig:
             f,
             gpu,
             limit_mm_per_prompt={"audio": 1, "image": 1, "video": 1},
+            enable_auto_tool_choice=True,
+            tool_call_parser="hermes",
+            **({} if speaks else {"reasoning_parser": "qwen3"}),
             # The talker and Code2Wav share the GPU unless devices place
             # them elsewhere.
             **({"talker_context": True} if speaks else {}),

@@ -24,6 +24,7 @@ from omnix.pipelines.config import (
     VllmArgs,
 )
 from omnix.pipelines.devices import device_problems, parse_devices, replica_width
+from omnix.pipelines.diffusion_cache import cache_problems, explain_decode_error, family_problem
 from omnix.pipelines.engines import engine_kinds
 from omnix.pipelines.placement import placement_problems
 
@@ -50,7 +51,10 @@ def _decode(text: str | bytes, fmt: str, source: str) -> PipelineConfig:
             return msgspec.json.decode(text, type=PipelineConfig)
     except msgspec.ValidationError as exc:
         msg = str(exc)
-        if "Expected `str` of" in msg or ("Invalid value" in msg and "kind" in msg):
+        explained = explain_decode_error(msg)
+        if explained is not None:
+            msg = explained
+        elif "Expected `str` of" in msg or ("Invalid value" in msg and "kind" in msg):
             msg += f" (engine kinds: {', '.join(engine_kinds())})"
         raise PipelineError(source, [msg]) from None
     except msgspec.DecodeError as exc:
@@ -244,7 +248,24 @@ def _diffusers_problems(eng: DiffusersArgs) -> list[str]:
     ]
     if not 1 <= eng.default_fps <= 120:
         problems.append(f"engine.default_fps must be 1..120, got {eng.default_fps}")
+    problems.extend(cache_problems(eng.cache, eng.compile))
+    pipeline = _folder_pipeline(eng.model)
+    if pipeline is not None:
+        problems.extend(filter(None, [family_problem(eng.cache, pipeline)]))
     return problems
+
+
+def _folder_pipeline(model: str) -> str | None:
+    """The pipeline class of a stage's model given as a local diffusers
+    folder (``model_index.json``); None for a name, resolved by the
+    engine's side (``omnix.engines.diffusers_model``) at start."""
+    index = Path(model).expanduser() / "model_index.json"
+    try:
+        value = msgspec.json.decode(index.read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    name = value.get("_class_name") if isinstance(value, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _talker_problems(eng: TalkerArgs) -> list[str]:
@@ -313,7 +334,11 @@ def _vllm_problems(eng: VllmArgs) -> list[str]:
         from omnix.pipelines.vllm_args import check_engine_args
 
         problems.extend(check_engine_args(eng.engine_args))
-    from omnix.pipelines.vllm_args import load_chat_template, vllm_installed
+    from omnix.pipelines.vllm_args import load_chat_template, parser_problems, vllm_installed
+
+    problems.extend(
+        parser_problems(eng.tool_call_parser, eng.reasoning_parser, eng.enable_auto_tool_choice)
+    )
 
     if eng.chat_template and vllm_installed():
         try:

@@ -268,6 +268,40 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
     return dests
 
 
+def parser_problems(tool_call_parser: str, reasoning_parser: str, auto: bool) -> list[str]:
+    """What is wrong with a stage's parser settings: a name the installed
+    vLLM does not have (vLLM's registries are the list), or
+    ``enable_auto_tool_choice`` without a tool-call parser (vLLM refuses
+    it too).  Names are not checked where vLLM is not installed."""
+    problems = []
+    if auto and not tool_call_parser:
+        problems.append(
+            "enable_auto_tool_choice (--enable-auto-tool-choice) needs tool_call_parser "
+            "(--tool-call-parser NAME)"
+        )
+    if not (tool_call_parser or reasoning_parser) or not vllm_installed():
+        return problems
+    if tool_call_parser:
+        from vllm.tool_parsers import ToolParserManager
+
+        names = ToolParserManager.list_registered()
+        if tool_call_parser not in names:
+            problems.append(
+                f"tool_call_parser (--tool-call-parser): vLLM has no tool-call parser "
+                f"{tool_call_parser!r}; its parsers: {', '.join(sorted(names))}"
+            )
+    if reasoning_parser:
+        from vllm.reasoning import ReasoningParserManager
+
+        names = ReasoningParserManager.list_registered()
+        if reasoning_parser not in names:
+            problems.append(
+                f"reasoning_parser (--reasoning-parser): vLLM has no reasoning parser "
+                f"{reasoning_parser!r}; its parsers: {', '.join(sorted(names))}"
+            )
+    return problems
+
+
 def load_chat_template(value: str) -> str:
     """vLLM's ``--chat-template`` read as vLLM reads it: a file's text, one
     of vLLM's bundled templates by name, or the template itself.

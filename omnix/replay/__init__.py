@@ -1,6 +1,6 @@
 """omnix.replay: what a captured trace can be made to show and do.
 
-``show`` and ``html`` fold a trace into a timeline; ``drive`` runs the real
+``omnix.traceview`` folds a trace into a timeline (text or HTML); ``drive`` runs the real
 orchestrator against its recorded inputs, strictly; ``freerun`` runs them
 leniently under another config, rules or faults; ``counterfactual`` and
 ``faults`` build on that run; ``client`` regenerates the bytes a client

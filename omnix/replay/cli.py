@@ -2,7 +2,7 @@
 
 Owns: the verb's arguments and the choice of mode, ``--set`` overrides of
 a pipeline config, exit codes and what each mode prints.  The modes live
-in their modules: fold-and-show (``show.py``, ``html.py``), drive
+in their modules: fold-and-show (``omnix.traceview``), drive
 (``drive.py``), counterfactual (``counterfactual.py``), fault injection
 (``faults.py``), client bytes (``client.py``).  Recapturing the corpus is
 test support (``python -m omnix.testing.corpus``).
@@ -220,7 +220,7 @@ def _modes(trace: Trace, args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
     if args.html:
-        from omnix.replay.html import render_html
+        from omnix.traceview.html import render_html
 
         _write(args.html, render_html(trace, requests=args.request).encode(), "--html")
         print(f"wrote {args.html}", file=sys.stderr)
@@ -241,7 +241,7 @@ def _modes(trace: Trace, args: argparse.Namespace) -> int:
         sys.stdout.write(cf.report(trace))
         return 0
     if not args.html or args.events or args.request:
-        from omnix.replay.show import render_timeline
+        from omnix.traceview.show import render_timeline
 
         sys.stdout.write(
             render_timeline(trace, requests=args.request, events=args.events, width=args.width)

@@ -29,8 +29,8 @@ from omnix.events.types import (
 from omnix.pipelines.config import PipelineConfig
 from omnix.replay.drive import OrchestratorFactory
 from omnix.replay.freerun import FreeRun, free_run
-from omnix.replay.show import describe
 from omnix.trace import Trace, is_decision
+from omnix.traceview.show import describe
 
 __all__ = ["Counterfactual", "RequestDiff", "counterfactual"]
 

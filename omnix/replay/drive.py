@@ -57,8 +57,8 @@ from omnix.events.types import (
 from omnix.orchestrator.decide import RULES_VERSION, Orchestrator
 from omnix.orchestrator.sequencer import Sequencer
 from omnix.pipelines.config import PipelineConfig
-from omnix.replay.show import describe
 from omnix.trace import Trace, is_decision
+from omnix.traceview.show import describe
 
 __all__ = [
     "Divergence",

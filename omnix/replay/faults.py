@@ -73,8 +73,8 @@ from omnix.events.types import (
 )
 from omnix.pipelines.config import PipelineConfig
 from omnix.replay.freerun import FreeRun, Injection, free_run
-from omnix.replay.show import describe
 from omnix.trace import Trace, is_decision
+from omnix.traceview.show import describe
 
 __all__ = [
     "FaultError",

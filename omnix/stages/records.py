@@ -62,6 +62,8 @@ def deliver(
                     blob=blob,
                     piece=rec.piece,
                     logprobs=rec.logprobs,
+                    reasoning=rec.reasoning,
+                    tool_calls=rec.tool_calls,
                 )
             )
         elif not _other(slot, rec, blobs, emit, credit_back):

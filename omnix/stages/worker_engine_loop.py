@@ -131,6 +131,8 @@ class EngineLoop:
                         out.media_type,
                         out.piece,
                         out.logprobs,
+                        out.reasoning,
+                        out.tool_calls,
                     )
                 )
                 req.chunks += 1

@@ -214,6 +214,8 @@ class InProcessRuntime:
                             blob=blob,
                             piece=out.piece,
                             logprobs=out.logprobs,
+                            reasoning=out.reasoning,
+                            tool_calls=out.tool_calls,
                         )
                     )
                     ex.chunks += 1

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from omnix.events.types import Modality, TokenLogprob
+from omnix.events.types import Modality, TokenLogprob, ToolCallDelta
 from omnix.pipelines.config import StageConfig
 from omnix.transport.codec import FrameDecoder
 from omnix.transport.work import WorkItem
@@ -184,6 +184,8 @@ class Output(msgspec.Struct, tag="o", **_REC):
     media_type: str = ""
     piece: int = 0  # the input piece that produced it (Chunk.piece)
     logprobs: tuple[TokenLogprob, ...] = ()  # Chunk.logprobs
+    reasoning: str = ""  # Chunk.reasoning
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # Chunk.tool_calls
 
 
 class ProgressRec(msgspec.Struct, tag="p", **_REC):

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from omnix.events.types import ChatMessage, Modality, StageParams, TokenLogprob
+from omnix.events.types import ChatMessage, Modality, StageParams, TokenLogprob, ToolCallDelta
 
 
 class InputPiece(msgspec.Struct, frozen=True):
@@ -73,6 +73,9 @@ class EngineOutput(msgspec.Struct):
     #: per token of ``token_ids``, when the request asked for logprobs
     #: (recorded as ``Chunk.logprobs``)
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: a text stage's parsed output (``Chunk.reasoning``, ``Chunk.tool_calls``)
+    reasoning: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
     #: a progress output's partial image (an encoded file of type
     #: ``media_type``), recorded as its ``Progress`` event's blob
     preview: bytes = b""
@@ -81,7 +84,10 @@ class EngineOutput(msgspec.Struct):
     def has_payload(self) -> bool:
         """It is a chunk (text, ids, bytes or an array), not progress or
         payload-free finish metadata."""
-        return bool(self.text or self.token_ids or self.data) or self.array is not None
+        return (
+            bool(self.text or self.token_ids or self.data or self.reasoning or self.tool_calls)
+            or self.array is not None
+        )
 
     @property
     def is_progress(self) -> bool:

@@ -264,8 +264,8 @@ def test_diffusion(tmp_path_factory):
 
     session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
     out = bench(
-        "diffusion", "--requests", "4", "--rounds", "1", "--cancels", "1", "--steps", "2",
-        timeout=300,
+        "diffusion", "--part", "http", "--requests", "4", "--rounds", "1", "--cancels", "1",
+        "--steps", "2", timeout=300,
     )  # fmt: skip
     assert_has_keys(
         out,
@@ -274,6 +274,26 @@ def test_diffusion(tmp_path_factory):
         "load_avg_1m",
     )  # fmt: skip
     assert out["errors"] == 0 and out["requests"] == 4 and out["pipeline"] == "tiny-image"
+
+
+def test_diffusion_cache_table(tmp_path_factory):
+    """Each cache against none on tiny-image and tiny-video: rates and the
+    fidelity to the uncached output of the same seed, per pipeline."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)
+    out = bench(
+        "diffusion", "--part", "caches", "--cache-requests", "1", "--steps", "3",
+        "--cache", "first_block,threshold=0.6", timeout=300,
+    )  # fmt: skip
+    assert set(out["caches"]) == {"tiny-image", "tiny-video"}
+    image, video = out["caches"]["tiny-image"], out["caches"]["tiny-video"]
+    assert set(image) == set(video) == {"off", "first_block,threshold=0.6"}
+    assert_has_keys(image["off"], "steps_per_s", "images_per_s_c1", "images_per_s_c4")
+    assert_has_keys(video["off"], "steps_per_s", "video_s_per_s_c1", "video_s_per_s_c4")
+    for row in (image["first_block,threshold=0.6"], video["first_block,threshold=0.6"]):
+        assert_has_keys(row, "psnr_db_min", "max_pixel_diff", "speedup_steps")
+        assert 0 <= row["max_pixel_diff"] <= 255
 
 
 #: thinker -> talker -> code2wav that takes audio, its speech flowing

@@ -192,6 +192,20 @@ async def test_trace_download(omni_server, http):
     ]
 
 
+async def test_trace_html_is_the_page_omnix_replay_writes(omni_server, http):
+    from omnix.trace import read_trace
+    from omnix.traceview.html import render_html
+
+    async with http.post(omni_server.url + "/v1/chat/completions", json={"messages": USER}) as r:
+        rid = r.headers["X-Request-Id"]
+    async with http.get(f"{omni_server.url}/v1/requests/{rid}/trace") as r:
+        trace = read_trace(await r.read())
+    async with http.get(f"{omni_server.url}/v1/requests/{rid}/trace.html") as r:
+        assert r.status == 200 and r.content_type == "text/html"
+        assert "script-src" not in r.headers["Content-Security-Policy"]
+        assert await r.text() == render_html(trace, requests=[rid])
+
+
 async def test_trace_of_a_running_request_is_refused(slow_server, http):
     async with http.post(
         slow_server.url + "/v1/chat/completions", json={"messages": USER, "stream": True}

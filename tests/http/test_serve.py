@@ -150,6 +150,7 @@ async def test_a_public_workers_endpoint_without_a_token_is_refused_in_one_line(
         (("--retain-bytes", "12QB"), "--retain-bytes '12QB' is not a size"),
         (("--archive",), "--archive moves released log segments aside: it needs --log-dir DIR"),
         (("--config", "/nonexistent.toml"), "--config /nonexistent.toml: cannot read it"),
+        (("--tool-call-parser", "hermes"), "has no vLLM stage writing text to parse"),
     ],
 )
 async def test_bad_serve_flags_are_refused_in_one_line(tmp_path, flags, says):
@@ -197,3 +198,18 @@ async def test_serve_takes_its_http_flags(tmp_path):
                 assert "media.example" in err["message"]
     finally:
         await served.close()
+
+
+@pytest.mark.slow  # the installed vLLM's registries: its import, ~20-70 s on 2 cores
+async def test_a_parser_vllm_lacks_stops_serve_naming_the_flag():
+    pytest.importorskip("vllm")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "omnix.cli", "serve", "--pipeline", "tiny-text", "--port", "0",
+        "--tool-call-parser", "nope", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 180)
+    assert proc.returncode == 2, out.decode()
+    # vLLM's import may log first; the refusal is the last line.
+    last = out.decode().strip().splitlines()[-1]
+    assert "tool_call_parser (--tool-call-parser): vLLM has no tool-call parser 'nope'" in last

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from omnix.events.types import RequestSpec
 from omnix.replay.drive import drive
-from omnix.replay.show import render_timeline
 from omnix.testing.sim import start_sim
 from omnix.trace import export_trace, read_trace
+from omnix.traceview.show import render_timeline
 
 from .conftest import omni_like
 

@@ -71,6 +71,18 @@ def test_a_qwen3_omni_thinker_folder_is_the_thinker_alone(tiny):
     assert stage.engine.limit_mm_per_prompt == {"audio": 1, "image": 1, "video": 1}
 
 
+def test_a_qwen3_omni_folder_reads_hermes_calls_and_thinks_only_when_it_does_not_speak(tiny):
+    # As vLLM's recipes serve Qwen3-Omni: hermes-style calls with auto tool
+    # choice; Qwen3's reasoning parser on the Thinking checkpoint (the
+    # thinker alone), whose answers start with their reasoning.
+    alone = derive_pipeline(tiny.omni_thinker, gpu=False).stages[0].engine
+    whole = derive_pipeline(tiny.omni, gpu=False).stages[0].engine
+    assert isinstance(alone, VllmArgs) and isinstance(whole, VllmArgs)
+    assert (alone.tool_call_parser, alone.enable_auto_tool_choice) == ("hermes", True)
+    assert (whole.tool_call_parser, whole.enable_auto_tool_choice) == ("hermes", True)
+    assert (alone.reasoning_parser, whole.reasoning_parser) == ("qwen3", "")
+
+
 def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny):
     cfg = derive_pipeline(tiny.omni, gpu=False)
     ref = load_pipeline("tiny-omni")

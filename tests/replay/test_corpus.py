@@ -14,9 +14,9 @@ import pytest
 
 from omnix.replay.drive import drive
 from omnix.replay.faults import check_invariants
-from omnix.replay.show import render_timeline
 from omnix.testing.sse import parse_sse
 from omnix.trace import read_trace
+from omnix.traceview.show import render_timeline
 
 CORPUS = Path(__file__).resolve().parents[2] / "replay"
 TRACES = sorted(CORPUS.glob("*.trace"))

@@ -18,10 +18,10 @@ from omnix.replay.client import client_bytes, client_response
 from omnix.replay.counterfactual import counterfactual
 from omnix.replay.drive import drive
 from omnix.replay.faults import inject
-from omnix.replay.show import render_timeline
 from omnix.stages.options import RuntimeOptions
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.trace import export_trace, read_trace
+from omnix.traceview.show import render_timeline
 
 pytestmark = pytest.mark.slow
 

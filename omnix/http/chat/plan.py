@@ -5,7 +5,8 @@ its conversations (one, or a batch: one request each, ``ID-0``, ``ID-1``...),
 their messages with the decoded media parts in place (``media_parts``
 lists what the HTTP layer decodes first), the output modalities, ``n``
 samples of one prompt (a group, seeds ``seed``, ``seed+1``...), the
-standard sampling parameters put on the text stage, audio output on the
+standard sampling parameters and the tools (``tools.py``) put on the text
+stage, audio output on the
 speech stages, and the ``ChatOptions`` the response renders from.
 Everything it can judge without the pipeline's own validation is a 400
 here, before anything is admitted.
@@ -21,6 +22,7 @@ import msgspec
 from omnix.events.options import API_CHAT, AudioFormat, ChatOptions
 from omnix.events.types import ChatMessage, MediaPart, Modality, RequestSpec, StageParams
 from omnix.http.chat.protocol import ChatCompletionRequest
+from omnix.http.chat.tools import history_calls, tool_params
 from omnix.http.common.fields import MediaContentPart, Message, TextPart
 from omnix.http.common.plan import DecodedBlob, Media, Plan, PlanContext, group_ids, member
 from omnix.http.common.rendering import RENDER_VERSION
@@ -84,7 +86,16 @@ def _messages(conv: list[Message], where: str, media: Media) -> tuple[ChatMessag
                 if track is not None:
                     parts.append(msgspec.structs.replace(track, at=at))
             text = "\n".join(texts)
-        out.append(ChatMessage(role=m.role, content=text, media=tuple(parts)))
+        calls, answers = history_calls(m)
+        out.append(
+            ChatMessage(
+                role=m.role,
+                content=text,
+                media=tuple(parts),
+                tool_calls=calls,
+                tool_call_id=answers,
+            )
+        )
     _check_tracks(out, where)
     return tuple(out)
 
@@ -259,6 +270,14 @@ def chat_plan(
         raise bad("logprobs", 'logprobs are of the text answer: modalities must include "text".')
     text_stage = served.output_stage("text") or served.source_stage(outputs)
     params = text_params(served, body.sampling_params_list, text_stage, base)
+    for st, given in params.items():
+        if given.tools is not None or given.tool_choice is not None:
+            raise bad(
+                "sampling_params_list",
+                f"sampling_params_list[{st!r}] gives tools: give them in the body's tools "
+                "and tool_choice.",
+            )
+    put(params, text_stage, tool_params(body, served, text_stage))
     opts = _options(body, served, outputs, text_stage, base.logprobs is not None)
     if "audio" in outputs:
         served.check_voice(opts.voice, "audio.voice")

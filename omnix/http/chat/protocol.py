@@ -14,7 +14,7 @@ Does not own what a body means (``plan.py``) nor filling the responses
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -35,6 +35,36 @@ from omnix.http.common.fields import (
 )
 
 ChatAudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
+
+#: OpenAI's function names: letters, digits, ``_`` and ``-``, at most 64.
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class FunctionDef(msgspec.Struct, **REQUEST):
+    name: FunctionName
+    description: str | None = None
+    #: a JSON Schema of the arguments (checked as one: ``tools.py``)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, **REQUEST):
+    function: FunctionDef
+    type: Literal["function"] = "function"
+
+
+class NamedFunction(msgspec.Struct, **REQUEST):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, **REQUEST):
+    """``tool_choice`` naming the function the answer must call."""
+
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class AudioParams(msgspec.Struct, **REQUEST):
@@ -73,6 +103,8 @@ class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True, kw_only=
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     parallel_tool_calls: bool | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 #: OpenAI chat parameters omnix does not take, with the reason: sending one
@@ -80,10 +112,8 @@ class ChatCompletionRequest(SamplingFields, forbid_unknown_fields=True, kw_only=
 #: "unknown field").  Their values would be free-form JSON, so they are not
 #: declared on the Struct.
 UNSUPPORTED_CHAT_FIELDS: dict[str, str] = {
-    "tools": "omnix does not run tool calls; omit it.",
-    "tool_choice": "omnix does not run tool calls; omit it.",
-    "functions": "omnix does not run function calls; omit it.",
-    "function_call": "omnix does not run function calls; omit it.",
+    "functions": "the deprecated form of tools: send tools.",
+    "function_call": "the deprecated form of tool_choice: send tool_choice.",
     "prediction": "omit it.",
     "reasoning_effort": "omit it.",
     "web_search_options": "omit it.",
@@ -99,12 +129,44 @@ class AudioOut(msgspec.Struct, kw_only=True):
     transcript: str | UnsetType = UNSET
 
 
+class FunctionCallOut(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(msgspec.Struct, kw_only=True):
+    """A call in ``message.tool_calls``."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class FunctionDeltaOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | UnsetType = UNSET
+    arguments: str = ""
+
+
+class ToolCallDeltaOut(msgspec.Struct, kw_only=True):
+    """A piece of a call in ``delta.tool_calls``, as the openai client
+    assembles them: ``id``, ``type`` and the name on a call's first piece
+    only, then its arguments' text by ``index``."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionDeltaOut
+
+
 class AssistantMessage(msgspec.Struct, kw_only=True):
     # ``content`` is written even when null (as OpenAI does); UNSET fields
     # are never written.
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     audio: AudioOut | UnsetType = UNSET
+    #: vLLM's field: the reasoning its reasoning parser split off
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):
@@ -148,6 +210,8 @@ class Delta(msgspec.Struct, kw_only=True):
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType = UNSET
     audio: AudioOut | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDeltaOut] | UnsetType = UNSET
 
 
 class ChunkChoice(msgspec.Struct, kw_only=True):

@@ -1,9 +1,11 @@
 """Chat completions' bytes, as a pure function of the request's events.
 
 Owns: the whole ``chat.completion`` of one request or of a batch's members
-(``whole``: one choice per member, ``message.audio`` when asked for), the
+(``whole``: one choice per member, ``message.audio`` when asked for, the
+tool calls and reasoning a stage's parsers split off), the
 ``chat.completion.chunk`` SSE stream (``ChatStream``: a role chunk at
-admission, content and audio deltas as chunks arrive, a finish chunk, an
+admission, content, reasoning, tool-call and audio deltas as chunks arrive,
+a finish chunk, an
 optional usage chunk, ``[DONE]``; a request that fails or is cancelled
 mid-stream ends with an ``{"error": ...}`` event and ``[DONE]``), and which
 of its SSE events carry ``id:`` (``stream_ids``).
@@ -20,7 +22,7 @@ from typing import Any
 from msgspec import UNSET
 
 from omnix.events.options import ChatOptions
-from omnix.events.types import Admitted, Chunk, Finished, TokenLogprob
+from omnix.events.types import Admitted, Chunk, Finished, TokenLogprob, ToolCallDelta
 from omnix.http.chat.protocol import (
     AssistantMessage,
     AudioOut,
@@ -30,7 +32,11 @@ from omnix.http.chat.protocol import (
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
+    FunctionCallOut,
+    FunctionDeltaOut,
     TokenLogprobOut,
+    ToolCallDeltaOut,
+    ToolCallOut,
     TopLogprob,
 )
 from omnix.http.common.audio import StreamEncoder, encode_audio
@@ -70,6 +76,37 @@ def choice_logprobs(lps: Iterable[TokenLogprob]) -> ChoiceLogprobs:
     )
 
 
+def tool_calls(pieces: Iterable[ToolCallDelta]) -> list[ToolCallOut]:
+    """The calls a parser's pieces make, whole, in the order they began."""
+    calls: dict[int, ToolCallOut] = {}
+    for p in pieces:
+        call = calls.get(p.index)
+        if call is None:
+            calls[p.index] = ToolCallOut(
+                id=p.id, function=FunctionCallOut(name=p.name, arguments=p.arguments)
+            )
+            continue
+        f = call.function
+        f.name = f.name or p.name
+        f.arguments += p.arguments
+        call.id = call.id or p.id
+    return list(calls.values())
+
+
+def _delta_calls(pieces: Iterable[ToolCallDelta]) -> list[ToolCallDeltaOut]:
+    return [
+        ToolCallDeltaOut(
+            index=p.index,
+            id=p.id,
+            type="function",
+            function=FunctionDeltaOut(name=p.name, arguments=p.arguments),
+        )
+        if p.id
+        else ToolCallDeltaOut(index=p.index, function=FunctionDeltaOut(arguments=p.arguments))
+        for p in pieces
+    ]
+
+
 def whole(members: list[RequestSummary], opts: ChatOptions) -> Rendered:
     """The ``chat.completion`` of finished members (``opts``: the first's)."""
     first = members[0]
@@ -90,6 +127,11 @@ def whole(members: list[RequestSummary], opts: ChatOptions) -> Rendered:
                 transcript=text,
             )
         msg = AssistantMessage(content=text if s.text_stage else None, audio=audio)
+        if s.reasoning:
+            msg.reasoning_content = "".join(s.reasoning)
+        if s.tool_calls:
+            msg.tool_calls = tool_calls(s.tool_calls)
+            msg.content = text or None
         lps = choice_logprobs(s.logprobs) if opts.logprobs else None
         choices.append(
             ChatChoice(index=i, message=msg, finish_reason=s.finish_reason(), logprobs=lps)
@@ -167,6 +209,8 @@ class ChatStream(StreamTail):
 
     def chunk(self, ev: Chunk) -> list[bytes]:
         if ev.stage == self.text_stage and ev.modality == "text":
+            if ev.reasoning or ev.tool_calls:
+                return [self._chunk(self._parsed(ev), None, self._logprobs(ev))]
             if self.logprobs and ev.logprobs:
                 return [self._chunk(Delta(content=ev.text), None, choice_logprobs(ev.logprobs))]
             if not ev.text:
@@ -181,6 +225,21 @@ class ChatStream(StreamTail):
                 else []
             )
         return []
+
+    def _logprobs(self, ev: Chunk) -> ChoiceLogprobs | None:
+        return choice_logprobs(ev.logprobs) if self.logprobs and ev.logprobs else None
+
+    @staticmethod
+    def _parsed(ev: Chunk) -> Delta:
+        """A chunk a parser split: its answer, reasoning and calls' pieces."""
+        d = Delta()
+        if ev.text:
+            d.content = ev.text
+        if ev.reasoning:
+            d.reasoning_content = ev.reasoning
+        if ev.tool_calls:
+            d.tool_calls = _delta_calls(ev.tool_calls)
+        return d
 
     def finished(self, ev: Finished) -> list[bytes]:
         out = []

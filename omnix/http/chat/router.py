@@ -24,6 +24,7 @@ from omnix.http.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
 )
+from omnix.http.chat.tools import tool_stage
 from omnix.http.common import doc
 from omnix.http.common.plan import DecodedBlob, Media
 from omnix.http.core.body import read_body, traceparent
@@ -193,8 +194,40 @@ def _shape(schemas: Schemas, ctx: DocContext) -> None:
         }
     else:
         del props["audio"]
-    req["allOf"] = _rules(batch)
+    req["allOf"] = _rules(batch) + _tool_rules(props, pipeline)
     req["dependentSchemas"] = dependent
+
+
+def _tool_rules(props: dict[str, Any], pipeline: PipelineConfig) -> list[dict[str, Any]]:
+    """The tools the text stage takes (``tools.py`` enforces them): none
+    unless it is a vLLM stage writing text; a choice other than ``none``
+    needs tools; without auto tool choice, tools need a forcing choice."""
+    args = tool_stage(pipeline, pipeline.outputs.get("text", ""))
+    if args is None:
+        props["tools"] = doc.nullable({"type": "array", "maxItems": 0})
+        props["tool_choice"] = doc.nullable({"const": "none"})
+        return []
+    some = {"type": "array", "minItems": 1}
+    rules: list[dict[str, Any]] = [
+        {
+            "if": {
+                "required": ["tool_choice"],
+                "properties": {"tool_choice": {"not": {"enum": [None, "none"]}}},
+            },
+            "then": {"required": ["tools"], "properties": {"tools": some}},
+        }
+    ]
+    if not (args.enable_auto_tool_choice and args.tool_call_parser):
+        rules.append(
+            {
+                "if": {"required": ["tools"], "properties": {"tools": some}},
+                "then": {
+                    "required": ["tool_choice"],
+                    "properties": {"tool_choice": {"not": {"enum": [None, "auto"]}}},
+                },
+            }
+        )
+    return rules
 
 
 CHAT = Route(

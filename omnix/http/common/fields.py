@@ -90,11 +90,26 @@ ContentPart = TextPart | ImageUrlPart | InputAudioPart | AudioUrlPart | VideoUrl
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+class FunctionCallIn(msgspec.Struct, **REQUEST):
+    name: str
+    #: the JSON text the model wrote (OpenAI's: a string, not an object)
+    arguments: str
+
+
+class ToolCallIn(msgspec.Struct, **REQUEST):
+    """A call an assistant message of the history made."""
+
+    id: str
+    function: FunctionCallIn
+    type: Literal["function"] = "function"
+
+
 class Message(msgspec.Struct, **REQUEST):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
 
 
 class StreamOptions(msgspec.Struct, **REQUEST):

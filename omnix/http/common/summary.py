@@ -53,6 +53,7 @@ from omnix.events.types import (
     StageStarted,
     TerminalEvent,
     TokenLogprob,
+    ToolCallDelta,
     WorkerJoined,
     WorkerLost,
 )
@@ -77,6 +78,8 @@ class RequestSummary:
         self.text: list[str] = []
         self.token_ids: list[int] = []  # of the text chunks
         self.logprobs: list[TokenLogprob] = []  # of the text chunks
+        self.reasoning: list[str] = []  # of the text chunks (a reasoning parser's)
+        self.tool_calls: list[ToolCallDelta] = []  # of the text chunks (a tool-call parser's)
         self.audio: list[np.ndarray] = []
         self.audio_rate = 0  # from a blob's media type, when it says
         self.images: list[bytes] = []
@@ -157,6 +160,10 @@ class RequestSummary:
             self.text.append(ev.text)
             self.token_ids.extend(ev.token_ids)
             self.logprobs.extend(ev.logprobs)
+            if ev.reasoning:
+                self.reasoning.append(ev.reasoning)
+            if ev.tool_calls:
+                self.tool_calls.extend(ev.tool_calls)
         elif ev.modality == "video" and ev.stage == self.video_stage:
             self.video = ev.blob  # kept by reference: the file is served as is
         elif not self.collect_media:
@@ -227,6 +234,12 @@ class RequestSummary:
         return (st.prompt_tokens, st.output_tokens) if st is not None else (0, 0)
 
     def finish_reason(self) -> str:
+        """The first of the output stages' finish reasons; ``tool_calls``
+        when the answer stopped having called tools (as vLLM says it)."""
+        if self.tool_calls:
+            st = self.finished.get(self.text_stage)
+            if st is not None and st.finish_reason == "stop":
+                return "tool_calls"
         for stage in (self.text_stage, self.audio_stage, self.image_stage):
             st = self.finished.get(stage)
             if st is not None:

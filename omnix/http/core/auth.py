@@ -2,8 +2,11 @@
 
 Owns: ``auth_middleware(api_key, public)``: with a key configured, every
 route but the public ones (``/health`` and ``/ready``: liveness and
-readiness probes carry no credentials; the route table says which) requires
-``Authorization: Bearer KEY``; anything else is answered 401 with OpenAI's
+readiness probes carry no credentials; the playground's page and assets,
+which hold no data; the route table says which) requires
+``Authorization: Bearer KEY``, or on a WebSocket handshake the subprotocol
+``openai-insecure-api-key.KEY`` (a browser's WebSocket cannot send headers:
+OpenAI's Realtime API takes the key from browsers so); anything else is answered 401 with OpenAI's
 error body and a ``WWW-Authenticate`` challenge.  The comparison is
 constant-time.
 
@@ -21,6 +24,22 @@ from aiohttp.typedefs import Middleware
 
 from omnix.http.core.errors import ApiError, Handler
 
+#: The prefix of the subprotocol a browser's WebSocket sends its key as.
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
+def _given(request: web.Request) -> str:
+    """The credentials sent: the Authorization header, else the key a
+    WebSocket handshake names as a subprotocol, as that header would be."""
+    given = request.headers.get("Authorization", "")
+    if given or request.headers.get("Upgrade", "").lower() != "websocket":
+        return given
+    for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        proto = proto.strip()
+        if proto.startswith(KEY_SUBPROTOCOL):
+            return "Bearer " + proto[len(KEY_SUBPROTOCOL) :]
+    return ""
+
 
 def auth_middleware(api_key: str, public: frozenset[str]) -> Middleware:
     """Requires ``api_key`` on every path but those in ``public``."""
@@ -30,7 +49,7 @@ def auth_middleware(api_key: str, public: frozenset[str]) -> Middleware:
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in public:
             return await handler(request)
-        given = request.headers.get("Authorization", "")
+        given = _given(request)
         if not given:
             raise ApiError(
                 401,

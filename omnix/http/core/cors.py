@@ -9,6 +9,13 @@ prepared), and the refusal (403 ``origin_not_allowed``) of a POST from any
 other origin, so that a page cannot make a browser start or cancel work
 here even with a request that needs no preflight.
 
+A page this server served itself (the playground) is of the server's own
+origin: ``Origin`` equal to ``http://`` + ``Host``.  That is admitted only
+where the Host is an IP address or ``localhost``: a name could be an
+attacker's, rebound by DNS to this address (DNS rebinding makes a foreign
+page same-origin with the server); behind a name, ``--allowed-origins``
+names it.
+
 Closed by default: with no allowed origins no response carries CORS
 headers and every preflight is refused.  Does not own authentication
 (``auth.py``) nor the Content-Type rule of JSON routes (``body.py``).
@@ -16,6 +23,7 @@ headers and every preflight is refused.  Does not own authentication
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 
@@ -57,6 +65,32 @@ def parse_origins(values: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(out)
 
 
+def _literal_host(host: str) -> bool:
+    """Whether ``host`` (a Host header, port and all) names no DNS name:
+    an IP address, or ``localhost``, which browsers resolve to loopback
+    themselves."""
+    name = host[1 : host.find("]")] if host.startswith("[") else host.split(":", 1)[0]
+    if name.lower() == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def own_origin(request: web.Request) -> bool:
+    """Whether the request's ``Origin`` is the server's own origin as the
+    browser reached it, under a Host that DNS cannot rebind."""
+    origin = request.headers.get("Origin", "")
+    host = request.headers.get("Host", "")
+    return (
+        bool(host)
+        and origin.lower() == f"{request.scheme}://{host}".lower()
+        and _literal_host(host)
+    )
+
+
 class Cors:
     """The CORS policy of one app: ``middleware`` (preflights and refused
     origins) and ``on_prepare`` (headers of allowed responses)."""
@@ -67,6 +101,11 @@ class Cors:
 
     def allows(self, origin: str) -> bool:
         return self.any or origin.lower() in self.origins
+
+    def admits(self, request: web.Request) -> bool:
+        """Whether the request's ``Origin`` (there is one) may start work
+        here: an allowed origin, or the server's own (``own_origin``)."""
+        return self.allows(request.headers["Origin"]) or own_origin(request)
 
     def refuse(self, origin: str) -> ApiError:
         hint = (
@@ -99,7 +138,7 @@ class Cors:
                 "Access-Control-Max-Age": "600",
             }
             return web.Response(status=204, headers=headers)
-        if request.method == "POST" and not self.allows(origin):
+        if request.method == "POST" and not self.admits(request):
             raise self.refuse(origin)
         return await handler(request)
 

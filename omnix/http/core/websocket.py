@@ -1,12 +1,13 @@
 """Admitting a WebSocket: the checks every WebSocket route passes before it upgrades.
 
 Owns ``check_admission`` (a browser's ``Origin`` under the HTTP routes'
-CORS policy, 403 ``origin_not_allowed`` otherwise; a serving server that
+CORS policy, the server's own page included, 403 ``origin_not_allowed`` otherwise; a serving server that
 accepts work, 503 otherwise) and ``upgrade`` (the socket, or 426
 ``websocket_required`` with ``Upgrade: websocket`` for a request that is
 not a WebSocket handshake), in that order, and ``accept``, both at once.
 ``/v1/realtime`` and ``/v1/audio/speech/stream`` admit through here; the
-Bearer key is the app's middleware's, as on every route.  Does not own a
+Bearer key is the app's middleware's, as on every route (a browser, which
+cannot set a WebSocket's headers, sends it as a subprotocol: ``auth.py``).  Does not own a
 route's own checks (the model it names, a session it resumes, an output
 the pipeline must make) nor what runs on the socket.
 """
@@ -19,6 +20,10 @@ from omnix.http.core.cors import Cors
 from omnix.http.core.errors import ApiError
 from omnix.http.core.server import Server
 
+#: The subprotocol a browser names beside its key (``auth.KEY_SUBPROTOCOL``),
+#: as OpenAI's Realtime API takes it: a browser that offers subprotocols
+#: fails the handshake unless the server picks one.
+SUBPROTOCOL = "realtime"
 #: Seconds between the server's pings; a peer that misses one is gone.
 HEARTBEAT_S = 30.0
 
@@ -29,7 +34,7 @@ def check_admission(server: Server, request: web.Request) -> None:
     origin = request.headers.get("Origin")
     if origin is not None:
         cors = Cors(server.options.allowed_origins)
-        if not cors.allows(origin):
+        if not cors.admits(request):
             raise cors.refuse(origin)
     if server.phase != "serving" or not server.omni.accepting:
         raise server.not_accepting()
@@ -40,7 +45,12 @@ async def upgrade(
 ) -> web.WebSocketResponse:
     """The prepared socket; 426 ``websocket_required`` (``how``: which client does
     the handshake) when the request is no WebSocket handshake."""
-    ws = web.WebSocketResponse(max_msg_size=max_msg_size, autoping=True, heartbeat=HEARTBEAT_S)
+    ws = web.WebSocketResponse(
+        max_msg_size=max_msg_size,
+        autoping=True,
+        heartbeat=HEARTBEAT_S,
+        protocols=(SUBPROTOCOL,),
+    )
     if not ws.can_prepare(request).ok:
         raise ApiError(
             426,

@@ -3,9 +3,11 @@
 Owns the handlers of ``/v1/requests/{id}`` and below: the request named
 in the path must be held (404; 410 for one retention released), its
 folded state as JSON, an SSE tail of its events (from the start or after
-``Last-Event-ID``; ``?format=object``), its streamed response again
-(``core.resume`` finds where; ``core.live`` sends the rest), a cancel, and
-a replayable trace once it has ended; and their OpenAPI operations.
+``Last-Event-ID``; ``?format=object``), its figures (TTFT, RTF, ...:
+``figures.py``), its streamed response again (``core.resume`` finds where;
+``core.live`` sends the rest), a cancel, and a replayable trace once it has
+ended, or that trace as the page ``omnix replay --html`` writes; and their
+OpenAPI operations.
 
 Does not own the bytes of a streamed response (``omnix.http.render``).
 """
@@ -17,6 +19,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from omnix.events.types import Chunk
 from omnix.http.common import doc
 from omnix.http.core.errors import ApiError, ErrorBody
 from omnix.http.core.live import stream
@@ -24,9 +27,12 @@ from omnix.http.core.respond import FLUSH_BYTES, Stream, caught_up, durable, jso
 from omnix.http.core.resume import resume_point
 from omnix.http.core.route import DocContext, Route
 from omnix.http.core.server import Server
+from omnix.http.requests.figures import Figures, figures
 from omnix.http.requests.protocol import CancelResult
 from omnix.http.requests.views import event_object_sse, event_sse, state_json
-from omnix.trace import export_trace
+from omnix.telemetry.setup import sample_rate_of
+from omnix.trace import export_trace, read_trace
+from omnix.traceview.html import render_html
 
 #: A log position, as ``/events`` writes its ``id:``.
 _POSITION: Final = re.compile(r"^[0-9]{1,18}$")
@@ -126,6 +132,24 @@ async def events(server: Server, request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def request_figures(server: Server, request: web.Request) -> web.Response:
+    """The request's figures from the times its events recorded, as far as
+    the log holds it now."""
+    rid = known(server, request)
+    omni = server.omni
+    rs = omni.state(rid)
+    assert rs is not None
+    samples = 0
+    async for ev in omni.events(rid, 0):
+        if type(ev) is Chunk and ev.modality == "audio" and ev.blob is not None and ev.blob.shape:
+            samples += ev.blob.shape[0]
+        if ev.pos >= rs.last_pos:
+            break
+    return json_response(
+        figures(rs, samples, sample_rate_of(omni.pipeline)), headers={"X-Request-Id": rid}
+    )
+
+
 async def resume(server: Server, request: web.Request) -> web.StreamResponse:
     """The streamed response of a request, again: from its start, or
     after the ``Last-Event-ID`` (header or ``?last_event_id=``) of the
@@ -147,8 +171,8 @@ async def cancel(server: Server, request: web.Request) -> web.Response:
     )
 
 
-async def trace(server: Server, request: web.Request) -> web.Response:
-    rid = known(server, request)
+def _ended_trace(server: Server, rid: str) -> bytes:
+    """The trace of ``rid``, which must have ended (409 otherwise)."""
     omni = server.omni
     rs = omni.state(rid)
     if rs is not None and not rs.terminal:
@@ -158,13 +182,33 @@ async def trace(server: Server, request: web.Request) -> web.Response:
             code="request_running",
         )
     # On the loop, not a thread: the log is appended to by this loop.
-    data = export_trace(omni.log, omni.blobs, omni.pipeline, [rid])
+    return export_trace(omni.log, omni.blobs, omni.pipeline, [rid])
+
+
+async def trace(server: Server, request: web.Request) -> web.Response:
+    rid = known(server, request)
+    data = _ended_trace(server, rid)
     return web.Response(
         body=data,
         content_type="application/octet-stream",
         headers={
             "Content-Disposition": f'attachment; filename="{rid}.omnixtrace"',
             "X-Request-Id": rid,
+        },
+    )
+
+
+async def trace_html(server: Server, request: web.Request) -> web.Response:
+    """The request's trace as the self-contained page ``omnix replay
+    TRACE --html`` writes (inline CSS and SVG, no script)."""
+    rid = known(server, request)
+    page = render_html(read_trace(_ended_trace(server, rid)), requests=[rid])
+    return web.Response(
+        text=page,
+        content_type="text/html",
+        headers={
+            "X-Request-Id": rid,
+            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
         },
     )
 
@@ -196,6 +240,16 @@ def _events_doc(ctx: DocContext) -> dict[str, Any]:
             "400": doc.json_body(ErrorBody, "Last-Event-ID is not an event id"),
             "404": doc.NOT_FOUND,
         },
+    )
+
+
+def _figures_doc(ctx: DocContext) -> dict[str, Any]:
+    return doc.get(
+        "A request's figures (TTFT, time to first audio, RTF, tokens/s per stage) "
+        "from the times its events recorded",
+        doc.json_body(Figures, "Figures, in milliseconds from the admission"),
+        params=[doc.ID_PARAM],
+        errors={"404": doc.NOT_FOUND},
     )
 
 
@@ -249,8 +303,19 @@ def _trace_doc(ctx: DocContext) -> dict[str, Any]:
     )
 
 
+def _trace_html_doc(ctx: DocContext) -> dict[str, Any]:
+    return doc.get(
+        "The request's trace as one HTML page (what omnix replay --html writes)",
+        {"description": "HTML page", "content": {"text/html": {}}},
+        params=[doc.ID_PARAM],
+        errors={"404": doc.NOT_FOUND, "409": doc.json_body(ErrorBody, "Still running")},
+    )
+
+
 STATE = Route("GET", "/v1/requests/{id}", state, _state_doc)
 EVENTS = Route("GET", "/v1/requests/{id}/events", events, _events_doc)
+FIGURES = Route("GET", "/v1/requests/{id}/figures", request_figures, _figures_doc, types=(Figures,))
 STREAM = Route("GET", "/v1/requests/{id}/stream", resume, _stream_doc)
 CANCEL = Route("POST", "/v1/requests/{id}/cancel", cancel, _cancel_doc, types=(CancelResult,))
 TRACE = Route("GET", "/v1/requests/{id}/trace", trace, _trace_doc)
+TRACE_HTML = Route("GET", "/v1/requests/{id}/trace.html", trace_html, _trace_html_doc)

@@ -15,8 +15,8 @@ from html import escape
 
 from omnix.events.reducer import RequestState
 from omnix.events.types import Routed
-from omnix.replay.show import MS, RequestTiming, _n, describe, request_timing
 from omnix.trace import Trace, is_decision
+from omnix.traceview.show import MS, RequestTiming, _n, describe, request_timing
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2430;background:#fbfbfd}

@@ -1,0 +1,1 @@
+"""The playground: a page in the browser served by the server itself (``router.py``)."""

@@ -1,0 +1,99 @@
+"""Tool calls with audio out, on ``tiny-omni``'s real engines (the thinker
+with vLLM's ``hermes`` parser): only the answer is spoken.  The talker is
+fed no chunk of a tool call (the log's ``Routed`` sources say what it got),
+and the transcript is the answer's text, never the call's JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import msgspec
+import openai
+import pytest_asyncio
+
+from omnix.events.types import Chunk, Routed
+from omnix.http.app import HttpServer
+from omnix.pipelines.config import VllmArgs
+from omnix.pipelines.validate import load_pipeline
+from omnix.stages.options import RuntimeOptions
+from omnix.testing.serving import serve_omni
+
+from .conftest import real_engine_marks
+
+PIPELINE = "tiny-omni"
+pytestmark = real_engine_marks()
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server(tmp_path_factory) -> AsyncIterator[HttpServer]:
+    from omnix.api import Omni
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)
+    cfg = load_pipeline(PIPELINE)
+    stages = tuple(
+        msgspec.structs.replace(
+            st,
+            engine=msgspec.structs.replace(
+                st.engine, enable_auto_tool_choice=True, tool_call_parser="hermes"
+            ),
+        )
+        if isinstance(st.engine, VllmArgs)
+        else st
+        for st in cfg.stages
+    )
+    omni = Omni(
+        msgspec.structs.replace(cfg, stages=stages),
+        runtime_options=RuntimeOptions(
+            forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
+        ),
+    )
+    async with serve_omni(omni, grace_s=2.0, telemetry=False) as s:
+        yield s
+
+
+async def test_a_tool_call_is_not_spoken(server):
+    client = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
+    try:
+        resp = await client.chat.completions.create(
+            model=PIPELINE,
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            modalities=["text", "audio"],
+            audio={"voice": "default", "format": "wav"},
+            max_tokens=40,
+        )
+    finally:
+        await client.close()
+    msg = resp.choices[0].message
+    (call,) = msg.tool_calls
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+    assert msg.content is None and msg.audio is not None and msg.audio.transcript == ""
+    events = server.omni.log.events_for(resp.id.removeprefix("chatcmpl-"))
+    by_pos = {e.pos: e for e in events}
+    fed = [
+        by_pos[p]
+        for e in events
+        if isinstance(e, Routed) and e.stage == "talker"
+        for p in e.sources
+    ]
+    calls = [e for e in events if isinstance(e, Chunk) and e.tool_calls]
+    assert calls  # the thinker did write the call
+    assert not any(isinstance(e, Chunk) and (e.tool_calls or e.modality == "text") for e in fed)
