@@ -191,8 +191,9 @@ class TalkerGraphs:
         inputs = torch.stack([self.hidden[:b], first_embed], dim=1)
         total = first_embed
         out = [first]
+        project = model._to_predictor  # Qwen3-TTS's width change; None for Qwen3-Omni
         for g in range(self.groups - 1):
-            last = backbone.forward(inputs)
+            last = backbone.forward(inputs if project is None else project(inputs))
             logits = predictor.lm_head[g](last)
             code = choose_residual(
                 logits, rows, PREDICTOR_TOP_K, PREDICTOR_TOP_P, self.pnoise[:b, g]

@@ -162,23 +162,31 @@ class TalkerModel:
     """The talker of one Qwen3-Omni checkpoint, on one device."""
 
     def __init__(self, cfg: Any, talker: Any, thinker_embed: Any, eos: tuple[int, ...]) -> None:
-        import torch
-
         self.cfg = cfg
         self.layout = _read_layout(cfg)
         self.ids = _read_thinker_ids(cfg, eos)
+        self._bind(talker, thinker_embed, (self.ids.tts_bos, self.ids.tts_eos, self.ids.tts_pad))
+
+    def _bind(self, talker: Any, text_embed: Any, specials: tuple[int, int, int]) -> None:
+        """What decoding needs of a talker module whichever checkpoint it
+        came from (Qwen3-TTS's talker binds here too): its device and dtype,
+        the projected ``tts_bos`` / ``tts_eos`` / ``tts_pad`` vectors, the
+        suppressed ids, the code predictor's backbone and the projection
+        into it (Qwen3-TTS's ``small_to_mtp_projection``; none in Qwen3-Omni)."""
+        import torch
+
         self.talker = talker
-        self.thinker_embed = thinker_embed
+        self.thinker_embed = text_embed
         self.device = next(talker.parameters()).device
         self.dtype = next(talker.parameters()).dtype
-        specials = torch.tensor([self.ids.tts_bos, self.ids.tts_eos, self.ids.tts_pad])
         with torch.no_grad():
-            bos, eos_, pad = self.project_text(specials)
+            bos, eos_, pad = self.project_text(torch.tensor(specials))
         self.tts_bos, self.tts_eos, self.tts_pad = bos, eos_, pad
         self._suppress = torch.tensor(self.layout.suppressed, device=self.device)
         from omnix.engines.code_predictor import PredictorBackbone
 
         self._predictor = PredictorBackbone(talker.code_predictor.model)
+        self._to_predictor = getattr(talker.code_predictor, "small_to_mtp_projection", None)
 
     @classmethod
     def load(cls, folder: str | Path, device: str = "cpu", dtype: str = "float32") -> TalkerModel:
@@ -451,6 +459,8 @@ class TalkerModel:
         groups = self.layout.num_code_groups
         with torch.inference_mode():
             for g in range(groups - 1):
+                if self._to_predictor is not None:
+                    inputs = self._to_predictor(inputs)
                 last = backbone.forward(inputs)
                 logits = predictor.lm_head[g](last)
                 code = self._choose_residual(logits, samplings)

@@ -44,6 +44,7 @@ from omnix.models.paths import (
 )
 from omnix.models.qwen3_omni import build_omni_thinker, build_omni_tokenizer
 from omnix.models.qwen3_omni_speech import build_omni
+from omnix.models.qwen3_tts import build_qwen3_tts_custom_voice, build_qwen3_tts_voice_design
 from omnix.models.seeds import derived_seed, pad64
 
 if TYPE_CHECKING:  # imported where used: most commands never build a model
@@ -427,6 +428,8 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "omni_thinker": build_omni_thinker,
     "omni": build_omni,
     "video": build_video,
+    "qwen3_tts_custom_voice": build_qwen3_tts_custom_voice,
+    "qwen3_tts_voice_design": build_qwen3_tts_voice_design,
 }
 
 

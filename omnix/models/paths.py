@@ -31,6 +31,8 @@ TINY_MODELS: tuple[str, ...] = (
     "omni_thinker",
     "omni",
     "video",
+    "qwen3_tts_custom_voice",
+    "qwen3_tts_voice_design",
 )
 
 #: Written last into a built folder; its presence means "complete".
@@ -51,6 +53,8 @@ class ModelPaths(msgspec.Struct, frozen=True):
     omni_thinker: str
     omni: str
     video: str
+    qwen3_tts_custom_voice: str
+    qwen3_tts_voice_design: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

@@ -1,0 +1,77 @@
+"""Qwen3-TTS's 12 Hz speech decoder: codes -> 24 kHz waveform.
+
+Owns: ``SpeechCodec``, which loads a Qwen3-TTS folder's
+``speech_tokenizer/`` decoder (every ``decoder.*`` tensor, none missing or
+left over) and decodes an utterance's codes ([frames, 16]) into float32
+samples (1,920 a frame) chunked as the reference's tokenizer decodes them
+(300 frames a chunk, each with 25 frames of left context), so the samples
+are the reference's for the same codes.
+
+Does not own: the decoder's modules (``omnix.models.qwen3_tts_modules``),
+the tokenizer's encoder (reference audio -> codes: not here yet), nor a
+serving stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+SPEECH_TOKENIZER_DIR = "speech_tokenizer"
+#: The reference tokenizer's ``chunked_decode`` defaults.
+CHUNK_FRAMES = 300
+LEFT_CONTEXT_FRAMES = 25
+
+
+class SpeechCodec:
+    """The decoder of one 12 Hz speech tokenizer, on one device."""
+
+    def __init__(self, decoder: Any, sample_rate: int, samples_per_frame: int) -> None:
+        self.decoder = decoder
+        self.sample_rate = sample_rate
+        self.samples_per_frame = samples_per_frame
+        self.device = next(decoder.parameters()).device
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str = "cpu") -> SpeechCodec:
+        """From a Qwen3-TTS folder (its ``speech_tokenizer/``) or a speech
+        tokenizer folder itself."""
+        from omnix.engines.checkpoint import tensors_under
+        from omnix.models.qwen3_tts_modules import SpeechDecoder, read_config
+
+        folder = Path(folder)
+        if (folder / SPEECH_TOKENIZER_DIR / "config.json").exists():
+            folder = folder / SPEECH_TOKENIZER_DIR
+        cfg = read_config(folder)
+        if cfg.get("model_type") != "qwen3_tts_tokenizer_12hz":
+            raise ValueError(
+                f"{folder} is not a 12 Hz Qwen3-TTS speech tokenizer ({cfg.get('model_type')})"
+            )
+        decoder = SpeechDecoder(cfg["decoder_config"])
+        weights = tensors_under(folder, "decoder.")
+        expected = set(decoder.state_dict())
+        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+        if missing or unexpected:
+            raise ValueError(
+                f"{folder}'s decoder.* tensors do not match the 12 Hz decoder: "
+                f"missing {missing[:6]}, unexpected {unexpected[:6]}"
+            )
+        decoder.load_state_dict(weights, strict=True)
+        return cls(
+            decoder.to(device).eval(),
+            int(cfg["output_sample_rate"]),
+            int(cfg["decode_upsample_rate"]),
+        )
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """[frames, 16] codes -> [frames x 1920] float32 samples in [-1, 1]."""
+        import torch
+
+        with torch.inference_mode():
+            wav = self.decoder.chunked(
+                codes.T[None].to(self.device), CHUNK_FRAMES, LEFT_CONTEXT_FRAMES
+            )
+        return wav[0, 0, : codes.shape[0] * self.samples_per_frame].float().cpu()
