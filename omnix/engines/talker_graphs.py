@@ -56,16 +56,16 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 def _attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor, scale: float
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, unseen: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """One query position per row against its slot's whole cache: ``q``
     [b, kv_heads, group, head_dim], ``keys``/``values`` [b, kv_heads,
-    max_len, head_dim], ``hidden`` [b, 1, 1, max_len] true past each row's
+    max_len, head_dim], ``unseen`` [b, 1, 1, max_len] true past each row's
     length.  Two batched matmuls and a float32 softmax: SDPA runs this
     shape as a masked prefill, at half of a graphed step's time on an H100
     (docs/bench.md)."""
     scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
-    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    probs = torch.softmax(scores.masked_fill(unseen, float("-inf")), dim=-1)
     return torch.matmul(probs.to(values.dtype), values)
 
 
@@ -222,8 +222,7 @@ class TalkerGraphs:
             torch.arange(self.kv_heads, device=h.device)[None, :],
             lengths.clamp_max(L - 1)[:, None],
         )
-        hidden_pos = self._positions[None, :] > lengths[:, None]
-        hidden_pos = hidden_pos[:, None, None, :]  # [b, 1, 1, L]
+        unseen = (self._positions[None, :] > lengths[:, None])[:, None, None, :]  # [b, 1, 1, L]
         for i, layer in enumerate(talker.model.layers):
             a = layer.self_attn
             x = layer.input_layernorm(h)
@@ -235,7 +234,7 @@ class TalkerGraphs:
             self.values[i].index_put_(at, v[:, :, 0])
             # One query position: a KV head's query heads become its queries.
             qg = q.reshape(b, self.kv_heads, -1, hd)
-            att = _attend(qg, self.keys[i][:b], self.values[i][:b], hidden_pos, a.scaling)
+            att = _attend(qg, self.keys[i][:b], self.values[i][:b], unseen, a.scaling)
             h = h + a.o_proj(att.reshape(b, 1, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         hidden = talker.model.norm(h)[:, 0]
