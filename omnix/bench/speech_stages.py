@@ -21,6 +21,8 @@ repetitions in the process after one start (and their minimums,
 ``*_min``): ``talker_ms_per_step`` and ``predictor_ms_per_frame`` by batch
 size, ``code2wav_ms_per_frame``, ``first_packet_ms`` (talker input to the
 first PCM chunk, c=1), ``rtf`` and ``audio_s_per_s`` by concurrency,
+``talker_audio_s_per_s`` (the talker alone, its frames not decoded: what
+Code2Wav costs beside it on one device is the difference),
 ``transformers_ms_per_frame`` and ``transformers_rtf`` (c=1),
 ``speedup_vs_transformers`` (transformers' ms a frame over omnix's talker
 step plus predictor frame at c=1), ``graph_start_s``, ``peak_gpu_gib``,
@@ -39,12 +41,15 @@ import sys
 import time
 from typing import Any
 
+import msgspec
+
 from omnix.bench.loop import run_on_loop
 from omnix.usage import UsageError
 
 #: The c levels the issue asks for.
 DEFAULT_LEVELS = (1, 4, 8, 16, 32)
 SAMPLE_RATE = 24000
+FRAME_SAMPLES = 1920  # 80 ms a frame
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-compile", action="store_true", help="capture graphs without torch.compile"
     )
     parser.add_argument(
+        "--buckets",
+        default="",
+        help="the talker's graph buckets to capture, e.g. 1,16 (default: the engine's, "
+        "1,2,4,8,16,32 up to the largest level); fewer start sooner",
+    )
+    parser.add_argument(
         "--reference-frames",
         type=int,
         default=40,
@@ -76,13 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _levels(text: str) -> tuple[int, ...]:
+def _levels(text: str, flag: str = "--levels") -> tuple[int, ...]:
     try:
         levels = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
-        raise UsageError(f"--levels {text!r}: give sizes like 1,4,8") from None
+        raise UsageError(f"{flag} {text!r}: give sizes like 1,4,8") from None
     if not levels or levels[0] < 1 or levels[-1] > 32:
-        raise UsageError(f"--levels {text!r}: each level must be 1..32")
+        raise UsageError(f"{flag} {text!r}: each size must be 1..32")
     return levels
 
 
@@ -222,7 +233,7 @@ def _code2wav_ms(
 
 
 async def _speak(
-    talker: Any, code2wav: Any, built: _Built, rid: str, frames: int
+    talker: Any, code2wav: Any | None, built: _Built, rid: str, frames: int
 ) -> dict[str, float]:
     from omnix.events.types import StageParams
     from omnix.transport.work import GenerateRequest, InputPiece
@@ -241,6 +252,11 @@ async def _speak(
 
     start = time.perf_counter()
     first, samples = 0.0, 0
+    if code2wav is None:  # the talker alone: its frames counted as audio
+        async for piece in codes():
+            first = first or time.perf_counter() - start
+            samples += len(piece.token_ids) // built.talker.layout.num_code_groups * FRAME_SAMPLES
+        return {"first": first, "wall": time.perf_counter() - start, "audio": samples / SAMPLE_RATE}
     req = GenerateRequest(request_id=rid, stage="code2wav", params=StageParams())
     async for out in code2wav.generate(req, codes()):
         if out.array is not None and out.array.size:
@@ -265,6 +281,8 @@ async def _omnix(
         decode=args.decode,
         compile=not args.no_compile,
     )
+    if args.buckets:
+        targs = msgspec.structs.replace(targs, graph_buckets=_levels(args.buckets, "--buckets"))
     talker = TalkerEngine(targs, model=built.talker)
     code2wav = Code2WavEngine(Code2WavArgs(model=f"random-{args.sizes}"), model=built.code2wav)
     start = time.perf_counter()
@@ -275,8 +293,16 @@ async def _omnix(
         await _speak(talker, code2wav, built, "warm", 60)  # every chunk shape
         runs: list[dict[str, Any]] = []
         for r in range(args.runs):
-            one: dict[str, Any] = {"rtf": {}, "audio_s_per_s": {}, "first": 0.0}
+            one: dict[str, Any] = {
+                "rtf": {}, "audio_s_per_s": {}, "talker_audio_s_per_s": {}, "first": 0.0
+            }  # fmt: skip
             for c in levels:
+                t0 = time.perf_counter()
+                alone = await asyncio.gather(
+                    *(_speak(talker, None, built, f"r{r}c{c}t{i}", args.frames) for i in range(c))
+                )
+                wall = time.perf_counter() - t0
+                one["talker_audio_s_per_s"][c] = sum(g["audio"] for g in alone) / wall
                 t0 = time.perf_counter()
                 got = await asyncio.gather(
                     *(
@@ -291,7 +317,8 @@ async def _omnix(
                     one["first"] = got[0]["first"]
                 print(
                     f"run {r + 1}/{args.runs} c={c}: RTF {one['rtf'][c]:.3f}, "
-                    f"{one['audio_s_per_s'][c]:.1f} audio s/s",
+                    f"{one['audio_s_per_s'][c]:.1f} audio s/s "
+                    f"(the talker alone {one['talker_audio_s_per_s'][c]:.1f})",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -310,7 +337,7 @@ async def _omnix(
 def _summary(runs: list[dict[str, Any]], levels: tuple[int, ...]) -> dict[str, Any]:
     med, low = statistics.median, min
     out: dict[str, Any] = {}
-    for key in ("rtf", "audio_s_per_s"):
+    for key in ("rtf", "audio_s_per_s", "talker_audio_s_per_s"):
         out[key] = {c: round(med(r[key][c] for r in runs), 3) for c in levels}
         out[f"{key}_min"] = {c: round(low(r[key][c] for r in runs), 3) for c in levels}
     out["first_packet_ms"] = round(med(r["first"] for r in runs) * 1000, 1)

@@ -1,8 +1,8 @@
 """What the waveform decoder stages share (``codec``, ``code2wav``).
 
 Owns: ``DecoderThread``, one decode thread for every request of a worker
-(no oversubscription of a small CPU, one CUDA stream, and the event loop
-never waits on torch), the requests running and those aborted, the
+(no oversubscription of a small CPU, one CUDA stream of its own, and the
+event loop never waits on torch), the requests running and those aborted, the
 deterministic kernels a sample-exact stream needs on CUDA, and
 ``Delivered``, which drops the samples a lost replica already delivered
 from a continuation's output.  Does not own any decoder's maths nor its
@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from omnix.engines.device import pick_device
+from omnix.engines.device import pick_device, use_own_stream
 from omnix.transport.work import GenerateRequest
 
 T = TypeVar("T")
@@ -44,7 +44,14 @@ class DecoderThread:
         if picked.startswith("cuda"):
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"omnix-{self.name}")
+        # A stream of the thread's own: a talker in the same process steps
+        # on the GPU while a decode runs, not after it.
+        self.pool = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"omnix-{self.name}",
+            initializer=use_own_stream,
+            initargs=(picked,),
+        )
         return picked
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:

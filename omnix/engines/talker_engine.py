@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from omnix.engines.device import pick_device
+from omnix.engines.device import pick_device, use_own_stream
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import TalkerArgs
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
@@ -122,6 +122,7 @@ class TalkerEngine:
         self._wake = asyncio.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def start(self) -> EngineInfo:
         # Imported here, on the loop's thread, not first in the pool's: two
@@ -146,6 +147,7 @@ class TalkerEngine:
             )
         if self.args.voice:
             self.model.speaker_id(self.args.voice)  # an unknown default voice fails at start
+        await loop.run_in_executor(self._pool, lambda: use_own_stream(self.device, urgent=True))
         self._cache = BatchCache(self.model.talker.config.text_config)
         self._graphs = await loop.run_in_executor(self._pool, self._prepare_graphs)
         self._loop_task = asyncio.create_task(self._run(), name="omnix-talker-loop")
@@ -249,6 +251,7 @@ class TalkerEngine:
             self._wake.set()
 
     async def close(self) -> None:
+        self._closing = True  # a drive in progress ends after its step
         task, self._loop_task = self._loop_task, None
         if task is not None:
             task.cancel()
@@ -266,19 +269,28 @@ class TalkerEngine:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            moved = True
-            while moved and self._pool is not None and self._reqs:
-                try:
-                    moved, results = await loop.run_in_executor(self._pool, self._tick)
-                except Exception as exc:
-                    # A step that raised fails the requests it held, never the
-                    # loop: a dead loop would leave every request waiting.
-                    log.exception(
-                        "talker step failed; failing the %d requests in it", len(self._reqs)
-                    )
-                    moved, results = True, self._fail_all(exc)
-                for req, out in results:
-                    req.queue.put_nowait(out)
+            if self._pool is None:
+                return
+            await loop.run_in_executor(self._pool, self._drive, loop)
+
+    def _drive(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Steps, on the engine thread, for as long as a request moves; each
+        step's outputs go to the event loop as it ends, and the next step
+        starts while the loop hands them on (a round trip through the loop
+        between steps left the device idle while it served every stream).
+        What the loop changes meanwhile (a request in, text in, an abort)
+        the next step's round reads."""
+        moved = True
+        while moved and self._reqs and not self._closing:
+            try:
+                moved, results = self._tick()
+            except Exception as exc:
+                # A step that raised fails the requests it held, never the
+                # loop: a dead loop would leave every request waiting.
+                log.exception("talker step failed; failing the %d requests in it", len(self._reqs))
+                moved, results = True, self._fail_all(exc)
+            if results:
+                loop.call_soon_threadsafe(_deliver, results)
 
     def _tick(self) -> tuple[bool, list[tuple[_Request, EngineOutput | BaseException | None]]]:
         """One round on the engine thread: drop what ended, prefill what can
@@ -612,6 +624,11 @@ class TalkerEngine:
             output_tokens=req.frames,
         )
         return [(req, final), (req, None)]
+
+
+def _deliver(results: list[tuple[_Request, EngineOutput | BaseException | None]]) -> None:
+    for req, out in results:
+        req.queue.put_nowait(out)
 
 
 def _media_info(g: MediaGrids) -> Any:

@@ -165,6 +165,7 @@ class TalkerGraphs:
         self.suppressed = z(self.vocab, dtype=torch.bool)
         self.suppressed[list(model.layout.suppressed)] = True
         self._positions = torch.arange(max_len, device=dev)
+        self._slot_ids = torch.arange(S, device=dev)
         self.samplings: list[Sampling | None] = [None] * S
         self.used = 0  # slots 0 .. used-1 hold requests
         self._graphs: dict[int, tuple[Any, Any]] = {}
@@ -369,7 +370,12 @@ class TalkerGraphs:
         rows = list(active)
         with torch.inference_mode():
             self.active.zero_()
-            index = torch.tensor(rows, device=self.active.device)
+            if rows == list(range(len(rows))):  # every slot in use steps: the usual case
+                index = self._slot_ids[: len(rows)]
+            else:
+                # Pinned, so the copy does not wait for the device's queue.
+                host = torch.tensor(rows, pin_memory=self.capture)
+                index = host.to(self.active.device, non_blocking=True)
             self.active[index] = True
             self.text[index] = torch.stack(list(active.values())).to(self.text.dtype)
             for s in rows:
