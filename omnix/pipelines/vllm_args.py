@@ -279,27 +279,28 @@ def parser_problems(tool_call_parser: str, reasoning_parser: str, auto: bool) ->
             "enable_auto_tool_choice (--enable-auto-tool-choice) needs tool_call_parser "
             "(--tool-call-parser NAME)"
         )
-    if not (tool_call_parser or reasoning_parser) or not vllm_installed():
+    if not vllm_installed():
         return problems
-    if tool_call_parser:
-        from vllm.tool_parsers import ToolParserManager
-
-        names = ToolParserManager.list_registered()
-        if tool_call_parser not in names:
+    for kind, name in (("tool_call", tool_call_parser), ("reasoning", reasoning_parser)):
+        known = _registered_parsers(kind) if name else []
+        if name and name not in known:
+            words = kind.replace("_", "-")
             problems.append(
-                f"tool_call_parser (--tool-call-parser): vLLM has no tool-call parser "
-                f"{tool_call_parser!r}; its parsers: {', '.join(sorted(names))}"
-            )
-    if reasoning_parser:
-        from vllm.reasoning import ReasoningParserManager
-
-        names = ReasoningParserManager.list_registered()
-        if reasoning_parser not in names:
-            problems.append(
-                f"reasoning_parser (--reasoning-parser): vLLM has no reasoning parser "
-                f"{reasoning_parser!r}; its parsers: {', '.join(sorted(names))}"
+                f"{kind}_parser (--{words}-parser): vLLM has no {words} parser "
+                f"{name!r}; its parsers: {', '.join(sorted(known))}"
             )
     return problems
+
+
+def _registered_parsers(kind: str) -> list[str]:
+    """The names in vLLM's registry of ``tool_call`` or ``reasoning`` parsers."""
+    if kind == "tool_call":
+        from vllm.tool_parsers import ToolParserManager
+
+        return list(ToolParserManager.list_registered())
+    from vllm.reasoning import ReasoningParserManager
+
+    return list(ReasoningParserManager.list_registered())
 
 
 def load_chat_template(value: str) -> str:
