@@ -74,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-compile", action="store_true", help="capture graphs without torch.compile"
     )
     parser.add_argument(
+        "--code2wav-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="Code2Wav's dtype (default float32, as the engine runs it by default)",
+    )
+    parser.add_argument(
         "--buckets",
         default="",
         help="the talker's graph buckets to capture, e.g. 1,16 (default: the engine's, "
@@ -112,7 +118,7 @@ class _Built:
             mods = random_speech_modules(real_speech_config(), args.device, args.dtype, seed=0)
             self.config = mods.config
             self.talker = TalkerModel(mods.config, mods.talker, mods.thinker_embed, mods.eos)
-            self.code2wav = mods.code2wav
+            self.code2wav = mods.code2wav.to(getattr(torch, args.code2wav_dtype))
             self.parameters = mods.parameters()
         else:
             from omnix.engines.code2wav_engine import load_code2wav
@@ -123,7 +129,7 @@ class _Built:
             folder = resolve_model("omni")
             self.talker = TalkerModel.load(folder, args.device, args.dtype)
             self.config = self.talker.cfg
-            self.code2wav = load_code2wav(folder, args.device)
+            self.code2wav = load_code2wav(folder, args.device, args.code2wav_dtype)
             self.parameters = sum(p.numel() for p in self.talker.talker.parameters())
         # Plain text ids (below every special id) around one user turn and
         # the assistant's opening: what a thinker stage hands the talker.
@@ -284,7 +290,9 @@ async def _omnix(
     if args.buckets:
         targs = msgspec.structs.replace(targs, graph_buckets=_levels(args.buckets, "--buckets"))
     talker = TalkerEngine(targs, model=built.talker)
-    code2wav = Code2WavEngine(Code2WavArgs(model=f"random-{args.sizes}"), model=built.code2wav)
+    code2wav = Code2WavEngine(
+        Code2WavArgs(model=f"random-{args.sizes}", dtype=args.code2wav_dtype), model=built.code2wav
+    )
     start = time.perf_counter()
     await talker.start()
     await code2wav.start()
@@ -362,6 +370,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "decode": args.decode,
         "compile": not args.no_compile,
+        "code2wav_dtype": args.code2wav_dtype,
         "frames": args.frames,
         "parameters": built.parameters,
         "transformers_ms_per_frame": round(ref_ms, 2),

@@ -156,9 +156,10 @@ def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
-def load_code2wav(folder: Path, device: str) -> Any:
+def load_code2wav(folder: Path, device: str, dtype: str = "float32") -> Any:
     """transformers' ``Qwen3OmniMoeCode2Wav`` with the checkpoint's
-    ``code2wav.*`` weights (the thinker and talker are not loaded)."""
+    ``code2wav.*`` weights (the thinker and talker are not loaded), in
+    ``dtype``."""
     import torch
     from transformers import AutoConfig
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
@@ -177,7 +178,7 @@ def load_code2wav(folder: Path, device: str) -> Any:
             "use a Qwen3-Omni folder with its Code2Wav, or ask for text only"
         )
     model.load_state_dict(state, strict=True)
-    return model.to(device).eval()
+    return model.to(device=device, dtype=getattr(torch, dtype)).eval()
 
 
 class Code2WavEngine:
@@ -202,7 +203,7 @@ class Code2WavEngine:
         else:
             folder = str(resolve_model(self.args.model))
             self.device = self._thread.open(self.args.device)
-            self.model = await self._thread.run(load_code2wav, folder, self.device)
+            self.model = await self._thread.run(load_code2wav, folder, self.device, self.args.dtype)
         limit = self.args.batch_chunks or (CAPACITY if self.device.startswith("cuda") else 1)
         self._batcher = ChunkBatcher(self._thread, self.model, limit) if limit > 1 else None
         if self.device.startswith("cuda"):

@@ -157,7 +157,11 @@ class Code2WavArgs(msgspec.Struct, tag="code2wav", tag_field="kind", **_STRICT):
     frames in, PCM out, decoded ``chunk_frames`` new frames at a time with
     ``context_frames`` frames of left context (vLLM-Omni streams 25 and 25).
     ``batch_chunks``: the ready chunks of that many requests decode in one
-    forward (0: 16 on a CUDA device, else 1: each alone, bit-exact)."""
+    forward (0: 16 on a CUDA device, else 1: each alone, bit-exact).
+    ``dtype``: the module's weights and arithmetic (float32 is what the
+    waveform is held equal to transformers' in; bfloat16 is what the
+    reference runs when its whole model loads in bfloat16, about half the
+    GPU time a frame)."""
 
     model: str
     device: str = "auto"
@@ -165,6 +169,7 @@ class Code2WavArgs(msgspec.Struct, tag="code2wav", tag_field="kind", **_STRICT):
     context_frames: int = 25
     sample_rate: int = 24000
     batch_chunks: int = 0
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
 class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):

@@ -86,3 +86,33 @@ async def test_a_checkpoint_without_code2wav_weights_says_so(
     (mute / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FileNotFoundError, match="no code2wav"):
         load_code2wav(mute, "cpu")
+
+
+async def test_a_bfloat16_stage_streams_the_chunked_decode_of_its_own_weights(
+    tiny_models: ModelPaths,
+) -> None:
+    """``dtype = "bfloat16"``: the module runs in bfloat16, streams exactly
+    its own chunked decode, and sounds like the float32 stage's within
+    bfloat16's rounding."""
+    from omnix.engines.code2wav_engine import Code2WavEngine
+    from omnix.pipelines.config import Code2WavArgs
+
+    half = Code2WavEngine(Code2WavArgs(model=tiny_models.omni, dtype="bfloat16"))
+    full = Code2WavEngine(Code2WavArgs(model=tiny_models.omni))
+    await half.start()
+    await full.start()
+    try:
+        assert next(half.model.parameters()).dtype == torch.bfloat16
+        codes = _codes(30, seed=3)
+        wav, _ = await _decode(half, codes, 16 * 4)
+        assert wav.dtype == np.float32
+        with torch.no_grad():
+            ref = half.model.chunked_decode(
+                torch.from_numpy(codes.T.copy())[None], chunk_size=25, left_context_size=25
+            )
+        np.testing.assert_array_equal(wav, ref[0, 0].float().numpy())
+        exact, _ = await _decode(full, codes, 16 * 4)
+        assert np.abs(wav - exact).max() < 0.05 * max(np.abs(exact).max(), 1e-3)
+    finally:
+        await half.close()
+        await full.close()
