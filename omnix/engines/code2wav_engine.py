@@ -54,11 +54,13 @@ class ChunkedDecoder:
     ``chunk`` frames (with ``context`` frames of left context) is decoded
     as soon as it is complete, exactly as ``chunked_decode`` cuts it."""
 
-    def __init__(self, model: Any, groups: int, chunk: int, context: int) -> None:
+    def __init__(self, model: Any, groups: int, chunk: int, context: int, first: int = 0) -> None:
         self.model = model
         self.groups = groups
         self.chunk = chunk
         self.context = context
+        #: the first chunk's frames (0: ``chunk``): Qwen3-TTS's early first packet
+        self.first = first or chunk
         self.upsample = int(model.total_upsample)
         self.frames: list[np.ndarray] = []  # [groups] each
         self._partial: list[int] = []
@@ -81,8 +83,9 @@ class ChunkedDecoder:
         codes to decode with their left context."""
         out = []
         while self.start < len(self.frames):
-            end = min(self.start + self.chunk, len(self.frames))
-            if end - self.start < self.chunk and not final:
+            size = self.first if self.start == 0 else self.chunk
+            end = min(self.start + size, len(self.frames))
+            if end - self.start < size and not final:
                 break
             # chunked_decode's rule, kept to the letter (including its ">").
             ctx = self.context if self.start - self.context > 0 else self.start
@@ -185,6 +188,8 @@ class Code2WavEngine:
     """``Engine`` over Qwen3-Omni's Code2Wav.  Built as ``Code2WavEngine(args)``;
     ``model`` hands it a module already built instead of loading ``args.model``."""
 
+    KIND = "code2wav"
+
     def __init__(self, args: Code2WavArgs, model: Any = None) -> None:
         self.args = args
         self._prebuilt = model
@@ -203,13 +208,29 @@ class Code2WavEngine:
         else:
             folder = str(resolve_model(self.args.model))
             self.device = self._thread.open(self.args.device)
-            self.model = await self._thread.run(load_code2wav, folder, self.device, self.args.dtype)
+            self.model = await self._thread.run(
+                self._load, Path(folder), self.device, self.args.dtype
+            )
         limit = self.args.batch_chunks or (CAPACITY if self.device.startswith("cuda") else 1)
         self._batcher = ChunkBatcher(self._thread, self.model, limit) if limit > 1 else None
         if self.device.startswith("cuda"):
             await self._thread.run(self._warm)
         return EngineInfo(
-            engine="code2wav", capacity=CAPACITY, device=self.device, model=str(folder)
+            engine=self.KIND, capacity=CAPACITY, device=self.device, model=str(folder)
+        )
+
+    # _load, _groups and _decoder are what a decoder of another model's
+    # codes replaces (``speech_decoder.SpeechDecoderEngine``).
+    @staticmethod
+    def _load(folder: Path, device: str, dtype: str) -> Any:
+        return load_code2wav(folder, device, dtype)
+
+    def _groups(self) -> int:
+        return int(self.model.config.num_quantizers)
+
+    def _decoder(self) -> ChunkedDecoder:
+        return ChunkedDecoder(
+            self.model, self._groups(), self.args.chunk_frames, self.args.context_frames
         )
 
     def _warm(self) -> None:
@@ -218,9 +239,9 @@ class Code2WavEngine:
         selection, which a request's first packet should not."""
         import torch
 
-        groups = int(self.model.config.num_quantizers)
-        chunk, context = self.args.chunk_frames, self.args.context_frames
-        for frames in (chunk, chunk + context):
+        groups = self._groups()
+        dec = self._decoder()
+        for frames in {dec.first, dec.chunk + dec.context}:
             codes = torch.zeros(1, groups, frames, dtype=torch.long, device=_device(self.model))
             with torch.no_grad():
                 self.model(codes)
@@ -244,8 +265,7 @@ class Code2WavEngine:
             raise RuntimeError("Code2WavEngine.generate before start() (or after close())")
         rid, th = request.request_id, self._thread
         th.begin(rid)
-        groups = int(self.model.config.num_quantizers)
-        dec = ChunkedDecoder(self.model, groups, self.args.chunk_frames, self.args.context_frames)
+        dec = self._decoder()
         delivered = Delivered(request)
         codes_in = 0
         try:

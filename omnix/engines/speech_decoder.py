@@ -7,15 +7,24 @@ samples (1,920 a frame) chunked as the reference's tokenizer decodes them
 (300 frames a chunk, each with 25 frames of left context), so the samples
 are the reference's for the same codes.
 
+Also owns ``SpeechDecoderEngine``, the decoder as a streaming stage
+(engine kind ``qwen3_tts_decoder``): Code2Wav's engine (chunks decoded as
+their frames arrive, each with its left context) over this decoder, with a
+short first chunk; its waveform is ``SpeechCodec.decode`` of the same codes
+with the stage's chunk sizes.
+
 Does not own: the decoder's modules (``omnix.models.qwen3_tts_modules``),
-the tokenizer's encoder (reference audio -> codes: not here yet), nor a
-serving stage.
+the tokenizer's encoder (reference audio -> codes: not here yet), nor the
+streaming itself (``code2wav_engine.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from omnix.engines.code2wav_engine import ChunkedDecoder, Code2WavEngine
+from omnix.pipelines.config import Qwen3TTSDecoderArgs
 
 if TYPE_CHECKING:
     import torch
@@ -66,12 +75,37 @@ class SpeechCodec:
             int(cfg["decode_upsample_rate"]),
         )
 
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """[frames, 16] codes -> [frames x 1920] float32 samples in [-1, 1]."""
+    def decode(
+        self,
+        codes: torch.Tensor,
+        chunk: int = CHUNK_FRAMES,
+        context: int = LEFT_CONTEXT_FRAMES,
+        first: int = 0,
+    ) -> torch.Tensor:
+        """[frames, 16] codes -> [frames x 1920] float32 samples in [-1, 1],
+        cut as the reference cuts them unless told otherwise (a serving
+        stage's ``first`` / ``chunk`` / ``context`` frames)."""
         import torch
 
         with torch.inference_mode():
-            wav = self.decoder.chunked(
-                codes.T[None].to(self.device), CHUNK_FRAMES, LEFT_CONTEXT_FRAMES
-            )
+            wav = self.decoder.chunked(codes.T[None].to(self.device), chunk, context, first)
         return wav[0, 0, : codes.shape[0] * self.samples_per_frame].float().cpu()
+
+
+class SpeechDecoderEngine(Code2WavEngine):
+    """``Engine`` over the 12 Hz decoder: Code2Wav's streaming, this model."""
+
+    KIND = "qwen3_tts_decoder"
+    args: Qwen3TTSDecoderArgs
+
+    @staticmethod
+    def _load(folder: Path, device: str, dtype: str) -> Any:
+        import torch
+
+        return SpeechCodec.load(folder, device).decoder.to(getattr(torch, dtype))
+
+    def _decoder(self) -> ChunkedDecoder:
+        a = self.args
+        return ChunkedDecoder(
+            self.model, self._groups(), a.chunk_frames, a.context_frames, a.first_chunk_frames
+        )

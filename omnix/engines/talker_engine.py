@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     import torch
 
     from omnix.engines.talker_graphs import TalkerGraphs
-    from omnix.engines.talker_model import BatchCache, Slot, TalkerModel
+    from omnix.engines.talker_model import BatchCache, Conditioning, Slot, TalkerModel
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class _Request:
     media_hidden: Any = None
     grids: MediaGrids = field(default_factory=MediaGrids)
     text: list[int] = field(default_factory=list)
+    utterance: str = ""  # a source stage's text (Qwen3-TTS: what to say)
     done: bool = False  # the text ended
     aborted: bool = False
     # decoding state (the engine thread's)
@@ -108,6 +109,8 @@ class TalkerEngine:
     """``Engine`` over ``TalkerModel``.  Built as ``TalkerEngine(args)``;
     ``model`` hands it one already built (a bench's random-weight talker at
     the published sizes) instead of loading ``args.model``."""
+
+    KIND = "qwen3_omni_talker"
 
     def __init__(self, args: TalkerArgs, model: TalkerModel | None = None) -> None:
         self.args = args
@@ -130,7 +133,7 @@ class TalkerEngine:
         # (a vLLM engine starting beside this one in one process does).
         import transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe  # noqa: F401
 
-        from omnix.engines.talker_model import BatchCache, TalkerModel
+        from omnix.engines.talker_model import BatchCache
 
         # All torch work on one thread: steps never overlap and the worker's
         # event loop never blocks on them.
@@ -143,7 +146,7 @@ class TalkerEngine:
             folder = str(resolve_model(self.args.model))
             self.device = pick_device(self.args.device)
             self.model = await loop.run_in_executor(
-                self._pool, TalkerModel.load, folder, self.device, self.args.dtype
+                self._pool, self._load, folder, self.device, self.args.dtype
             )
         if self.args.voice:
             self.model.speaker_id(self.args.voice)  # an unknown default voice fails at start
@@ -152,11 +155,19 @@ class TalkerEngine:
         self._graphs = await loop.run_in_executor(self._pool, self._prepare_graphs)
         self._loop_task = asyncio.create_task(self._run(), name="omnix-talker-loop")
         return EngineInfo(
-            engine="qwen3_omni_talker",
+            engine=self.KIND,
             capacity=self.args.max_batch,
             device=self.device,
             model=str(folder),
         )
+
+    # _load, _feed, _can_prefill, _conditioning and _trailing are what
+    # another model on this machinery replaces (``qwen3_tts_engine.py``).
+    @staticmethod
+    def _load(folder: str, device: str, dtype: str) -> TalkerModel:
+        from omnix.engines.talker_model import TalkerModel
+
+        return TalkerModel.load(folder, device, dtype)
 
     def _prepare_graphs(self) -> TalkerGraphs | None:
         """The static decoder ``args.decode`` asks for (``auto``: CUDA
@@ -420,7 +431,8 @@ class TalkerEngine:
             return next(iter(self.model.layout.speakers.values()))
         return self.model.speaker_id(voice)
 
-    def _prefill(self, req: _Request) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+    def _conditioning(self, req: _Request) -> Conditioning | None:
+        """The request's prefill; None: nothing to speak."""
         import torch
 
         model = self.model
@@ -431,15 +443,22 @@ class TalkerEngine:
             # max_tokens 1): the reference has no text position to build
             # the prefill from (its own generate raises there).  Nothing to
             # speak: the stage ends with no frames.
-            return self._finish(req, "stop")
+            return None
         hidden = None if req.media_hidden is None else torch.as_tensor(req.media_hidden)
-        cond = model.conditioning(
+        return model.conditioning(
             req.prompt_ids,
             usable[0] if usable else None,
             self._speaker(req),
             hidden,
             _media_info(req.grids),
         )
+
+    def _prefill(self, req: _Request) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        model = self.model
+        assert model is not None
+        cond = self._conditioning(req)
+        if cond is None:
+            return self._finish(req, "stop")
         req.cache, req.slot, req.code, req.hidden = model.prefill(cond, self._sampling(req))
         req.prefill_len = cond.embeds.shape[0]
         if self._graphs is None:

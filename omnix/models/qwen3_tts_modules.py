@@ -332,14 +332,15 @@ class SpeechDecoder(nn.Module):
         return hidden.clamp(min=-1, max=1)
 
     def chunked(
-        self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25
+        self, codes: torch.Tensor, chunk: int = 300, left_context: int = 25, first: int = 0
     ) -> torch.Tensor:
         """Decode ``chunk`` frames at a time, each with up to ``left_context``
         frames before it whose samples are cut off again (the reference's
-        chunking: the waveform equals its for the same codes)."""
+        chunking: the waveform equals its for the same codes); ``first``
+        (0: ``chunk``) frames in the first chunk, as a serving stage streams."""
         parts, start, n = [], 0, codes.shape[-1]
         while start < n:
-            end = min(start + chunk, n)
+            end = min(start + ((first or chunk) if start == 0 else chunk), n)
             context = left_context if start - left_context > 0 else start
             wav = self(codes[..., start - context : end])
             parts.append(wav[..., context * self.total_upsample :])

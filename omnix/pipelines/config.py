@@ -172,6 +172,23 @@ class Code2WavArgs(msgspec.Struct, tag="code2wav", tag_field="kind", **_STRICT):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
+class Qwen3TTSTalkerArgs(TalkerArgs, tag="qwen3_tts_talker", tag_field="kind"):
+    """Qwen3-TTS's talker (``omnix.engines.qwen3_tts_engine``) on the talker
+    engine's machinery: the request's text (and its ``voice``,
+    ``instructions``, ``language``) in, one frame of codes per step out.
+    ``model`` is a Qwen3-TTS CustomVoice or VoiceDesign folder."""
+
+
+class Qwen3TTSDecoderArgs(Code2WavArgs, tag="qwen3_tts_decoder", tag_field="kind"):
+    """Qwen3-TTS's 12 Hz speech decoder (``omnix.engines.speech_decoder``):
+    code frames in, 24 kHz PCM out, as Code2Wav streams them but with a
+    shorter first chunk (``first_chunk_frames``) for an early first packet;
+    the later chunks ``chunk_frames`` each, every one with up to
+    ``context_frames`` frames of left context, as the reference decodes."""
+
+    first_chunk_frames: int = 5
+
+
 class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     """A deterministic engine for tests of the runtime and orchestrator.
 
@@ -201,7 +218,16 @@ class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     echo: bool = False
 
 
-EngineArgs = VllmArgs | DiffusersArgs | CodecArgs | TalkerArgs | Code2WavArgs | ScriptedArgs
+EngineArgs = (
+    VllmArgs
+    | DiffusersArgs
+    | CodecArgs
+    | TalkerArgs
+    | Code2WavArgs
+    | Qwen3TTSTalkerArgs
+    | Qwen3TTSDecoderArgs
+    | ScriptedArgs
+)
 #: Engines whose output is a waveform, and say at which rate.
 AudioEngineArgs = CodecArgs | Code2WavArgs
 

@@ -15,6 +15,8 @@ ENGINE_CLASSES: dict[str, str] = {
     "codec": "omnix.engines.codec_engine:CodecEngine",
     "qwen3_omni_talker": "omnix.engines.talker_engine:TalkerEngine",
     "code2wav": "omnix.engines.code2wav_engine:Code2WavEngine",
+    "qwen3_tts_talker": "omnix.engines.qwen3_tts_engine:Qwen3TTSEngine",
+    "qwen3_tts_decoder": "omnix.engines.speech_decoder:SpeechDecoderEngine",
 }
 
 

@@ -35,12 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from omnix.events.types import StageParams
+from omnix.models.qwen3_tts_card import VARIANT_TASKS, is_qwen3_tts, tts_card
 from omnix.pipelines.config import (
     Code2WavArgs,
     DiffusersArgs,
     EdgeConfig,
     MediaLimits,
     PipelineConfig,
+    Qwen3TTSDecoderArgs,
+    Qwen3TTSTalkerArgs,
     StageConfig,
     TalkerArgs,
     VllmArgs,
@@ -217,6 +220,38 @@ def qwen3_omni(f: Folder, gpu: bool) -> PipelineConfig:
     )
 
 
+def qwen3_tts(f: Folder, gpu: bool) -> PipelineConfig:
+    """Qwen3-TTS CustomVoice or VoiceDesign: talker -> code2wav (the 12 Hz
+    speech decoder) over the one folder, text in, audio out.  The decoder
+    gets the talker's frames five at a time and decodes its first five at
+    once (the first packet), then 25 at a time with 25 frames of left
+    context, as the reference decodes."""
+    card = tts_card(f.config)
+    if not card.served:
+        raise FolderError(
+            f"{f.path}: Qwen3-TTS {card.variant or '(no tts_model_type)'} is not one omnix "
+            f"serves yet; it serves {' and '.join(VARIANT_TASKS)} "
+            "(the Base variant's voice cloning is not served)"
+        )
+    return PipelineConfig(
+        name=f.name,
+        description=f"{f.path}: Qwen3-TTS {card.variant} talker -> code2wav (text in, audio out)",
+        stages=(
+            StageConfig(
+                name="talker",
+                engine=Qwen3TTSTalkerArgs(
+                    model=str(f.path), dtype=f.dtype if f.dtype != "auto" else "float32"
+                ),
+                # The reference's sampling (the folder's generation_config.json).
+                sampling=StageParams(temperature=0.9, top_k=50),
+            ),
+            StageConfig(name="code2wav", engine=Qwen3TTSDecoderArgs(model=str(f.path))),
+        ),
+        edges=(EdgeConfig(source="talker", target="code2wav", forward="chunk", every=5),),
+        outputs={"audio": "code2wav"},
+    )
+
+
 def _is_text_to_image(f: Folder) -> bool:
     return bool(f.index) and f.pipeline_class in text_to_image_classes()
 
@@ -238,6 +273,13 @@ KINDS: tuple[Kind, ...] = (
         "alone when enable_audio_output is false",
         lambda f: bool(f.config) and f.architecture == QWEN3_OMNI,
         qwen3_omni,
+    ),
+    Kind(
+        "Qwen3-TTS",
+        "Qwen3TTSForConditionalGeneration (Qwen3-TTS CustomVoice or VoiceDesign): "
+        "talker -> code2wav (text in, audio out)",
+        lambda f: bool(f.config) and is_qwen3_tts(f.config),
+        qwen3_tts,
     ),
     Kind(
         "text-to-image",

@@ -29,7 +29,14 @@ class SpeechRequest(msgspec.Struct, **REQUEST):
     ``speech.audio.delta`` events.  ``stream: true`` (vLLM-Omni's) means
     ``stream_format: "sse"`` unless a ``stream_format`` is given.
     ``speed`` other than 1 and ``instructions`` are refused (400) by a
-    pipeline none of whose speech stages can honour them."""
+    pipeline none of whose speech stages can honour them.
+
+    Qwen3-TTS (vLLM-Omni's fields): ``instructions`` is CustomVoice's
+    instruction (how to say it) or VoiceDesign's description of the voice
+    (required there); ``language`` ``"auto"`` or one of the checkpoint's;
+    ``task_type``, when given, must be the served variant's.  ``ref_audio``
+    and ``ref_text`` (voice cloning, the Base variant's) are refused: no
+    served variant clones."""
 
     input: Annotated[str, Meta(min_length=1, max_length=16384)]
     model: str = ""
@@ -41,6 +48,10 @@ class SpeechRequest(msgspec.Struct, **REQUEST):
     instructions: Annotated[str, Meta(max_length=4096)] | None = None
     seed: Seed | None = None
     sampling_params_list: SamplingParamsList | None = None
+    language: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
 
 
 class SpeechAudioDelta(msgspec.Struct, tag="speech.audio.delta", tag_field="type"):

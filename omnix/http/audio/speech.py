@@ -2,8 +2,9 @@
 
 Owns: the mapping of a ``SpeechRequest`` onto one ``RequestSpec``: how it
 streams (``stream: true`` is the SSE stream unless a ``stream_format``
-says otherwise), the voice put on the speech stages, ``speed`` and
-``instructions`` refused unless a speech stage honours them, and the
+says otherwise), the voice, instructions and language put on the speech
+stages, ``speed`` and ``instructions`` refused unless a speech stage
+honours them (the Qwen3-TTS checks: ``speech_tts.py``), and the
 ``SpeechOptions`` the response renders from.
 
 Does not own admission (``core.submit``) nor the response's bytes
@@ -15,6 +16,7 @@ from __future__ import annotations
 from omnix.events.options import API_SPEECH, SpeechOptions
 from omnix.events.types import Modality, RequestSpec, StageParams
 from omnix.http.audio.protocol import SpeechRequest
+from omnix.http.audio.speech_tts import check_tts
 from omnix.http.common.plan import Plan, PlanContext
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import (
@@ -42,6 +44,7 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
     speech_stages = served.media_stages(outputs, "audio")
     if body.speed != 1.0:
         check_speech(served, "speed", speech_stages)
+    check_tts(served, body, speech_stages)
     if body.instructions:
         check_speech(served, "instructions", speech_stages)
     served.check_voice(body.voice, "voice")
@@ -49,7 +52,12 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
         put(
             params,
             st,
-            StageParams(voice=body.voice, speed=None if body.speed == 1.0 else body.speed),
+            StageParams(
+                voice=body.voice,
+                speed=None if body.speed == 1.0 else body.speed,
+                instructions=body.instructions or None,
+                language=body.language,
+            ),
         )
     check_engines(served, params)
     check_diffusion(served, params)

@@ -27,10 +27,12 @@ from omnix.events.types import BlobRef, MediaPart, Modality, RequestSpec
 from omnix.http.core.errors import ApiError
 from omnix.models.paths import resolve_model
 from omnix.models.qwen3_omni_speech import read_speakers
+from omnix.models.qwen3_tts_card import TTSCard, read_tts_card
 from omnix.pipelines.config import (
     AudioEngineArgs,
     DiffusersArgs,
     PipelineConfig,
+    Qwen3TTSTalkerArgs,
     TalkerArgs,
     engine_kind,
 )
@@ -90,6 +92,7 @@ class PlanContext:
         #: diffusers stages' models as their folders describe them (images)
         self._diffusion: dict[str, DiffusionModel] = {}
         self._voices: tuple[str, ...] | None = None
+        self._tts: tuple[TTSCard | None] | None = None
 
     def new_request_id(self) -> str:
         """The client's ``X-Request-Id`` (``CLIENT_REQUEST_ID``), else a fresh id."""
@@ -148,12 +151,28 @@ class PlanContext:
         talker or none at all: any voice is then taken and ignored)."""
         if self._voices is None:
             found: tuple[str, ...] = ()
-            for st in self.pipeline.stages:
-                if isinstance(st.engine, TalkerArgs):
-                    found = read_speakers(resolve_model(st.engine.model))
-                    break
+            card = self.tts_card()
+            talkers = [
+                st.engine for st in self.pipeline.stages if isinstance(st.engine, TalkerArgs)
+            ]
+            if card is not None:
+                found = card.speakers
+            elif talkers:
+                found = read_speakers(resolve_model(talkers[0].model))
             self._voices = found
         return self._voices
+
+    def tts_card(self) -> TTSCard | None:
+        """What the pipeline's Qwen3-TTS talker's checkpoint can do (read
+        once); None when it has no such talker."""
+        if self._tts is None:
+            card = None
+            for st in self.pipeline.stages:
+                if isinstance(st.engine, Qwen3TTSTalkerArgs):
+                    card = read_tts_card(resolve_model(st.engine.model))
+                    break
+            self._tts = (card,)
+        return self._tts[0]
 
     def check_voice(self, voice: str, param: str) -> None:
         """A 400 naming the known voices when ``voice`` is not one of them."""

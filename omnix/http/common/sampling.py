@@ -56,8 +56,10 @@ EXTRA_PARAMS: Final = (
 ENGINE_PARAMS: Final[dict[str, frozenset[str]]] = {
     "vllm": frozenset(EXTRA_PARAMS),
     "scripted": frozenset({"logprobs"}),
-    # Qwen3-Omni's talker: the reference's penalty over its own codes.
+    # Qwen3-Omni's and Qwen3-TTS's talkers: the reference's penalty over
+    # their own codes.
     "qwen3_omni_talker": frozenset({"repetition_penalty"}),
+    "qwen3_tts_talker": frozenset({"repetition_penalty"}),
 }
 #: ``StageParams`` fields only a diffusers stage honours (schema v5; v7: an
 #: edit's strength, partial images, a video's frames and rate).
@@ -76,17 +78,20 @@ _HTTP_NAME: Final = {"json_schema": "response_format", "json_object": "response_
 MAX_LOGIT_BIAS: Final = 300
 
 #: Speech parameters and the engine kinds whose stages honour them.  None
-#: of omnix's engines changes the speaking rate or takes voice instructions
-#: today (Qwen3-Omni's talker has speakers, not rates or instructions; the
-#: decoders turn codes into samples): a request that needs either is
-#: refused, naming the stages, rather than answered as if it were honoured.
+#: of omnix's engines changes the speaking rate (Qwen3-Omni's talker has
+#: speakers, not rates; the decoders turn codes into samples); only
+#: Qwen3-TTS's talker takes instructions and a language: a request that
+#: needs one no stage honours is refused, naming the stages, rather than
+#: answered as if it were honoured.
 SPEECH_ENGINE_PARAMS: Final[dict[str, frozenset[str]]] = {
     "speed": frozenset(),
-    "instructions": frozenset(),
+    "instructions": frozenset({"qwen3_tts_talker"}),
+    "language": frozenset({"qwen3_tts_talker"}),
 }
 _SPEECH_WHAT: Final = {
     "speed": "can change the speaking rate; omit speed (or send 1.0)",
-    "instructions": "takes voice instructions; omit instructions",
+    "instructions": "takes voice instructions (a Qwen3-TTS talker does); omit instructions",
+    "language": "takes a language (a Qwen3-TTS talker does); omit language",
 }
 
 
