@@ -24,6 +24,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from omnix.events.types import StageParams
+from omnix.http.chat.protocol import FunctionDef, NamedFunction, NamedToolChoice, Tool
 from omnix.http.chat.tools import check_schema, tool_stage
 from omnix.http.common.plan import PlanContext
 from omnix.http.core.errors import ApiError
@@ -97,14 +98,21 @@ class Tools:
         return out
 
     def params(self) -> StageParams:
-        """The text stage's tool parameters, as chat's ``tools`` gives them
-        (empty: no tools)."""
+        """The text stage's tool parameters, the very JSON chat's ``tools``
+        and ``tool_choice`` make of the same functions (empty: no tools)."""
         if not self.tools:
             return StageParams()
-        tools = [{"type": "function", "function": _without_type(t)} for t in self.tools]
+        tools = [
+            Tool(
+                function=FunctionDef(
+                    name=t.name, description=t.description, parameters=t.parameters
+                )
+            )
+            for t in self.tools
+        ]
         choice: Any = self.choice
         if isinstance(choice, FunctionChoice):
-            choice = {"type": "function", "function": {"name": choice.name}}
+            choice = NamedToolChoice(function=NamedFunction(name=choice.name))
         return StageParams(
             tools=msgspec.json.encode(tools).decode(),
             tool_choice=msgspec.json.encode(choice).decode(),
@@ -122,12 +130,6 @@ class Tools:
             tuple(msgspec.json.decode(tools, type=list[FunctionTool])) if tools else (),
             msgspec.json.decode(choice, type=ToolChoice) if choice else "auto",
         )
-
-
-def _without_type(t: FunctionTool) -> dict[str, Any]:
-    out: dict[str, Any] = msgspec.to_builtins(t)
-    out.pop("type", None)
-    return out
 
 
 def _check_stage(served: PlanContext, tools: Tools, where: str) -> None:
