@@ -3,11 +3,14 @@
 Owns the values a ``SessionChanged`` event carries: ``SessionSettings``
 (what ``session.update`` set: instructions, output modalities, voice,
 output token limit, ``TurnSettings`` of server VAD, ``TranscriptionSettings``
-of input transcription, the conversation's id) and ``SessionItem`` (a conversation item a client created or
-committed: its id, role and content parts, ``ItemPart``; its audio is the
-event's ``media``, the decoded ``MediaPart`` the model reads).  An assistant item is no
-``SessionItem``: its response's ``Admitted`` (``RealtimeOptions``) places
-it and its chunks are its content.
+of input transcription, the conversation's id; schema v12 its function
+tools and tool choice) and ``SessionItem`` (a conversation item a client
+created or committed: its id, role and content parts, ``ItemPart``; its
+audio is the event's ``media``, the decoded ``MediaPart`` the model reads;
+schema v12 a client's ``function_call`` or ``function_call_output``).  An
+assistant's items are no ``SessionItem``: its response's ``Admitted``
+(``RealtimeOptions``) places them and its chunks are their content (text,
+audio, function calls).
 
 The rules of ``types.py`` hold here: these are part of the log, so a
 Struct only grows by appending fields with defaults.  Does not own what a
@@ -63,6 +66,11 @@ class SessionSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
     max_output_tokens: int = 0
     turns: TurnSettings | None = None
     transcription: TranscriptionSettings | None = None
+    #: schema v12: the session's function tools as the Realtime API's JSON
+    #: array (``[{"type": "function", "name": ...}]``; "" none) and its
+    #: ``tool_choice`` as JSON ("" for ``"auto"``)
+    tools: str = ""
+    tool_choice: str = ""
 
 
 class ItemPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -81,3 +89,11 @@ class SessionItem(msgspec.Struct, frozen=True, array_like=True, gc=False):
     id: str
     role: str
     parts: tuple[ItemPart, ...] = ()
+    #: schema v12: ``message``, or a client's ``function_call`` (``call_id``,
+    #: ``name``, ``arguments``) or ``function_call_output`` (``call_id``,
+    #: ``output``); those have no role ("") nor parts
+    type: str = "message"
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+    output: str = ""

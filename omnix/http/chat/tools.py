@@ -37,7 +37,7 @@ def tool_stage(pipeline: PipelineConfig, stage: str) -> VllmArgs | None:
     return None
 
 
-def _check_schema(schema: dict[str, Any], param: str) -> None:
+def check_schema(schema: dict[str, Any], param: str) -> None:
     import jsonschema
 
     try:
@@ -66,7 +66,7 @@ def tool_params(body: ChatCompletionRequest, served: PlanContext, stage: str) ->
             raise bad(f"tools[{i}].function.name", f"tools[{i}]: a second function named {name!r}.")
         names.add(name)
         if tool.function.parameters is not None:
-            _check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+            check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
         raise bad(
             "tool_choice",

@@ -8,8 +8,9 @@ anything changes: a bad one leaves the session as it was), ``shown``
 ``for_response`` (a ``response.create``'s overrides on top: the
 ``ResponseConfig`` one response runs with).
 
-Everything the Realtime API defines and omnix does not do is refused
-naming the field: tools, other audio formats than 24 kHz pcm16, noise
+Function tools and ``tool_choice`` are ``tools.py``'s.  Everything the
+Realtime API defines and omnix does not do is refused naming the field:
+MCP tools, stored prompts, other audio formats than 24 kHz pcm16, noise
 reduction, transcription logprobs (``include``), a transcription on a
 model the server does not serve or a pipeline that cannot transcribe (as
 ``POST /v1/audio/transcriptions`` checks it), semantic VAD, a speed other
@@ -45,6 +46,7 @@ from omnix.http.realtime.protocol import (
     TurnDetection,
     TurnDetectionOut,
 )
+from omnix.http.realtime.tools import Tools
 
 
 def unsupported(param: str, why: str, code: str = "unsupported_value") -> ApiError:
@@ -62,6 +64,7 @@ class ResponseConfig:
     max_output_tokens: int  # 0: no limit but the stage's
     conversation: bool = True
     metadata: dict[str, str] = field(default_factory=dict)
+    tools: Tools = field(default_factory=Tools)
 
 
 @dataclass(slots=True)
@@ -77,6 +80,7 @@ class SessionConfig:
     max_output_tokens: int = 0
     turn_detection: TurnDetectionOut | None = None
     transcription: TranscriptionSettings | None = None
+    tools: Tools = field(default_factory=Tools)
 
     @classmethod
     def for_pipeline(cls, served: PlanContext) -> SessionConfig:
@@ -107,6 +111,7 @@ class SessionConfig:
                 create_response=td.create_response,
                 interrupt_response=td.interrupt_response,
             )
+        tools, choice = self.tools.recorded()
         return SessionSettings(
             model=self.model,
             conversation=conversation,
@@ -116,6 +121,8 @@ class SessionConfig:
             max_output_tokens=self.max_output_tokens,
             turns=turns,
             transcription=self.transcription,
+            tools=tools,
+            tool_choice=choice,
         )
 
     def recorded(self, s: SessionSettings) -> SessionConfig:
@@ -138,6 +145,7 @@ class SessionConfig:
             max_output_tokens=s.max_output_tokens,
             turn_detection=td,
             transcription=s.transcription,
+            tools=Tools.from_recorded(s.tools, s.tool_choice),
         )
 
     def shown(self, session_id: str, expires_at: int) -> SessionObject:
@@ -158,6 +166,8 @@ class SessionConfig:
                 output=AudioOutputOut(voice=self.voice),
             ),
             max_output_tokens=self.max_output_tokens or "inf",
+            tools=list(self.tools.tools),
+            tool_choice=self.tools.choice,
             expires_at=expires_at,
         )
 
@@ -240,7 +250,9 @@ class SessionConfig:
             raise unsupported("session.type", f'omnix serves "realtime" sessions, not {u.type!r}.')
         if u.model is not UNSET:
             served.check_model(u.model)
-        _refuse_tools(u.tools, u.tool_choice, u.prompt, "session")
+        _refuse_prompt(u.prompt, "session")
+        if u.tools is not UNSET or u.tool_choice is not UNSET:
+            new.tools = self.tools.checked(served, u.tools, u.tool_choice, "session")
         if u.include:
             raise unsupported(
                 "session.include",
@@ -290,11 +302,14 @@ class SessionConfig:
             modalities=self.modalities,
             voice=self.voice,
             max_output_tokens=self.max_output_tokens,
+            tools=self.tools,
         )
         if p is None:
             return base
-        _refuse_tools(p.tools, p.tool_choice, p.prompt, "response")
+        _refuse_prompt(p.prompt, "response")
         changes: dict[str, Any] = {}
+        if p.tools is not UNSET or p.tool_choice is not UNSET:
+            changes["tools"] = self.tools.checked(served, p.tools, p.tool_choice, "response")
         if p.instructions is not UNSET:
             changes["instructions"] = p.instructions
         if p.output_modalities is not UNSET:
@@ -324,11 +339,7 @@ class SessionConfig:
         return replace(base, **changes)
 
 
-def _refuse_tools(tools: Any, tool_choice: Any, prompt: Any, where: str) -> None:
-    if tools not in (UNSET, None, []):
-        raise unsupported(f"{where}.tools", "omnix's realtime sessions call no tools; send [].")
-    if tool_choice not in (UNSET, None, "auto", "none"):
-        raise unsupported(f"{where}.tool_choice", 'no tools: send "auto" or "none".')
+def _refuse_prompt(prompt: Any, where: str) -> None:
     if prompt not in (UNSET, None):
         raise unsupported(f"{where}.prompt", "stored prompts are not offered; send instructions.")
 

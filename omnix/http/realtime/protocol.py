@@ -15,16 +15,44 @@ response renders from the log (``render.py``).
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 # Client events' Structs refuse unknown fields (one rule with the HTTP
 # routes: ``unknown_field``).
 
 Modality = Literal["text", "audio"]
 Role = Literal["user", "assistant", "system"]
+
+#: OpenAI's function names: letters, digits, ``_`` and ``-``, at most 64.
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+# -- function tools ------------------------------------------------------------
+
+
+class FunctionTool(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """A function the model may call (``tools[]``): its name, what it is
+    for, a JSON Schema of its arguments (checked as one: ``tools.py``).
+    ``type`` other than ``function`` (an MCP server) is refused."""
+
+    name: FunctionName
+    type: str = "function"
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class FunctionChoice(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``tool_choice`` naming the function the response must call."""
+
+    name: str
+    type: str = "function"
+
+
+#: ``tool_choice``: ``"auto"``, ``"none"``, ``"required"`` or a named function.
+ToolChoice = str | FunctionChoice
 
 
 # -- the session's configuration (session.update) ---------------------------
@@ -89,8 +117,8 @@ class SessionUpdate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     output_modalities: list[Modality] | UnsetType = UNSET
     audio: AudioConfig | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType | None = UNSET
-    tools: list[Any] | UnsetType | None = UNSET
-    tool_choice: str | UnsetType | None = UNSET
+    tools: list[FunctionTool] | UnsetType | None = UNSET
+    tool_choice: ToolChoice | UnsetType | None = UNSET
     tracing: Any | UnsetType = UNSET
     truncation: Any | UnsetType = UNSET
     include: list[str] | UnsetType | None = UNSET
@@ -108,8 +136,10 @@ class ContentIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ItemIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """A message item a client creates (``conversation.item.create``, a
-    response's ``input``), or a reference to one (``item_reference``)."""
+    """An item a client creates (``conversation.item.create``, a
+    response's ``input``): a message, a function call the assistant made
+    (``call_id``, ``name``, ``arguments``) or its output (``call_id``,
+    ``output``); or a reference to one (``item_reference``)."""
 
     type: Literal["message", "item_reference", "function_call", "function_call_output"] = "message"
     id: str | None = None
@@ -117,6 +147,10 @@ class ItemIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     status: str | None = None
     role: Role | None = None
     content: list[ContentIn] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
 
 
 class Content(msgspec.Struct, omit_defaults=True):
@@ -135,6 +169,34 @@ class Item(msgspec.Struct, kw_only=True):
     status: str = "completed"
     role: str = "user"
     content: list[Content] = []
+
+
+class FunctionCallItem(msgspec.Struct, kw_only=True):
+    """A function call the assistant made (``call_id``: what its output
+    names), as the server shows it."""
+
+    id: str
+    type: str = "function_call"
+    object: str = "realtime.item"
+    status: str = "completed"
+    call_id: str
+    name: str
+    arguments: str = ""
+
+
+class FunctionCallOutputItem(msgspec.Struct, kw_only=True):
+    """A function call's output, as the client gave it."""
+
+    id: str
+    type: str = "function_call_output"
+    object: str = "realtime.item"
+    status: str = "completed"
+    call_id: str
+    output: str
+
+
+#: Any conversation item.
+AnyItem = Item | FunctionCallItem | FunctionCallOutputItem
 
 
 # -- responses -----------------------------------------------------------------
@@ -159,8 +221,8 @@ class ResponseParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     conversation: str | UnsetType = UNSET
     input: list[ItemIn] | UnsetType = UNSET
     metadata: dict[str, str] | UnsetType | None = UNSET
-    tools: list[Any] | UnsetType | None = UNSET
-    tool_choice: str | UnsetType | None = UNSET
+    tools: list[FunctionTool] | UnsetType | None = UNSET
+    tool_choice: ToolChoice | UnsetType | None = UNSET
     prompt: Any | UnsetType = UNSET
 
 
@@ -243,7 +305,7 @@ CLIENT_EVENTS: Final[dict[str, type[ClientEvent]]] = {
 }
 
 #: Client events of the API that omnix does not take (a WebRTC or SIP
-#: call's, tools'), and why.
+#: call's), and why.
 NOT_TAKEN: Final[dict[str, str]] = {
     "output_audio_buffer.clear": "it is for WebRTC and SIP connections; this is a WebSocket",
     "session.close": "close the WebSocket instead",
@@ -304,8 +366,8 @@ class SessionObject(msgspec.Struct, kw_only=True):
     instructions: str = ""
     audio: AudioOut = msgspec.field(default_factory=AudioOut)
     max_output_tokens: int | str = "inf"
-    tools: list[Any] = []
-    tool_choice: str = "auto"
+    tools: list[FunctionTool] = []
+    tool_choice: ToolChoice = "auto"
     tracing: None = None
     truncation: str = "auto"
     include: None = None
@@ -343,7 +405,7 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     object: str = "realtime.response"
     status: str = "in_progress"
     status_details: dict[str, Any] | None = None
-    output: list[Item] = []
+    output: list[AnyItem] = []
     conversation_id: str | None = None
     output_modalities: list[str]
     max_output_tokens: int | str = "inf"

@@ -6,7 +6,8 @@ updated, an item added after another, deleted, truncated) appended as a
 and ``restore``: a session folded back from the log (``fold_session``,
 a pure function of its events): its settings, its conversation (the
 items it recorded, each of its responses' assistant items where their
-``Admitted`` placed them, holding what their chunks said, and each
+``Admitted`` placed them, holding what their chunks said (its message,
+its function calls), and each
 completed input transcription's text as its item's transcript), and its
 response and transcriptions still in flight, if any, for a server
 restarted on its log (``--log-dir``) to go on with when the client
@@ -30,7 +31,7 @@ from omnix.front import OmniProtocol
 from omnix.http.realtime.conversation import Conversation, Entry
 from omnix.http.realtime.items import as_event, from_event
 from omnix.http.realtime.protocol import Item
-from omnix.http.realtime.render import PCM_BYTES_PER_S, ResponseStream
+from omnix.http.realtime.render import PCM_BYTES_PER_S, ResponseStream, item_status
 from omnix.http.realtime.transcript import TranscriptStream
 
 
@@ -116,9 +117,7 @@ class _Requests:
         stream, entry = self.responses[rid]
         stream.feed(ev)
         if stream.done and entry is not None:
-            entry.item = stream.item("completed" if stream.status == "completed" else "incomplete")
-            if not entry.truncated:
-                entry.audio_ms = stream.audio_bytes * 1000 // PCM_BYTES_PER_S
+            conv.replace(entry.id, made(stream, entry))
 
     def in_flight(self) -> None:
         out = self.out
@@ -126,6 +125,22 @@ class _Requests:
             if not stream.done:
                 out.running, out.running_item = rid, stream.opts.item
         out.transcribing = {rid: t.opts.item for rid, t in self.transcripts.items() if not t.done}
+
+
+def made(stream: ResponseStream, entry: Entry) -> list[Entry]:
+    """The entries a finished response's stream made: its message item
+    (``entry``, admitted in its place; its audio's length unless truncated)
+    and its function calls."""
+    out: list[Entry] = []
+    for item in stream.items(item_status(stream.status)):
+        if item.id != entry.id:
+            out.append(Entry(item=item))
+            continue
+        entry.item = item
+        if not entry.truncated:
+            entry.audio_ms = stream.audio_bytes * 1000 // PCM_BYTES_PER_S
+        out.append(entry)
+    return out
 
 
 def fold_session(events: Iterable[Event], session: str, blobs: BlobStore) -> Folded:

@@ -3,8 +3,8 @@
 Owns ``response_plan``: one response of a session as the one request it
 submits: the conversation (or the response's own ``input``) as the chat
 messages the thinker reads, the outputs its modalities need (``["audio"]``:
-text and audio, the text being the transcript), the output token limit on
-the text stage, the voice on the speech stages, a fresh seed (recorded),
+text and audio, the text being the transcript), the output token limit and
+the function tools (``tools.py``) on the text stage, the voice on the speech stages, a fresh seed (recorded),
 and the ``RealtimeOptions`` its server events render from.  Admission is
 ``core.submit.admit``, as every HTTP route's.
 
@@ -54,6 +54,8 @@ def response_plan(
     text_stage = served.output_stage("text") or served.source_stage(outputs)
     base = StageParams(max_tokens=cfg.max_output_tokens or None)
     params = text_params(served, None, text_stage, base)
+    if cfg.tools.tools:
+        put(params, text_stage, cfg.tools.params())
     if "audio" in outputs:
         for st in served.media_stages(outputs, "audio"):
             put(params, st, StageParams(voice=cfg.voice))

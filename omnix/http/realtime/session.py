@@ -40,6 +40,7 @@ from omnix.http.realtime.protocol import (
     ClearEvent,
     ClientEvent,
     CommitEvent,
+    FunctionCallItem,
     Item,
     ItemCreateEvent,
     ItemDeleteEvent,
@@ -52,7 +53,7 @@ from omnix.http.realtime.protocol import (
     SessionUpdateEvent,
     server_event,
 )
-from omnix.http.realtime.record import Folded, Recorder
+from omnix.http.realtime.record import Folded, Recorder, made
 from omnix.http.realtime.respond import new_id, response_plan
 from omnix.http.realtime.running import RunningResponse
 from omnix.http.realtime.transcription import Transcriptions
@@ -183,8 +184,16 @@ class Session:
         self.recorder.added(entry, before)
         return before or None
 
+    def _call_ids(self) -> set[str]:
+        """The calls a function_call_output may answer: those the
+        conversation holds, and those of the response running."""
+        ids = self.conversation.call_ids()
+        if self.running is not None:
+            ids |= self.running.stream.call_ids()
+        return ids
+
     async def create_item(self, ev: ItemCreateEvent) -> None:
-        entry = await entry_from(self.server.media, ev.item, "item")
+        entry = await entry_from(self.server.media, ev.item, "item", self._call_ids())
         prev = self._add(entry, ev.previous_item_id)
         await self.send(
             [
@@ -196,7 +205,8 @@ class Session:
     async def truncate(self, ev: ItemTruncateEvent) -> None:
         entry = self.conversation.find(ev.item_id)
         running = self.running
-        if entry.item.role != "assistant" or not entry.audio_ms:
+        item = entry.item
+        if not isinstance(item, Item) or item.role != "assistant" or not entry.audio_ms:
             if running is None or running.item != ev.item_id:
                 raise bad("item_id", "only an assistant item with audio can be truncated.")
         if ev.content_index != 0:
@@ -211,7 +221,7 @@ class Session:
         entry.truncated = True
         entry.audio_ms = ev.audio_end_ms
         self.recorder.truncated(ev.item_id, ev.audio_end_ms)
-        for c in entry.item.content:
+        for c in item.content if isinstance(item, Item) else ():
             if c.type == "output_audio":
                 c.transcript = ""
         await self.send(
@@ -243,7 +253,12 @@ class Session:
         conv = self.conversation
         entries: list[Entry] | None = None
         if params is not None and params.input is not UNSET:
-            entries = [await self._input_entry(it, i) for i, it in enumerate(params.input)]
+            calls = self._call_ids()
+            entries = []
+            for i, it in enumerate(params.input):
+                entries.append(await self._input_entry(it, i, calls))
+                if isinstance(entries[-1].item, FunctionCallItem):
+                    calls.add(entries[-1].item.call_id)
         context = list(conv) if entries is None else entries
         blobs: tuple[DecodedBlob, ...] = tuple(b for e in context for b in e.blobs)
         item_id = new_id("item")
@@ -265,18 +280,20 @@ class Session:
         self.running = RunningResponse(server, rid, item_id, self.send, self._ended(entry))
         self.running.start()
 
-    async def _input_entry(self, given: ItemIn, i: int) -> Entry:
+    async def _input_entry(self, given: ItemIn, i: int, calls: set[str]) -> Entry:
         if given.type == "item_reference":
             if given.id is None:
                 raise bad(f"response.input[{i}].id", "an item_reference needs the item's id.")
             return self.conversation.find(given.id, f"response.input[{i}].id")
-        return await entry_from(self.server.media, given, f"response.input[{i}]")
+        return await entry_from(self.server.media, given, f"response.input[{i}]", calls)
 
     def _ended(self, entry: Entry) -> Callable[[RunningResponse], None]:
         def ended(r: RunningResponse) -> None:
-            """The response ended: its item holds what it said."""
-            entry.item = r.stream.item(entry.item.status if not r.stream.done else _done(r))
-            entry.audio_ms = r.audio_ms if not entry.truncated else entry.audio_ms
+            """The response ended: its items hold what it said."""
+            if r.stream.done:
+                self.conversation.replace(entry.id, made(r.stream, entry))
+            else:
+                entry.item = r.stream.item(entry.item.status)
             if self.running is r:
                 self.running = None
             self.turns.response_ended(r)
@@ -325,7 +342,3 @@ class Session:
         if self.running is not None:
             self.running.cancel("disconnect")
             self.running.close()
-
-
-def _done(r: RunningResponse) -> str:
-    return "completed" if r.stream.status == "completed" else "incomplete"

@@ -93,10 +93,52 @@ def event(type_: str, **fields: Any) -> str:
         ),
         (
             event(
-                "conversation.item.create",
-                item={"type": "function_call", "name": "f", "arguments": "{}"},
+                "session.update",
+                session={"tools": [{"type": "function", "name": "f", "parameters": {"type": 5}}]},
             ),
-            "unknown_field",
+            "invalid_value",
+            "session.tools[0].parameters",
+        ),
+        (
+            event(
+                "session.update",
+                session={
+                    "tools": [{"name": "f"}],
+                    "tool_choice": {"type": "function", "name": "g"},
+                },
+            ),
+            "invalid_value",
+            "session.tool_choice",
+        ),
+        (
+            event("session.update", session={"tool_choice": "required"}),
+            "invalid_value",
+            "session.tool_choice",
+        ),
+        (
+            event("session.update", session={"tools": [{"type": "mcp", "name": "f"}]}),
+            "unsupported_value",
+            "session.tools[0].type",
+        ),
+        (
+            event("response.create", response={"tools": [{"name": "f"}, {"name": "f"}]}),
+            "invalid_value",
+            "response.tools[1].name",
+        ),
+        (
+            event(
+                "conversation.item.create",
+                item={"type": "function_call_output", "call_id": "call_nope", "output": "{}"},
+            ),
+            "call_not_found",
+            "item.call_id",
+        ),
+        (
+            event(
+                "conversation.item.create",
+                item={"type": "function_call_output", "call_id": "c", "output": "", "name": "f"},
+            ),
+            "invalid_value",
             "item.name",
         ),
     ],

@@ -375,3 +375,41 @@ async def test_a_prompt_holds_the_newest_audio_the_model_takes(rt_server):
             done = await next_event(conn, "response.done")
     spec = admitted(rt_server, done.response.id).spec
     assert [(m.role, len(m.media)) for m in spec.messages] == [("assistant", 0), ("user", 1)]
+
+
+async def test_function_call_items_a_client_gives_are_history(rt_server):
+    """A call the assistant made and its output, given by the client
+    (``conversation.item.create`` and a response's ``input``), reach the
+    model as chat's history holds them; an output of no known call is
+    refused naming ``call_id``."""
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
+    ask = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]}
+    async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
+        await next_event(conn, "session.created")
+        await manual(conn, output_modalities=["text"])
+        for item in (ask, call, output):
+            await conn.conversation.item.create(item=item)
+            done = await next_event(conn, "conversation.item.done")
+        assert done.item.type == "function_call_output" and done.item.output == "42"
+        await conn.conversation.item.retrieve(item_id=done.item.id)
+        got = (await next_event(conn, "conversation.item.retrieved")).item
+        assert (got.call_id, got.output) == ("call_1", "42")
+        await conn.response.create()
+        first = await response_events(conn)
+        # In a response's own input: a call earlier in the same input counts.
+        lone = {**call, "call_id": "call_2"}
+        await conn.response.create(
+            response={"conversation": "none", "input": [ask, lone, {**output, "call_id": "call_2"}]}
+        )
+        second = await response_events(conn)
+        await conn.response.create(response={"input": [ask, {**output, "call_id": "call_3"}]})
+        err = await conn.recv()
+    assert err.type == "error" and err.error.param == "response.input[1].call_id"
+    assert err.error.code == "call_not_found"
+    for events, call_id in ((first, "call_1"), (second, "call_2")):
+        msgs = admitted(rt_server, events[-1].response.id).spec.messages
+        assert [m.role for m in msgs] == ["user", "assistant", "tool"]
+        (tc,) = msgs[1].tool_calls
+        assert (tc.id, tc.name, tc.arguments) == (call_id, "f", '{"a": 1}')
+        assert (msgs[2].tool_call_id, msgs[2].content) == (call_id, "42")

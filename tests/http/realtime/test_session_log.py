@@ -226,3 +226,57 @@ async def _read_to_done(conn: Any, seen: list[Any], heard: asyncio.Event) -> Any
         if ev.type == "response.done":
             return ev
     raise AssertionError("the connection closed before response.done")
+
+
+@pytest.mark.skipif(not use_processes(), reason="needs the process runtime")
+async def test_function_call_items_survive_kill_9_and_restart(tmp_path: Path):
+    """A call and its output in the conversation come back after ``kill -9``
+    and a restart: retrieved as they were, and read by the next response as
+    chat's history holds them."""
+    cfg, log_dir, port = tmp_path / "p.toml", tmp_path / "log", _free_port()
+    cfg.write_text(SLOW)
+    first = await _serve(cfg, log_dir, port)
+    second: ServeProcess | None = None
+    ask = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]}
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
+    try:
+        async with client_for(first).realtime.connect(model="rt-restart") as conn:
+            sid = (await next_event(conn, "session.created")).session.id
+            await manual(conn, output_modalities=["text"])
+            ids = []
+            for item in (ask, call, output):
+                await conn.conversation.item.create(item=item)
+                ids.append((await next_event(conn, "conversation.item.done")).item.id)
+            # A response's events are sent once on disk, and the items before
+            # them with them (a session's own events are not waited on).
+            await conn.response.create(response={"max_output_tokens": 4})
+            await next_event(conn, "response.done")
+        await first.kill9()
+        second = await _serve(cfg, log_dir, port)
+        async with client_for(second).realtime.connect(
+            model="rt-restart", extra_query={"session_id": sid}
+        ) as conn:
+            await next_event(conn, "session.created")
+            await conn.conversation.item.retrieve(item_id=ids[1])
+            got = (await next_event(conn, "conversation.item.retrieved")).item
+            assert (got.type, got.call_id, got.name, got.arguments) == (
+                "function_call",
+                "call_1",
+                "f",
+                '{"a": 1}',
+            )
+            await conn.response.create(response={"max_output_tokens": 4})
+            done = await next_event(conn, "response.done")
+    finally:
+        await first.close()
+        if second is not None:
+            await second.close()
+    trace = read_trace(export_from_dir(log_dir, None, session=sid))
+    adm = next(
+        e for e in trace.events if isinstance(e, Admitted) and e.request_id == done.response.id
+    )
+    msgs = adm.spec.messages
+    assert [m.role for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert msgs[1].tool_calls[0].id == "call_1" and msgs[2].tool_call_id == "call_1"
+    assert drive(trace).ok

@@ -1,0 +1,150 @@
+"""A realtime session's function tools: checked, recorded, and put on the text stage.
+
+Owns ``Tools``: the functions a session (``session.update``) or one
+response (``response.create``) offers the model and its ``tool_choice``;
+``checked`` (the rules chat's ``tools`` follow, ``omnix.http.chat.tools``:
+a JSON Schema of the arguments, one function a name, a named choice among
+the tools, ``required`` or a name only with tools, a vLLM text stage, and
+``auto`` only where that stage parses calls by itself: vLLM's
+``--enable-auto-tool-choice`` and ``--tool-call-parser``), each refusal
+naming its field; the JSON the log records (``SessionSettings.tools`` /
+``.tool_choice``) and back; and ``params``: the text stage's tool
+parameters, in chat's shape (vLLM's parsers take that one).
+
+Does not own the rest of the configuration (``config.py``) nor rendering
+the calls (``render.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from omnix.events.types import StageParams
+from omnix.http.chat.protocol import FunctionDef, NamedFunction, NamedToolChoice, Tool
+from omnix.http.chat.tools import check_schema, tool_stage
+from omnix.http.common.plan import PlanContext
+from omnix.http.core.errors import ApiError
+from omnix.http.realtime.protocol import FunctionChoice, FunctionTool, ToolChoice
+
+CHOICES = ("auto", "none", "required")
+
+
+def _bad(param: str, why: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, f"{param}: {why}", param=param, code=code)
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """The functions offered and the choice (default: none offered, ``auto``)."""
+
+    tools: tuple[FunctionTool, ...] = ()
+    choice: ToolChoice = "auto"
+
+    @property
+    def calls(self) -> bool:
+        """Whether the model may call a function."""
+        return bool(self.tools) and self.choice != "none"
+
+    def checked(
+        self,
+        served: PlanContext,
+        tools: list[FunctionTool] | UnsetType | None,
+        choice: ToolChoice | UnsetType | None,
+        where: str,
+    ) -> Tools:
+        """These tools with a ``session.update``'s or a ``response.create``'s
+        ``tools`` and ``tool_choice`` (UNSET: kept; None: none, ``auto``)."""
+        new_tools = self.tools if tools is UNSET else tuple(tools or ())
+        new_choice = self.choice if choice is UNSET else (choice or "auto")
+        names: set[str] = set()
+        for i, tool in enumerate(new_tools):
+            if tool.type != "function":
+                raise _bad(
+                    f"{where}.tools[{i}].type",
+                    f'omnix calls functions only, not {tool.type!r} tools; give "function".',
+                    "unsupported_value",
+                )
+            if tool.name in names:
+                raise _bad(f"{where}.tools[{i}].name", f"a second function named {tool.name!r}.")
+            names.add(tool.name)
+            if tool.parameters is not None:
+                check_schema(tool.parameters, f"{where}.tools[{i}].parameters")
+        param = f"{where}.tool_choice"
+        if isinstance(new_choice, FunctionChoice):
+            if new_choice.type != "function":
+                raise _bad(
+                    f"{param}.type",
+                    f'omnix calls functions only, not {new_choice.type!r} tools; give "function".',
+                    "unsupported_value",
+                )
+            if new_choice.name not in names:
+                given = ", ".join(sorted(names)) or "none"
+                raise _bad(
+                    param,
+                    f"it names the function {new_choice.name!r}, which tools does not give "
+                    f"(it gives {given}); name one of them, or give that function in tools.",
+                )
+        elif new_choice not in CHOICES:
+            raise _bad(param, f'give "auto", "none", "required" or a function, not {new_choice!r}.')
+        elif new_choice == "required" and not names:
+            raise _bad(param, '"required" but no tools are given: give tools too.')
+        out = Tools(new_tools, new_choice)
+        if out.tools:
+            _check_stage(served, out, where)
+        return out
+
+    def params(self) -> StageParams:
+        """The text stage's tool parameters, the very JSON chat's ``tools``
+        and ``tool_choice`` make of the same functions (empty: no tools)."""
+        if not self.tools:
+            return StageParams()
+        tools = [
+            Tool(
+                function=FunctionDef(
+                    name=t.name, description=t.description, parameters=t.parameters
+                )
+            )
+            for t in self.tools
+        ]
+        choice: Any = self.choice
+        if isinstance(choice, FunctionChoice):
+            choice = NamedToolChoice(function=NamedFunction(name=choice.name))
+        return StageParams(
+            tools=msgspec.json.encode(tools).decode(),
+            tool_choice=msgspec.json.encode(choice).decode(),
+        )
+
+    def recorded(self) -> tuple[str, str]:
+        """``(tools, tool_choice)`` as the log records them ("" for the defaults)."""
+        tools = msgspec.json.encode(self.tools).decode() if self.tools else ""
+        choice = "" if self.choice == "auto" else msgspec.json.encode(self.choice).decode()
+        return tools, choice
+
+    @classmethod
+    def from_recorded(cls, tools: str, choice: str) -> Tools:
+        return cls(
+            tuple(msgspec.json.decode(tools, type=list[FunctionTool])) if tools else (),
+            msgspec.json.decode(choice, type=ToolChoice) if choice else "auto",
+        )
+
+
+def _check_stage(served: PlanContext, tools: Tools, where: str) -> None:
+    stage = served.output_stage("text") or served.source_stage(("text",))
+    args = tool_stage(served.pipeline, stage)
+    if args is None:
+        raise _bad(
+            f"{where}.tools",
+            f"the text stage {stage!r} of {served.model!r} is not a vLLM stage writing text: "
+            "it calls no tools; send [].",
+            "unsupported_value",
+        )
+    if tools.choice == "auto" and not (args.enable_auto_tool_choice and args.tool_call_parser):
+        raise _bad(
+            f"{where}.tool_choice",
+            '"auto" tool choice needs the server started with --enable-auto-tool-choice and '
+            '--tool-call-parser: send "none", "required" or a named function.',
+        )

@@ -1,0 +1,241 @@
+"""Realtime function calls on ``tiny-omni``'s real engines (the thinker
+with vLLM's ``hermes`` parser and ``--enable-auto-tool-choice``), through
+the official ``openai`` client: a named function (held by structured
+output even on random weights) comes as a ``function_call`` item, its
+arguments streamed; the client's ``function_call_output`` continues the
+conversation, the thinker reading the call and its result as chat's
+history gives them (the same prompt, token for token); a cancel during a
+call's arguments ends the response once, ``cancelled``; and a session
+taken up again from the log (as after a restart) holds its calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest_asyncio
+
+from omnix.events.types import Admitted, Cancelled, Chunk, is_terminal
+from omnix.http.app import HttpServer
+from omnix.http.realtime.protocol import FunctionCallItem, FunctionCallOutputItem
+from omnix.http.realtime.record import fold_session
+from omnix.pipelines.config import VllmArgs
+from omnix.pipelines.validate import load_pipeline
+from omnix.stages.options import RuntimeOptions
+from omnix.testing.serving import serve_omni
+
+from ..conftest import real_engine_marks
+from .conftest import client_for, next_event
+
+PIPELINE = "tiny-omni"
+pytestmark = real_engine_marks()
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+# A free string: random weights write it on and on (a call to cancel).
+NOTE = {
+    "type": "function",
+    "name": "take_note",
+    "parameters": {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+    },
+}
+ASK = "What is the weather in Paris?"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def server(tmp_path_factory) -> AsyncIterator[HttpServer]:
+    from omnix.api import Omni
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)
+    cfg = load_pipeline(PIPELINE)
+    stages = tuple(
+        msgspec.structs.replace(
+            st,
+            engine=msgspec.structs.replace(
+                st.engine, enable_auto_tool_choice=True, tool_call_parser="hermes"
+            ),
+        )
+        if isinstance(st.engine, VllmArgs)
+        else st
+        for st in cfg.stages
+    )
+    omni = Omni(
+        msgspec.structs.replace(cfg, stages=stages),
+        runtime_options=RuntimeOptions(
+            forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
+        ),
+    )
+    async with serve_omni(omni, grace_s=2.0, telemetry=False) as s:
+        yield s
+
+
+async def _text_session(conn: Any, **session: Any) -> str:
+    sid = (await next_event(conn, "session.created")).session.id
+    await conn.session.update(
+        session={
+            "type": "realtime",
+            "output_modalities": ["text"],
+            "audio": {"input": {"turn_detection": None}},
+            **session,
+        }
+    )
+    updated = await next_event(conn, "session.updated")
+    assert [t.name for t in updated.session.tools] == [t["name"] for t in session.get("tools", [])]
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]}
+    )
+    await next_event(conn, "conversation.item.done")
+    return str(sid)
+
+
+def _admitted(server: HttpServer, rid: str) -> Admitted:
+    (adm,) = [e for e in server.omni.log.events_for(rid) if isinstance(e, Admitted)]
+    return adm
+
+
+async def test_a_named_call_and_its_output_continue_the_conversation(server, client):
+    named = {"type": "function", "name": "get_weather"}
+    async with client_for(server).realtime.connect(model=PIPELINE) as conn:
+        sid = await _text_session(conn, tools=[WEATHER, NOTE], tool_choice=named)
+        await conn.response.create(response={"max_output_tokens": 200})
+        events: list[Any] = []
+        done = await next_event(conn, "response.done", events)
+        assert done.response.status == "completed", done.response.status_details
+        (added,) = [e for e in events if e.type == "response.output_item.added"]
+        call = added.item
+        assert call.type == "function_call" and call.name == "get_weather"
+        assert call.arguments == "" and call.call_id and call.status == "in_progress"
+        deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+        (args_done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert deltas and all(d.call_id == call.call_id and d.item_id == call.id for d in deltas)
+        assert "".join(d.delta for d in deltas) == args_done.arguments
+        assert json.loads(args_done.arguments)["city"] in ("Paris", "Oslo")
+        (item_done,) = [e for e in events if e.type == "response.output_item.done"]
+        assert item_done.item.status == "completed"
+        assert item_done.item.arguments == args_done.arguments
+        # A call alone: no message item, none spoken.
+        assert [o.type for o in done.response.output] == ["function_call"]
+        assert done.response.output[0].id == call.id
+        assert not any(e.type.startswith("response.output_text") for e in events)
+        types = [e.type for e in events]
+        assert types.index("conversation.item.added") < types.index(
+            "response.function_call_arguments.delta"
+        )
+        rid = done.response.id
+        assert any(isinstance(e, Chunk) and e.tool_calls for e in server.omni.log.events_for(rid))
+
+        # An output for no call of the conversation is refused; the session goes on.
+        await conn.conversation.item.create(
+            item={"type": "function_call_output", "call_id": "call_nope", "output": "{}"}
+        )
+        err = await conn.recv()
+        assert err.type == "error" and err.error.param == "item.call_id"
+
+        await conn.conversation.item.create(
+            item={
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": '{"sky": "clear"}',
+            }
+        )
+        out_item = (await next_event(conn, "conversation.item.done")).item
+        assert out_item.type == "function_call_output" and out_item.call_id == call.call_id
+        await conn.response.create(response={"tool_choice": "none", "max_output_tokens": 8})
+        second = await next_event(conn, "response.done")
+    assert second.response.status in ("completed", "incomplete")
+    assert [o.type for o in second.response.output] == ["message"]
+    sent = _admitted(server, second.response.id).spec.messages
+    assert [m.role for m in sent] == ["user", "assistant", "tool"]
+    (tc,) = sent[1].tool_calls
+    assert (tc.id, tc.name, tc.arguments) == (call.call_id, "get_weather", args_done.arguments)
+    assert sent[2].tool_call_id == call.call_id and sent[2].content == '{"sky": "clear"}'
+    # Chat's history of the same turn, through the same chat template: the
+    # same prompt, token for token.
+    chat = await client.chat.completions.create(
+        model=PIPELINE,
+        messages=[
+            {"role": "user", "content": ASK},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": call.call_id,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": args_done.arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.call_id, "content": '{"sky": "clear"}'},
+        ],
+        tools=[
+            {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            for t in (WEATHER, NOTE)
+        ],
+        tool_choice="none",
+        max_tokens=1,
+    )
+    assert chat.usage is not None
+    assert second.response.usage.input_tokens == chat.usage.prompt_tokens
+
+    # The session taken up again from the log (what a restarted server does).
+    log = server.omni.log
+    folded = fold_session(log.read(0, log.next_pos), sid, server.omni.blobs)
+    items = [e.item for e in folded.conversation]
+    assert [type(i) for i in items[1:4]] == [
+        FunctionCallItem,
+        FunctionCallOutputItem,
+        type(items[0]),
+    ]
+    assert items[1].call_id == call.call_id and items[1].arguments == args_done.arguments
+    async with client_for(server).realtime.connect(
+        model=PIPELINE, extra_query={"session_id": sid}
+    ) as conn:
+        created = await next_event(conn, "session.created")
+        assert [t.name for t in created.session.tools] == ["get_weather", "take_note"]
+        assert created.session.tool_choice.name == "get_weather"
+        await conn.conversation.item.retrieve(item_id=call.id)
+        got = (await next_event(conn, "conversation.item.retrieved")).item
+        assert got.type == "function_call" and got.arguments == args_done.arguments
+        await conn.response.create(response={"tool_choice": "none", "max_output_tokens": 4})
+        third = await next_event(conn, "response.done")
+    again = _admitted(server, third.response.id).spec.messages
+    assert again[:3] == sent
+
+
+async def test_a_cancel_during_the_arguments_ends_the_response_once(server):
+    async with client_for(server).realtime.connect(model=PIPELINE) as conn:
+        await _text_session(conn, tools=[NOTE], tool_choice="required")
+        await conn.response.create(response={"max_output_tokens": 400})
+        await next_event(conn, "response.function_call_arguments.delta")
+        await conn.response.cancel()
+        events: list[Any] = []
+        done = await next_event(conn, "response.done", events)
+    assert done.response.status == "cancelled"
+    (call,) = done.response.output
+    assert call.type == "function_call" and call.status == "incomplete"
+    assert [
+        e.type for e in events if "function_call_arguments.done" in e.type or "item.done" in e.type
+    ] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+    ]
+    events_log = server.omni.log.events_for(done.response.id)
+    assert sum(1 for e in events_log if is_terminal(e)) == 1
+    assert isinstance(events_log[-1], Cancelled)
