@@ -122,6 +122,15 @@ SPEAKER_ENCODER: dict[str, Any] = {
 #: Random decoder weights give a waveform near 1e-3; its last convolution
 #: is scaled so the audio is audible (the output is clamped to [-1, 1]).
 DECODER_OUTPUT_GAIN = 1024.0
+#: Random encoder weights leave the quantizers' inputs near zero, so every
+#: frame of reference audio takes the same (least-norm) code; Base, which
+#: encodes reference audio, scales the quantizers' input projections so its
+#: reference codes vary frame to frame.  (The other variants never encode.)
+ENCODER_QUANTIZER_GAIN = 300.0
+_ENCODER_GAINS = {
+    f"encoder.quantizer.{part}_residual_vector_quantizer.input_proj.weight": ENCODER_QUANTIZER_GAIN
+    for part in ("semantic", "acoustic")
+}
 _WEIGHT_STD = 0.05
 _HEAD_STD = 0.15
 _CODEBOOK_STD = 1.0
@@ -449,7 +458,8 @@ def write_folder(out_dir: Path, seed: int = 0, variant: str = "custom_voice") ->
     _write_json(speech / "preprocessor_config.json", FEATURE_EXTRACTOR)
     last_conv = f"decoder.decoder.{len(decoder.decoder) - 1}.conv.weight"
     weights = _random(_shapes(decoder), seed, model, "decoder.", {last_conv: DECODER_OUTPUT_GAIN})
-    weights |= _random(_encoder_shapes(), seed, model, "encoder.", {})
+    gains = _ENCODER_GAINS if variant == "base" else {}
+    weights |= _random(_encoder_shapes(), seed, model, "encoder.", gains)
     save_file(weights, str(speech / "model.safetensors"), metadata={"format": "pt"})
     return ids
 
