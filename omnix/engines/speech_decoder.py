@@ -5,7 +5,9 @@ Owns: ``SpeechCodec``, which loads a Qwen3-TTS folder's
 left over) and decodes an utterance's codes ([frames, 16]) into float32
 samples (1,920 a frame) chunked as the reference's tokenizer decodes them
 (300 frames a chunk, each with 25 frames of left context), so the samples
-are the reference's for the same codes.
+are the reference's for the same codes; ``decode_after``, a cloned voice's
+new codes decoded after its reference codes and the reference's share cut
+off, as the reference's ``generate_voice_clone`` cuts it.
 
 Also owns ``SpeechDecoderEngine``, the decoder as a streaming stage
 (engine kind ``qwen3_tts_decoder``): Code2Wav's engine (chunks decoded as
@@ -14,7 +16,7 @@ short first chunk; its waveform is ``SpeechCodec.decode`` of the same codes
 with the stage's chunk sizes.
 
 Does not own: the decoder's modules (``omnix.models.qwen3_tts_modules``),
-the tokenizer's encoder (reference audio -> codes: not here yet), nor the
+the tokenizer's encoder (reference audio -> codes: ``qwen3_tts_clone.py``), nor the
 streaming itself (``code2wav_engine.py``).
 """
 
