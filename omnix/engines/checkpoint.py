@@ -1,7 +1,8 @@
 """Reading parts of a Hugging Face checkpoint without loading the rest.
 
 Owns: ``tensors_under`` (the tensors whose names start with a prefix, from
-every safetensors shard of a folder) and ``fused_experts`` (hub-layout MoE
+every safetensors shard of a folder), ``load_exact`` (a module loaded from
+them, none missing or left over) and ``fused_experts`` (hub-layout MoE
 tensors, one per expert, fused the way transformers' modules keep them).
 The stages of a multi-part model (Qwen3-Omni's talker and Code2Wav) each
 load only their part of one checkpoint with these.  Does not own any
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     import torch
+
+M = TypeVar("M", bound="torch.nn.Module")
 
 
 def tensors_under(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
@@ -67,3 +70,19 @@ def fused_experts(
     if raw:
         raise ValueError(f"tensors the module has no place for: {sorted(raw)[:5]}")
     return out
+
+
+def load_exact(module: M, folder: Path, prefix: str, what: str) -> M:
+    """``module`` with every ``prefix...`` tensor of ``folder`` loaded, in
+    eval mode; a tensor ``module`` lacks, or one it has that the folder
+    lacks, is refused naming the first few (``what``: the module's name)."""
+    weights = tensors_under(folder, prefix)
+    expected = set(module.state_dict())
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"{folder}'s {prefix}* tensors do not match the {what}: "
+            f"missing {missing[:6]}, unexpected {unexpected[:6]}"
+        )
+    module.load_state_dict(weights, strict=True)
+    return module.eval()

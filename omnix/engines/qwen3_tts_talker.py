@@ -6,14 +6,16 @@ request's prefill and trailing text vectors as the reference's
 ``Qwen3TTSForConditionalGeneration.generate`` builds them (a named speaker's
 codec id, a language's, an instruction as a user turn before the
 assistant's; the text whole in the prefill, the reference's default, or
-one token a frame), and runs the decode loop (``generate``) over the
-prefill, step and code predictor ``TalkerModel`` already owns for
-Qwen3-Omni's talker: one talker engine for both models.
+one token a frame; for a Base checkpoint's cloned voice, ``VoiceClone``:
+the speaker vector in the speaker's place and, with a transcript, the
+reference audio's codes and its text before the text to say, ICL), and
+runs the decode loop (``generate``) over the prefill, step and code
+predictor ``TalkerModel`` already owns for Qwen3-Omni's talker: one talker
+engine for both models.
 
 Does not own: the modules' definitions, the speech decoder
-(``speech_decoder.py``), nor scheduling, streaming or serving.  CustomVoice
-only for now: voice design and cloning (the Base variant's speaker encoder
-and reference codes) are not here yet.
+(``speech_decoder.py``), turning reference audio into a ``VoiceClone``
+(``qwen3_tts_clone.py``), nor scheduling, streaming or serving.
 """
 
 from __future__ import annotations
@@ -40,8 +42,22 @@ if TYPE_CHECKING:
 MIN_NEW_TOKENS = 2
 
 
+class VoiceClone(msgspec.Struct, frozen=True, kw_only=True):
+    """A voice cloned from reference audio (``qwen3_tts_clone.VoiceCloner``):
+    its speaker vector ([hidden]) and, in ICL mode, the audio's codes
+    ([frames, 16]) with its transcript; codes None: the vector alone."""
+
+    speaker: Any  # torch.Tensor
+    codes: Any = None  # torch.Tensor | None
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.codes is None) != (not self.text):
+            raise ValueError("a cloned voice's reference codes and transcript come together")
+
+
 class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """What one utterance asks of a CustomVoice talker."""
+    """What one utterance asks of a Qwen3-TTS talker."""
 
     text: str
     speaker: str | None = None  # a name of the checkpoint's ``spk_id``
@@ -50,6 +66,8 @@ class SpeechRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: The whole text in the prefill (the reference's default); False feeds
     #: it one token a frame, as the reference's streaming-text mode does.
     non_streaming: bool = True
+    #: A Base checkpoint's cloned voice (in place of a named speaker).
+    clone: VoiceClone | None = None
 
 
 class Prompt(msgspec.Struct, frozen=True):
@@ -105,24 +123,15 @@ class Qwen3TTSTalker(TalkerModel):
         import torch
         from transformers import Qwen2Tokenizer
 
-        from omnix.engines.checkpoint import tensors_under
+        from omnix.engines.checkpoint import load_exact
         from omnix.models.qwen3_tts_modules import TTSTalker, read_config
 
         folder = Path(folder)
         cfg = read_config(folder)
         if cfg.get("model_type") != "qwen3_tts":
             raise ValueError(f"{folder} is not a Qwen3-TTS checkpoint ({cfg.get('model_type')})")
-        talker = TTSTalker(cfg["talker_config"])
-        weights = tensors_under(folder, "talker.")
-        expected = set(talker.state_dict())
-        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"{folder}'s talker.* tensors do not match Qwen3-TTS's talker: "
-                f"missing {missing[:6]}, unexpected {unexpected[:6]}"
-            )
-        talker.load_state_dict(weights, strict=True)
-        talker = talker.to(device=device, dtype=getattr(torch, dtype)).eval()
+        talker = load_exact(TTSTalker(cfg["talker_config"]), folder, "talker.", "talker")
+        talker = talker.to(device=device, dtype=getattr(torch, dtype))
         # The folders' own class; AutoTokenizer would first try to read
         # config.json's qwen3_tts, a model type transformers does not know.
         tokenizer = Qwen2Tokenizer.from_pretrained(str(folder))
@@ -142,6 +151,11 @@ class Qwen3TTSTalker(TalkerModel):
         speaker, pad and bos."""
         t = self.talker_cfg
         speaker = (req.speaker or "").lower()
+        if req.clone is not None and (speaker or self.variant != "base"):
+            raise ValueError(
+                "a cloned voice needs a Base checkpoint and no named voice "
+                f"(this one is {self.variant}, voice {req.speaker!r})"
+            )
         if speaker and speaker not in self.layout.speakers:
             raise ValueError(
                 f"unknown voice {req.speaker!r}; this checkpoint has "
@@ -167,7 +181,9 @@ class Qwen3TTSTalker(TalkerModel):
     def prompt(self, req: SpeechRequest) -> Prompt:
         """The prefill and trailing text vectors of ``req``, as the reference
         builds them: ``[instruction] <|im_start|>assistant\\n`` projected, the
-        codec prefix under ``tts_pad``... ``tts_bos``, then the text."""
+        codec prefix (a cloned voice's vector before pad and bos) under
+        ``tts_pad``... ``tts_bos``, then the text (or, cloning with a
+        transcript, ``_icl``)."""
         import torch
 
         ids = self._ids(f"<|im_start|>assistant\n{req.text}<|im_end|>\n<|im_start|>assistant\n")
@@ -179,12 +195,18 @@ class Qwen3TTSTalker(TalkerModel):
                     self.project_text(self._ids(f"<|im_start|>user\n{req.instruct}<|im_end|>\n"))
                 )
             codec = embed(torch.tensor(self._codec_prefix(req), device=self.device))
+            if req.clone is not None:
+                vector = req.clone.speaker.to(codec)[None]
+                codec = torch.cat([codec[:-2], vector, codec[-2:]])
             n = codec.shape[0]
             parts.append(self.project_text(ids[:3]))
             text_side = torch.cat([self.tts_pad.expand(n - 2, -1), self.tts_bos[None]])
             parts.append(text_side + codec[:-1])
             body = ids[3:-5]
-            if req.non_streaming:
+            if req.clone is not None and req.clone.codes is not None:
+                icl, trailing = self._icl(req, body, codec[-1:])
+                parts.append(icl)
+            elif req.non_streaming:
                 pads = embed(
                     torch.full((len(body) + 1,), self.layout.codec_pad, device=self.device)
                 )
@@ -200,6 +222,46 @@ class Qwen3TTSTalker(TalkerModel):
         # a text-only prompt's three MRoPE rows are its plain positions.
         cond = Conditioning(embeds, torch.full((embeds.shape[0],), -1), positions, 0)
         return Prompt(cond, trailing)
+
+    def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
+        """[frames, 16] codes -> [frames, hidden]: each frame's 16 codec
+        embeddings (the talker's table for the first group, the code
+        predictor's for the rest) summed in one reduction, as the
+        reference sums a cloned voice's reference codes."""
+        import torch
+
+        codes = codes.to(self.device)
+        tables = [
+            self.talker.get_input_embeddings(),
+            *self.talker.code_predictor.model.codec_embedding,
+        ]
+        return torch.stack([tables[g](codes[:, g]) for g in range(codes.shape[1])], dim=1).sum(1)
+
+    def _icl(
+        self, req: SpeechRequest, body: torch.Tensor, bos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cloning with a transcript: the transcript's and the text's tokens
+        (then ``tts_eos``) beside codec bos and the reference audio's frames.
+        Whole text: all the text over codec pads, then bos and the frames
+        over ``tts_pad``.  Text a token a frame: text and frames side by
+        side from bos, the text left over trailing (or ``tts_pad`` filling
+        out the text when the frames are more)."""
+        import torch
+
+        clone = req.clone
+        assert clone is not None and clone.codes is not None
+        ref = self._ids(f"<|im_start|>assistant\n{clone.text}<|im_end|>\n")[3:-2]
+        text = torch.cat([self.project_text(torch.cat([ref, body])), self.tts_eos[None]])
+        audio = torch.cat([bos, self.frame_embeddings(clone.codes)])
+        if req.non_streaming:
+            pad = torch.full((text.shape[0],), self.layout.codec_pad, device=self.device)
+            icl = torch.cat([text + self.talker.get_input_embeddings()(pad), audio + self.tts_pad])
+            return icl, self.tts_pad[None]
+        n = audio.shape[0]
+        if text.shape[0] > n:
+            return text[:n] + audio, text[n:]
+        filled = torch.cat([text, self.tts_pad.expand(n - text.shape[0], -1)])
+        return filled + audio, self.tts_pad[None]
 
     # -- decoding ------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ Owns: ``SpeechCodec``, which loads a Qwen3-TTS folder's
 left over) and decodes an utterance's codes ([frames, 16]) into float32
 samples (1,920 a frame) chunked as the reference's tokenizer decodes them
 (300 frames a chunk, each with 25 frames of left context), so the samples
-are the reference's for the same codes.
+are the reference's for the same codes; ``decode_after``, a cloned voice's
+new codes decoded after its reference codes and the reference's share cut
+off, as the reference's ``generate_voice_clone`` cuts it.
 
 Also owns ``SpeechDecoderEngine``, the decoder as a streaming stage
 (engine kind ``qwen3_tts_decoder``): Code2Wav's engine (chunks decoded as
@@ -14,7 +16,7 @@ short first chunk; its waveform is ``SpeechCodec.decode`` of the same codes
 with the stage's chunk sizes.
 
 Does not own: the decoder's modules (``omnix.models.qwen3_tts_modules``),
-the tokenizer's encoder (reference audio -> codes: not here yet), nor the
+the tokenizer's encoder (reference audio -> codes: ``qwen3_tts_clone.py``), nor the
 streaming itself (``code2wav_engine.py``).
 """
 
@@ -48,7 +50,7 @@ class SpeechCodec:
     def load(cls, folder: str | Path, device: str = "cpu") -> SpeechCodec:
         """From a Qwen3-TTS folder (its ``speech_tokenizer/``) or a speech
         tokenizer folder itself."""
-        from omnix.engines.checkpoint import tensors_under
+        from omnix.engines.checkpoint import load_exact
         from omnix.models.qwen3_tts_modules import SpeechDecoder, read_config
 
         folder = Path(folder)
@@ -59,18 +61,11 @@ class SpeechCodec:
             raise ValueError(
                 f"{folder} is not a 12 Hz Qwen3-TTS speech tokenizer ({cfg.get('model_type')})"
             )
-        decoder = SpeechDecoder(cfg["decoder_config"])
-        weights = tensors_under(folder, "decoder.")
-        expected = set(decoder.state_dict())
-        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"{folder}'s decoder.* tensors do not match the 12 Hz decoder: "
-                f"missing {missing[:6]}, unexpected {unexpected[:6]}"
-            )
-        decoder.load_state_dict(weights, strict=True)
+        decoder = load_exact(
+            SpeechDecoder(cfg["decoder_config"]), folder, "decoder.", "12 Hz decoder"
+        )
         return cls(
-            decoder.to(device).eval(),
+            decoder.to(device),
             int(cfg["output_sample_rate"]),
             int(cfg["decode_upsample_rate"]),
         )
@@ -90,6 +85,16 @@ class SpeechCodec:
         with torch.inference_mode():
             wav = self.decoder.chunked(codes.T[None].to(self.device), chunk, context, first)
         return wav[0, 0, : codes.shape[0] * self.samples_per_frame].float().cpu()
+
+    def decode_after(self, prefix: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """The samples of ``codes`` continuing ``prefix`` (a cloned voice's
+        reference codes): the two decoded as one utterance, the prefix's
+        share cut off at the reference's proportional offset."""
+        import torch
+
+        wav = self.decode(torch.cat([prefix.to(codes), codes]))
+        cut = int(prefix.shape[0] / max(prefix.shape[0] + codes.shape[0], 1) * wav.shape[0])
+        return wav[cut:]
 
 
 class SpeechDecoderEngine(Code2WavEngine):

@@ -44,7 +44,11 @@ from omnix.models.paths import (
 )
 from omnix.models.qwen3_omni import build_omni_thinker, build_omni_tokenizer
 from omnix.models.qwen3_omni_speech import build_omni
-from omnix.models.qwen3_tts import build_qwen3_tts_custom_voice, build_qwen3_tts_voice_design
+from omnix.models.qwen3_tts import (
+    build_qwen3_tts_base,
+    build_qwen3_tts_custom_voice,
+    build_qwen3_tts_voice_design,
+)
 from omnix.models.seeds import derived_seed, pad64
 
 if TYPE_CHECKING:  # imported where used: most commands never build a model
@@ -430,6 +434,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "video": build_video,
     "qwen3_tts_custom_voice": build_qwen3_tts_custom_voice,
     "qwen3_tts_voice_design": build_qwen3_tts_voice_design,
+    "qwen3_tts_base": build_qwen3_tts_base,
 }
 
 

@@ -33,6 +33,7 @@ TINY_MODELS: tuple[str, ...] = (
     "video",
     "qwen3_tts_custom_voice",
     "qwen3_tts_voice_design",
+    "qwen3_tts_base",
 )
 
 #: Written last into a built folder; its presence means "complete".
@@ -55,6 +56,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     video: str
     qwen3_tts_custom_voice: str
     qwen3_tts_voice_design: str
+    qwen3_tts_base: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

@@ -1,13 +1,15 @@
-"""Builder of the tiny random-weight Qwen3-TTS CustomVoice and VoiceDesign
-checkpoints.
+"""Builder of the tiny random-weight Qwen3-TTS CustomVoice, VoiceDesign and
+Base checkpoints.
 
-Owns: ``build_qwen3_tts_custom_voice`` and ``build_qwen3_tts_voice_design``
-(the ``qwen3_tts_custom_voice`` and ``qwen3_tts_voice_design`` tiny models
-of ``omnix models init``), their tiny sizes and their folders, laid out as
-the published ``Qwen3-TTS-12Hz-*-CustomVoice`` / ``-VoiceDesign`` are: ``config.json``
+Owns: ``build_qwen3_tts_custom_voice``, ``build_qwen3_tts_voice_design`` and
+``build_qwen3_tts_base`` (the ``qwen3_tts_custom_voice``,
+``qwen3_tts_voice_design`` and ``qwen3_tts_base`` tiny models of ``omnix
+models init``), their tiny sizes and their folders, laid out as the
+published ``Qwen3-TTS-12Hz-*-CustomVoice`` / ``-VoiceDesign`` / ``-Base``
+are: ``config.json``
 (``model_type: qwen3_tts``), ``generation_config.json`` (the reference's
 sampling defaults), the tokenizer files, ``model.safetensors``
-(``talker.*``) and ``speech_tokenizer/`` (``config.json`` of the 12 Hz
+(``talker.*``; Base also ``speaker_encoder.*``, its ECAPA-TDNN) and ``speech_tokenizer/`` (``config.json`` of the 12 Hz
 tokenizer, ``preprocessor_config.json``, ``model.safetensors`` with the
 Mimi-style ``encoder.*`` and the ``decoder.*``).  The reference package
 (``qwen-tts``) loads it with no missing or unexpected key
@@ -26,7 +28,6 @@ quantizers' codebooks) is random, and the decoder's last convolution is
 scaled so the waveform peaks well above silence.  Deterministic: every
 tensor comes from a generator seeded by ``derived_seed(seed, MODEL,
 name)`` (MODEL the tiny model's name); JSON is written with sorted keys.
-The Base (cloning) variant is not built yet.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 MODEL_NAMES = {
     "custom_voice": "qwen3_tts_custom_voice",
     "voice_design": "qwen3_tts_voice_design",
+    "base": "qwen3_tts_base",
 }
 
 # -- the published codec layout ---------------------------------------------------
@@ -105,10 +107,30 @@ DECODER_LATENT = 32
 DECODER_CODEBOOK_DIM = 32
 DECODER_DIM = 32
 ENCODER_HIDDEN = 32
+#: The speaker encoder's ECAPA-TDNN, narrow (the published one is 512 wide,
+#: 1536 at the aggregation); its vector is the talker's width.
+SPEAKER_ENCODER: dict[str, Any] = {
+    "enc_attention_channels": 16,
+    "enc_channels": [32, 32, 32, 32, 96],
+    "enc_dilations": [1, 2, 3, 4, 1],
+    "enc_kernel_sizes": [5, 3, 3, 3, 1],
+    "enc_res2net_scale": 8,
+    "enc_se_channels": 16,
+    "mel_dim": 128,
+}
 
 #: Random decoder weights give a waveform near 1e-3; its last convolution
 #: is scaled so the audio is audible (the output is clamped to [-1, 1]).
 DECODER_OUTPUT_GAIN = 1024.0
+#: Random encoder weights leave the quantizers' inputs near zero, so every
+#: frame of reference audio takes the same (least-norm) code; Base, which
+#: encodes reference audio, scales the quantizers' input projections so its
+#: reference codes vary frame to frame.  (The other variants never encode.)
+ENCODER_QUANTIZER_GAIN = 300.0
+_ENCODER_GAINS = {
+    f"encoder.quantizer.{part}_residual_vector_quantizer.input_proj.weight": ENCODER_QUANTIZER_GAIN
+    for part in ("semantic", "acoustic")
+}
 _WEIGHT_STD = 0.05
 _HEAD_STD = 0.15
 _CODEBOOK_STD = 1.0
@@ -242,9 +264,15 @@ def model_config(ids: TokenIds, variant: str = "custom_voice") -> dict[str, Any]
         "tts_bos_token_id": ids.tts_bos,
         "tts_eos_token_id": ids.tts_eos,
         "assistant_token_id": ids.assistant,
-        "speaker_encoder_config": {"enc_dim": TALKER_HIDDEN, "sample_rate": SAMPLE_RATE},
+        "speaker_encoder_config": _speaker_encoder_config(variant),
         "talker_config": talker_config(ids.text_vocab, variant),
     }
+
+
+def _speaker_encoder_config(variant: str) -> dict[str, Any]:
+    """No ``model_type``: the reference's speaker encoder config rejects it."""
+    base = {"enc_dim": TALKER_HIDDEN, "sample_rate": SAMPLE_RATE}
+    return {**SPEAKER_ENCODER, **base} if variant == "base" else base
 
 
 #: The reference's sampling defaults, as the published folders carry them.
@@ -360,17 +388,13 @@ def _shapes(module: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _encoder_shapes() -> dict[str, tuple[int, ...]]:
-    """The Mimi encoder's tensors: transformers' ``MimiModel`` less the
-    decoding half, which the reference's encoder drops."""
+    """The Mimi encoder's tensors (``qwen3_tts_encoder.SpeechEncoder``)."""
     import torch
-    from transformers import MimiConfig, MimiModel
 
-    fields = {k: v for k, v in encoder_fields().items() if k not in ("model_type", "rope_theta")}
-    cfg = MimiConfig(**fields)
+    from omnix.models.qwen3_tts_encoder import SpeechEncoder
+
     with torch.device("meta"):
-        model = MimiModel(cfg)
-    dropped = ("upsample.", "decoder_transformer.", "decoder.")
-    return {n: s for n, s in _shapes(model).items() if not n.startswith(dropped)}
+        return _shapes(SpeechEncoder(encoder_fields(), NUM_CODE_GROUPS, SAMPLES_PER_FRAME))
 
 
 def _random(
@@ -424,6 +448,8 @@ def write_folder(out_dir: Path, seed: int = 0, variant: str = "custom_voice") ->
         talker = TTSTalker(config["talker_config"])
         decoder = SpeechDecoder(decoder_fields())
     talker_weights = _random(_shapes(talker), seed, model, "talker.", {})
+    if variant == "base":
+        talker_weights |= _speaker_encoder_weights(config, seed, model)
     save_file(talker_weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
     speech = out_dir / "speech_tokenizer"
@@ -432,9 +458,22 @@ def write_folder(out_dir: Path, seed: int = 0, variant: str = "custom_voice") ->
     _write_json(speech / "preprocessor_config.json", FEATURE_EXTRACTOR)
     last_conv = f"decoder.decoder.{len(decoder.decoder) - 1}.conv.weight"
     weights = _random(_shapes(decoder), seed, model, "decoder.", {last_conv: DECODER_OUTPUT_GAIN})
-    weights |= _random(_encoder_shapes(), seed, model, "encoder.", {})
+    gains = _ENCODER_GAINS if variant == "base" else {}
+    weights |= _random(_encoder_shapes(), seed, model, "encoder.", gains)
     save_file(weights, str(speech / "model.safetensors"), metadata={"format": "pt"})
     return ids
+
+
+def _speaker_encoder_weights(
+    config: dict[str, Any], seed: int, model: str
+) -> dict[str, torch.Tensor]:
+    import torch
+
+    from omnix.models.qwen3_tts_speaker import SpeakerEncoderFields, speaker_encoder
+
+    with torch.device("meta"):
+        encoder = speaker_encoder(SpeakerEncoderFields.of(config["speaker_encoder_config"]))
+    return _random(_shapes(encoder), seed, model, "speaker_encoder.", {})
 
 
 def _check_prompt_tokens(folder: Path) -> None:
@@ -465,3 +504,11 @@ def build_qwen3_tts_voice_design(out: Path, seed: int) -> ModelInfo:
     return ModelInfo(
         name=MODEL_NAMES["voice_design"], seed=seed, layout=msgspec.structs.asdict(ids)
     )
+
+
+def build_qwen3_tts_base(out: Path, seed: int) -> ModelInfo:
+    """The ``qwen3_tts_base`` tiny model: no named speakers; a voice is
+    cloned from reference audio (the speaker encoder's vector, and with its
+    transcript the tokenizer's codes of it)."""
+    ids = write_folder(out, seed, "base")
+    return ModelInfo(name=MODEL_NAMES["base"], seed=seed, layout=msgspec.structs.asdict(ids))

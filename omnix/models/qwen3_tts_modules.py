@@ -16,8 +16,9 @@ Lives under ``omnix.models`` so that the tiny checkpoint's builder
 (``omnix.engines.qwen3_tts_talker``, ``omnix.engines.speech_decoder``)
 share one definition.  Torch and transformers at import: import it where
 used.  Does not own loading weights, the prompt, choosing codes or the
-decode loop (the engines), nor the speech tokenizer's encoder or the Base
-variant's speaker encoder (not here yet).
+decode loop (the engines), nor the speech tokenizer's encoder
+(``qwen3_tts_encoder.py``) or the Base variant's speaker encoder
+(``qwen3_tts_speaker.py``).
 """
 
 from __future__ import annotations

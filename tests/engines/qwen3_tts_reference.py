@@ -71,7 +71,20 @@ def main(folder: str, cases_path: str, out_path: str) -> None:
             "subtalker_dosample": False,
             "max_new_tokens": case["max_new_tokens"],
         }
-        if tts.model.tts_model_type == "voice_design":
+        clone = {}
+        if tts.model.tts_model_type == "base":
+            ref = {
+                "ref_audio": case["ref_audio"],
+                "ref_text": case.get("ref_text"),
+                "x_vector_only_mode": case.get("x_vector_only", False),
+            }
+            (item,) = tts.create_voice_clone_prompt(**ref)
+            clone = {
+                "speaker": [float(x) for x in item.ref_spk_embedding.float()],
+                "ref_codes": None if item.ref_code is None else item.ref_code.tolist(),
+            }
+            wavs, rate = tts.generate_voice_clone(**ref, **common)
+        elif tts.model.tts_model_type == "voice_design":
             wavs, rate = tts.generate_voice_design(instruct=case.get("instruct") or "", **common)
         else:
             wavs, rate = tts.generate_custom_voice(
@@ -79,7 +92,12 @@ def main(folder: str, cases_path: str, out_path: str) -> None:
             )
         codes = captured[0][0]
         results.append(
-            {"codes": codes.tolist(), "wav": [float(x) for x in wavs[0]], "sample_rate": rate}
+            {
+                "codes": codes.tolist(),
+                "wav": [float(x) for x in wavs[0]],
+                "sample_rate": rate,
+                **clone,
+            }
         )
     Path(out_path).write_text(json.dumps({"keys": keys, "results": results}))
 

@@ -1,10 +1,12 @@
 """omnix's Qwen3-TTS held to the reference, ``qwen-tts`` 0.1.1, on the tiny
-CustomVoice checkpoint: the reference's own greedy ``generate_custom_voice``
-runs in its environment (``.venv-ref``, scripts/reference-env.sh: it pins
+CustomVoice, VoiceDesign and Base (voice cloning) checkpoints: the
+reference's own greedy ``generate_custom_voice`` / ``generate_voice_design``
+/ ``generate_voice_clone`` runs in its environment (``.venv-ref``, scripts/reference-env.sh: it pins
 transformers 4.57.3) as a subprocess, omnix's talker and speech decoder
 here; the codes must be equal in all 16 groups of every frame, and omnix's
 waveform for those codes equal to the reference decoder's, sample for
-sample.  Never skipped in CI (OMNIX_REQUIRE_ALL=1): without the reference
+sample; for Base also the speaker vector and the reference audio's codes.
+Never skipped in CI (OMNIX_REQUIRE_ALL=1): without the reference
 environment these tests skip, which fails there.
 """
 
@@ -235,3 +237,122 @@ def test_a_designed_voice_equals_the_reference_in_codes_and_samples(case: str, d
     assert torch.equal(ours, theirs), (ours != theirs).nonzero()[:5]
     wav = codec.decode(theirs)
     assert torch.equal(wav, torch.tensor(result["wav"], dtype=torch.float32))
+
+
+#: Base: a voice cloned from a reference WAV the test writes, with its
+#: transcript (ICL: the reference codes and text in the prompt) or from the
+#: speaker vector alone.
+REF_TEXT = "A sweeping tone, then a bell."
+CLONE_CASES: dict[str, dict] = {
+    "reference audio and its text": {"text": "Clone this voice, please.", "ref_text": REF_TEXT},
+    "reference audio and its text, text a token a frame": {
+        "text": "Say it one token at a time.",
+        "ref_text": REF_TEXT,
+        "non_streaming": False,
+        "language": "English",
+    },
+    "the speaker vector alone": {"text": "Only the vector.", "x_vector_only": True},
+}
+
+
+def _write_reference_wav(path: Path, seconds: float = 1.3, rate: int = 24000) -> None:
+    """A gliding tone and a tremolo bell, 16-bit PCM at 24 kHz."""
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    x = 0.4 * np.sin(2 * np.pi * 220 * t * (1 + 0.3 * t))
+    x += 0.2 * np.sin(2 * np.pi * 523 * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    sf.write(str(path), x, rate, subtype="PCM_16")
+
+
+@pytest.fixture(scope="module")
+def cloned(tiny_models: ModelPaths, tmp_path_factory):
+    """(the reference's run, omnix's cloner, talker and decoder, the WAV)
+    for the tiny Base checkpoint."""
+    from omnix.engines.qwen3_tts_clone import VoiceCloner
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker
+    from omnix.engines.speech_decoder import SpeechCodec
+
+    folder = Path(tiny_models.qwen3_tts_base)
+    tmp = tmp_path_factory.mktemp("qwen3-tts-base")
+    wav = tmp / "reference.wav"
+    _write_reference_wav(wav)
+    cases = [
+        {**c, "ref_audio": str(wav), "max_new_tokens": MAX_NEW_TOKENS} for c in CLONE_CASES.values()
+    ]
+    data = _run_reference(folder, cases, tmp)
+    data["by_case"] = dict(zip(CLONE_CASES, data["results"], strict=True))
+    talker = Qwen3TTSTalker.load(folder)
+    return data, VoiceCloner.load(folder), talker, SpeechCodec.load(folder), wav
+
+
+def _clone(cloned, case: str):
+    from omnix.engines.qwen3_tts_clone import read_wav
+
+    _, cloner, _, _, wav = cloned
+    samples, rate = read_wav(wav)
+    return cloner.clone(samples, rate, CLONE_CASES[case].get("ref_text"))
+
+
+def test_the_reference_loads_the_tiny_base_checkpoint_with_no_missing_or_unexpected_tensor(
+    cloned,
+) -> None:
+    assert cloned[0]["keys"] == {
+        "model": {"missing": [], "unexpected": []},
+        "speech_tokenizer": {"missing": [], "unexpected": []},
+    }
+
+
+@pytest.mark.parametrize("case", list(CLONE_CASES))
+def test_the_speaker_vector_and_reference_codes_equal_the_references(case: str, cloned) -> None:
+    import torch
+
+    result = cloned[0]["by_case"][case]
+    voice = _clone(cloned, case)
+    assert voice.speaker.shape == (64,)
+    assert torch.equal(voice.speaker, torch.tensor(result["speaker"], dtype=torch.float32))
+    if CLONE_CASES[case].get("x_vector_only"):
+        assert voice.codes is None and result["ref_codes"] is None
+        return
+    theirs = torch.tensor(result["ref_codes"])
+    assert theirs.shape == (17, 16)  # ceil(1.3 s x 12.5 frames a second)
+    assert len(set(theirs[:, 0].tolist())) > 4  # the tiny encoder's codes vary
+    assert torch.equal(voice.codes, theirs), (voice.codes != theirs).nonzero()[:5]
+
+
+@pytest.mark.parametrize("case", list(CLONE_CASES))
+def test_a_cloned_voice_equals_the_reference_in_codes_and_samples(case: str, cloned) -> None:
+    import torch
+
+    from omnix.engines.qwen3_tts_talker import SpeechRequest
+
+    data, _, talker, codec, _ = cloned
+    result = data["by_case"][case]
+    voice = _clone(cloned, case)
+    fields = {k: v for k, v in CLONE_CASES[case].items() if k not in ("ref_text", "x_vector_only")}
+    ours = talker.generate(SpeechRequest(**fields, clone=voice), MAX_NEW_TOKENS)
+    theirs = torch.tensor(result["codes"])
+    assert theirs.shape[1] == 16 and len(theirs) > 2
+    assert ours.shape == theirs.shape
+    assert torch.equal(ours, theirs), (ours != theirs).nonzero()[:5]
+    # The reference decodes the reference codes and the new ones as one
+    # utterance and cuts the reference's share off.
+    wav = codec.decode(ours) if voice.codes is None else codec.decode_after(voice.codes, ours)
+    reference_wav = torch.tensor(result["wav"], dtype=torch.float32)
+    assert wav.shape == reference_wav.shape == (len(ours) * 1920,)
+    assert torch.equal(wav, reference_wav), (wav - reference_wav).abs().max()
+    assert float(wav.abs().max()) > 0.05
+
+
+def test_cloning_is_refused_off_base_and_at_another_rate(omnix_tts, cloned) -> None:
+    import torch
+
+    from omnix.engines.qwen3_tts_talker import SpeechRequest
+
+    talker, _ = omnix_tts  # CustomVoice
+    voice = _clone(cloned, "the speaker vector alone")
+    with pytest.raises(ValueError, match="needs a Base checkpoint"):
+        talker.prompt(SpeechRequest(text="hi", clone=voice))
+    with pytest.raises(ValueError, match="16000 Hz"):
+        cloned[1].clone(torch.zeros(16000), 16000)

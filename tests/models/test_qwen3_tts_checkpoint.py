@@ -76,3 +76,21 @@ def test_the_codebooks_are_filled_and_the_decoder_is_audible(folder: Path) -> No
     wav = SpeechCodec.load(folder).decode(codes)
     assert wav.shape == (12 * 1920,)
     assert 0.1 < float(wav.abs().max()) <= 1.0
+
+
+def test_the_base_folder_has_a_speaker_encoder_and_no_named_speakers(tmp_path: Path) -> None:
+    """Base: ``speaker_encoder.*`` beside ``talker.*`` (its vector the
+    talker's width), a ``speaker_encoder_config`` without the ``model_type``
+    the reference's config rejects, and no ``spk_id``."""
+    from safetensors import safe_open
+
+    out = tmp_path / "base"
+    write_folder(out, seed=0, variant="base")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tts_model_type"] == "base" and cfg["talker_config"]["spk_id"] == {}
+    speaker = cfg["speaker_encoder_config"]
+    assert "model_type" not in speaker
+    assert speaker["enc_dim"] == cfg["talker_config"]["hidden_size"]
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert "speaker_encoder.fc.weight" in names and "talker.codec_head.weight" in names
