@@ -22,6 +22,8 @@ BENCHES = {
     "serve": "load a live OpenAI-compatible server: chat, audio, speech, images (TTFT, TTFP, RTF, E2EL)",
     "soak": "server RSS growth per request over 2,000 chat requests with audio (retention)",
     "speech": "Qwen3-Omni speech against transformers: oracle equality, TTFP, RTF, throughput",
+    "tts": "Qwen3-TTS served (omnix serve PATH) against qwen-tts: oracle equality, TTFP, RTF, "
+    "throughput",
     "diffusion": "images/s alone and 4 at a time (batched), steps run after a cancel",
     "realtime": "voice sessions over /v1/realtime: TTFA against HTTP, barge-in gap, sessions ok",
     "placement": "--placement ray: start to /ready against spawn, a node lost -> its replica back",

@@ -254,6 +254,37 @@ def test_speech_stages(tmp_path_factory):
     assert all(v > 0 for v in out["audio_s_per_s"].values())
 
 
+def _no_reference() -> str | None:
+    from omnix.testing.qwen3_tts_oracle import reference_python
+
+    python = reference_python()
+    return None if python.exists() else f"no reference environment at {python.parent.parent}"
+
+
+@pytest.mark.engines
+@pytest.mark.skipif(_no_reference() is not None, reason=f"{_no_reference()}")
+def test_tts(tmp_path_factory):
+    """The tiny Qwen3-TTS CustomVoice served by ``omnix serve`` (real
+    workers) against qwen-tts in its environment: two levels, one run,
+    three words, eleven frames an answer."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
+    out = bench(
+        "tts", "--runs", "1", "--levels", "1,2", "--max-tokens", "12", "--words", "3",
+        timeout=600,
+    )  # fmt: skip
+    assert_has_keys(
+        out,
+        "oracle_equal", "ttfp_ms", "rtf", "audio_s_per_s", "ref_ttfp_ms", "ref_rtf",
+        "ref_audio_s_per_s", "ttfp_ratio_vs_reference", "throughput_ratio_vs_reference",
+        "load_avg_before", "load_avg_after", "ttfp_ms_min", "ref_audio_s_per_s_min",
+    )  # fmt: skip
+    assert out["oracle_equal"] is True and out["oracle_frames"] == 11
+    assert set(out["audio_s_per_s"]) == set(out["ref_audio_s_per_s"]) == {"1", "2"}
+    assert out["throughput_level"] == 2 and out["ref_streams"] is False
+
+
 @pytest.mark.engines
 @pytest.mark.skipif(
     importlib.util.find_spec("diffusers") is None, reason="real engines unavailable: no diffusers"

@@ -1,8 +1,9 @@
 """omnix's Qwen3-TTS held to the reference, ``qwen-tts`` 0.1.1, on the tiny
 CustomVoice, VoiceDesign and Base (voice cloning) checkpoints: the
 reference's own greedy ``generate_custom_voice`` / ``generate_voice_design``
-/ ``generate_voice_clone`` runs in its environment (``.venv-ref``, scripts/reference-env.sh: it pins
-transformers 4.57.3) as a subprocess, omnix's talker and speech decoder
+/ ``generate_voice_clone`` runs in its environment (``.venv-ref``,
+scripts/reference-env.sh: it pins transformers 4.57.3) as a subprocess
+(``omnix.testing.qwen3_tts_oracle``), omnix's talker and speech decoder
 here; the codes must be equal in all 16 groups of every frame, and omnix's
 waveform for those codes equal to the reference decoder's, sample for
 sample; for Base also the speaker vector and the reference audio's codes.
@@ -12,17 +13,13 @@ environment these tests skip, which fails there.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from omnix.models.paths import ModelPaths
+from omnix.testing.qwen3_tts_oracle import ReferenceMissing, run_reference
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNNER = Path(__file__).with_name("qwen3_tts_reference.py")
 MAX_NEW_TOKENS = 24
 
 #: What each case asks (SpeechRequest's fields, plus the frame budget).
@@ -47,13 +44,6 @@ CASES: dict[str, dict] = {
 }
 
 
-def _reference_python() -> Path:
-    env = Path(os.environ.get("OMNIX_REFERENCE_ENV", ROOT / ".venv-ref"))
-    if not env.is_absolute():
-        env = ROOT / env
-    return env / "bin" / "python"
-
-
 def _long_codes():
     import torch
 
@@ -68,23 +58,10 @@ def folder(tiny_models: ModelPaths) -> Path:
 
 def _run_reference(folder: Path, cases: list[dict], tmp: Path) -> dict:
     """The reference's run over ``cases`` in one process (~20 s)."""
-    python = _reference_python()
-    if not python.exists():
-        pytest.skip(
-            f"no reference environment at {python.parent.parent}: bash scripts/reference-env.sh"
-        )
-    (tmp / "cases.json").write_text(json.dumps(cases))
-    out = tmp / "out.json"
-    run = subprocess.run(
-        [str(python), str(RUNNER), str(folder), str(tmp / "cases.json"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""},
-    )
-    assert run.returncode == 0, f"the reference failed:\n{run.stderr[-4000:]}"
-    data: dict = json.loads(out.read_text())
-    return data
+    try:
+        return run_reference(folder, cases, tmp)
+    except ReferenceMissing as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")
