@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from omnix.events.types import StageParams
-from omnix.models.qwen3_tts_card import VARIANT_TASKS, is_qwen3_tts, tts_card
 from omnix.pipelines.config import (
     Code2WavArgs,
     DiffusersArgs,
@@ -50,6 +49,7 @@ from omnix.pipelines.config import (
 )
 from omnix.pipelines.families import VIDEO_FAMILIES
 from omnix.pipelines.hf_cache import hf_cached, is_hf_id
+from omnix.pipelines.tts_card import VARIANT_TASKS, is_qwen3_tts, tts_card
 
 QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"
 

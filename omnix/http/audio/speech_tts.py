@@ -20,7 +20,7 @@ from typing import Final
 from omnix.http.audio.protocol import SpeechRequest
 from omnix.http.common.plan import PlanContext
 from omnix.http.common.sampling import bad, check_speech, unsupported
-from omnix.models.qwen3_tts_card import TTSCard
+from omnix.pipelines.tts_card import TTSCard
 
 #: ``task_type`` (vLLM-Omni's names) of each variant.
 _TASK_TYPES: Final = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}

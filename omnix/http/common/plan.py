@@ -27,7 +27,6 @@ from omnix.events.types import BlobRef, MediaPart, Modality, RequestSpec
 from omnix.http.core.errors import ApiError
 from omnix.models.paths import resolve_model
 from omnix.models.qwen3_omni_speech import read_speakers
-from omnix.models.qwen3_tts_card import TTSCard, read_tts_card
 from omnix.pipelines.config import (
     AudioEngineArgs,
     DiffusersArgs,
@@ -37,6 +36,7 @@ from omnix.pipelines.config import (
     engine_kind,
 )
 from omnix.pipelines.plan import PipelineGraph
+from omnix.pipelines.tts_card import TTSCard, read_tts_card
 
 #: The request id the client named (``X-Request-Id``) for the HTTP request
 #: being handled, "" when none.  A context variable, not a parameter, so
