@@ -310,7 +310,7 @@ class SessionConfig:
         changes: dict[str, Any] = {}
         if p.tools is not UNSET or p.tool_choice is not UNSET:
             changes["tools"] = self.tools.checked(served, p.tools, p.tool_choice, "response")
-        if p.instructions is not UNSET:
+        if p.instructions is not UNSET and p.instructions is not None:
             changes["instructions"] = p.instructions
         if p.output_modalities is not UNSET:
             changes["modalities"] = self._modalities(

@@ -214,7 +214,8 @@ class ResponseAudio(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class ResponseParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A ``response.create``'s overrides of the session's configuration."""
 
-    instructions: str | UnsetType = UNSET
+    # null: the session's (LiveKit's realtime plugin sends it so).
+    instructions: str | UnsetType | None = UNSET
     output_modalities: list[Modality] | UnsetType = UNSET
     max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
     audio: ResponseAudio | UnsetType = UNSET

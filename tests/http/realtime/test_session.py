@@ -413,3 +413,23 @@ async def test_function_call_items_a_client_gives_are_history(rt_server):
         (tc,) = msgs[1].tool_calls
         assert (tc.id, tc.name, tc.arguments) == (call_id, "f", '{"a": 1}')
         assert (msgs[2].tool_call_id, msgs[2].content) == (call_id, "42")
+
+
+async def test_null_response_instructions_keep_the_sessions(rt_server):
+    # LiveKit's realtime plugin sends "instructions": null on every response.create.
+    async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
+        await next_event(conn, "session.created")
+        await manual(conn, instructions="Be brief.", output_modalities=["text"])
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hi"}],
+            }
+        )
+        await next_event(conn, "conversation.item.done")
+        await conn.send({"type": "response.create", "response": {"instructions": None}})
+        done = await next_event(conn, "response.done")
+    assert done.response.status == "completed"
+    (adm,) = [e for e in rt_server.omni.log.events_for(done.response.id) if isinstance(e, Admitted)]
+    assert adm.spec.messages[0].role == "system" and adm.spec.messages[0].content == "Be brief."
