@@ -20,12 +20,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 import pytest_asyncio
 
 from omnix.http.app import HttpServer
 from omnix.http.options import HttpOptions
-from omnix.pipelines.validate import parse_pipeline
+from omnix.pipelines.config import PipelineConfig, VllmArgs
+from omnix.pipelines.validate import load_pipeline, parse_pipeline
 from omnix.stages.options import RuntimeOptions
 from omnix.testing.pipelines import scripted_omni_toml
 from omnix.testing.serving import serve_omni, serve_scripted
@@ -203,9 +205,10 @@ async def builtin_servers(tmp_path_factory) -> AsyncIterator[BuiltinServers]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def server(request, builtin_servers: BuiltinServers) -> HttpServer:
-    """The built-in pipeline the test module names in ``PIPELINE``, on real
-    engines: shared with the other modules that name it (``BuiltinServers``)."""
-    name = getattr(request.module, "PIPELINE", None)
+    """The built-in pipeline the test module names in ``PIPELINE`` (or a
+    variant of it in ``SERVER``: ``serve_builtin``), on real engines:
+    shared with the other modules that name it (``BuiltinServers``)."""
+    name = getattr(request.module, "SERVER", None) or getattr(request.module, "PIPELINE", None)
     if name is None:
         raise RuntimeError(
             f"{request.module.__name__} uses the server fixture but sets no PIPELINE"
@@ -228,19 +231,44 @@ async def client(server: HttpServer):
 async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServer, None]:
     """A built-in pipeline on real engines, its tiny models built once per
     session (``$OMNIX_MODEL_DIR`` when set: point it at a folder that keeps
-    them to skip building)."""
+    them to skip building).  ``NAME+tools``: its vLLM stages started as
+    ``--enable-auto-tool-choice --tool-call-parser hermes`` would."""
     from omnix.api import Omni
     from tests.model_fixtures import session_models
 
     session_models(tmp_path_factory)
+    base, _, variant = name.partition("+")
+    pipeline = load_pipeline(base)
+    if variant == "tools":
+        pipeline = with_tool_parser(pipeline)
+    elif variant:
+        raise ValueError(f"unknown server variant {variant!r} in {name!r}: give NAME or NAME+tools")
     # A worker loading vLLM on a busy 2-core machine can miss heartbeats for
     # seconds (GIL-heavy imports); the default 2 s bound then kills it while
     # it starts.  These tests are about HTTP, not about that bound.
     omni = Omni(
-        name,
+        pipeline,
         runtime_options=RuntimeOptions(
             forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
         ),
     )
     async with serve_omni(omni, grace_s=2.0, telemetry=False) as server:
         yield server
+
+
+def with_tool_parser(pipeline: PipelineConfig) -> PipelineConfig:
+    """``pipeline`` with its vLLM stages parsing tool calls (hermes, auto)."""
+    return msgspec.structs.replace(
+        pipeline,
+        stages=tuple(
+            msgspec.structs.replace(
+                st,
+                engine=msgspec.structs.replace(
+                    st.engine, enable_auto_tool_choice=True, tool_call_parser="hermes"
+                ),
+            )
+            if isinstance(st.engine, VllmArgs)
+            else st
+            for st in pipeline.stages
+        ),
+    )

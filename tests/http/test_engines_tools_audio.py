@@ -6,22 +6,15 @@ and the transcript is the answer's text, never the call's JSON."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
-import msgspec
 import openai
-import pytest_asyncio
 
 from omnix.events.types import Chunk, Routed
-from omnix.http.app import HttpServer
-from omnix.pipelines.config import VllmArgs
-from omnix.pipelines.validate import load_pipeline
-from omnix.stages.options import RuntimeOptions
-from omnix.testing.serving import serve_omni
 
 from .conftest import real_engine_marks
 
 PIPELINE = "tiny-omni"
+SERVER = "tiny-omni+tools"  # its thinker parses hermes tool calls
 pytestmark = real_engine_marks()
 
 WEATHER = {
@@ -36,34 +29,6 @@ WEATHER = {
         },
     },
 }
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(tmp_path_factory) -> AsyncIterator[HttpServer]:
-    from omnix.api import Omni
-    from tests.model_fixtures import session_models
-
-    session_models(tmp_path_factory)
-    cfg = load_pipeline(PIPELINE)
-    stages = tuple(
-        msgspec.structs.replace(
-            st,
-            engine=msgspec.structs.replace(
-                st.engine, enable_auto_tool_choice=True, tool_call_parser="hermes"
-            ),
-        )
-        if isinstance(st.engine, VllmArgs)
-        else st
-        for st in cfg.stages
-    )
-    omni = Omni(
-        msgspec.structs.replace(cfg, stages=stages),
-        runtime_options=RuntimeOptions(
-            forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
-        ),
-    )
-    async with serve_omni(omni, grace_s=2.0, telemetry=False) as s:
-        yield s
 
 
 async def test_a_tool_call_is_not_spoken(server):

@@ -11,25 +11,18 @@ taken up again from the log (as after a restart) holds its calls."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
-
-import msgspec
-import pytest_asyncio
 
 from omnix.events.types import Admitted, Cancelled, Chunk, is_terminal
 from omnix.http.app import HttpServer
 from omnix.http.realtime.protocol import FunctionCallItem, FunctionCallOutputItem
 from omnix.http.realtime.record import fold_session
-from omnix.pipelines.config import VllmArgs
-from omnix.pipelines.validate import load_pipeline
-from omnix.stages.options import RuntimeOptions
-from omnix.testing.serving import serve_omni
 
 from ..conftest import real_engine_marks
 from .conftest import client_for, next_event
 
 PIPELINE = "tiny-omni"
+SERVER = "tiny-omni+tools"  # its thinker parses hermes tool calls
 pytestmark = real_engine_marks()
 
 WEATHER = {
@@ -54,34 +47,6 @@ NOTE = {
     },
 }
 ASK = "What is the weather in Paris?"
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def server(tmp_path_factory) -> AsyncIterator[HttpServer]:
-    from omnix.api import Omni
-    from tests.model_fixtures import session_models
-
-    session_models(tmp_path_factory)
-    cfg = load_pipeline(PIPELINE)
-    stages = tuple(
-        msgspec.structs.replace(
-            st,
-            engine=msgspec.structs.replace(
-                st.engine, enable_auto_tool_choice=True, tool_call_parser="hermes"
-            ),
-        )
-        if isinstance(st.engine, VllmArgs)
-        else st
-        for st in cfg.stages
-    )
-    omni = Omni(
-        msgspec.structs.replace(cfg, stages=stages),
-        runtime_options=RuntimeOptions(
-            forward_worker_output=False, lost_after_s=20.0, start_timeout_s=600.0
-        ),
-    )
-    async with serve_omni(omni, grace_s=2.0, telemetry=False) as s:
-        yield s
 
 
 async def _text_session(conn: Any, **session: Any) -> str:
