@@ -19,9 +19,14 @@ fi
 export PYTHONPATH="$SITE:$PWD" HF_HUB_OFFLINE=1
 exec python - "$@" <<'PY'
 import argparse
+import logging
 import sys
 
 from omnix.bench import speech
+
+# The talker's "batch N ready in X s" lines: compiling takes minutes.
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+logging.getLogger("omnix").setLevel(logging.INFO)
 
 parser = argparse.ArgumentParser(prog="gpu-speech-bench")
 parser.add_argument("--json", action="store_true")

@@ -142,6 +142,10 @@ class _Built:
         self.answer = words[48:]
 
 
+def _progress(what: str, since: float) -> None:
+    print(f"[{time.perf_counter() - since:6.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -297,6 +301,7 @@ async def _omnix(
     await talker.start()
     await code2wav.start()
     res: dict[str, Any] = {"graph_start_s": round(time.perf_counter() - start, 1)}
+    _progress("engines started", start)
     try:
         await _speak(talker, code2wav, built, "warm", 60)  # every chunk shape
         runs: list[dict[str, Any]] = []
@@ -362,8 +367,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     levels = _levels(args.levels)
+    t0 = time.perf_counter()
+    _progress(f"building the {args.sizes} sizes on {args.device}", t0)
     built = await asyncio.to_thread(_Built, args)
+    _progress(f"transformers' own path, {args.reference_frames} frames", t0)
     ref_ms, ref_rtf = await asyncio.to_thread(_transformers, built, args.reference_frames)
+    _progress("Code2Wav alone", t0)
     res: dict[str, Any] = {
         "card": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "sizes": args.sizes,
@@ -378,6 +387,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "code2wav_ms_per_frame": round(await asyncio.to_thread(_code2wav_ms, built), 3),
         "code2wav_ms_per_frame_batch16": round(await asyncio.to_thread(_code2wav_ms, built, 16), 3),
     }
+    _progress(f"omnix's engines (decode {args.decode}, compile {not args.no_compile})", t0)
     ours = await _omnix(built, args, levels)
     res["graph_start_s"] = ours["graph_start_s"]
     res |= _summary(ours["runs"], levels)
