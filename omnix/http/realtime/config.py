@@ -304,12 +304,14 @@ class SessionConfig:
             max_output_tokens=self.max_output_tokens,
             tools=self.tools,
         )
+        changes: dict[str, Any] = {}
+        if p is not None and (p.tools is not UNSET or p.tool_choice is not UNSET):
+            changes["tools"] = self.tools.checked(served, p.tools, p.tool_choice, "response")
+        else:  # the session's choice, kept until it had tools (Tools.checked)
+            self.tools.check_choice("session.tool_choice")
         if p is None:
             return base
         _refuse_prompt(p.prompt, "response")
-        changes: dict[str, Any] = {}
-        if p.tools is not UNSET or p.tool_choice is not UNSET:
-            changes["tools"] = self.tools.checked(served, p.tools, p.tool_choice, "response")
         if p.instructions is not UNSET and p.instructions is not None:
             changes["instructions"] = p.instructions
         if p.output_modalities is not UNSET:

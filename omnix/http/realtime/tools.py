@@ -4,7 +4,9 @@ Owns ``Tools``: the functions a session (``session.update``) or one
 response (``response.create``) offers the model and its ``tool_choice``;
 ``checked`` (the rules chat's ``tools`` follow, ``omnix.http.chat.tools``:
 a JSON Schema of the arguments, one function a name, a named choice among
-the tools, ``required`` or a name only with tools, a vLLM text stage, and
+the tools, ``required`` or a name only with tools -- a session's waits
+for its tools until a response is created, as LiveKit Agents sends
+``tool_choice`` before ``tools`` --, a vLLM text stage, and
 ``auto`` only where that stage parses calls by itself: vLLM's
 ``--enable-auto-tool-choice`` and ``--tool-call-parser``), each refusal
 naming its field; the JSON the log records (``SessionSettings.tools`` /
@@ -73,7 +75,8 @@ class Tools:
             names.add(tool.name)
             if tool.parameters is not None:
                 check_schema(tool.parameters, f"{where}.tools[{i}].parameters")
-        param = f"{where}.tool_choice"
+        # A choice kept from the session is the session's to answer for.
+        param = f"{where if choice is not UNSET else 'session'}.tool_choice"
         if isinstance(new_choice, FunctionChoice):
             if new_choice.type != "function":
                 raise _bad(
@@ -81,21 +84,33 @@ class Tools:
                     f'omnix calls functions only, not {new_choice.type!r} tools; give "function".',
                     "unsupported_value",
                 )
-            if new_choice.name not in names:
-                given = ", ".join(sorted(names)) or "none"
-                raise _bad(
-                    param,
-                    f"it names the function {new_choice.name!r}, which tools does not give "
-                    f"(it gives {given}); name one of them, or give that function in tools.",
-                )
         elif new_choice not in CHOICES:
             raise _bad(param, f'give "auto", "none", "required" or a function, not {new_choice!r}.')
-        elif new_choice == "required" and not names:
-            raise _bad(param, '"required" but no tools are given: give tools too.')
         out = Tools(new_tools, new_choice)
+        # A session may be told its choice before its tools (LiveKit Agents
+        # sends tool_choice in one session.update, the tools in the next):
+        # without any tools, the choice waits for a response to be checked.
+        if names or where != "session":
+            out.check_choice(param)
         if out.tools:
             _check_stage(served, out, where)
         return out
+
+    def check_choice(self, param: str = "session.tool_choice") -> None:
+        """Refuse a choice these tools cannot meet: a function they do not
+        give, or ``required`` with none (``param`` names the field)."""
+        choice = self.choice
+        if isinstance(choice, FunctionChoice):
+            names = [t.name for t in self.tools]
+            if choice.name not in names:
+                given = ", ".join(sorted(names)) or "none"
+                raise _bad(
+                    param,
+                    f"it names the function {choice.name!r}, which tools does not give "
+                    f"(it gives {given}); name one of them, or give that function in tools.",
+                )
+        elif choice == "required" and not self.tools:
+            raise _bad(param, '"required" but no tools are given: give tools too.')
 
     def params(self) -> StageParams:
         """The text stage's tool parameters, the very JSON chat's ``tools``

@@ -111,9 +111,9 @@ def event(type_: str, **fields: Any) -> str:
             "session.tool_choice",
         ),
         (
-            event("session.update", session={"tool_choice": "required"}),
+            event("response.create", response={"tool_choice": "required"}),
             "invalid_value",
-            "session.tool_choice",
+            "response.tool_choice",
         ),
         (
             event("session.update", session={"tools": [{"type": "mcp", "name": "f"}]}),
@@ -151,6 +151,20 @@ async def test_bad_events_are_answered_and_the_session_goes_on(ws, message, code
     sent = json.loads(message) if message.startswith('{"type') else None
     if sent is not None and "event_id" in sent:
         assert err["event_id"] == sent["event_id"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "f"}])
+async def test_a_session_choice_without_tools_waits_for_a_response(ws, choice):
+    # LiveKit Agents sends tool_choice before the tools: the update passes...
+    await ws.send(event("session.update", session={"tool_choice": choice}))
+    updated = json.loads(await ws.recv())
+    assert updated["type"] == "session.updated", updated
+    assert updated["session"]["tool_choice"] == choice
+    # ...and a response created with still no tools is refused, none starts
+    # (error_of sees the next event answer the next request).
+    err = await error_of(ws, event("response.create"))
+    assert (err["code"], err["param"]) == ("invalid_value", "session.tool_choice"), err
+    assert err["event_id"] == "evt_response.create"
 
 
 async def test_binary_messages_are_refused(ws):
