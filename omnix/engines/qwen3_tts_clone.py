@@ -7,8 +7,8 @@ with none missing or left over, and turns 24 kHz reference audio into the
 ``VoiceClone`` a ``SpeechRequest`` carries: the speaker vector always, and
 with the audio's transcript the audio's codes (ICL: both go into the
 talker's prompt), as the reference's ``create_voice_clone_prompt`` does;
-and ``read_wav``, a WAV file's samples as float32 (16-bit PCM over 32768,
-as soundfile and librosa read them).
+and ``read_wav`` (``wav_samples``: as numpy), a WAV file's samples as
+float32 (16-bit PCM over 32768, as soundfile and librosa read them).
 
 Does not own the modules (``omnix.models.qwen3_tts_speaker``,
 ``omnix.models.qwen3_tts_encoder``), the prompt (``qwen3_tts_talker``), nor
@@ -18,7 +18,9 @@ resampling: audio at another rate is refused.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
 
 from omnix.engines.qwen3_tts_talker import VoiceClone
 
@@ -28,13 +30,24 @@ if TYPE_CHECKING:
 SPEECH_TOKENIZER_DIR = "speech_tokenizer"
 
 
-def read_wav(path: str | Path) -> tuple[torch.Tensor, int]:
-    """A WAV file's samples (channels averaged) as float32 and its rate."""
+def wav_samples(path: str | Path | IO[bytes]) -> tuple[np.ndarray, int]:
+    """An audio file's samples (channels averaged) as float32 and its rate
+    (``path``: a file's path, or its bytes open; soundfile reads WAV, FLAC
+    and Ogg, and raises on what it cannot read)."""
     import soundfile as sf
+
+    source = path if hasattr(path, "read") else str(path)
+    data, rate = sf.read(source, dtype="float32", always_2d=True)
+    samples = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    return np.ascontiguousarray(samples, dtype=np.float32), int(rate)
+
+
+def read_wav(path: str | Path | IO[bytes]) -> tuple[torch.Tensor, int]:
+    """A WAV file's samples (channels averaged) as float32 and its rate."""
     import torch
 
-    data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    return torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]), int(rate)
+    samples, rate = wav_samples(path)
+    return torch.from_numpy(samples), rate
 
 
 class VoiceCloner:

@@ -13,7 +13,10 @@ Also owns ``SpeechDecoderEngine``, the decoder as a streaming stage
 (engine kind ``qwen3_tts_decoder``): Code2Wav's engine (chunks decoded as
 their frames arrive, each with its left context) over this decoder, with a
 short first chunk; its waveform is ``SpeechCodec.decode`` of the same codes
-with the stage's chunk sizes.
+with the stage's chunk sizes.  A voice cloned in context (its first input
+piece's ``array``: the reference codes, [frames, 16]) is
+``SpeechCodec.decode_after`` of them and the frames that follow, decoded
+once the frames end: the reference's cut depends on how many there are.
 
 Does not own: the decoder's modules (``omnix.models.qwen3_tts_modules``),
 the tokenizer's encoder (reference audio -> codes: ``qwen3_tts_clone.py``), nor the
@@ -22,11 +25,16 @@ streaming itself (``code2wav_engine.py``).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from omnix.engines.code2wav_engine import ChunkedDecoder, Code2WavEngine
+from omnix.engines.decoding import Delivered
 from omnix.pipelines.config import Qwen3TTSDecoderArgs
+from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
 
 if TYPE_CHECKING:
     import torch
@@ -114,3 +122,61 @@ class SpeechDecoderEngine(Code2WavEngine):
         return ChunkedDecoder(
             self.model, self._groups(), a.chunk_frames, a.context_frames, a.first_chunk_frames
         )
+
+    async def _generate(
+        self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        pieces = aiter(inputs)
+        first = await anext(pieces, None)
+        if first is None or first.array is None:
+            async for out in super()._generate(request, _again(first, pieces)):
+                yield out
+            return
+        async for out in self._after_reference(request, first, pieces):
+            yield out
+
+    async def _after_reference(
+        self, request: GenerateRequest, first: InputPiece, pieces: AsyncIterator[InputPiece]
+    ) -> AsyncIterator[EngineOutput]:
+        """A voice cloned in context: every frame in, then ``decode_after``."""
+        import torch
+
+        if self.model is None:
+            raise RuntimeError("SpeechDecoderEngine.generate before start() (or after close())")
+        rid, th, groups = request.request_id, self._thread, self._groups()
+        th.begin(rid)
+        try:
+            prefix = torch.from_numpy(np.asarray(first.array, dtype=np.int64).reshape(-1, groups))
+            ids = list(first.token_ids)
+            async for piece in pieces:
+                ids += piece.token_ids
+                if rid in th.aborted:
+                    return
+            frames = len(ids) // groups
+            codes = torch.tensor(ids[: frames * groups], dtype=torch.long).reshape(frames, groups)
+            # decode_after reads no sample rate.
+            codec = SpeechCodec(self.model, 0, int(self.model.total_upsample))
+            wav = await th.run(codec.decode_after, prefix, codes)
+            if rid in th.aborted:
+                return
+            pcm = Delivered(request).drop(wav.numpy())
+            if pcm.size:
+                yield EngineOutput(modality="audio", array=pcm)
+            yield EngineOutput(
+                modality="audio",
+                finish_reason="stop",
+                prompt_tokens=len(ids),
+                output_tokens=frames,
+            )
+        finally:
+            th.end(rid)
+
+
+async def _again(
+    first: InputPiece | None, rest: AsyncIterator[InputPiece]
+) -> AsyncIterator[InputPiece]:
+    """``first`` (already read), then the rest."""
+    if first is not None:
+        yield first
+    async for piece in rest:
+        yield piece

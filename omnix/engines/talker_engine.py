@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
     from omnix.engines.talker_graphs import TalkerGraphs
     from omnix.engines.talker_model import BatchCache, Conditioning, Slot, TalkerModel
+    from omnix.events.types import ChatMessage
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,11 @@ class _Request:
     grids: MediaGrids = field(default_factory=MediaGrids)
     text: list[int] = field(default_factory=list)
     utterance: str = ""  # a source stage's text (Qwen3-TTS: what to say)
+    #: a source stage's messages and their media arrays (Qwen3-TTS Base:
+    #: the reference audio to clone, its transcript the message's content)
+    messages: tuple[ChatMessage, ...] = ()
+    media: tuple[Any, ...] = ()
+    reference: Any = None  # a voice cloned in context: its reference codes
     done: bool = False  # the text ended
     aborted: bool = False
     # decoding state (the engine thread's)

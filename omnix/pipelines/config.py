@@ -175,8 +175,9 @@ class Code2WavArgs(msgspec.Struct, tag="code2wav", tag_field="kind", **_STRICT):
 class Qwen3TTSTalkerArgs(TalkerArgs, tag="qwen3_tts_talker", tag_field="kind"):
     """Qwen3-TTS's talker (``omnix.engines.qwen3_tts_engine``) on the talker
     engine's machinery: the request's text (and its ``voice``,
-    ``instructions``, ``language``) in, one frame of codes per step out.
-    ``model`` is a Qwen3-TTS CustomVoice or VoiceDesign folder."""
+    ``instructions``, ``language``; on Base, the reference audio and its
+    transcript as the request's message) in, one frame of codes per step
+    out.  ``model`` is a Qwen3-TTS CustomVoice, VoiceDesign or Base folder."""
 
 
 class Qwen3TTSDecoderArgs(Code2WavArgs, tag="qwen3_tts_decoder", tag_field="kind"):
@@ -184,7 +185,9 @@ class Qwen3TTSDecoderArgs(Code2WavArgs, tag="qwen3_tts_decoder", tag_field="kind
     code frames in, 24 kHz PCM out, as Code2Wav streams them but with a
     shorter first chunk (``first_chunk_frames``) for an early first packet;
     the later chunks ``chunk_frames`` each, every one with up to
-    ``context_frames`` frames of left context, as the reference decodes."""
+    ``context_frames`` frames of left context, as the reference decodes.
+    A voice cloned in context (the talker's first output carries its
+    reference codes) is decoded whole after them, as ``decode_after``."""
 
     first_chunk_frames: int = 5
 

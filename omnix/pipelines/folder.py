@@ -221,17 +221,18 @@ def qwen3_omni(f: Folder, gpu: bool) -> PipelineConfig:
 
 
 def qwen3_tts(f: Folder, gpu: bool) -> PipelineConfig:
-    """Qwen3-TTS CustomVoice or VoiceDesign: talker -> code2wav (the 12 Hz
-    speech decoder) over the one folder, text in, audio out.  The decoder
+    """Qwen3-TTS CustomVoice, VoiceDesign or Base: talker -> code2wav (the
+    12 Hz speech decoder) over the one folder, text in, audio out (Base's
+    talker stage loads the voice cloner beside the talker).  The decoder
     gets the talker's frames five at a time and decodes its first five at
     once (the first packet), then 25 at a time with 25 frames of left
-    context, as the reference decodes."""
+    context, as the reference decodes; a voice cloned in context is
+    decoded after its reference codes, whole (``SpeechCodec.decode_after``)."""
     card = tts_card(f.config)
     if not card.served:
         raise FolderError(
-            f"{f.path}: Qwen3-TTS {card.variant or '(no tts_model_type)'} is not one omnix "
-            f"serves yet; it serves {' and '.join(VARIANT_TASKS)} "
-            "(the Base variant's voice cloning is not served)"
+            f"{f.path}: Qwen3-TTS {card.variant or '(no tts_model_type)'} is not a variant omnix "
+            f"serves; it serves {', '.join(VARIANT_TASKS)}"
         )
     return PipelineConfig(
         name=f.name,
@@ -276,7 +277,7 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(
         "Qwen3-TTS",
-        "Qwen3TTSForConditionalGeneration (Qwen3-TTS CustomVoice or VoiceDesign): "
+        "Qwen3TTSForConditionalGeneration (Qwen3-TTS CustomVoice, VoiceDesign or Base): "
         "talker -> code2wav (text in, audio out)",
         lambda f: bool(f.config) and is_qwen3_tts(f.config),
         qwen3_tts,

@@ -20,12 +20,14 @@ import msgspec
 MODEL_TYPE: Final = "qwen3_tts"
 
 #: What each variant does with a request (qwen-tts's ``generate_*``), as the
-#: errors and docs name it; the Base variant (voice cloning) is not served.
+#: errors and docs name it.
 VARIANT_TASKS: Final[dict[str, str]] = {
     "custom_voice": "CustomVoice: a named speaker (voice), an optional instruction "
     "(instructions) and language",
     "voice_design": "VoiceDesign: a voice designed from its description (instructions, "
     "required) and a language; no named speakers",
+    "base": "Base: a voice cloned from reference audio (ref_audio, required; ref_text, its "
+    "transcript, for in-context cloning) and a language; no named speakers, no instructions",
 }
 
 
@@ -38,6 +40,8 @@ class TTSCard(msgspec.Struct, frozen=True):
     variant: str
     speakers: tuple[str, ...]
     languages: tuple[str, ...]
+    #: Base: the rate its reference audio must have (its speaker encoder's)
+    clone_rate: int = 0
 
     @property
     def served(self) -> bool:
@@ -58,10 +62,13 @@ def tts_card(config: dict[str, object]) -> TTSCard:
     talker = talker if isinstance(talker, dict) else {}
     speakers = talker.get("spk_id") or {}
     languages = talker.get("codec_language_id") or {}
+    speaker_encoder = config.get("speaker_encoder_config")
+    rate = speaker_encoder.get("sample_rate", 0) if isinstance(speaker_encoder, dict) else 0
     return TTSCard(
         variant=str(config.get("tts_model_type", "")),
         speakers=tuple(str(k).lower() for k, _ in sorted(speakers.items(), key=lambda kv: kv[1])),
         languages=tuple(sorted(str(k).lower() for k in languages if "dialect" not in str(k))),
+        clone_rate=int(rate) if config.get("tts_model_type") == "base" else 0,
     )
 
 

@@ -1,7 +1,8 @@
-"""``omnix serve PATH`` of the tiny Qwen3-TTS CustomVoice and VoiceDesign
-folders, as a user runs it (a subprocess with real worker processes),
+"""``omnix serve PATH`` of the tiny Qwen3-TTS CustomVoice, VoiceDesign and
+Base folders, as a user runs it (a subprocess with real worker processes),
 answered by the official ``openai`` client: the greedy audio of a named
-speaker, an instruction, the default voice and a designed voice, whole,
+speaker, an instruction, the default voice, a designed voice and a voice
+cloned from reference audio (in context, and from its speaker vector alone), whole,
 streamed as SSE and as audio bytes, each equal to what omnix's in-process
 talker and decoder (held to qwen-tts by tests/engines/test_qwen3_tts.py)
 give for the same request, cut as the served decoder stage cuts it; the
@@ -222,12 +223,121 @@ async def test_voice_design_speaks_a_described_voice(tiny):
         await served.close()
 
 
-def test_the_base_variant_is_refused_by_name(tiny, tmp_path: Path) -> None:
+def test_an_unknown_variant_is_refused_by_name(tiny, tmp_path: Path) -> None:
     from omnix.pipelines.folder import FolderError
 
-    base = tmp_path / "base"
-    base.mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
     cfg = json.loads((Path(tiny.qwen3_tts_custom_voice) / "config.json").read_text())
-    (base / "config.json").write_text(json.dumps({**cfg, "tts_model_type": "base"}))
-    with pytest.raises(FolderError, match="Qwen3-TTS base is not one omnix serves yet"):
-        derive_pipeline(base, gpu=False)
+    (other / "config.json").write_text(json.dumps({**cfg, "tts_model_type": "other"}))
+    with pytest.raises(FolderError, match="Qwen3-TTS other is not a variant omnix serves"):
+        derive_pipeline(other, gpu=False)
+
+
+#: Base: the voice of a gliding tone and a tremolo bell (16-bit PCM), with
+#: its transcript (in-context cloning) or alone (the speaker vector).
+REF_TEXT = "A sweeping tone, then a bell."
+
+
+def _reference_wav(rate: int = 24000, channels: int = 1) -> bytes:
+    import io
+
+    import soundfile as sf
+
+    t = np.arange(int(1.3 * rate)) / rate
+    x = 0.4 * np.sin(2 * np.pi * 220 * t * (1 + 0.3 * t))
+    x += 0.2 * np.sin(2 * np.pi * 523 * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    out = io.BytesIO()
+    sf.write(out, np.stack([x] * channels, axis=1), rate, subtype="PCM_16", format="WAV")
+    return out.getvalue()
+
+
+def _data_url(wav: bytes) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(wav).decode()
+
+
+def expected_clone(folder: str, wav: bytes, ref_text: str | None, **request) -> np.ndarray:
+    """omnix's in-process greedy audio of a voice cloned from ``wav``: the
+    cloner, the talker, and the decoder as the served stage decodes it
+    (after the reference codes when cloned in context)."""
+    import io
+
+    from omnix.engines.qwen3_tts_clone import VoiceCloner, read_wav
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker, SpeechRequest
+    from omnix.engines.speech_decoder import SpeechCodec
+
+    samples, rate = read_wav(io.BytesIO(wav))
+    voice = VoiceCloner.load(folder).clone(samples, rate, ref_text)
+    codes = Qwen3TTSTalker.load(folder).generate(
+        SpeechRequest(clone=voice, **request), max_new_tokens=MAX_TOKENS
+    )
+    codec = SpeechCodec.load(folder)
+    if voice.codes is not None:
+        return codec.decode_after(voice.codes, codes).numpy()
+    decoder = derive_pipeline(folder, gpu=False).stage("code2wav").engine
+    assert isinstance(decoder, Qwen3TTSDecoderArgs)
+    pcm = codec.decode(
+        codes, decoder.chunk_frames, decoder.context_frames, decoder.first_chunk_frames
+    )
+    return pcm.numpy()
+
+
+async def test_base_clones_a_voice_from_reference_audio(tiny):
+    folder = tiny.qwen3_tts_base
+    served, client = await _serve(folder, "tts-base")
+    try:
+        (card,) = (await client.models.list()).data
+        assert card.model_extra["stages"] == ["talker", "code2wav"]
+        assert await _voices(served) == {"object": "list", "voices": [], "default": ""}
+        wav = _reference_wav()
+        ref = _data_url(wav)
+
+        text = "Clone this voice, please."
+        icl = await client.audio.speech.create(
+            model="tts-base",
+            input=text,
+            voice="default",
+            response_format="pcm",
+            extra_body={"ref_audio": ref, "ref_text": REF_TEXT, "task_type": "Base", **GREEDY},
+        )
+        assert_heard(icl.content, expected_clone(folder, wav, REF_TEXT, text=text))
+
+        said = "Only the vector."
+        want = expected_clone(folder, wav, None, text=said, language="english")
+        vector = await _sse(
+            client,
+            model="tts-base",
+            input=said,
+            voice="default",
+            extra_body={"ref_audio": ref, "language": "english", "stream": True, **GREEDY},
+        )
+        assert_heard(vector, want)
+
+        # Refused before admission, naming what Base takes.
+        await _refused(client, "ref_audio", "Base", "ref_audio", "24000 Hz", voice="default")
+        await _refused(
+            client, "ref_audio", "not fetched", "data URL", voice="default",
+            extra_body={"ref_audio": "https://example.com/voice.wav"},
+        )  # fmt: skip
+        await _refused(
+            client, "ref_audio", "16000 Hz", "24000 Hz", voice="default",
+            extra_body={"ref_audio": _data_url(_reference_wav(16000))},
+        )  # fmt: skip
+        await _refused(
+            client, "ref_audio", "could not be decoded", voice="default",
+            extra_body={"ref_audio": "data:audio/wav;base64,AAAA"},
+        )  # fmt: skip
+        await _refused(
+            client, "ref_audio", "base64", voice="default",
+            extra_body={"ref_audio": "data:audio/wav;base64,not base64!"},
+        )  # fmt: skip
+        await _refused(
+            client, "voice", "no named voice", voice="ryan", extra_body={"ref_audio": ref}
+        )
+        await _refused(
+            client, "instructions", "no instructions", voice="default",
+            instructions="Speak softly.", extra_body={"ref_audio": ref},
+        )  # fmt: skip
+    finally:
+        await client.close()
+        await served.close()

@@ -4,8 +4,10 @@ Owns: the mapping of a ``SpeechRequest`` onto one ``RequestSpec``: how it
 streams (``stream: true`` is the SSE stream unless a ``stream_format``
 says otherwise), the voice, instructions and language put on the speech
 stages, ``speed`` and ``instructions`` refused unless a speech stage
-honours them (the Qwen3-TTS checks: ``speech_tts.py``), and the
-``SpeechOptions`` the response renders from.
+honours them (the Qwen3-TTS checks: ``speech_tts.py``), a Base
+checkpoint's reference audio and transcript as the request's message (its
+audio a blob the plan carries to admission), and the ``SpeechOptions`` the
+response renders from.
 
 Does not own admission (``core.submit``) nor the response's bytes
 (``speech_render.py``).
@@ -16,7 +18,7 @@ from __future__ import annotations
 from omnix.events.options import API_SPEECH, SpeechOptions
 from omnix.events.types import Modality, RequestSpec, StageParams
 from omnix.http.audio.protocol import SpeechRequest
-from omnix.http.audio.speech_tts import check_tts
+from omnix.http.audio.speech_tts import check_tts, reference_voice
 from omnix.http.common.plan import Plan, PlanContext
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import (
@@ -48,6 +50,7 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
     if body.instructions:
         check_speech(served, "instructions", speech_stages)
     served.check_voice(body.voice, "voice")
+    reference = reference_voice(served, body)
     for st in speech_stages:
         put(
             params,
@@ -75,6 +78,7 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
     rid = served.new_request_id()
     spec = RequestSpec(
         prompt=body.input,
+        messages=() if reference is None else (reference[0],),
         outputs=outputs,
         stage_params=params,
         seed=served.seed(body.seed),
@@ -83,4 +87,5 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
         traceparent=traceparent,
         response=opts,
     )
-    return Plan(specs=((rid, spec),), stream=bool(stream_format))
+    blobs = () if reference is None else (reference[1],)
+    return Plan(specs=((rid, spec),), stream=bool(stream_format), blobs=blobs)

@@ -149,7 +149,7 @@ def _plan(server: Server, cfg: StreamConfig, first: str) -> Plan:
     assert isinstance(opts, SpeechOptions)
     response = msgspec.structs.replace(opts, stream=False, stream_format="websocket")
     spec = msgspec.structs.replace(spec, input_streams=True, response=response)
-    return Plan(specs=((rid, spec),), stream=True)
+    return Plan(specs=((rid, spec),), stream=True, blobs=plan.blobs)
 
 
 class Utterance:

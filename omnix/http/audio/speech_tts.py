@@ -3,10 +3,17 @@
 Owns: ``check_tts``, the 400s (before anything is admitted) for what the
 served checkpoint cannot do, each naming what it can: a task another
 variant does (``task_type``; ``ref_audio`` / ``ref_text`` cloning, the Base
-variant's; a named voice on VoiceDesign, which has none; VoiceDesign
-without the voice's description in ``instructions``), a language it lacks.
-On a pipeline with no Qwen3-TTS talker, the cloning fields and ``language``
-are refused as no stage there honours them.
+variant's; a named voice on VoiceDesign or Base, which have none;
+VoiceDesign without the voice's description in ``instructions``; Base
+without ``ref_audio``, or with ``instructions``), a language it lacks.  On a
+pipeline with no Qwen3-TTS talker, the cloning fields and ``language`` are
+refused as no stage there honours them.
+
+Also owns ``reference_voice``: Base's ``ref_audio`` (a ``data:`` URL; an
+http(s) URL is not fetched) decoded to float32 samples at the rate the
+checkpoint clones from (anything else refused, naming it) and recorded as
+the request's one message: its audio part a blob (``MediaPart``, as chat's
+media), its content ``ref_text``, so a trace of a cloned request replays.
 
 Does not own the voice check every speech pipeline shares
 (``PlanContext.check_voice``) nor the mapping onto stage parameters
@@ -15,11 +22,16 @@ Does not own the voice check every speech pipeline shares
 
 from __future__ import annotations
 
+import io
 from typing import Final
 
+from omnix.events.blobs import array_ref
+from omnix.events.types import ChatMessage, MediaPart
 from omnix.http.audio.protocol import SpeechRequest
-from omnix.http.common.plan import PlanContext
+from omnix.http.common.plan import DecodedBlob, PlanContext
 from omnix.http.common.sampling import bad, check_speech, unsupported
+from omnix.http.media.b64 import b64decode
+from omnix.http.media.parts import MEDIA_TYPES
 from omnix.pipelines.tts_card import TTSCard
 
 #: ``task_type`` (vLLM-Omni's names) of each variant.
@@ -33,7 +45,7 @@ def check_tts(served: PlanContext, body: SpeechRequest, stages: tuple[str, ...])
             raise unsupported(
                 "ref_audio" if body.ref_audio is not None else "ref_text",
                 f"pipeline {served.model!r} does not clone voices (that is Qwen3-TTS Base's "
-                "task, which omnix does not serve yet); omit ref_audio and ref_text.",
+                "task: serve a Base folder); omit ref_audio and ref_text.",
             )
         if body.task_type is not None:
             raise unsupported(
@@ -58,11 +70,14 @@ def _check_task(served: PlanContext, body: SpeechRequest, card: TTSCard) -> None
     can = f"{served.model!r} is Qwen3-TTS {card.task}"
     if body.task_type is not None and body.task_type != variant:
         raise unsupported("task_type", f"{can}; send task_type {variant!r} or omit it.")
+    if card.variant == "base":
+        _check_base(body, can, card)
+        return
     if body.ref_audio is not None or body.ref_text is not None:
         raise unsupported(
             "ref_audio" if body.ref_audio is not None else "ref_text",
-            f"{can}; voice cloning (ref_audio, ref_text) needs the Base variant, which omnix "
-            "does not serve yet: omit ref_audio and ref_text.",
+            f"{can}; voice cloning (ref_audio, ref_text) needs a Qwen3-TTS Base checkpoint: "
+            "omit ref_audio and ref_text.",
         )
     if card.variant == "voice_design":
         if body.voice != "default":
@@ -77,3 +92,72 @@ def _check_task(served: PlanContext, body: SpeechRequest, card: TTSCard) -> None
                 f"{can}: give instructions describing the voice to design, e.g. "
                 "'A warm, low female voice, speaking slowly'.",
             )
+
+
+def _check_base(body: SpeechRequest, can: str, card: TTSCard) -> None:
+    if body.ref_audio is None:
+        raise bad(
+            "ref_audio",
+            f"{can}: send ref_audio, the voice to clone as a data URL "
+            f"(data:audio/wav;base64,..., {_AUDIO.format(rate=card.clone_rate)}), and "
+            "optionally ref_text, its transcript (in-context cloning; without it the speaker "
+            "vector alone).",
+        )
+    if body.voice != "default":
+        raise bad(
+            "voice",
+            f"{can}: it has no named voice {body.voice!r}; the voice is ref_audio's: omit voice "
+            "(or send 'default').",
+        )
+    if body.instructions:
+        raise unsupported(
+            "instructions",
+            f"{can}: it takes no instructions; omit them (the voice is ref_audio's).",
+        )
+
+
+#: What Base's reference audio must be (``VoiceCloner.clone``'s rate).
+_AUDIO: Final = "a WAV (or FLAC) file at {rate} Hz, its channels averaged"
+
+
+def reference_voice(
+    served: PlanContext, body: SpeechRequest
+) -> tuple[ChatMessage, DecodedBlob] | None:
+    """Base's reference audio and transcript as the request's message and
+    the blob its audio part references; None off Base (``check_tts`` ran)."""
+    card = served.tts_card()
+    if card is None or card.variant != "base" or body.ref_audio is None:
+        return None
+    from omnix.engines.qwen3_tts_clone import wav_samples
+
+    url, param, rate = body.ref_audio, "ref_audio", card.clone_rate
+    send = (
+        "send the clip inline as a data URL (data:audio/wav;base64,...): "
+        f"{_AUDIO.format(rate=rate)}"
+    )
+    if url[:5].lower() != "data:":
+        scheme = url.partition(":")[0].lower()
+        if scheme in ("http", "https"):
+            raise bad(param, f"ref_audio: {scheme} URLs are not fetched; {send}.")
+        raise bad(param, f"ref_audio is not a data URL; {send}.")
+    comma = url.find(",", 0, 512)
+    if comma < 0 or url[5:comma].split(";")[-1].strip().lower() != "base64":
+        raise bad(param, f"ref_audio is not a base64 data URL (data:<type>;base64,<data>); {send}.")
+    data = b64decode(param, url, comma + 1)
+    try:
+        samples, got = wav_samples(io.BytesIO(data))
+    except Exception as exc:  # soundfile's errors: not audio it reads
+        raise bad(param, f"ref_audio could not be decoded ({exc}); {send}.") from None
+    if got != rate:
+        raise bad(
+            param,
+            f"ref_audio is at {got} Hz; this checkpoint clones from {rate} Hz audio and omnix "
+            f"does not resample it: resample the clip to {rate} Hz and send it again.",
+        )
+    if not samples.size:
+        raise bad(param, "ref_audio holds no samples; send a clip of the voice to clone.")
+    samples.flags.writeable = False
+    ref = array_ref(samples, MEDIA_TYPES["audio"])
+    part = MediaPart(kind="audio", blob=ref, rate=rate)
+    message = ChatMessage(role="user", content=body.ref_text or "", media=(part,))
+    return message, DecodedBlob(ref=ref, array=samples)
