@@ -35,8 +35,9 @@ class SpeechRequest(msgspec.Struct, **REQUEST):
     instruction (how to say it) or VoiceDesign's description of the voice
     (required there); ``language`` ``"auto"`` or one of the checkpoint's;
     ``task_type``, when given, must be the served variant's.  ``ref_audio``
-    and ``ref_text`` (voice cloning, the Base variant's) are refused: no
-    served variant clones."""
+    (a ``data:`` URL of 24 kHz audio; http(s) URLs are not fetched) and
+    ``ref_text`` (its transcript, optional) clone a voice: the Base
+    variant's, required there (``ref_audio``), refused elsewhere."""
 
     input: Annotated[str, Meta(min_length=1, max_length=16384)]
     model: str = ""
