@@ -27,6 +27,7 @@ from omnix.http.core.live import respond
 from omnix.http.core.route import DocContext, Route, Schemas, Undescribed
 from omnix.http.core.server import Server
 from omnix.http.media.parts import decode_parts
+from omnix.pipelines.config import Qwen3TTSTalkerArgs
 
 
 async def speech(server: Server, request: web.Request) -> web.StreamResponse:
@@ -76,10 +77,14 @@ def _shape_speech(schemas: Schemas, ctx: DocContext) -> None:
     sp = speech_["properties"]
     sp["model"] = doc.model_enum(ctx.pipeline)
     sp["sampling_params_list"] = doc.sampling_params_list(ctx.pipeline)
-    # No engine honours a speaking rate or voice instructions
-    # (sampling.SPEECH_ENGINE_PARAMS).
+    # No engine honours a speaking rate (sampling.SPEECH_ENGINE_PARAMS).
     sp["speed"] = {"const": 1.0, "default": 1.0}
-    sp["instructions"] = doc.nullable({"const": ""})
+    if not any(isinstance(st.engine, Qwen3TTSTalkerArgs) for st in ctx.pipeline.stages):
+        # Instructions, a language, a Qwen3-TTS variant's task and a voice to clone are
+        # Qwen3-TTS's alone (speech_tts.check_tts refuses them elsewhere).
+        sp["instructions"] = doc.nullable({"const": ""})
+        for field in ("language", "task_type", "ref_audio", "ref_text"):
+            sp[field] = {"type": "null", "default": None}
     # stream: false contradicts a stream_format.
     speech_["not"] = {
         "properties": {"stream": {"const": False}, "stream_format": {"enum": ["audio", "sse"]}},
