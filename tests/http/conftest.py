@@ -26,7 +26,7 @@ import pytest_asyncio
 
 from omnix.http.app import HttpServer
 from omnix.http.options import HttpOptions
-from omnix.pipelines.config import PipelineConfig, VllmArgs
+from omnix.pipelines.config import PipelineConfig, TalkerArgs, VllmArgs
 from omnix.pipelines.validate import load_pipeline, parse_pipeline
 from omnix.stages.options import RuntimeOptions
 from omnix.testing.pipelines import scripted_omni_toml
@@ -232,7 +232,10 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServe
     """A built-in pipeline on real engines, its tiny models built once per
     session (``$OMNIX_MODEL_DIR`` when set: point it at a folder that keeps
     them to skip building).  ``NAME+tools``: its vLLM stages started as
-    ``--enable-auto-tool-choice --tool-call-parser hermes`` would."""
+    ``--enable-auto-tool-choice --tool-call-parser hermes`` would;
+    ``NAME+long``: its talkers speak up to 400 frames (32 s) an answer, so
+    that an answer is still being made seconds after it starts, however
+    quiet the machine (a barge-in's test)."""
     from omnix.api import Omni
     from tests.model_fixtures import session_models
 
@@ -241,8 +244,12 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServe
     pipeline = load_pipeline(base)
     if variant == "tools":
         pipeline = with_tool_parser(pipeline)
+    elif variant == "long":
+        pipeline = with_long_answers(pipeline, frames=400)
     elif variant:
-        raise ValueError(f"unknown server variant {variant!r} in {name!r}: give NAME or NAME+tools")
+        raise ValueError(
+            f"unknown server variant {variant!r} in {name!r}: give NAME, NAME+tools or NAME+long"
+        )
     # A worker loading vLLM on a busy 2-core machine can miss heartbeats for
     # seconds (GIL-heavy imports); the default 2 s bound then kills it while
     # it starts.  These tests are about HTTP, not about that bound.
@@ -268,6 +275,21 @@ def with_tool_parser(pipeline: PipelineConfig) -> PipelineConfig:
                 ),
             )
             if isinstance(st.engine, VllmArgs)
+            else st
+            for st in pipeline.stages
+        ),
+    )
+
+
+def with_long_answers(pipeline: PipelineConfig, frames: int) -> PipelineConfig:
+    """``pipeline`` with its talkers speaking up to ``frames`` frames."""
+    return msgspec.structs.replace(
+        pipeline,
+        stages=tuple(
+            msgspec.structs.replace(
+                st, sampling=msgspec.structs.replace(st.sampling, max_tokens=frames)
+            )
+            if isinstance(st.engine, TalkerArgs)
             else st
             for st in pipeline.stages
         ),

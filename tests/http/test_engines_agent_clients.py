@@ -15,21 +15,14 @@ from typing import Any, Literal
 
 import openai
 
-from omnix.events.types import Admitted
-from omnix.http.app import HttpServer
-
 from .conftest import real_engine_marks
+from .tool_calls import CHAT_WEATHER, admitted
 
 PIPELINE = "tiny-omni"
 SERVER = "tiny-omni+tools"  # its thinker parses hermes tool calls
 pytestmark = real_engine_marks()
 
 ASK = "What is the weather in Paris?"
-
-
-def _admitted(server: HttpServer, rid: str) -> Admitted:
-    (adm,) = [e for e in server.omni.log.events_for(rid) if isinstance(e, Admitted)]
-    return adm
 
 
 async def test_an_openai_agents_realtime_agent_calls_its_tool_and_answers_in_audio(server):
@@ -116,8 +109,8 @@ async def test_an_openai_agents_realtime_agent_calls_its_tool_and_answers_in_aud
     # The call came alone; the answer read the call and the tool's output
     # as chat's history gives them.
     first, answer = responses
-    assert _admitted(server, first).spec.messages[-1].role == "user"
-    sent = _admitted(server, answer).spec.messages
+    assert admitted(server, first).spec.messages[-1].role == "user"
+    sent = admitted(server, answer).spec.messages
     assert [m.role for m in sent] == ["system", "user", "assistant", "tool"]
     assert sent[0].content == "Say the weather." and sent[1].content == ASK
     (tc,) = sent[2].tool_calls
@@ -126,19 +119,7 @@ async def test_an_openai_agents_realtime_agent_calls_its_tool_and_answers_in_aud
 
 
 async def test_the_openai_chat_tool_loop_ends_in_a_spoken_answer(server):
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
+    weather = CHAT_WEATHER
     results = {"Paris": "sunny", "Oslo": "snow"}
     client = openai.AsyncOpenAI(
         base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
@@ -178,7 +159,7 @@ async def test_the_openai_chat_tool_loop_ends_in_a_spoken_answer(server):
     assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
     assert answer.message.audio is not None and answer.message.audio.data
     assert answer.message.audio.transcript
-    sent = _admitted(server, final.id.removeprefix("chatcmpl-")).spec.messages
+    sent = admitted(server, final.id.removeprefix("chatcmpl-")).spec.messages
     assert [m.role for m in sent] == ["user", "assistant", "tool"]
     (tc,) = sent[1].tool_calls
     assert (tc.id, tc.name, tc.arguments) == (call.id, "get_weather", call.function.arguments)

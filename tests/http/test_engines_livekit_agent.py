@@ -15,21 +15,14 @@ from typing import Any
 
 import aiohttp
 
-from omnix.events.types import Admitted
-from omnix.http.app import HttpServer
-
 from .conftest import real_engine_marks
+from .tool_calls import WEATHER_FUNCTION, admitted
 
 PIPELINE = "tiny-omni"
 SERVER = "tiny-omni+tools"  # its thinker parses hermes tool calls
 pytestmark = real_engine_marks()
 
 ASK = "What is the weather in Paris?"
-
-
-def _admitted(server: HttpServer, rid: str) -> Admitted:
-    (adm,) = [e for e in server.omni.log.events_for(rid) if isinstance(e, Admitted)]
-    return adm
 
 
 async def test_a_livekit_agent_session_calls_its_tool_and_answers_in_audio(server):
@@ -47,18 +40,7 @@ async def test_a_livekit_agent_session_calls_its_tool_and_answers_in_audio(serve
     # Bounded arguments and no others: a random-weight model must still
     # close its JSON (LiveKit's schema of a typed function_tool allows other
     # keys, which structured output then lets the model write on and on).
-    @function_tool(
-        raw_schema={
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        }
-    )
+    @function_tool(raw_schema=WEATHER_FUNCTION)
     async def get_weather(raw_arguments: dict[str, Any]) -> str:
         city = raw_arguments["city"]
         calls.append(city)
@@ -129,8 +111,8 @@ async def test_a_livekit_agent_session_calls_its_tool_and_answers_in_audio(serve
     assert [o["type"] for o in first["output"]] == ["function_call"]
 
     # The answer read the call and the tool's output as chat's history gives them.
-    assert _admitted(server, first["id"]).spec.messages[-1].role == "user"
-    sent = _admitted(server, answer["id"]).spec.messages
+    assert admitted(server, first["id"]).spec.messages[-1].role == "user"
+    sent = admitted(server, answer["id"]).spec.messages
     assert [m.role for m in sent] == ["system", "user", "assistant", "tool"]
     assert sent[0].content == "Say the weather." and sent[1].content == ASK
     (tc,) = sent[2].tool_calls

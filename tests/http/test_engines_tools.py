@@ -28,24 +28,12 @@ from omnix.testing.serving import serve_omni
 from omnix.trace import read_trace
 
 from .conftest import real_engine_marks
+from .tool_calls import CHAT_WEATHER
 
 PIPELINE = "tiny-text"
 pytestmark = real_engine_marks()
 
 # Bounded arguments: a random-weight model must still reach the end.
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 TIME = {
     "type": "function",
     "function": {
@@ -97,7 +85,7 @@ async def test_required_tool_loop_with_the_openai_client(server, client):
     first = await client.chat.completions.create(
         model=PIPELINE,
         messages=USER,
-        tools=[WEATHER, TIME],
+        tools=[CHAT_WEATHER, TIME],
         tool_choice="required",
         # One call: a random-weight model would add calls until max_tokens.
         parallel_tool_calls=False,
@@ -124,7 +112,11 @@ async def test_required_tool_loop_with_the_openai_client(server, client):
         *({"role": "tool", "tool_call_id": c.id, "content": '{"sky": "clear"}'} for c in calls),
     ]
     second = await client.chat.completions.create(
-        model=PIPELINE, messages=history, tools=[WEATHER, TIME], tool_choice="none", max_tokens=8
+        model=PIPELINE,
+        messages=history,
+        tools=[CHAT_WEATHER, TIME],
+        tool_choice="none",
+        max_tokens=8,
     )
     assert second.choices[0].message.tool_calls is None
     assert second.choices[0].message.content
@@ -142,7 +134,7 @@ async def test_required_tool_loop_with_the_openai_client(server, client):
 async def test_named_function_streams_deltas_the_client_assembles(server, client, http):
     named = {"type": "function", "function": {"name": "get_weather"}}
     async with client.chat.completions.stream(
-        model=PIPELINE, messages=USER, tools=[WEATHER, TIME], tool_choice=named, max_tokens=200
+        model=PIPELINE, messages=USER, tools=[CHAT_WEATHER, TIME], tool_choice=named, max_tokens=200
     ) as stream:
         final = await stream.get_final_completion()
     (call,) = final.choices[0].message.tool_calls
@@ -153,7 +145,7 @@ async def test_named_function_streams_deltas_the_client_assembles(server, client
     body = {
         "model": PIPELINE,
         "messages": USER,
-        "tools": [WEATHER],
+        "tools": [CHAT_WEATHER],
         "tool_choice": named,
         "stream": True,
         "max_tokens": 200,
@@ -186,11 +178,14 @@ async def test_named_function_streams_deltas_the_client_assembles(server, client
             "tools[0].function.parameters",
         ),
         (
-            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            {
+                "tools": [CHAT_WEATHER],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
             "tool_choice",
         ),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+        ({"tools": [CHAT_WEATHER, CHAT_WEATHER]}, "tools[1].function.name"),
     ],
 )
 async def test_bad_tools_are_one_400_naming_the_field(server, http, body, param):

@@ -12,23 +12,11 @@ import openai
 from omnix.events.types import Chunk, Routed
 
 from .conftest import real_engine_marks
+from .tool_calls import CHAT_WEATHER
 
 PIPELINE = "tiny-omni"
 SERVER = "tiny-omni+tools"  # its thinker parses hermes tool calls
 pytestmark = real_engine_marks()
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 async def test_a_tool_call_is_not_spoken(server):
@@ -39,7 +27,7 @@ async def test_a_tool_call_is_not_spoken(server):
         resp = await client.chat.completions.create(
             model=PIPELINE,
             messages=[{"role": "user", "content": "Weather in Oslo?"}],
-            tools=[WEATHER],
+            tools=[CHAT_WEATHER],
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
             modalities=["text", "audio"],
             audio={"voice": "default", "format": "wav"},

@@ -22,6 +22,9 @@ from ..conftest import real_engine_marks
 from .conftest import open_page, shot
 
 PIPELINE = "tiny-omni"
+# Answers long enough to be still in the making when the second sentence
+# comes over them, however quickly this machine makes them.
+SERVER = "tiny-omni+long"
 pytestmark = real_engine_marks()
 
 ANSWERED = ".turn.answer:not([data-status='running'])"

@@ -13,29 +13,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from omnix.events.types import Admitted, Cancelled, Chunk, is_terminal
-from omnix.http.app import HttpServer
+from omnix.events.types import Cancelled, Chunk, is_terminal
 from omnix.http.realtime.protocol import FunctionCallItem, FunctionCallOutputItem
 from omnix.http.realtime.record import fold_session
 
 from ..conftest import real_engine_marks
+from ..tool_calls import REALTIME_WEATHER, admitted
 from .conftest import client_for, next_event
 
 PIPELINE = "tiny-omni"
 SERVER = "tiny-omni+tools"  # its thinker parses hermes tool calls
 pytestmark = real_engine_marks()
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
 # A free string: random weights write it on and on (a call to cancel).
 NOTE = {
     "type": "function",
@@ -68,15 +57,10 @@ async def _text_session(conn: Any, **session: Any) -> str:
     return str(sid)
 
 
-def _admitted(server: HttpServer, rid: str) -> Admitted:
-    (adm,) = [e for e in server.omni.log.events_for(rid) if isinstance(e, Admitted)]
-    return adm
-
-
 async def test_a_named_call_and_its_output_continue_the_conversation(server, client):
     named = {"type": "function", "name": "get_weather"}
     async with client_for(server).realtime.connect(model=PIPELINE) as conn:
-        sid = await _text_session(conn, tools=[WEATHER, NOTE], tool_choice=named)
+        sid = await _text_session(conn, tools=[REALTIME_WEATHER, NOTE], tool_choice=named)
         await conn.response.create(response={"max_output_tokens": 200})
         events: list[Any] = []
         done = await next_event(conn, "response.done", events)
@@ -124,7 +108,7 @@ async def test_a_named_call_and_its_output_continue_the_conversation(server, cli
         second = await next_event(conn, "response.done")
     assert second.response.status in ("completed", "incomplete")
     assert [o.type for o in second.response.output] == ["message"]
-    sent = _admitted(server, second.response.id).spec.messages
+    sent = admitted(server, second.response.id).spec.messages
     assert [m.role for m in sent] == ["user", "assistant", "tool"]
     (tc,) = sent[1].tool_calls
     assert (tc.id, tc.name, tc.arguments) == (call.call_id, "get_weather", args_done.arguments)
@@ -150,7 +134,7 @@ async def test_a_named_call_and_its_output_continue_the_conversation(server, cli
         ],
         tools=[
             {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
-            for t in (WEATHER, NOTE)
+            for t in (REALTIME_WEATHER, NOTE)
         ],
         tool_choice="none",
         max_tokens=1,
@@ -179,7 +163,7 @@ async def test_a_named_call_and_its_output_continue_the_conversation(server, cli
         assert got.type == "function_call" and got.arguments == args_done.arguments
         await conn.response.create(response={"tool_choice": "none", "max_output_tokens": 4})
         third = await next_event(conn, "response.done")
-    again = _admitted(server, third.response.id).spec.messages
+    again = admitted(server, third.response.id).spec.messages
     assert again[:3] == sent
 
 
