@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from typing import Any
 import msgspec
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.report import finish
 from omnix.events.types import (
     ChatMessage,
     Chunk,
@@ -309,15 +308,10 @@ def run(args: argparse.Namespace) -> int:
 
         ensure_models(names=("omni",))
     res = run_on_loop(_bench(args))
-    if not getattr(args, "json", False):
-        print(
-            f"omnix: TTFP {res['ttfp_ms']} ms, RTF {res['rtf']}, "
-            f"{res['audio_s_per_s']} audio s/s at c={res['concurrency']}; transformers: TTFP "
-            f"{res['transformers_ttfp_ms']} ms, {res['transformers_audio_s_per_s']} audio s/s; "
-            f"oracle_equal {res['oracle_equal']}"
-        )
-    print(json.dumps(res))
-    if not res["oracle_equal"]:
-        print("omnix's greedy output differs from transformers'", file=sys.stderr)
-        return 1
-    return 0
+    line = (
+        f"omnix: TTFP {res['ttfp_ms']} ms, RTF {res['rtf']}, "
+        f"{res['audio_s_per_s']} audio s/s at c={res['concurrency']}; transformers: TTFP "
+        f"{res['transformers_ttfp_ms']} ms, {res['transformers_audio_s_per_s']} audio s/s; "
+        f"oracle_equal {res['oracle_equal']}"
+    )
+    return finish(args, res, line, "omnix's greedy output differs from transformers'")

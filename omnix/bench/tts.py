@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.report import finish
 from omnix.usage import UsageError, int_in
 
 TEXTS = (
@@ -283,14 +284,9 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError) as exc:  # the reference or the server failed
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         raise UsageError(" ".join(dict.fromkeys([lines[0], lines[-1]])), code=1) from None
-    if not getattr(args, "json", False):
-        print(
-            f"omnix: TTFP {res['ttfp_ms']} ms, RTF {res['rtf']}, audio s/s "
-            f"{res['audio_s_per_s']}; qwen-tts: TTFP {res['ref_ttfp_ms']} ms (whole answer), "
-            f"audio s/s {res['ref_audio_s_per_s']}; oracle_equal {res['oracle_equal']}"
-        )
-    print(json.dumps(res))
-    if not res["oracle_equal"]:
-        print("omnix's greedy codes differ from the reference's", file=sys.stderr)
-        return 1
-    return 0
+    line = (
+        f"omnix: TTFP {res['ttfp_ms']} ms, RTF {res['rtf']}, audio s/s "
+        f"{res['audio_s_per_s']}; qwen-tts: TTFP {res['ref_ttfp_ms']} ms (whole answer), "
+        f"audio s/s {res['ref_audio_s_per_s']}; oracle_equal {res['oracle_equal']}"
+    )
+    return finish(args, res, line, "omnix's greedy codes differ from the reference's")
