@@ -236,7 +236,6 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServe
     ``NAME+long``: its talkers speak up to 400 frames (32 s) an answer, so
     that an answer is still being made seconds after it starts, however
     quiet the machine (a barge-in's test)."""
-    from omnix.api import Omni
     from tests.model_fixtures import session_models
 
     session_models(tmp_path_factory)
@@ -250,6 +249,15 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServe
         raise ValueError(
             f"unknown server variant {variant!r} in {name!r}: give NAME, NAME+tools or NAME+long"
         )
+    async for server in serve_engines(pipeline):
+        yield server
+
+
+async def serve_engines(pipeline: PipelineConfig) -> AsyncGenerator[HttpServer, None]:
+    """``pipeline`` served on real engines in worker processes (its models
+    found: ``session_models`` ran)."""
+    from omnix.api import Omni
+
     # A worker loading vLLM on a busy 2-core machine can miss heartbeats for
     # seconds (GIL-heavy imports); the default 2 s bound then kills it while
     # it starts.  These tests are about HTTP, not about that bound.

@@ -1,6 +1,8 @@
 """Speech's and transcriptions' bodies, as typed msgspec Structs.
 
-Owns: ``SpeechRequest`` and the ``speech.audio.*`` SSE events;
+Owns: ``SpeechRequest``, ``SpeechFields`` (what it takes on the served
+pipeline, as the model card publishes it) and the ``speech.audio.*`` SSE
+events;
 ``TranscriptionForm`` (the text fields of the multipart form) and the
 transcription responses (``json``, ``verbose_json``, the
 ``transcript.text.*`` SSE events).
@@ -20,6 +22,8 @@ from omnix.events.options import TranscriptionFormat
 from omnix.http.common.fields import REQUEST, SamplingParamsList, Seed, Speed, Voice
 
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+#: Qwen3-TTS's variants as vLLM-Omni's ``task_type`` names them.
+TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
 
 
 class SpeechRequest(msgspec.Struct, **REQUEST):
@@ -50,9 +54,34 @@ class SpeechRequest(msgspec.Struct, **REQUEST):
     seed: Seed | None = None
     sampling_params_list: SamplingParamsList | None = None
     language: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
-    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    task_type: TaskType | None = None
     ref_audio: str | None = None
     ref_text: str | None = None
+
+
+#: How the speech route takes a field on the served pipeline.
+Takes = Literal["refused", "optional", "required"]
+
+
+class SpeechFields(msgspec.Struct, kw_only=True):
+    """omnix: what ``POST /v1/audio/speech`` takes on the served pipeline
+    besides ``input``, ``voice`` (``GET /v1/audio/voices`` lists the named
+    ones) and the response's form, as the route checks a body: a field
+    ``refused`` is a 400 when given, one ``required`` a 400 when missing.
+    On a pipeline without a Qwen3-TTS talker every one is refused."""
+
+    #: the served Qwen3-TTS variant (the ``task_type`` it takes); None: not Qwen3-TTS
+    task_type: TaskType | None = None
+    #: CustomVoice: how to say it (optional); VoiceDesign: the voice described (required)
+    instructions: Takes = "refused"
+    #: what ``language`` takes, ``"auto"`` first; empty when it is refused
+    languages: list[str] = msgspec.field(default_factory=list)
+    #: Base: the voice to clone, a ``data:`` URL of a WAV (or FLAC) file
+    ref_audio: Takes = "refused"
+    #: the rate (Hz) ``ref_audio`` must have (it is not resampled); 0 when refused
+    ref_audio_rate: int = 0
+    #: Base: ``ref_audio``'s transcript (given: the voice is cloned in context)
+    ref_text: Takes = "refused"
 
 
 class SpeechAudioDelta(msgspec.Struct, tag="speech.audio.delta", tag_field="type"):

@@ -7,7 +7,9 @@ variant's; a named voice on VoiceDesign or Base, which have none;
 VoiceDesign without the voice's description in ``instructions``; Base
 without ``ref_audio``, or with ``instructions``), a language it lacks.  On a
 pipeline with no Qwen3-TTS talker, the cloning fields and ``language`` are
-refused as no stage there honours them.
+refused as no stage there honours them.  And ``speech_fields``, the same
+rules published (``SpeechFields`` on ``GET /v1/models``' card) so that a
+client (the playground) offers the fields the checkpoint takes.
 
 Also owns ``reference_voice``: Base's ``ref_audio`` (a ``data:`` URL; an
 http(s) URL is not fetched) decoded to float32 samples at the rate the
@@ -27,7 +29,7 @@ from typing import Final
 
 from omnix.events.blobs import array_ref
 from omnix.events.types import ChatMessage, MediaPart
-from omnix.http.audio.protocol import SpeechRequest
+from omnix.http.audio.protocol import SpeechFields, SpeechRequest, Takes, TaskType
 from omnix.http.common.plan import DecodedBlob, PlanContext
 from omnix.http.common.sampling import bad, check_speech, unsupported
 from omnix.http.media.b64 import b64decode
@@ -35,7 +37,35 @@ from omnix.http.media.parts import MEDIA_TYPES
 from omnix.pipelines.tts_card import TTSCard
 
 #: ``task_type`` (vLLM-Omni's names) of each variant.
-_TASK_TYPES: Final = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
+_TASK_TYPES: Final[dict[str, TaskType]] = {
+    "custom_voice": "CustomVoice",
+    "voice_design": "VoiceDesign",
+    "base": "Base",
+}
+#: What each variant takes of instructions, ref_audio and ref_text, as
+#: ``_check_task`` checks them (tests/http/test_speech_fields.py holds the two together).
+_TAKES: Final[dict[str, tuple[Takes, Takes, Takes]]] = {
+    "custom_voice": ("optional", "refused", "refused"),
+    "voice_design": ("required", "refused", "refused"),
+    "base": ("refused", "required", "optional"),
+}
+
+
+def speech_fields(served: PlanContext) -> SpeechFields:
+    """What the speech route takes on ``served``'s pipeline (``check_tts``'s
+    rules, read from the same checkpoint card)."""
+    card = served.tts_card()
+    if card is None or card.variant not in _TAKES:
+        return SpeechFields()
+    instructions, ref_audio, ref_text = _TAKES[card.variant]
+    return SpeechFields(
+        task_type=_TASK_TYPES[card.variant],
+        instructions=instructions,
+        languages=["auto", *card.languages],
+        ref_audio=ref_audio,
+        ref_audio_rate=card.clone_rate if ref_audio != "refused" else 0,
+        ref_text=ref_text,
+    )
 
 
 def check_tts(served: PlanContext, body: SpeechRequest, stages: tuple[str, ...]) -> None:

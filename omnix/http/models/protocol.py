@@ -1,7 +1,7 @@
 """The model list's and the tokenizer routes' bodies, as msgspec Structs.
 
 Owns ``ModelList`` (the served pipeline as OpenAI's one model, with its
-modalities and stages) and vLLM's ``/tokenize`` and ``/detokenize``
+modalities, its stages and what its speech route takes) and vLLM's ``/tokenize`` and ``/detokenize``
 bodies.
 """
 
@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from omnix.http.audio.protocol import SpeechFields
 from omnix.http.common.fields import REQUEST, Message
 
 
@@ -27,6 +28,9 @@ class ModelCard(msgspec.Struct, kw_only=True):
     #: omnix: what the pipeline can produce and its stages, in order.
     modalities: list[str]
     stages: list[str]
+    #: omnix: what ``POST /v1/audio/speech`` takes here (a Qwen3-TTS
+    #: checkpoint's fields); None on a pipeline that makes no audio.
+    speech: SpeechFields | None = None
 
 
 class ModelList(msgspec.Struct, kw_only=True):

@@ -1,7 +1,8 @@
 """``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``.
 
 Owns the handlers: the served pipeline as OpenAI's model list (one card
-per served name, as vLLM lists its ``--served-model-name``s), and vLLM's
+per served name, as vLLM lists its ``--served-model-name``s; on a pipeline
+that makes audio, what its speech route takes: ``speech_fields``), and vLLM's
 tokenizer routes on the first stage's tokenizer (chat messages counted as
 the chat route counts them: text parts only; 404 on a pipeline whose
 first stage has none).  The tokenizer routes are left out of the
@@ -16,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from omnix.events.types import ChatMessage
+from omnix.http.audio.speech_tts import speech_fields
 from omnix.http.common import doc
 from omnix.http.common.fields import Message, TextPart
 from omnix.http.core.body import read_body
@@ -36,6 +38,7 @@ from omnix.http.models.protocol import (
 async def models(server: Server, request: web.Request) -> web.Response:
     p = server.omni.pipeline
     limit = server.tokens.max_model_len
+    speech = speech_fields(server.served) if "audio" in p.outputs else None
     cards = [
         ModelCard(
             id=name,
@@ -44,6 +47,7 @@ async def models(server: Server, request: web.Request) -> web.Response:
             max_model_len=limit or None,
             modalities=list(p.outputs),
             stages=list(server.omni.graph.stage_names),
+            speech=speech,
         )
         for name in server.served.names
     ]

@@ -30,6 +30,7 @@ FILES: Final = {
     "api.js": "text/javascript",
     "talk.js": "text/javascript",
     "forms.js": "text/javascript",
+    "speech.js": "text/javascript",
     "timeline.js": "text/javascript",
     "capture.js": "text/javascript",
 }

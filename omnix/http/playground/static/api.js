@@ -14,10 +14,12 @@ export function setApiKey(key) {
 }
 
 export class ApiError extends Error {
-  constructor(status, code, message) {
+  // `param`: the request field a 400 names ("" when none).
+  constructor(status, code, message, param = "") {
     super(message);
     this.status = status;
     this.code = code;
+    this.param = param;
   }
 }
 
@@ -55,7 +57,7 @@ async function errorOf(resp) {
   } catch {
     // not OpenAI's error body: the status says enough
   }
-  return new ApiError(resp.status, error.code || "", say(resp.status, error));
+  return new ApiError(resp.status, error.code || "", say(resp.status, error), error.param || "");
 }
 
 // fetch with the key; a refusal or an unreachable server as an ApiError.

@@ -1,7 +1,9 @@
 // What the page offers a pipeline that does not talk: chat text streamed,
-// speech from text (the server's voices), images, video jobs.  Each call
-// names its request (X-Request-Id) so that main.js follows its timeline
-// from the first event, and says its failure in words through `ui`.
+// speech from text (the server's voices, and the fields the model card
+// says the speech route takes: a Qwen3-TTS checkpoint's instructions,
+// language, voice to clone), images, video jobs.  Each call names its
+// request (X-Request-Id) so that main.js follows its timeline from the
+// first event, and says its failure in words through `ui`.
 
 import { ApiError, DROPPED, call, newRequestId, sse } from "./api.js";
 
@@ -43,26 +45,34 @@ export async function chat(model, messages, ui) {
     if (!done) throw new ApiError(0, "dropped", DROPPED);
     ui.answerDone(rid, "completed");
   } catch (err) {
-    ui.answerDone(rid, "failed");
-    ui.problem(err.message);
+    failed(rid, err, ui);
   }
   return { turn, text };
 }
 
-export async function speech(model, input, voice, ui) {
+// A refusal (4xx: checked before admission, nothing in the log) or a
+// failure, said in words; a refusal names the field it is about.
+function failed(rid, err, ui) {
+  if (err instanceof ApiError && err.status >= 400 && err.status < 500) ui.answerRefused(rid, err.message);
+  else ui.answerDone(rid, "failed");
+  ui.problem(err.message, err.param);
+}
+
+// `fields`: the speech route's fields beyond the voice that the person
+// gave (instructions, language, ref_audio, ref_text), as the body takes them.
+export async function speech(model, input, voice, fields, ui) {
   const rid = newRequestId("speech");
   ui.answerTurn(rid);
   try {
     const resp = await call("/v1/audio/speech", {
       method: "POST",
-      json: { model, input, voice, response_format: "wav" },
+      json: { model, input, voice, response_format: "wav", ...fields },
       extraHeaders: { "X-Request-Id": rid },
     });
     ui.answerMedia(rid, "audio", URL.createObjectURL(await resp.blob()));
     ui.answerDone(rid, "completed");
   } catch (err) {
-    ui.answerDone(rid, "failed");
-    ui.problem(err.message);
+    failed(rid, err, ui);
   }
 }
 
@@ -79,30 +89,32 @@ export async function image(model, prompt, ui) {
     ui.answerMedia(rid, "img", `data:image/png;base64,${body.data[0].b64_json}`);
     ui.answerDone(rid, "completed");
   } catch (err) {
-    ui.answerDone(rid, "failed");
-    ui.problem(err.message);
+    failed(rid, err, ui);
   }
 }
 
-// A video job: created, polled for its progress, then played.
+// A video job: created, polled until it ends, then played.  Its progress
+// bar is its denoising steps as the log records them (the timeline's, as
+// an image's): the job's own percentage, polled, would race them.
 export async function video(model, prompt, ui) {
   const form = new FormData();
   form.append("model", model);
   form.append("prompt", prompt);
+  let rid = "";
   try {
     let job = await (await call("/v1/videos", { method: "POST", form })).json();
-    const rid = job.request_ids[0];
+    rid = job.request_ids[0];
     ui.answerTurn(rid);
     while (job.status === "queued" || job.status === "in_progress") {
-      ui.answerProgress(rid, job.progress, 100);
       await new Promise((r) => setTimeout(r, 500));
-      job = await (await call(`/v1/videos/${job.id}`)).json();
+      job = await (await call(`/v1/videos/${encodeURIComponent(job.id)}`)).json();
     }
-    if (job.status !== "completed") throw new Error(job.error?.message || `the video job ${job.status}`);
-    const blob = await (await call(`/v1/videos/${job.id}/content`)).blob();
+    if (job.status !== "completed") throw new Error(`The video job failed: ${job.error?.message || job.status}`);
+    const blob = await (await call(`/v1/videos/${encodeURIComponent(job.id)}/content`)).blob();
     ui.answerMedia(rid, "video", URL.createObjectURL(blob));
     ui.answerDone(rid, "completed");
   } catch (err) {
-    ui.problem(err.message);
+    if (rid) ui.answerDone(rid, "failed");
+    ui.problem(err.message, err.param);
   }
 }

@@ -1,10 +1,12 @@
 // The page: asks the server what it serves (GET /v1/models), offers what
 // that pipeline does (talk.js for a pipeline that listens and speaks,
-// forms.js for the rest), lays out each turn beside its request's timeline
-// (timeline.js), and says every failure in words.
+// forms.js for the rest, with speech.js's fields where the card lists
+// them), lays out each turn beside its request's timeline (timeline.js),
+// and says every failure in words.
 
 import { ApiError, GONE, apiKey, call, setApiKey } from "./api.js";
 import * as forms from "./forms.js";
+import { speechFields } from "./speech.js";
 import { Talk } from "./talk.js";
 import { Timeline } from "./timeline.js";
 
@@ -25,11 +27,17 @@ function turn(cls, attrs, text) {
 
 const answers = new Map();
 const users = new Map();
+// The field a refusal names (its `param`) -> the page's control for it.
+const CONTROLS = { input: "text", voice: "voice", instructions: "instructions", language: "language", ref_audio: "ref-audio", ref_text: "ref-text" };
 
 const ui = {
-  problem(message) {
+  // `param`: the request field the problem is about, marked on its control.
+  problem(message, param = "") {
     $("problem").textContent = message;
     $("problem").hidden = !message;
+    for (const node of document.querySelectorAll("[aria-invalid]")) node.removeAttribute("aria-invalid");
+    const control = CONTROLS[param] && $(CONTROLS[param]);
+    if (control) control.setAttribute("aria-invalid", "true");
   },
   ready(hears) {
     $("mic").hidden = !hears;
@@ -48,6 +56,7 @@ const ui = {
     const li = turn("answer", { requestId: rid, status: "running" }, "");
     const timeline = new Timeline(rid, { onProgress: (step, total) => ui.answerProgress(rid, step, total) });
     li.append(timeline.node);
+    li.timeline = timeline;
     answers.set(rid, li);
     timeline.follow();
     return li;
@@ -76,6 +85,13 @@ const ui = {
     }
     bar.max = total;
     bar.value = step;
+  },
+  // Refused before admission (`message`: why): no events to follow.
+  answerRefused(rid, message) {
+    const li = ui.answerTurn(rid);
+    li.dataset.status = "refused";
+    li.querySelector(".text").textContent = `Refused: ${message}`;
+    li.timeline.refused();
   },
   answerDone(rid, status, details) {
     const li = ui.answerTurn(rid);
@@ -119,7 +135,8 @@ async function boot() {
   }
   ui.problem("");
   $("key").hidden = true;
-  $("model").textContent = `${card.id}: ${card.stages.join(" → ")} (${card.modalities.join(", ")})`;
+  const variant = card.speech?.task_type ? ` · Qwen3-TTS ${card.speech.task_type}` : "";
+  $("model").textContent = `${card.id}: ${card.stages.join(" → ")} (${card.modalities.join(", ")})${variant}`;
   $("controls").hidden = false;
   const out = new Set(card.modalities);
   const select = $("voice");
@@ -154,9 +171,20 @@ async function boot() {
     };
   } else if (out.has("audio")) {
     $("text").placeholder = "Text to speak…";
+    const read = speechFields(card.speech);
     send = async (text) => {
-      turn("user", {}, text);
-      await forms.speech(card.id, text, select.value || "default", ui);
+      let asked;
+      try {
+        asked = await read();
+      } catch (err) {
+        ui.problem(err.message, "ref_audio");
+        return;
+      }
+      const voice = select.value || "default";
+      const said = [select.options.length ? `voice: ${voice}` : "", asked.said].filter(Boolean).join(" · ");
+      const li = turn("user", {}, text);
+      if (said) li.querySelector(".text").append(Object.assign(document.createElement("small"), { className: "asked", textContent: said }));
+      await forms.speech(card.id, text, voice, asked.fields, ui);
     };
   } else {
     const kind = out.has("image") ? "image" : "video";

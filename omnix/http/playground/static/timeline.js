@@ -73,6 +73,7 @@ export class Timeline {
     this.problem = el("p", { class: "problem", role: "alert" });
     this.node.append(this.head, this.lanes, this.figures, this.links, details, this.problem);
     this.drawn = false;
+    this.refusedBefore = false;
   }
 
   // Follows the request's events to its end.  A request not admitted yet
@@ -91,6 +92,10 @@ export class Timeline {
         if (this.ended) return this.finish();
       } catch (err) {
         if (err instanceof ApiError && err.status === 404 && last < 0) {
+          if (this.refusedBefore) {
+            this.head.querySelector(".state").textContent = " refused: not admitted, nothing in the log";
+            return;
+          }
           await new Promise((r) => setTimeout(r, 100));
           continue;
         }
@@ -98,6 +103,13 @@ export class Timeline {
         return;
       }
     }
+  }
+
+  // The server refused the request (4xx): where the log holds nothing of
+  // it (refused before admission), the timeline stops asking and says so;
+  // a refusal the log records (rejected) is shown as it is.
+  refused() {
+    this.refusedBefore = true;
   }
 
   add(ev) {
