@@ -36,7 +36,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "telemetry": ("omnix.telemetry.cli", "re-emit the spans and metrics of a captured trace"),
     "bench": (
         "omnix.bench.cli",
-        "benchmarks that print figures (log, hop, engines, http, media, replay, telemetry, failover, serve, soak, speech, diffusion)",
+        "benchmarks that print figures (each takes --json: one JSON object on its last line)",
     ),
 }
 

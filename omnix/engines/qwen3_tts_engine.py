@@ -14,6 +14,18 @@ in-context cloning; without, the speaker vector alone).  Every frame after the p
 reads the prompt's trailing text vectors, then ``tts_pad``: the whole text
 is in the prefill, so nothing waits for more.
 
+A request whose input streams (``GenerateRequest.input_streams``: the
+speech stream's sentences, each an input piece) is spoken in the
+reference's streaming-text mode instead: its prefill holds the first
+piece's first token, its frames read the rest a token each, and each
+later piece (joined with a space, none after a wide character) is
+tokenized as it comes and read after them; a frame whose text is not in
+yet waits (the talker engine sets its row aside), and ``tts_eos`` follows
+the last.  Its codes are the reference's streaming-text codes of the
+joined text, however the pieces were timed.  A Base voice cloned in
+context, and a continuation after delivered frames, wait for the whole
+text (their prefill holds it).
+
 Does not own: the prompt or the model (``qwen3_tts_talker.py``), the
 waveform (``speech_decoder.py``), nor checking a request against the
 checkpoint before admission (the HTTP plan: ``omnix.http.audio.speech``).
@@ -28,6 +40,8 @@ int64), which the decoder decodes the frames after
 from __future__ import annotations
 
 import asyncio
+import bisect
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from omnix.engines.talker_engine import TalkerEngine, _Request
@@ -75,9 +89,14 @@ class Qwen3TTSEngine(TalkerEngine):
     async def _feed(self, req: _Request, inputs: AsyncIterator[InputPiece]) -> None:
         try:
             async for piece in inputs:
-                req.utterance += piece.text
+                # messages and media first: the engine's thread reads the
+                # utterance, and a prefill must find what came with it.
                 req.messages += piece.messages
                 req.media += piece.media
+                req.utterance = _joined(req.utterance, piece.text)
+                req.piece_ends.append(len(req.utterance))  # after the text it ends
+                if req.request.input_streams:
+                    self._wake.set()
         except Exception as exc:  # a bad piece fails the request, not the engine
             req.queue.put_nowait(exc)
             return
@@ -85,7 +104,16 @@ class Qwen3TTSEngine(TalkerEngine):
         self._wake.set()
 
     def _can_prefill(self, req: _Request) -> bool:
-        return req.done and (self._graphs is None or self._graphs.free > 0)
+        if self._graphs is not None and self._graphs.free == 0:
+            return False
+        if req.done:
+            return True
+        # Text streaming in: the prefill needs the first words, unless it
+        # must hold the whole text (see the module's docstring).
+        if not req.request.input_streams or req.forced or self.cloner is not None:
+            return False
+        ends = req.piece_ends
+        return bool(ends) and bool(req.utterance[: ends[-1]].strip())
 
     def _voice(self, req: _Request) -> str | None:
         model = self.model
@@ -101,20 +129,38 @@ class Qwen3TTSEngine(TalkerEngine):
 
         model = self.model
         assert model is not None
-        if not req.utterance.strip():
+        done = req.done  # before the text: once done, the text read is whole
+        ends = list(req.piece_ends)
+        text = req.utterance
+        if done and not text.strip():
             return None
+        streams = req.request.input_streams
+        first = len(ends) - 1  # the last piece the prefill holds
+        if streams and self.cloner is None:
+            # The pieces up to the first with words; later ones go in as
+            # ``_trailing`` reads them, each starting a row of its own.
+            first = next(k for k, end in enumerate(ends) if text[:end].strip())
+            text = text[: ends[first]]
         p = req.request.params
         clone = self._clone(req)
         prompt = model.prompt(
             SpeechRequest(
-                text=req.utterance,
+                text=text,
                 speaker=None if clone is not None else self._voice(req),
                 language=p.language or "auto",
                 instruct=p.instructions or None,
+                non_streaming=not streams,
                 clone=clone,
             )
         )
-        req.trailing = dict(enumerate(prompt.trailing))
+        if streams and prompt.open:
+            # Less the tts_eos the prompt ends its text with: later text
+            # goes before it (``_trailing``).
+            req.trailing = dict(enumerate(prompt.trailing[:-1]))
+            req.said, req.pieces_said = len(text), first + 1
+            req.piece_rows = [0] * req.pieces_said
+        else:
+            req.trailing = dict(enumerate(prompt.trailing))
         req.reference = None if clone is None else clone.codes
         cond: Conditioning = prompt.prefill
         return cond
@@ -146,6 +192,39 @@ class Qwen3TTSEngine(TalkerEngine):
         return out
 
     def _trailing(self, req: _Request, j: int) -> torch.Tensor | None:
-        assert self.model is not None
-        row: Any = req.trailing.get(j, self.model.tts_pad)
-        return row
+        model = self.model
+        assert model is not None
+        row: Any = req.trailing.get(j)
+        if row is not None:
+            return row
+        if req.said < 0:  # the prompt held the whole text
+            return model.tts_pad
+        done = req.done  # before the text, as in _conditioning
+        ends = list(req.piece_ends)
+        text = req.utterance
+        while req.pieces_said < len(ends):
+            end = ends[req.pieces_said]
+            n = len(req.trailing)
+            req.piece_rows.append(n)
+            for k, r in enumerate(model.text_after(text[req.said : end])):
+                req.trailing[n + k] = r
+            req.said, req.pieces_said = end, req.pieces_said + 1
+        if j in req.trailing:
+            return req.trailing[j]
+        if not done:
+            return None  # the row waits for the next piece
+        return model.tts_eos if j == len(req.trailing) else model.tts_pad
+
+    def _piece(self, req: _Request, j: int) -> int:
+        """The piece whose text frame ``j`` reads (after the text: the last)."""
+        return max(bisect.bisect_right(req.piece_rows, j) - 1, 0)
+
+
+def _joined(text: str, piece: str) -> str:
+    """``piece`` said after ``text``: a space between them, but none after
+    a wide character (CJK text has no spaces) or where one side has it."""
+    if not text or not piece or text[-1].isspace() or piece[0].isspace():
+        return text + piece
+    if unicodedata.east_asian_width(text[-1]) in ("W", "F"):
+        return text + piece
+    return f"{text} {piece}"

@@ -75,6 +75,10 @@ class Prompt(msgspec.Struct, frozen=True):
 
     prefill: Any  # Conditioning
     trailing: Any  # [t, hidden]: frame k reads row k, then tts_pad
+    #: ``trailing`` is the text after the prefill's, then ``tts_eos``: text
+    #: said after it goes before that eos (text streamed in).  False where
+    #: the whole text is in the prefill (non-streaming, cloning in context).
+    open: bool = False
 
 
 def _layout(talker_cfg: dict[str, Any]) -> CodecLayout:
@@ -221,7 +225,17 @@ class Qwen3TTSTalker(TalkerModel):
         # No token ids (-1): the talker reads only the summed embeddings, and
         # a text-only prompt's three MRoPE rows are its plain positions.
         cond = Conditioning(embeds, torch.full((embeds.shape[0],), -1), positions, 0)
-        return Prompt(cond, trailing)
+        return Prompt(cond, trailing, open=req.clone is None or req.clone.codes is None)
+
+    def text_after(self, text: str) -> torch.Tensor:
+        """The text vectors of ``text`` said after what a prompt already holds
+        (``text`` begins with its separator: the two tokenize as the whole
+        would, the tokenizer splitting words at the space before them), as
+        the prompt's trailing rows would have held it."""
+        import torch
+
+        with torch.no_grad():
+            return self.project_text(self._ids(text))
 
     def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
         """[frames, 16] codes -> [frames, hidden]: each frame's 16 codec

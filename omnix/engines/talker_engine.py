@@ -107,6 +107,13 @@ class _Request:
     prefill_len: int = 0
     forced: list[list[int]] = field(default_factory=list)  # delivered frames to replay
     trailing: dict[int, Any] = field(default_factory=dict)  # projected text, by frame
+    #: Qwen3-TTS, text streamed in: ``utterance``'s length after each input
+    #: piece; how many pieces, and how much of it, ``trailing`` holds (-1:
+    #: the prompt holds the whole text); the row each piece's text starts at
+    piece_ends: list[int] = field(default_factory=list)
+    pieces_said: int = 0
+    said: int = -1
+    piece_rows: list[int] = field(default_factory=list)
     finished: bool = False
     row: int | None = None  # its slot in the graphs (static decoding)
 
@@ -167,7 +174,7 @@ class TalkerEngine:
             model=str(folder),
         )
 
-    # _load, _feed, _can_prefill, _conditioning and _trailing are what
+    # _load, _feed, _can_prefill, _conditioning, _trailing and _piece are what
     # another model on this machinery replaces (``qwen3_tts_engine.py``).
     @staticmethod
     def _load(folder: str, device: str, dtype: str) -> TalkerModel:
@@ -411,6 +418,11 @@ class TalkerEngine:
             return None
         return self.model.tts_eos if j == max(len(usable) - 1, 0) else self.model.tts_pad
 
+    def _piece(self, req: _Request, j: int) -> int:
+        """The input piece frame ``j`` speaks (``EngineOutput.piece``): the
+        thinker's text is one stream, so its first."""
+        return 0
+
     def _sampling(self, req: _Request) -> Any:
         import torch
 
@@ -538,7 +550,8 @@ class TalkerEngine:
             req.slot.length += 1
             req.slot.generated.append(code)
             req.code = code
-            out.append((req, EngineOutput(modality="codec", token_ids=tuple(frame))))
+            piece = self._piece(req, req.frames - 1)
+            out.append((req, EngineOutput(modality="codec", token_ids=tuple(frame), piece=piece)))
             out += self._after_code(req)
         return out
 
@@ -596,9 +609,9 @@ class TalkerEngine:
             req.frames += 1
             req.code, req.hidden = codes[i], hidden[i]
             if not replay:
-                out.append(
-                    (req, EngineOutput(modality="codec", token_ids=tuple(frames[i].tolist())))
-                )
+                frame = tuple(frames[i].tolist())
+                piece = self._piece(req, req.frames - 1)
+                out.append((req, EngineOutput(modality="codec", token_ids=frame, piece=piece)))
             if replay and req.frames < len(req.forced):
                 req.code = req.forced[req.frames][0]
             out += self._after_code(req)

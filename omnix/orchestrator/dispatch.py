@@ -193,6 +193,7 @@ class Dispatcher:
             seed=continuation_seed(spec.seed, ev.resume) if ev.seq == 0 else spec.seed,
             resume=self.resume(ev) if ev.seq == 0 and ev.resume else None,
             feeds=self.feeds(ev.stage, spec),
+            input_streams=spec.input_streams,
         )
 
     def feeds(self, stage: str, spec: RequestSpec) -> bool:

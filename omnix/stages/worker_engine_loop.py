@@ -72,7 +72,15 @@ class EngineLoop:
         engine = self._requests.engine
         assert engine is not None
         gen = engine.generate(
-            GenerateRequest(rid, item.stage, item.params, item.seed, item.resume, item.feeds),
+            GenerateRequest(
+                rid,
+                item.stage,
+                item.params,
+                item.seed,
+                item.resume,
+                item.feeds,
+                item.input_streams,
+            ),
             req.inputs,
         )
         try:

@@ -192,7 +192,15 @@ class InProcessRuntime:
         last: EngineOutput | None = None
         try:
             async for out in engine.generate(
-                GenerateRequest(rid, stage, work.params, work.seed, work.resume, work.feeds),
+                GenerateRequest(
+                    rid,
+                    stage,
+                    work.params,
+                    work.seed,
+                    work.resume,
+                    work.feeds,
+                    work.input_streams,
+                ),
                 ex.inputs.stream(),
             ):
                 last = out

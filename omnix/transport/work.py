@@ -156,6 +156,8 @@ class GenerateRequest(msgspec.Struct, frozen=True):
     resume: Resume | None = None
     #: see ``WorkItem.feeds``
     feeds: bool = False
+    #: see ``WorkItem.input_streams``
+    input_streams: bool = False
 
 
 class WorkItem(msgspec.Struct, frozen=True, array_like=True):
@@ -172,3 +174,8 @@ class WorkItem(msgspec.Struct, frozen=True, array_like=True):
     #: the stage's output goes on to another stage of this request (a
     #: thinker whose talker runs sends it its context only then)
     feeds: bool = False
+    #: the request's input streams (``RequestSpec.input_streams``): a source
+    #: stage gets more pieces after its first, whenever they came, so an
+    #: engine that would take its whole input at once (Qwen3-TTS's talker)
+    #: takes it as it comes instead, whatever the pieces' timing
+    input_streams: bool = False

@@ -4,7 +4,8 @@ Owns the WebSocket route in vLLM-Omni's message shape, so a client
 written for vLLM-Omni's ``/v1/audio/speech/stream`` works unchanged.  A
 connection carries utterances, one after another.  The client sends
 ``session.config`` first (``voice``, ``response_format`` ``"pcm"``,
-``model``, ``speed``, ``instructions``, ``seed``, ``sampling_params_list``:
+``model``, ``speed``, ``instructions``, ``seed``, ``sampling_params_list``,
+and on Qwen3-TTS ``language``, ``task_type``, ``ref_audio``, ``ref_text``:
 the fields of ``POST /v1/audio/speech`` but ``input``; and vLLM-Omni's
 ``stream_audio`` and ``split_granularity`` ``"sentence"``), checked as it
 comes and sticky: it may be sent again between utterances, and then
@@ -76,6 +77,10 @@ class StreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     instructions: str | None = None
     seed: int | None = None
     sampling_params_list: Any = None
+    language: str | None = None
+    task_type: str | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
     stream_audio: bool = True
     split_granularity: str = "sentence"
 
@@ -138,6 +143,10 @@ def _plan(server: Server, cfg: StreamConfig, first: str) -> Plan:
                 "instructions": cfg.instructions,
                 "seed": cfg.seed,
                 "sampling_params_list": cfg.sampling_params_list,
+                "language": cfg.language,
+                "task_type": cfg.task_type,
+                "ref_audio": cfg.ref_audio,
+                "ref_text": cfg.ref_text,
             },
             SpeechRequest,
         )

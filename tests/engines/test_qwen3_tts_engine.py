@@ -1,0 +1,116 @@
+"""Qwen3-TTS's talker engine with its text streamed in: the codes of a
+request whose input streams, sentence by sentence, equal the talker's own
+streaming-text codes of the joined text (which tests/engines/test_qwen3_tts.py
+holds equal to the reference's), in eager and static decoding, and its
+first frame comes before its last sentence does; a request whose input
+does not stream is spoken from its whole text as before."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from omnix.events.types import StageParams
+from omnix.models.paths import ModelPaths
+from omnix.transport.work import GenerateRequest, InputPiece
+
+FRAMES = 48
+SENTENCES = ("Hello there.", "How are you today?", "I am fine, thank you.")
+VOICE = "vivian"
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_models: ModelPaths) -> Path:
+    return Path(tiny_models.qwen3_tts_custom_voice)
+
+
+@pytest.fixture(scope="module")
+def expected(folder: Path) -> dict[bool, np.ndarray]:
+    """The talker's own codes of the joined text: streaming-text mode
+    (True) and whole-text mode (False)."""
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker, SpeechRequest
+
+    talker = Qwen3TTSTalker.load(folder)
+    text = " ".join(SENTENCES)
+    return {
+        streams: talker.generate(
+            SpeechRequest(text=text, speaker=VOICE, non_streaming=not streams),
+            max_new_tokens=FRAMES,
+        ).numpy()
+        for streams in (True, False)
+    }
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["eager", "static"])
+async def engine(folder: Path, request) -> AsyncIterator:
+    from omnix.engines.qwen3_tts_engine import Qwen3TTSEngine
+    from omnix.pipelines.config import Qwen3TTSTalkerArgs
+
+    eng = Qwen3TTSEngine(
+        Qwen3TTSTalkerArgs(
+            model=str(folder), max_batch=2, decode=request.param, graph_buckets=(1, 2)
+        )
+    )
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+def _request(rid: str, streams: bool) -> GenerateRequest:
+    params = StageParams(temperature=0.0, max_tokens=FRAMES, voice=VOICE)
+    return GenerateRequest(rid, "talker", params, input_streams=streams)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_streamed_sentences_speak_as_the_joined_text_in_streaming_mode(
+    engine, expected
+) -> None:
+    first_frame = asyncio.Event()
+
+    async def sentences() -> AsyncIterator[InputPiece]:
+        yield InputPiece(text=SENTENCES[0])
+        # The rest only once the first frame is out: the talker must not
+        # wait for the whole text.
+        await asyncio.wait_for(first_frame.wait(), 60)
+        for s in SENTENCES[1:]:
+            await asyncio.sleep(0.05)
+            yield InputPiece(text=s)
+
+    frames, pieces = [], []
+    async for out in engine.generate(_request("streamed", True), sentences()):
+        if out.token_ids:
+            frames.append(out.token_ids)
+            pieces.append(out.piece)
+            first_frame.set()
+    np.testing.assert_array_equal(np.asarray(frames).reshape(-1, 16), expected[True])
+    # Each frame tells the sentence whose text it read: in order, all three.
+    assert pieces == sorted(pieces) and set(pieces) == {0, 1, 2}
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_request_whose_input_does_not_stream_is_spoken_from_its_whole_text(
+    engine, expected
+) -> None:
+    async def whole() -> AsyncIterator[InputPiece]:
+        yield InputPiece(text=" ".join(SENTENCES))
+
+    frames = [
+        out.token_ids
+        async for out in engine.generate(_request("whole", False), whole())
+        if out.token_ids
+    ]
+    np.testing.assert_array_equal(np.asarray(frames).reshape(-1, 16), expected[False])
+
+
+def test_pieces_join_with_a_space_but_none_after_a_wide_character() -> None:
+    from omnix.engines.qwen3_tts_engine import _joined
+
+    assert _joined("", "Hi.") == "Hi."
+    assert _joined("Hi.", "How are you?") == "Hi. How are you?"
+    assert _joined("Hi. ", "Bye.") == "Hi. Bye."
+    assert _joined("你好。", "再见。") == "你好。再见。"

@@ -1,0 +1,84 @@
+"""``/v1/audio/speech/stream`` on ``omnix serve PATH`` of the tiny Qwen3-TTS
+CustomVoice folder: text written sentence by sentence is spoken as it
+comes (the first sentence's audio starts before the rest is written), in
+the reference's streaming-text mode, so the utterance's audio equals
+omnix's in-process greedy audio of the joined text in that mode (held to
+qwen-tts by tests/engines/test_qwen3_tts.py); each sentence's audio is
+told apart; the Qwen3-TTS fields are checked as ``POST /v1/audio/speech``
+checks them."""
+
+from __future__ import annotations
+
+import pytest
+import websockets
+
+from omnix.testing.served import ServeProcess
+
+from .test_engines_serve_tts import MAX_TOKENS, START_S, assert_heard, expected_pcm, tiny
+from .test_speech_stream import read_until, send
+
+__all__ = ["tiny"]  # the fixture, shared
+
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.timeout(600),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+
+FIRST = "Hello there, it is a lovely morning in the old city."
+REST = ("How are you today?", "I am fine, thank you.")
+GREEDY = {"talker": {"temperature": 0.0, "max_tokens": MAX_TOKENS}}
+
+
+@pytest.fixture(scope="module")
+async def served(tiny):
+    served = await ServeProcess.start(tiny.qwen3_tts_custom_voice)
+    try:
+        await served.ready(timeout=START_S)
+        yield served
+    finally:
+        await served.stop()
+
+
+def _url(served: ServeProcess) -> str:
+    return served.url.replace("http", "ws") + "/v1/audio/speech/stream"
+
+
+async def test_sentences_written_as_they_come_are_spoken_as_the_joined_text(served, tiny) -> None:
+    async with websockets.connect(_url(served), max_size=None) as ws:
+        await send(
+            ws, "session.config", voice="vivian", language="English", sampling_params_list=GREEDY
+        )
+        await send(ws, "input.text", text=f"{FIRST} How are")
+        first = await read_until(ws, "audio.start")  # before the rest is written
+        await send(ws, "input.text", text=" you today? I am fine, thank you.")
+        await send(ws, "input.done")
+        rest = await read_until(ws, "session.done")
+    messages = first + rest
+    pcm = b"".join(m for m in messages if isinstance(m, bytes))
+    want = expected_pcm(
+        tiny.qwen3_tts_custom_voice,
+        text=" ".join((FIRST, *REST)),
+        speaker="vivian",
+        language="English",
+        non_streaming=False,
+    )
+    assert_heard(pcm, want)
+    starts = [m for m in messages if isinstance(m, dict) and m["type"] == "audio.start"]
+    said = [m["sentence_text"] for m in starts]
+    assert said[0] == FIRST and said == sorted(said, key=(FIRST, *REST).index)
+    assert len(said) >= 2  # a later sentence's audio is told apart from the first's
+    assert messages[-1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 3}
+
+
+async def test_the_qwen3_tts_fields_are_checked_as_the_speech_route_checks_them(
+    served,
+) -> None:
+    async with websockets.connect(_url(served)) as ws:
+        # Checked at session.config, before any text.
+        await send(ws, "session.config", voice="vivian", language="Klingon")
+        (error,) = [m for m in await read_until(ws, "error") if isinstance(m, dict)]
+        assert "Unknown language 'Klingon'" in error["message"], error
+        await send(ws, "session.config", voice="vivian", ref_text="what I said")
+        (error,) = [m for m in await read_until(ws, "error") if isinstance(m, dict)]
+        assert "ref_text" in error["message"] and "Base" in error["message"], error
