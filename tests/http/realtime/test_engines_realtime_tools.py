@@ -171,6 +171,41 @@ async def test_a_named_call_and_its_output_continue_the_conversation(server, cli
     assert again[:3] == sent
 
 
+async def test_parallel_tool_calls_false_makes_one_call_and_is_kept(server):
+    async with client_for(server).realtime.connect(model=PIPELINE) as conn:
+        sid = await _text_session(
+            conn, tools=[REALTIME_WEATHER], tool_choice="required", parallel_tool_calls=False
+        )
+        # (random weights, free to call again, would call until max_output_tokens)
+        await conn.response.create(response={"max_output_tokens": 200})
+        one = await next_event(conn, "response.done")
+        await conn.response.create(
+            response={"parallel_tool_calls": True, "tool_choice": "none", "max_output_tokens": 4}
+        )
+        other = await next_event(conn, "response.done")
+    assert one.response.status == "completed", one.response.status_details
+    (call,) = one.response.output
+    assert call.type == "function_call" and call.status == "completed"
+    assert json.loads(call.arguments)["city"] in ("Paris", "Oslo")
+
+    def stage_parallel(rid: str) -> list[bool | None]:
+        params = admitted(server, rid).spec.stage_params.values()
+        return [p.parallel_tool_calls for p in params if p.tools]
+
+    # The text stage runs it as chat's parallel_tool_calls: the same field.
+    assert stage_parallel(one.response.id) == [False]
+    assert stage_parallel(other.response.id) == [True]  # a response's own, for it alone
+    # In the log: the session folded back (a restart, a replay) has it.
+    log = server.omni.log
+    folded = fold_session(log.read(0, log.next_pos), sid, server.omni.blobs)
+    assert folded.settings is not None and folded.settings.parallel_tool_calls is False
+    async with client_for(server).realtime.connect(
+        model=PIPELINE, extra_query={"session_id": sid}
+    ) as conn:
+        created = await next_event(conn, "session.created")
+    assert created.session.parallel_tool_calls is False
+
+
 async def test_a_cancel_during_the_arguments_ends_the_response_once(server):
     async with client_for(server).realtime.connect(model=PIPELINE) as conn:
         await _text_session(conn, tools=[NOTE], tool_choice="required")
