@@ -4,7 +4,7 @@ Owns the values a ``SessionChanged`` event carries: ``SessionSettings``
 (what ``session.update`` set: instructions, output modalities, voice,
 output token limit, ``TurnSettings`` of server VAD, ``TranscriptionSettings``
 of input transcription, the conversation's id; schema v12 its function
-tools and tool choice) and ``SessionItem`` (a conversation item a client
+tools and tool choice, v13 its ``parallel_tool_calls``) and ``SessionItem`` (a conversation item a client
 created or committed: its id, role and content parts, ``ItemPart``; its
 audio is the event's ``media``, the decoded ``MediaPart`` the model reads;
 schema v12 a client's ``function_call`` or ``function_call_output``).  An
@@ -71,6 +71,8 @@ class SessionSettings(msgspec.Struct, frozen=True, array_like=True, gc=False):
     #: ``tool_choice`` as JSON ("" for ``"auto"``)
     tools: str = ""
     tool_choice: str = ""
+    #: schema v13: the session's ``parallel_tool_calls`` (None: not set)
+    parallel_tool_calls: bool | None = None
 
 
 class ItemPart(msgspec.Struct, frozen=True, array_like=True, gc=False):

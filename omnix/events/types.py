@@ -33,7 +33,7 @@ import msgspec
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 from omnix.events.sessions import SessionItem, SessionOp, SessionSettings
 
-SCHEMA_VERSION = 12  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 13  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
@@ -49,7 +49,8 @@ SCHEMA_VERSION = 12  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: R
 # parallel_tool_calls, Chunk.reasoning / .tool_calls (a text stage's parsed output);
 # 11: StageParams instructions / language (a Qwen3-TTS talker's voice instruction and language)
 # 12: realtime function calls: SessionSettings.tools / .tool_choice, SessionItem.type / .call_id /
-# .name / .arguments / .output (a client's function_call and function_call_output items)
+# .name / .arguments / .output (a client's function_call and function_call_output items);
+# 13: SessionSettings.parallel_tool_calls (a realtime session's)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a

@@ -4,9 +4,11 @@ Owns: checking ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
 the history's calls against each other and against the text stage (its
 parsers, as ``--enable-auto-tool-choice`` and ``--tool-call-parser`` set
 them), with the error vLLM's server gives where it gives one, naming the
-field; and the ``StageParams`` the stage runs them with (the tools and the
-choice as JSON, as vLLM's parsers take them).  The history's calls as the
-log records them (``history_calls``).
+field; and the ``StageParams`` the stage runs them with (``stage_tools``:
+the tools and the choice as JSON, as vLLM's parsers take them, and
+``parallel_tool_calls``; the realtime API's functions are given to the
+stage by it too).  The history's calls as the log records them
+(``history_calls``).
 
 Does not own the rest of the body (``plan.py``), rendering the tools into
 the prompt nor parsing the output (the vLLM stage's worker:
@@ -15,12 +17,13 @@ the prompt nor parsing the output (the vLLM stage's worker:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from omnix.events.types import StageParams, ToolCall
-from omnix.http.chat.protocol import ChatCompletionRequest, NamedToolChoice
+from omnix.http.chat.protocol import ChatCompletionRequest, NamedToolChoice, Tool, ToolChoice
 from omnix.http.common.fields import Message
 from omnix.http.common.plan import PlanContext
 from omnix.http.common.sampling import bad
@@ -49,6 +52,19 @@ def check_schema(schema: dict[str, Any], param: str) -> None:
             f"{param} is not a valid JSON Schema: {exc.message}"
             + (f" (at {where})" if where else ""),
         ) from None
+
+
+def stage_tools(tools: Sequence[Tool], choice: ToolChoice, parallel: bool | None) -> StageParams:
+    """The text stage's tool parameters: ``tools`` and ``choice`` as the
+    JSON vLLM's parsers take, and ``parallel`` (``parallel_tool_calls``;
+    False: the stage keeps the answer's first call only, and a forced
+    answer's schema holds one: ``omnix.engines.vllm_tools``; None: vLLM's
+    default, any number)."""
+    return StageParams(
+        tools=msgspec.json.encode(tools).decode(),
+        tool_choice=msgspec.json.encode(choice).decode(),
+        parallel_tool_calls=parallel,
+    )
 
 
 def tool_params(body: ChatCompletionRequest, served: PlanContext, stage: str) -> StageParams:
@@ -91,11 +107,7 @@ def tool_params(body: ChatCompletionRequest, served: PlanContext, stage: str) ->
             '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be '
             'set: send tool_choice "none", "required" or a named function.',
         )
-    return StageParams(
-        tools=msgspec.json.encode(tools).decode(),
-        tool_choice=msgspec.json.encode(choice if choice is not None else "auto").decode(),
-        parallel_tool_calls=body.parallel_tool_calls,
-    )
+    return stage_tools(tools, choice if choice is not None else "auto", body.parallel_tool_calls)
 
 
 def history_calls(m: Message) -> tuple[tuple[ToolCall, ...], str]:

@@ -8,7 +8,7 @@ anything changes: a bad one leaves the session as it was), ``shown``
 ``for_response`` (a ``response.create``'s overrides on top: the
 ``ResponseConfig`` one response runs with).
 
-Function tools and ``tool_choice`` are ``tools.py``'s.  Everything the
+Function tools, ``tool_choice`` and ``parallel_tool_calls`` are ``tools.py``'s.  Everything the
 Realtime API defines and omnix does not do is refused naming the field:
 MCP tools, stored prompts, other audio formats than 24 kHz pcm16, noise
 reduction, transcription logprobs (``include``), a transcription on a
@@ -123,6 +123,7 @@ class SessionConfig:
             transcription=self.transcription,
             tools=tools,
             tool_choice=choice,
+            parallel_tool_calls=self.tools.parallel,
         )
 
     def recorded(self, s: SessionSettings) -> SessionConfig:
@@ -145,7 +146,7 @@ class SessionConfig:
             max_output_tokens=s.max_output_tokens,
             turn_detection=td,
             transcription=s.transcription,
-            tools=Tools.from_recorded(s.tools, s.tool_choice),
+            tools=Tools.from_recorded(s.tools, s.tool_choice, s.parallel_tool_calls),
         )
 
     def shown(self, session_id: str, expires_at: int) -> SessionObject:
@@ -168,6 +169,7 @@ class SessionConfig:
             max_output_tokens=self.max_output_tokens or "inf",
             tools=list(self.tools.tools),
             tool_choice=self.tools.choice,
+            parallel_tool_calls=self.tools.parallel,
             expires_at=expires_at,
         )
 
@@ -253,6 +255,7 @@ class SessionConfig:
         _refuse_prompt(u.prompt, "session")
         if u.tools is not UNSET or u.tool_choice is not UNSET:
             new.tools = self.tools.checked(served, u.tools, u.tool_choice, "session")
+        new.tools = new.tools.with_parallel(u.parallel_tool_calls)
         if u.include:
             raise unsupported(
                 "session.include",
@@ -311,6 +314,9 @@ class SessionConfig:
             self.tools.check_choice("session.tool_choice")
         if p is None:
             return base
+        if p.parallel_tool_calls is not UNSET:
+            tools = changes.get("tools", self.tools)
+            changes["tools"] = tools.with_parallel(p.parallel_tool_calls)
         _refuse_prompt(p.prompt, "response")
         if p.instructions is not UNSET and p.instructions is not None:
             changes["instructions"] = p.instructions

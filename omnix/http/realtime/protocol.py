@@ -119,6 +119,7 @@ class SessionUpdate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_output_tokens: int | Literal["inf"] | UnsetType | None = UNSET
     tools: list[FunctionTool] | UnsetType | None = UNSET
     tool_choice: ToolChoice | UnsetType | None = UNSET
+    parallel_tool_calls: bool | UnsetType | None = UNSET
     tracing: Any | UnsetType = UNSET
     truncation: Any | UnsetType = UNSET
     include: list[str] | UnsetType | None = UNSET
@@ -224,6 +225,7 @@ class ResponseParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     metadata: dict[str, str] | UnsetType | None = UNSET
     tools: list[FunctionTool] | UnsetType | None = UNSET
     tool_choice: ToolChoice | UnsetType | None = UNSET
+    parallel_tool_calls: bool | UnsetType | None = UNSET
     prompt: Any | UnsetType = UNSET
 
 
@@ -369,6 +371,8 @@ class SessionObject(msgspec.Struct, kw_only=True):
     max_output_tokens: int | str = "inf"
     tools: list[FunctionTool] = []
     tool_choice: ToolChoice = "auto"
+    #: None: not set (the model's default: any number of calls)
+    parallel_tool_calls: bool | None = None
     tracing: None = None
     truncation: str = "auto"
     include: None = None

@@ -30,7 +30,11 @@ sends no delta after its ``cancel_requested`` event, whatever its stages
 still deliver before they stop, and ends with ``response.done`` (status
 ``cancelled``); one that ran out of ``max_output_tokens`` is
 ``incomplete``; a failed or refused one ``failed``, its error in
-``status_details``.  Event ids derive from log positions (``event_<pos>``,
+``status_details``.  A call of a response that did not complete ends
+with its ``response.output_item.done`` alone (status ``incomplete``, the
+arguments sent so far): no ``function_call_arguments.done`` says its
+arguments are whole, which a client would call the function with (render
+1, before that, sent one).  Event ids derive from log positions (``event_<pos>``,
 ``event_<pos>_<k>`` for the k-th event one log event makes), so a replay
 renders the same messages.  A response of a pipeline that only speaks
 reads its prompt aloud (``respond.py``): its transcript is that text,
@@ -396,17 +400,19 @@ class ResponseStream:
     def _call_done(self, call: _Output, st: str) -> list[bytes]:
         assert call.call is not None
         at = self.outputs.index(call)
-        out = [
-            self._event(
-                "response.function_call_arguments.done",
-                response_id=self.rid,
-                item_id=call.item_id,
-                output_index=at,
-                call_id=call.call.id,
-                name=call.call.name,
-                arguments=call.arguments,
+        out = []
+        if st == "completed" or self.opts.render < 2:
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    response_id=self.rid,
+                    item_id=call.item_id,
+                    output_index=at,
+                    call_id=call.call.id,
+                    name=call.call.name,
+                    arguments=call.arguments,
+                )
             )
-        ]
         return out + self._item_done(self._call_item(call, st), at)
 
     def _item_done(self, item: AnyItem, at: int) -> list[bytes]:

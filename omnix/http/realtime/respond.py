@@ -34,8 +34,10 @@ from omnix.http.common.sampling import put, text_params
 from omnix.http.core.errors import ApiError
 from omnix.http.realtime.config import ResponseConfig
 
-#: The render version of realtime responses (``RealtimeOptions.render``).
-REALTIME_RENDER = 1
+#: The render version of realtime responses (``RealtimeOptions.render``);
+#: 2: a call of a response that did not complete is not said done
+#: (``render.py``).
+REALTIME_RENDER = 2
 
 
 def new_id(prefix: str) -> str:

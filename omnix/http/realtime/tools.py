@@ -1,7 +1,8 @@
 """A realtime session's function tools: checked, recorded, and put on the text stage.
 
 Owns ``Tools``: the functions a session (``session.update``) or one
-response (``response.create``) offers the model and its ``tool_choice``;
+response (``response.create``) offers the model, its ``tool_choice`` and
+its ``parallel_tool_calls`` (false: one call an answer, as chat's);
 ``checked`` (the rules chat's ``tools`` follow, ``omnix.http.chat.tools``:
 a JSON Schema of the arguments, one function a name, a named choice among
 the tools, ``required`` or a name only with tools -- a session's waits
@@ -9,9 +10,11 @@ for its tools until a response is created, as LiveKit Agents sends
 ``tool_choice`` before ``tools`` --, a vLLM text stage, and
 ``auto`` only where that stage parses calls by itself: vLLM's
 ``--enable-auto-tool-choice`` and ``--tool-call-parser``), each refusal
-naming its field; the JSON the log records (``SessionSettings.tools`` /
-``.tool_choice``) and back; and ``params``: the text stage's tool
-parameters, in chat's shape (vLLM's parsers take that one).
+naming its field; what the log records (``SessionSettings.tools`` /
+``.tool_choice`` as JSON, ``.parallel_tool_calls``) and back; and
+``params``: the text stage's tool parameters, made by chat's own
+``stage_tools`` (vLLM's parsers take chat's shape; the stage enforces
+``parallel_tool_calls`` false for both APIs alike).
 
 Does not own the rest of the configuration (``config.py``) nor rendering
 the calls (``render.py``).
@@ -19,7 +22,7 @@ the calls (``render.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -27,7 +30,7 @@ from msgspec import UNSET, UnsetType
 
 from omnix.events.types import StageParams
 from omnix.http.chat.protocol import FunctionDef, NamedFunction, NamedToolChoice, Tool
-from omnix.http.chat.tools import check_schema, tool_stage
+from omnix.http.chat.tools import check_schema, stage_tools, tool_stage
 from omnix.http.common.plan import PlanContext
 from omnix.http.core.errors import ApiError
 from omnix.http.realtime.protocol import FunctionChoice, FunctionTool, ToolChoice
@@ -41,10 +44,12 @@ def _bad(param: str, why: str, code: str = "invalid_value") -> ApiError:
 
 @dataclass(frozen=True, slots=True)
 class Tools:
-    """The functions offered and the choice (default: none offered, ``auto``)."""
+    """The functions offered, the choice (default: none offered, ``auto``)
+    and ``parallel_tool_calls`` (None: not set, any number of calls)."""
 
     tools: tuple[FunctionTool, ...] = ()
     choice: ToolChoice = "auto"
+    parallel: bool | None = None
 
     @property
     def calls(self) -> bool:
@@ -86,7 +91,7 @@ class Tools:
                 )
         elif new_choice not in CHOICES:
             raise _bad(param, f'give "auto", "none", "required" or a function, not {new_choice!r}.')
-        out = Tools(new_tools, new_choice)
+        out = Tools(new_tools, new_choice, self.parallel)
         # A session may be told its choice before its tools (LiveKit Agents
         # sends tool_choice in one session.update, the tools in the next):
         # without any tools, the choice waits for a response to be checked.
@@ -95,6 +100,12 @@ class Tools:
         if out.tools:
             _check_stage(served, out, where)
         return out
+
+    def with_parallel(self, parallel: bool | UnsetType | None) -> Tools:
+        """These tools with a ``parallel_tool_calls`` given (UNSET: kept;
+        None: not set).  Without tools it is kept for them, as chat ignores
+        it without tools."""
+        return self if parallel is UNSET else replace(self, parallel=parallel)
 
     def check_choice(self, param: str = "session.tool_choice") -> None:
         """Refuse a choice these tools cannot meet: a function they do not
@@ -128,22 +139,21 @@ class Tools:
         choice: Any = self.choice
         if isinstance(choice, FunctionChoice):
             choice = NamedToolChoice(function=NamedFunction(name=choice.name))
-        return StageParams(
-            tools=msgspec.json.encode(tools).decode(),
-            tool_choice=msgspec.json.encode(choice).decode(),
-        )
+        return stage_tools(tools, choice, self.parallel)
 
     def recorded(self) -> tuple[str, str]:
-        """``(tools, tool_choice)`` as the log records them ("" for the defaults)."""
+        """``(tools, tool_choice)`` as the log records them ("" for the
+        defaults; ``parallel`` is recorded as it is)."""
         tools = msgspec.json.encode(self.tools).decode() if self.tools else ""
         choice = "" if self.choice == "auto" else msgspec.json.encode(self.choice).decode()
         return tools, choice
 
     @classmethod
-    def from_recorded(cls, tools: str, choice: str) -> Tools:
+    def from_recorded(cls, tools: str, choice: str, parallel: bool | None = None) -> Tools:
         return cls(
             tuple(msgspec.json.decode(tools, type=list[FunctionTool])) if tools else (),
             msgspec.json.decode(choice, type=ToolChoice) if choice else "auto",
+            parallel,
         )
 
 

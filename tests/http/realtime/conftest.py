@@ -4,17 +4,21 @@ The servers are scripted omni pipelines that take audio (thinker ->
 talker -> code2wav) behind a real ``HttpServer``, shared by the session
 of tests like ``conftest.py``'s; ``SLOW`` speaks long enough to be
 interrupted.  ``connect`` opens the ``openai`` SDK's realtime client on
-one; ``next_event`` reads server events up to one of a type.
+one; ``next_event`` reads server events up to one of a type.  ``speech``
+is a recorded sentence (espeak-ng, committed as a fixture) for server VAD
+to hear, ``stream`` appends audio as a microphone would.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest_asyncio
+import soundfile as sf
 
 from omnix.http.app import HttpServer
 from omnix.testing.pipelines import scripted_omni_toml
@@ -67,6 +71,27 @@ def pcm16(seconds: float, freq: float = 220.0) -> bytes:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+SPEECH = Path(__file__).parent / "fixtures" / "speech_24k.wav"
+
+
+def speech() -> bytes:
+    """The recorded sentence, as pcm16 mono at 24 kHz."""
+    pcm, rate = sf.read(SPEECH, dtype="int16")
+    assert rate == 24000
+    return pcm.astype("<i2").tobytes()
+
+
+def silence(seconds: float) -> bytes:
+    return bytes(int(48000 * seconds) // 2 * 2)
+
+
+async def stream(conn: Any, pcm: bytes, ms: int = 100) -> None:
+    """Append ``pcm`` in pieces of ``ms`` milliseconds, as a microphone would."""
+    step = 48 * ms
+    for i in range(0, len(pcm), step):
+        await conn.input_audio_buffer.append(audio=b64(pcm[i : i + step]))
 
 
 def client_for(server: HttpServer, api_key: str = "unused") -> Any:

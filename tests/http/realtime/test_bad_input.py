@@ -126,6 +126,16 @@ def event(type_: str, **fields: Any) -> str:
             "response.tools[1].name",
         ),
         (
+            event("session.update", session={"parallel_tool_calls": "no"}),
+            "invalid_value",
+            "session.parallel_tool_calls",
+        ),
+        (
+            event("response.create", response={"parallel_tool_calls": 0}),
+            "invalid_value",
+            "response.parallel_tool_calls",
+        ),
+        (
             event(
                 "conversation.item.create",
                 item={"type": "function_call_output", "call_id": "call_nope", "output": "{}"},

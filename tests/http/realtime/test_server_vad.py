@@ -3,50 +3,30 @@ real VAD, Silero's: the server finds where speech starts and stops in the
 appended audio, commits the turn and answers it (and, with input
 transcription on, transcribes it); speech that starts while a response
 plays interrupts it through the log.  The speech is a recorded
-sentence (espeak-ng, committed as a fixture), surrounded by silence."""
+sentence (``conftest.speech``), surrounded by silence."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import soundfile as sf
 
 from omnix.events.options import API_TRANSCRIPTION
 from omnix.events.types import Admitted, Cancelled
 
-from .conftest import b64, client_for, next_event
+from .conftest import client_for, next_event, silence, speech, stream
 
 pytest.importorskip("silero_vad", reason="server VAD needs the silero-vad package")
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-SPEECH = Path(__file__).parent / "fixtures" / "speech_24k.wav"
 COMPLETED = "conversation.item.input_audio_transcription.completed"
-
-
-def speech() -> bytes:
-    pcm, rate = sf.read(SPEECH, dtype="int16")
-    assert rate == 24000
-    return pcm.astype("<i2").tobytes()
-
-
-def silence(seconds: float) -> bytes:
-    return bytes(int(48000 * seconds) // 2 * 2)
 
 
 def tone(seconds: float) -> bytes:
     t = np.arange(int(24000 * seconds)) / 24000
     return (np.sin(2 * np.pi * 440 * t) * 6000).astype("<i2").tobytes()
-
-
-async def stream(conn: Any, pcm: bytes, ms: int = 100) -> None:
-    """Append ``pcm`` in pieces of ``ms`` milliseconds, as a microphone would."""
-    step = 48 * ms
-    for i in range(0, len(pcm), step):
-        await conn.input_audio_buffer.append(audio=b64(pcm[i : i + step]))
 
 
 async def test_server_vad_commits_the_turn_and_answers_it(rt_server):

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from omnix.events.options import API_REALTIME, RealtimeOptions
-from omnix.events.types import Admitted, Cancelled, CancelRequested, Chunk, is_terminal
+from omnix.events.types import (
+    Admitted,
+    Cancelled,
+    CancelRequested,
+    Chunk,
+    SessionChanged,
+    is_terminal,
+)
 
 from .conftest import API_KEY, b64, client_for, manual, next_event, pcm16
 
@@ -85,6 +92,45 @@ async def test_session_created_then_updated(rt_server):
         assert u.id == s.id and u.instructions == "Answer in one word."
         assert u.output_modalities == ["text"] and u.max_output_tokens == 5
         assert u.audio.input.turn_detection is None and u.audio.output.voice == "ethan"
+
+
+async def test_parallel_tool_calls_is_taken_kept_and_recorded(rt_server):
+    """The SDK's ``parallel_tool_calls`` (a session's; here with no tools,
+    which it waits for, as chat ignores it without tools)."""
+    async with client_for(rt_server).realtime.connect(model="rt-omni") as conn:
+        created = await next_event(conn, "session.created")
+        assert created.session.parallel_tool_calls is None
+        shown = []
+        for update in (
+            {"parallel_tool_calls": False},
+            {"instructions": "x"},
+            {"parallel_tool_calls": None},
+        ):
+            await conn.session.update(session={"type": "realtime", **update})
+            shown.append((await next_event(conn, "session.updated")).session.parallel_tool_calls)
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "q"}],
+            }
+        )
+        await conn.response.create(response={"parallel_tool_calls": False, "max_output_tokens": 4})
+        done = await next_event(conn, "response.done")
+    assert shown == [False, False, None]
+    log = rt_server.omni.log
+    recorded = [
+        e.settings.parallel_tool_calls
+        for e in log.read(0, log.next_pos)
+        if isinstance(e, SessionChanged) and e.session == created.session.id and e.settings
+    ]
+    assert recorded == [None, False, False, None]
+    assert done.response.status in ("completed", "incomplete"), done.response.status_details
+    # No tools: the stages are given none of them.
+    assert not any(
+        p.tools or p.parallel_tool_calls is not None
+        for p in admitted(rt_server, done.response.id).spec.stage_params.values()
+    )
 
 
 async def test_an_audio_turn_in_the_order_the_sdk_expects(rt_server):
