@@ -36,7 +36,9 @@ arguments sent so far): no ``function_call_arguments.done`` says its
 arguments are whole, which a client would call the function with (render
 1, before that, sent one).  Event ids derive from log positions (``event_<pos>``,
 ``event_<pos>_<k>`` for the k-th event one log event makes), so a replay
-renders the same messages.  A session's transcription request (``spec.api``
+renders the same messages.  A response of a pipeline that only speaks
+reads its prompt aloud (``respond.py``): its transcript is that text,
+sent whole before the audio.  A session's transcription request (``spec.api``
 ``audio.transcriptions``) renders as its transcription events
 (``transcript.py``), so that every request of a session renders here.
 
@@ -86,10 +88,14 @@ PCM_BYTES_PER_S = 2 * 24000
 _CANCEL_REASON = {"interrupted": "turn_detected"}
 
 
-def _status(ev: Finished | Failed | Cancelled | Rejected, s: RequestSummary) -> tuple[str, Any]:
-    """The response's final status and status_details."""
+def _status(
+    ev: Finished | Failed | Cancelled | Rejected, s: RequestSummary, usage_stage: str
+) -> tuple[str, Any]:
+    """The response's final status and status_details (``max_output_tokens``
+    bounds the usage stage: the text stage, or the talker reading aloud)."""
     if isinstance(ev, Finished):
-        if s.finish_reason() == "length":
+        usage = s.finished.get(usage_stage)
+        if (usage.finish_reason if usage is not None else s.finish_reason()) == "length":
             return "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
         return "completed", None
     if isinstance(ev, Cancelled):
@@ -131,6 +137,8 @@ class ResponseStream:
         #: the model may call a function: the message item waits for the
         #: answer's first text or audio (a response that only calls has none)
         self.calls = False
+        #: a pipeline that only speaks: the text it reads aloud (its transcript)
+        self.spoken = ""
 
     @property
     def ids(self) -> list[str]:
@@ -139,7 +147,7 @@ class ResponseStream:
 
     @property
     def text(self) -> str:
-        return "".join(self.s.text)
+        return "".join(self.s.text) if not self.spoken else self.spoken
 
     @property
     def audio(self) -> bool:
@@ -286,11 +294,22 @@ class ResponseStream:
         if not isinstance(opts, RealtimeOptions):
             raise ValueError(f"request {ev.request_id} is not a realtime response")
         self.opts, self.rid = opts, ev.request_id
+        if not opts.text_stage and self.audio:
+            self.spoken = ev.spec.prompt
         params = ev.spec.stage_params.get(opts.usage_stage)
         self.calls = params is not None and bool(params.tools) and params.tool_choice != '"none"'
         out = [self._event("response.created", response=self._response("in_progress"))]
         if parts and not self.calls:
             out += self._open_message()
+            if self.spoken:  # read aloud: its transcript is known whole
+                out.append(
+                    self._event(
+                        "response.output_audio_transcript.delta",
+                        content_index=0,
+                        delta=self.spoken,
+                        **self._ids(),
+                    )
+                )
         return out
 
     def _chunk(self, ev: Chunk) -> list[bytes]:
@@ -410,7 +429,7 @@ class ResponseStream:
     def _end(self, ev: Finished | Failed | Cancelled | Rejected) -> list[bytes]:
         self.done = True
         self.s.terminal = ev
-        self.status, details = _status(ev, self.s)
+        self.status, details = _status(ev, self.s, self.opts.usage_stage)
         out: list[bytes] = []
         if not isinstance(ev, Rejected):
             if not self.outputs:  # no call was made: the (maybe empty) answer is the item

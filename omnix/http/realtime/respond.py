@@ -8,6 +8,13 @@ the function tools (``tools.py``) on the text stage, the voice on the speech sta
 and the ``RealtimeOptions`` its server events render from.  Admission is
 ``core.submit.admit``, as every HTTP route's.
 
+On a pipeline that only speaks (a Qwen3-TTS folder, ``tiny-tts``: audio
+out, no text), a response reads its conversation's last item aloud: that
+user or assistant item's text is the speech route's ``input`` (its plan
+and checks, ``speech_plan``, reused whole), the session's voice the
+``voice`` and its instructions the ``instructions`` (CustomVoice's how to
+say it, VoiceDesign's voice described); the transcript is that text.
+
 Does not own the session's configuration (``config.py``) nor the events
 the response renders to (``render.py``).
 """
@@ -16,8 +23,12 @@ from __future__ import annotations
 
 import secrets
 
+import msgspec
+
 from omnix.events.options import API_REALTIME, RealtimeOptions
 from omnix.events.types import ChatMessage, Modality, RequestSpec, StageParams
+from omnix.http.audio.protocol import SpeechRequest
+from omnix.http.audio.speech import speech_plan
 from omnix.http.common.plan import DecodedBlob, Plan, PlanContext
 from omnix.http.common.sampling import put, text_params
 from omnix.http.core.errors import ApiError
@@ -52,6 +63,19 @@ def response_plan(
             "item. Add one (conversation.item.create) or commit input audio first.",
             code="conversation_empty",
         )
+    opts = RealtimeOptions(
+        render=REALTIME_RENDER,
+        session=session,
+        item=item,
+        previous_item=previous_item,
+        conversation=conversation if cfg.conversation else "",
+        modalities=cfg.modalities,
+        voice=cfg.voice,
+        max_output_tokens=cfg.max_output_tokens,
+        metadata=cfg.metadata,
+    )
+    if "text" not in served.pipeline.outputs:
+        return _read_aloud(served, cfg, messages, opts)
     outputs: tuple[Modality, ...] = ("text", "audio") if "audio" in cfg.modalities else ("text",)
     text_stage = served.output_stage("text") or served.source_stage(outputs)
     base = StageParams(max_tokens=cfg.max_output_tokens or None)
@@ -61,20 +85,12 @@ def response_plan(
     if "audio" in outputs:
         for st in served.media_stages(outputs, "audio"):
             put(params, st, StageParams(voice=cfg.voice))
-    opts = RealtimeOptions(
-        render=REALTIME_RENDER,
-        session=session,
-        item=item,
-        previous_item=previous_item,
-        conversation=conversation if cfg.conversation else "",
-        modalities=cfg.modalities,
+    opts = msgspec.structs.replace(
+        opts,
         usage_stage=text_stage,
         text_stage=served.output_stage("text"),
         audio_stage=served.output_stage("audio") if "audio" in outputs else "",
         sample_rate=served.sample_rate(),
-        voice=cfg.voice,
-        max_output_tokens=cfg.max_output_tokens,
-        metadata=cfg.metadata,
     )
     spec = RequestSpec(
         messages=messages,
@@ -86,3 +102,50 @@ def response_plan(
         response=opts,
     )
     return Plan(specs=((new_id("resp"), spec),), stream=True, blobs=blobs)
+
+
+def _read_aloud(
+    served: PlanContext,
+    cfg: ResponseConfig,
+    messages: tuple[ChatMessage, ...],
+    opts: RealtimeOptions,
+) -> Plan:
+    """A response of a pipeline that only speaks: its last item read aloud
+    (see the module's docstring)."""
+    if "audio" not in cfg.modalities:
+        raise ApiError(
+            400,
+            f"pipeline {served.model!r} only speaks (audio out, no text): ask for "
+            'output_modalities ["audio"].',
+            param="output_modalities",
+            code="unsupported_modality",
+        )
+    last = next((m for m in reversed(messages) if m.role in ("user", "assistant")), None)
+    if last is None or not last.content.strip():
+        raise ApiError(
+            400,
+            f"pipeline {served.model!r} reads text aloud: the conversation's last item has no "
+            "text to read. Add a user or assistant item with input_text or text content.",
+            code="conversation_empty",
+        )
+    body = SpeechRequest(
+        input=last.content,
+        voice=cfg.voice,
+        instructions=cfg.instructions or None,
+        response_format="pcm",
+    )
+    plan = speech_plan(body, served)
+    ((_, spec),) = plan.specs
+    params = dict(spec.stage_params)
+    source = served.source_stage(("audio",))
+    put(params, source, StageParams(max_tokens=cfg.max_output_tokens or None))
+    opts = msgspec.structs.replace(
+        opts,
+        usage_stage=source,
+        audio_stage=served.output_stage("audio"),
+        sample_rate=served.sample_rate(),
+    )
+    spec = msgspec.structs.replace(
+        spec, stage_params=params, api=API_REALTIME, model=served.model, response=opts
+    )
+    return Plan(specs=((new_id("resp"), spec),), stream=True, blobs=plan.blobs)
