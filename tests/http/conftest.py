@@ -291,12 +291,17 @@ def with_tool_parser(pipeline: PipelineConfig) -> PipelineConfig:
 
 def with_long_answers(pipeline: PipelineConfig, frames: int) -> PipelineConfig:
     """``pipeline`` with its talkers speaking up to ``frames`` frames."""
+    return with_talker_sampling(pipeline, max_tokens=frames)
+
+
+def with_talker_sampling(pipeline: PipelineConfig, **fields: Any) -> PipelineConfig:
+    """``pipeline`` with its talkers' sampling defaults set to ``fields``
+    (``StageParams``' names: ``temperature=0.0`` for greedy, ``max_tokens``
+    for a bound on frames, which random weights never end by themselves)."""
     return msgspec.structs.replace(
         pipeline,
         stages=tuple(
-            msgspec.structs.replace(
-                st, sampling=msgspec.structs.replace(st.sampling, max_tokens=frames)
-            )
+            msgspec.structs.replace(st, sampling=msgspec.structs.replace(st.sampling, **fields))
             if isinstance(st.engine, TalkerArgs)
             else st
             for st in pipeline.stages

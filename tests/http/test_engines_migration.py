@@ -21,23 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import signal
 from collections.abc import AsyncIterator
 
 import msgspec
-import psutil
 import pytest
 import pytest_asyncio
 
 from omnix.events.types import (
-    Chunk,
     Finished,
-    Routed,
-    TerminalEvent,
-    WorkerJoined,
-    WorkerLost,
-    is_terminal,
 )
 from omnix.http.app import HttpServer
 from omnix.pipelines.config import PipelineConfig
@@ -46,6 +37,7 @@ from omnix.stages.options import RuntimeOptions
 from omnix.testing.media import audio_part, image_part
 
 from .conftest import real_engine_marks
+from .migration import assert_seam, kill_serving, lost, migration_facts, stage_chunks
 
 pytestmark = [*real_engine_marks(), pytest.mark.slow]
 
@@ -125,64 +117,6 @@ def _rid(chunk) -> str:
     return str(chunk.id).removeprefix("chatcmpl-")
 
 
-def _kill_serving(
-    server: HttpServer, rid: str, stage: str, engine_core: bool = False
-) -> tuple[int, int]:
-    """SIGKILL the worker of ``stage`` the request was routed to (the pid
-    its replica's latest ``WorkerJoined`` recorded), or with
-    ``engine_core`` the vLLM engine-core process that worker started.
-    (replica, pid killed)."""
-    log = server.omni.log
-    first = [
-        e for e in log.events_for(rid) if type(e) is Routed and e.stage == stage and e.seq == 0
-    ][-1]
-    joined = [
-        e
-        for e in log.read()
-        if type(e) is WorkerJoined and e.stage == stage and e.replica == first.replica
-    ]
-    pid = joined[-1].pid
-    assert pid > 0, f"{stage}/{first.replica} joined without a pid"
-    if engine_core:
-        (core,) = [
-            p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in p.name()
-        ]
-        pid = core.pid
-    os.kill(pid, signal.SIGKILL)
-    return first.replica, pid
-
-
-def _migration_facts(server: HttpServer, rid: str) -> tuple[list[TerminalEvent], list[Routed]]:
-    """The request's terminal events and its continuations."""
-    events = server.omni.log.events_for(rid)
-    terminal = [e for e in events if is_terminal(e)]
-    resumed = [e for e in events if type(e) is Routed and e.resume > 0]
-    return terminal, resumed
-
-
-def _stage_chunks(server: HttpServer, rid: str, stage: str) -> list[Chunk]:
-    return [e for e in server.omni.log.events_for(rid) if type(e) is Chunk and e.stage == stage]
-
-
-def _assert_seam(chunks: list[Chunk], killed: int, cont: Routed) -> None:
-    """The stage's logged chunks are numbered 0..n-1 once each, those
-    before the seam from the killed replica, the rest from the new one."""
-    assert [c.index for c in chunks] == list(range(len(chunks)))
-    assert 0 < cont.resume < len(chunks), (
-        f"the seam {cont.resume} is not inside {len(chunks)} chunks"
-    )
-    assert {c.replica for c in chunks[: cont.resume]} == {killed}
-    assert {c.replica for c in chunks[cont.resume :]} == {cont.replica}
-
-
-def _lost(server: HttpServer, stage: str, replica: int) -> list[WorkerLost]:
-    return [
-        e
-        for e in server.omni.log.read()
-        if type(e) is WorkerLost and e.stage == stage and e.replica == replica
-    ]
-
-
 # -- 1. the codec decoder killed mid-audio -----------------------------------------
 
 
@@ -230,7 +164,7 @@ async def _chat_audio(
                 and killed is None
                 and len(audio) >= kill[1]
             ):
-                killed = _kill_serving(kill[0], rid, stage)
+                killed = kill_serving(kill[0], rid, stage)
     if watch is not None:
         killed = watch.result() if watch.done() else None
         watch.cancel()
@@ -239,9 +173,9 @@ async def _chat_audio(
 
 async def _kill_after(server: HttpServer, rid: str, stage: str, n: int) -> tuple[int, int]:
     """Kill the worker of ``stage`` serving ``rid`` once it logged ``n`` chunks."""
-    while len(_stage_chunks(server, rid, stage)) < n:  # noqa: ASYNC110 (the log offers no event per chunk here)
+    while len(stage_chunks(server, rid, stage)) < n:  # noqa: ASYNC110 (the log offers no event per chunk here)
         await asyncio.sleep(0.002)
-    return _kill_serving(server, rid, stage)
+    return kill_serving(server, rid, stage)
 
 
 async def test_a_codec_worker_killed_mid_audio_is_continued_sample_for_sample(server, client):
@@ -260,36 +194,36 @@ async def test_a_codec_worker_killed_mid_audio_is_continued_sample_for_sample(se
     assert got.text == ref.text
     assert len(got.pcm) == len(ref.pcm)
     assert got.pcm == ref.pcm  # sample for sample
-    terminal, resumed = _migration_facts(server, got.rid)
+    terminal, resumed = migration_facts(server, got.rid)
     assert [type(e) for e in terminal] == [Finished]
     assert resumed, "no continuation: code2wav finished before the kill reached its worker"
     (cont,) = resumed  # code2wav's only: thinker and talker were not touched
     assert cont.stage == "code2wav" and cont.replica != replica
-    _assert_seam(_stage_chunks(server, got.rid, "code2wav"), replica, cont)
-    assert _lost(server, "code2wav", replica), f"no worker_lost for code2wav/{replica} (pid {pid})"
+    assert_seam(stage_chunks(server, got.rid, "code2wav"), replica, cont)
+    assert lost(server, "code2wav", replica), f"no worker_lost for code2wav/{replica} (pid {pid})"
 
 
 async def test_a_talker_killed_mid_speech_is_continued_frame_for_frame(server, client):
     ref, _ = await _chat_audio(client)
-    ref_frames = [c.token_ids for c in _stage_chunks(server, ref.rid, "talker")]
+    ref_frames = [c.token_ids for c in stage_chunks(server, ref.rid, "talker")]
     got, killed = await _chat_audio(client, kill=(server, 8), stage="talker")
     assert killed is not None
     replica, pid = killed
     # The client heard the undisturbed speech, sample for sample.
     assert got.text == ref.text
     assert got.pcm == ref.pcm
-    terminal, resumed = _migration_facts(server, got.rid)
+    terminal, resumed = migration_facts(server, got.rid)
     assert [type(e) for e in terminal] == [Finished]
     talker = [c for c in resumed if c.stage == "talker"]
     assert talker, "no continuation: the talker finished before the kill reached its worker"
     (cont,) = talker
     assert cont.replica != replica
-    chunks = _stage_chunks(server, got.rid, "talker")
-    _assert_seam(chunks, replica, cont)
+    chunks = stage_chunks(server, got.rid, "talker")
+    assert_seam(chunks, replica, cont)
     # The frames after the seam continue the delivered ones: every code
     # group equals the undisturbed run's.
     assert [c.token_ids for c in chunks] == ref_frames
-    assert _lost(server, "talker", replica), f"no worker_lost for talker/{replica} (pid {pid})"
+    assert lost(server, "talker", replica), f"no worker_lost for talker/{replica} (pid {pid})"
 
 
 # -- 2. the vLLM thinker killed mid-stream -----------------------------------------
@@ -321,7 +255,7 @@ async def _chat_text(
         if chunk.choices and chunk.choices[0].delta.content:
             pieces.append(chunk.choices[0].delta.content)
             if kill is not None and killed is None and len(pieces) >= kill[1]:
-                killed = _kill_serving(kill[0], rid, "thinker", engine_core)
+                killed = kill_serving(kill[0], rid, "thinker", engine_core)
         usage = chunk.usage or usage
     assert usage is not None
     out = _Text(
@@ -350,19 +284,19 @@ async def test_a_vllm_worker_killed_mid_stream_is_continued_exactly(server, clie
     assert got.usage == ref.usage
     # The log: one end, one continuation, on the other replica, from past
     # the chunks already delivered; the killed replica recorded lost.
-    terminal, resumed = _migration_facts(server, got.rid)
+    terminal, resumed = migration_facts(server, got.rid)
     assert [type(e) for e in terminal] == [Finished]
     assert resumed, "no continuation: the request finished before the kill reached its worker"
     (cont,) = resumed
     assert cont.stage == "thinker" and cont.replica != replica
     assert cont.resume >= 3  # the client had three chunks when it killed
-    chunks = _stage_chunks(server, got.rid, "thinker")
-    _assert_seam(chunks, replica, cont)
+    chunks = stage_chunks(server, got.rid, "thinker")
+    assert_seam(chunks, replica, cont)
     # No token lost or repeated at the seam: the logged ids are the
     # undisturbed run's.
-    ref_ids = [t for c in _stage_chunks(server, ref.rid, "thinker") for t in c.token_ids]
+    ref_ids = [t for c in stage_chunks(server, ref.rid, "thinker") for t in c.token_ids]
     assert [t for c in chunks for t in c.token_ids] == ref_ids
-    assert _lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
+    assert lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
 
 
 async def test_a_thinker_killed_mid_answer_to_audio_and_image_is_continued_with_its_media(
@@ -386,13 +320,13 @@ async def test_a_thinker_killed_mid_answer_to_audio_and_image_is_continued_with_
     replica, pid = killed
     assert (got.text, got.usage) == (ref.text, ref.usage)
     assert ref.usage[0] > 80, "the prompt holds the audio and image tokens"
-    terminal, resumed = _migration_facts(server, got.rid)
+    terminal, resumed = migration_facts(server, got.rid)
     assert [type(e) for e in terminal] == [Finished]
     (cont,) = resumed
     assert cont.stage == "thinker" and cont.replica != replica and cont.resume >= 3
-    ref_ids = [t for c in _stage_chunks(server, ref.rid, "thinker") for t in c.token_ids]
-    assert [t for c in _stage_chunks(server, got.rid, "thinker") for t in c.token_ids] == ref_ids
-    assert _lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
+    ref_ids = [t for c in stage_chunks(server, ref.rid, "thinker") for t in c.token_ids]
+    assert [t for c in stage_chunks(server, got.rid, "thinker") for t in c.token_ids] == ref_ids
+    assert lost(server, "thinker", replica), f"no worker_lost for thinker/{replica} (pid {pid})"
 
 
 async def test_a_vllm_engine_core_killed_mid_stream_takes_its_worker_down_and_is_continued(
@@ -407,8 +341,8 @@ async def test_a_vllm_engine_core_killed_mid_stream_takes_its_worker_down_and_is
     replica, _ = killed
     assert got.text == ref.text
     assert got.usage == ref.usage
-    terminal, resumed = _migration_facts(server, got.rid)
+    terminal, resumed = migration_facts(server, got.rid)
     assert [type(e) for e in terminal] == [Finished]
     (cont,) = resumed
     assert cont.stage == "thinker" and cont.replica != replica
-    assert _lost(server, "thinker", replica), f"thinker/{replica} was not recorded lost"
+    assert lost(server, "thinker", replica), f"thinker/{replica} was not recorded lost"

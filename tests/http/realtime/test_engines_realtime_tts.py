@@ -14,16 +14,14 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 import pytest
 import pytest_asyncio
 
 from omnix.http.app import HttpServer
-from omnix.pipelines.config import Qwen3TTSTalkerArgs
 from omnix.pipelines.folder import derive_pipeline
 from tests.model_fixtures import session_models
 
-from ..conftest import real_engine_marks, serve_engines
+from ..conftest import real_engine_marks, serve_engines, with_talker_sampling
 from ..test_engines_serve_tts import MAX_TOKENS, assert_heard, expected_pcm
 from .conftest import client_for, next_event
 
@@ -35,20 +33,8 @@ VOICE = "vivian"
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def tts(tmp_path_factory) -> AsyncIterator[tuple[HttpServer, str]]:
     folder = session_models(tmp_path_factory).qwen3_tts_custom_voice
-    derived = derive_pipeline(folder, gpu=False)
-    greedy = msgspec.structs.replace(
-        derived,
-        stages=tuple(
-            msgspec.structs.replace(
-                st,
-                sampling=msgspec.structs.replace(
-                    st.sampling, temperature=0.0, max_tokens=MAX_TOKENS
-                ),
-            )
-            if isinstance(st.engine, Qwen3TTSTalkerArgs)
-            else st
-            for st in derived.stages
-        ),
+    greedy = with_talker_sampling(
+        derive_pipeline(folder, gpu=False), temperature=0.0, max_tokens=MAX_TOKENS
     )
     serving = serve_engines(greedy)
     server = await anext(serving)
