@@ -15,6 +15,7 @@ Tests that use these fixtures must run on the session's event loop:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -249,10 +250,11 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServe
         raise ValueError(
             f"unknown server variant {variant!r} in {name!r}: give NAME, NAME+tools or NAME+long"
         )
-    async for server in serve_engines(pipeline):
+    async with serve_engines(pipeline) as server:
         yield server
 
 
+@contextlib.asynccontextmanager
 async def serve_engines(pipeline: PipelineConfig) -> AsyncGenerator[HttpServer, None]:
     """``pipeline`` served on real engines in worker processes (its models
     found: ``session_models`` ran)."""

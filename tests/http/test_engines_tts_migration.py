@@ -45,12 +45,8 @@ async def tts(tmp_path_factory) -> AsyncIterator[HttpServer]:
     pipeline = msgspec.structs.replace(
         derived, stages=tuple(msgspec.structs.replace(s, replicas=2) for s in derived.stages)
     )
-    serving = serve_engines(pipeline)
-    server = await anext(serving)
-    try:
+    async with serve_engines(pipeline) as server:
         yield server
-    finally:
-        await serving.aclose()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -44,12 +44,8 @@ TERMINAL = {"finished", "cancelled", "failed", "rejected"}
 async def serve_folder(tmp_path_factory: Any, name: str) -> AsyncIterator[HttpServer]:
     folder = getattr(session_models(tmp_path_factory), name)
     pipeline = with_long_answers(derive_pipeline(folder, gpu=False), frames=FRAMES)
-    serving = serve_engines(pipeline)
-    server = await anext(serving)
-    try:
+    async with serve_engines(pipeline) as server:
         yield server
-    finally:
-        await serving.aclose()
 
 
 async def card(http: Any, server: HttpServer) -> dict[str, Any]:

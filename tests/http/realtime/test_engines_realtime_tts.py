@@ -36,12 +36,8 @@ async def tts(tmp_path_factory) -> AsyncIterator[tuple[HttpServer, str]]:
     greedy = with_talker_sampling(
         derive_pipeline(folder, gpu=False), temperature=0.0, max_tokens=MAX_TOKENS
     )
-    serving = serve_engines(greedy)
-    server = await anext(serving)
-    try:
+    async with serve_engines(greedy) as server:
         yield server, folder
-    finally:
-        await serving.aclose()
 
 
 async def _item(conn: Any, role: str, text: str) -> None:
