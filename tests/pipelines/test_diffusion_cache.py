@@ -135,3 +135,17 @@ def test_the_cfg_batch_command_line_spec() -> None:
     assert parse_cfg_batch_spec("video:off") == ("video", False)
     with pytest.raises(ValueError, match=r"give \[STAGE:\]on or \[STAGE:\]off"):
         parse_cfg_batch_spec("video:maybe")
+
+
+def test_cfg_batch_is_in_the_recorded_pipeline_and_its_toml() -> None:
+    import msgspec
+
+    from omnix.pipelines.config import PipelineConfig
+    from omnix.pipelines.toml_out import pipeline_toml
+
+    cfg = parse_pipeline(_toml(", cfg_batch = false"))
+    # a trace records its pipeline as msgpack; --log-dir as pipeline.json
+    again = msgspec.msgpack.decode(msgspec.msgpack.encode(cfg), type=PipelineConfig)
+    assert again.stages[0].engine.cfg_batch is False
+    assert parse_pipeline(pipeline_toml(cfg)).stages[0].engine.cfg_batch is False
+    assert "cfg_batch" not in pipeline_toml(parse_pipeline(_toml("")))  # unset stays unset
