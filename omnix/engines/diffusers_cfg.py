@@ -63,6 +63,8 @@ class PairedDenoiser:
         self.alone = 0
 
     def __getattr__(self, name: str) -> Any:
+        if name == "module":  # not yet set (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.module, name)
 
     @contextlib.contextmanager
