@@ -391,3 +391,13 @@ def test_serve_a_cache_the_pipeline_family_does_not_run_names_the_kinds_that_do(
         code, err, "serve", "stage 'video': engine.cache: taylorseer does not run on WanPipeline",
         "the kinds that do: first_block, pyramid_attention_broadcast",
     )  # fmt: skip
+
+
+def test_serve_cfg_batch_on_a_family_omnix_does_not_batch_names_the_one_it_does(tiny):
+    code, err = omnix("serve", "--pipeline", "tiny-image", "--port", "0", "--cfg-batch", "on")
+    one_line_error(
+        code, err, "serve", "stage 'image': engine.cfg_batch: omnix batches the two guidance "
+        "forwards of WanPipeline only, not FluxPipeline's",
+    )  # fmt: skip
+    code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--cfg-batch", "x:off")
+    one_line_error(code, err, "serve", "--cfg-batch 'x:off': 'x' is not a diffusion stage")

@@ -21,8 +21,11 @@ shape into one pipeline call), over HTTP on loopback:
 Then ``caches``: for each of ``--cache-pipelines`` (tiny-image and
 tiny-video), each step cache of ``--cache`` against none: steps/s, images
 (or video seconds) a second at c=1 and c=4, and fidelity to the uncached
-output of the same seed (``diffusion_cache.py``).  ``--part`` runs one
-half alone.
+output of the same seed (``diffusion_cache.py``).  Then ``cfg_batch``:
+on ``--cfg-pipeline`` (tiny-video), classifier-free guidance's two
+forwards a step batched into one against two: steps/s at c=1 and c=4 and
+fidelity to the unbatched output of the same seed (``diffusion_cfg.py``).
+``--part`` runs one of the three alone.
 
 Prints one JSON object on its last line with ``--json``; ``load_avg_1m``
 says how busy the host was.
@@ -40,6 +43,7 @@ import time
 from typing import Any
 
 from omnix.bench.diffusion_cache import DEFAULT_CACHES, cache_table
+from omnix.bench.diffusion_cfg import cfg_table
 from omnix.bench.loop import run_on_loop
 from omnix.bench.pipeline_arg import load_pipeline_arg
 from omnix.events.types import CancelRequested, Progress
@@ -64,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--part",
-        choices=("all", "http", "caches"),
+        choices=("all", "http", "caches", "cfg"),
         default="all",
-        help="the HTTP measurement, the cache table, or both (default)",
+        help="the HTTP measurement, the cache table, the CFG batching table, or all (default)",
     )
     parser.add_argument(
         "--cache",
@@ -87,6 +91,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=count,
         default=8,
         help="requests alone, and calls of four, per cache in the cache table (default 8)",
+    )
+    parser.add_argument(
+        "--cfg-pipeline",
+        default="tiny-video",
+        metavar="NAME|PATH",
+        help="the pipeline of the CFG batching table (default tiny-video)",
+    )
+    parser.add_argument(
+        "--cfg-requests",
+        type=count,
+        default=8,
+        help="requests alone, and calls of four, per side of the CFG batching table (default 8)",
     )
 
 
@@ -164,6 +180,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             for name in filter(None, (n.strip() for n in args.cache_pipelines.split(",")))
         }
         res["cache_steps"] = args.steps
+    if args.part in ("all", "cfg"):
+        cfg = load_pipeline_arg(args.cfg_pipeline)
+        res["cfg_batch"] = await cfg_table(cfg, args.cfg_requests, args.steps)
+        res["cfg_batch"]["steps"] = args.steps
+    if args.part != "http":
         res.setdefault("errors", 0)
         res["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return res
@@ -217,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
         for name, table in res["caches"].items():
             for spec, row in table.items():
                 print(f"{name} {spec}: {row}")
+    if not getattr(args, "json", False) and "cfg_batch" in res:
+        table = res["cfg_batch"]
+        for side in ("off", "on"):
+            print(f"{table['pipeline']} cfg_batch {side}: {table[side]}")
     if not getattr(args, "json", False) and "images_per_s_c1" in res:
         print(
             f"{res['pipeline']}: {res['images_per_s_c1']} images/s alone, "

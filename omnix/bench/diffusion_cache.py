@@ -7,7 +7,8 @@ cache set as a ``--cache`` spec would set it, and
 
 * ``steps_per_s``: denoising steps a second of one request alone, from
   its first to its last progress output (the text encoder before and the
-  VAE after are outside it);
+  VAE after are outside it); ``steps_per_s_c4``: the same of a call of
+  four (each step moves four requests);
 * ``images_per_s_c1`` / ``_c4`` (a video pipeline: ``video_s_per_s_c1`` /
   ``_c4``, seconds of video made a second): requests one at a time, and
   four at once (equal shapes: the engine runs them as one call);
@@ -17,8 +18,10 @@ cache set as a ``--cache`` spec would set it, and
   prompt (decoded PNGs; a video's MP4 frames, so the H.264 encode of both
   is in the figure).
 
-Torch runs one thread, as a stage worker does.  Does not own the HTTP
-measurement (``diffusion.py``) nor applying a cache (the engine's).
+Torch runs one thread, as a stage worker does.  ``EngineSide`` (one
+engine and what it measured) and ``fidelity`` serve the CFG batching
+table too (``diffusion_cfg.py``).  Does not own the HTTP measurement
+(``diffusion.py``) nor applying a cache (the engine's).
 """
 
 from __future__ import annotations
@@ -46,14 +49,14 @@ DEFAULT_CACHES = (
 )
 
 
-def _stage_args(cfg: PipelineConfig) -> DiffusersArgs:
+def stage_args(cfg: PipelineConfig) -> DiffusersArgs:
     for st in cfg.stages:
         if isinstance(st.engine, DiffusersArgs):
             return st.engine
     raise ValueError(f"pipeline {cfg.name!r} has no diffusion stage")
 
 
-def _pixels(data: bytes, video: bool) -> np.ndarray:
+def pixels(data: bytes, video: bool) -> np.ndarray:
     if video:
         from omnix.engines.media_files import mp4_frames
 
@@ -63,13 +66,15 @@ def _pixels(data: bytes, video: bool) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.int64)
 
 
-def _fidelity(got: np.ndarray, want: np.ndarray) -> tuple[float, int]:
+def fidelity(got: np.ndarray, want: np.ndarray) -> tuple[float, int]:
     mse = float(((got - want) ** 2).mean())
     return (math.inf if mse == 0 else 10 * math.log10(255**2 / mse)), int(np.abs(got - want).max())
 
 
-class _Side:
-    """One engine of the table (a cache, or none) and what it measured."""
+class EngineSide:
+    """One engine of a table (a cache, or none; guidance paired or not) and
+    what it measured: steps/s of a request alone (``rates``) and of a call
+    of four (``rates_c4``), the outputs alone and four at a time by seed."""
 
     def __init__(self, args: DiffusersArgs) -> None:
         from omnix.engines.diffusers_engine import DiffusersEngine
@@ -78,11 +83,13 @@ class _Side:
         self.video = args.output_modality == "video"
         self.engine = DiffusersEngine(args)
         self.rates: list[float] = []
+        self.rates_c4: list[float] = []
         self.outputs: dict[int, np.ndarray] = {}
+        self.outputs_c4: dict[int, np.ndarray] = {}
         self.c1_s = 0.0
         self.c4_s = 0.0
 
-    async def one(self, seed: int, steps: int, timed: bool) -> bytes:
+    async def one(self, seed: int, steps: int, rates: list[float] | None = None) -> bytes:
         from omnix.events.types import StageParams
         from omnix.transport.work import GenerateRequest, InputPiece
 
@@ -97,38 +104,45 @@ class _Side:
                 stamps.append(time.perf_counter())
             elif out.data:
                 data = out.data
-        if timed and len(stamps) > 1:
-            self.rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+        if rates is not None and len(stamps) > 1:
+            rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
         return data
 
     async def alone(self, i: int, steps: int) -> None:
         t0 = time.perf_counter()
-        data = await self.one(i, steps, True)
+        data = await self.one(i, steps, self.rates)
         self.c1_s += time.perf_counter() - t0
-        self.outputs[i] = _pixels(data, self.video)
+        self.outputs[i] = pixels(data, self.video)
 
     async def four(self, first: int, steps: int) -> None:
         t0 = time.perf_counter()
-        await asyncio.gather(*(self.one(first + k, steps, False) for k in range(4)))
+        got = await asyncio.gather(
+            self.one(first, steps, self.rates_c4), *(self.one(first + k, steps) for k in (1, 2, 3))
+        )
         self.c4_s += time.perf_counter() - t0
+        for k, data in enumerate(got):
+            self.outputs_c4[first + k] = pixels(data, self.video)
 
-    def row(self, n: int, reference: _Side | None) -> dict[str, Any]:
+    def row(self, n: int, reference: EngineSide | None) -> dict[str, Any]:
         a = self.args
         per = a.default_frames / a.default_fps if self.video else 1.0
         unit = "video_s_per_s" if self.video else "images_per_s"
         out: dict[str, Any] = {
-            "steps_per_s": round(sorted(self.rates)[len(self.rates) // 2], 1)
-            if self.rates
-            else None,
+            "steps_per_s": _median(self.rates),
+            "steps_per_s_c4": _median(self.rates_c4),
             f"{unit}_c1": round(n / self.c1_s * per, 3),
             f"{unit}_c4": round(4 * n / self.c4_s * per, 3),
         }
         if reference is not None:
-            worst = [_fidelity(self.outputs[i], reference.outputs[i]) for i in range(n)]
+            worst = [fidelity(self.outputs[i], reference.outputs[i]) for i in range(n)]
             psnr = min(p for p, _ in worst)
             out["psnr_db_min"] = None if psnr == math.inf else round(psnr, 1)
             out["max_pixel_diff"] = max(d for _, d in worst)
         return out
+
+
+def _median(rates: list[float]) -> float | None:
+    return round(sorted(rates)[len(rates) // 2], 1) if rates else None
 
 
 async def cache_table(
@@ -141,8 +155,8 @@ async def cache_table(
     import torch
 
     torch.set_num_threads(1)
-    base = msgspec.structs.replace(_stage_args(cfg), cache=None, max_batch=4, device="cpu")
-    sides = {"off": _Side(base)}
+    base = msgspec.structs.replace(stage_args(cfg), cache=None, max_batch=4, device="cpu")
+    sides = {"off": EngineSide(base)}
     skipped: dict[str, Any] = {}
     model = describe_model(base)
     for spec in specs:
@@ -151,12 +165,12 @@ async def cache_table(
         if refused is not None:
             skipped[spec] = {"skipped": refused}
             continue
-        sides[spec] = _Side(msgspec.structs.replace(base, cache=cache))
+        sides[spec] = EngineSide(msgspec.structs.replace(base, cache=cache))
     for side in sides.values():
         await side.engine.start()
     try:
         for side in sides.values():
-            await side.one(10**6, steps, False)  # warm up
+            await side.one(10**6, steps)  # warm up
         for i in range(n):
             for side in sides.values():
                 await side.alone(i, steps)

@@ -1,13 +1,17 @@
-"""A diffusion stage's denoiser as its settings make it: step cache, compilation.
+"""A diffusion stage's denoiser as its settings make it: step cache, compilation, CFG batching.
 
 Owns ``Denoiser``: turning a stage's ``cache`` (``omnix.pipelines.
 diffusion_cache``) into diffusers' own hook config and enabling it on the
 pipeline's transformer (``CacheMixin.enable_cache``), compiling the
 transformer (``compile``: ``compile_repeated_blocks`` or the whole
-module), and, before every pipeline call, the hooks' state reset and the
-pipeline whose timestep a timestep-ranged cache reads.  The hooks sit on
-the transformer, which the sibling pipelines of edits and image-to-video
-share (``from_pipe``), so every task of the stage runs cached.
+module), whether its guidance forwards run as one batch (``cfg_batch``,
+on the family loaded), and, before every pipeline call, the hooks' state
+reset and the pipeline whose timestep a timestep-ranged cache reads;
+each call runs inside ``call_context``: the cache context a pipeline
+does not name itself, and the paired guidance (``diffusers_cfg.py``).
+The hooks sit on the transformer, which the sibling pipelines of edits
+and image-to-video share (``from_pipe``), so every task of the stage
+runs cached.
 
 Why a reset per call: diffusers resets the hooks' state only at the end
 of a call that returns, and a call stopped by an abort (or an error)
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from omnix.engines.diffusers_cfg import paired_guidance
 from omnix.pipelines.diffusion_cache import (
     CompileMode,
     FirstBlockCache,
@@ -30,6 +35,8 @@ from omnix.pipelines.diffusion_cache import (
     StepCache,
     TaylorSeerCache,
     cache_kind,
+    cfg_batch_problem,
+    cfg_batches,
 )
 
 #: Pipelines that name their denoiser calls to the hooks themselves
@@ -41,17 +48,28 @@ NAMES_ITS_CALLS = frozenset({"FluxPipeline", "WanPipeline", "WanImageToVideoPipe
 
 
 class Denoiser:
-    """The stage's cache and compile settings on one loaded pipeline."""
+    """The stage's cache, compile and CFG batching settings on one loaded pipeline."""
 
-    def __init__(self, cache: StepCache | None, compile_mode: CompileMode) -> None:
+    def __init__(
+        self, cache: StepCache | None, compile_mode: CompileMode, cfg_batch: bool | None = None
+    ) -> None:
         self.cache = cache
         self.compile_mode = compile_mode
+        self.cfg_batch = cfg_batch
+        #: the setting on the family loaded (``apply``)
+        self.batch_guidance = False
         self._running: Any = None
         self._transformer: Any = None
 
     def apply(self, pipe: Any, pipeline_name: str) -> None:
         """Enable the cache, then compile (in the pipeline thread, after load).
-        Raises ``ValueError`` when the pipeline has no transformer the hooks take."""
+        Raises ``ValueError`` when the pipeline has no transformer the hooks
+        take, or is no family whose guidance omnix batches and ``cfg_batch``
+        says true."""
+        refused = cfg_batch_problem(self.cfg_batch, pipeline_name)
+        if refused is not None:
+            raise ValueError(refused)
+        self.batch_guidance = cfg_batches(self.cfg_batch, pipeline_name)
         transformer = getattr(pipe, "transformer", None)
         if self.cache is not None:
             if transformer is None or not hasattr(transformer, "enable_cache"):
@@ -90,12 +108,28 @@ class Denoiser:
                 "it from the other; send the edit without it, or serve the stage uncached"
             )
 
-    def call_context(self, pipe: Any) -> contextlib.AbstractContextManager[Any]:
+    def call_context(
+        self, pipe: Any, prompts: tuple[Any, Any] | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         """What a call of ``pipe`` runs inside: a named cache context where
-        the pipeline sets none itself."""
-        if self._transformer is None or type(pipe).__name__ in NAMES_ITS_CALLS:
-            return contextlib.nullcontext()
-        return self._transformer.cache_context("cond")
+        the pipeline sets none itself; with guidance batching on and the
+        call's (prompt, negative prompt) embeddings given (the negative
+        None: no guidance), its transformer behind the paired stand-in."""
+        stack = contextlib.ExitStack()
+        if self._transformer is not None and type(pipe).__name__ not in NAMES_ITS_CALLS:
+            stack.enter_context(self._transformer.cache_context("cond"))
+        if self.batch_guidance and prompts is not None and prompts[1] is not None:
+            stack.enter_context(paired_guidance(pipe, *prompts))
+        return stack
+
+    def settings(self) -> dict[str, str]:
+        """The settings as ``EngineInfo.settings`` reports them (after ``apply``)."""
+        cache = self.cache
+        return {
+            "cache": cache_kind(cache) if cache is not None else "none",
+            "compile": self.compile_mode,
+            "cfg_batch": "on" if self.batch_guidance else "off",
+        }
 
     def _timestep(self) -> Any:
         return self._running.current_timestep
@@ -132,8 +166,3 @@ class Denoiser:
                     current_timestep_callback=self._timestep,
                 )
         raise ValueError(f"unknown cache {c!r}")
-
-
-def describe(cache: StepCache | None, compile_mode: CompileMode) -> dict[str, str]:
-    """The settings as ``EngineInfo.settings`` reports them."""
-    return {"cache": cache_kind(cache) if cache is not None else "none", "compile": compile_mode}

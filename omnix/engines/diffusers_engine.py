@@ -9,7 +9,8 @@ turning each request into a ``Job``: its task (text to image, image to
 image, inpaint, reference edit, text to video, image to video: from its
 media and the stage's ``edit``), sizes, steps, seed, format.  Jobs run
 through the ``Batcher`` (``diffusers_batch.py``); the stage's step cache
-and compilation are the ``Denoiser``'s (``diffusers_cache.py``).  What a model folder
+compilation and guidance batching are the ``Denoiser``'s
+(``diffusers_cache.py``, ``diffusers_cfg.py``).  What a model folder
 says about its pipeline (``describe_model``, ``refusal``) is
 ``diffusers_model.py``'s, read without torch so the HTTP layer refuses a
 parameter before admission.  Does not own the models (``omnix.models``)
@@ -58,7 +59,7 @@ import numpy as np
 
 from omnix.engines.device import pick_device
 from omnix.engines.diffusers_batch import Batcher
-from omnix.engines.diffusers_cache import Denoiser, describe
+from omnix.engines.diffusers_cache import Denoiser
 from omnix.engines.diffusers_jobs import VIDEO_TASKS, Job, Posted, Raised, Result, Step, Stopped
 from omnix.engines.diffusers_model import (
     IMAGE_FORMATS,
@@ -72,7 +73,7 @@ from omnix.engines.diffusers_model import (
 from omnix.events.types import Modality
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import DiffusersArgs
-from omnix.pipelines.diffusion_cache import family_problem
+from omnix.pipelines.diffusion_cache import cfg_batch_problem, family_problem
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
 
 __all__ = [
@@ -100,7 +101,7 @@ class DiffusersEngine:
         self._batcher: Batcher | None = None
         self._max_sequence_length: int | None = None
         self._model: DiffusionModel | None = None
-        self._denoiser = Denoiser(args.cache, args.compile)
+        self._denoiser = Denoiser(args.cache, args.compile, args.cfg_batch)
         #: (request_id, steps run, "done" | "aborted" | "error") per finished job.
         self.history: collections.deque[tuple[str, int, str]] = collections.deque(maxlen=64)
 
@@ -118,7 +119,9 @@ class DiffusersEngine:
                 f"{self.args.output_modality!r}: set output_modality = {self._model.makes!r}"
             )
         if self._model is not None:
-            refused = family_problem(self.args.cache, self._model.pipeline)
+            refused = family_problem(self.args.cache, self._model.pipeline) or (
+                cfg_batch_problem(self.args.cfg_batch, self._model.pipeline)
+            )
             if refused is not None:
                 raise ValueError(refused)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -134,7 +137,7 @@ class DiffusersEngine:
             capacity=max(1, self.args.max_batch),
             device=self.device,
             model=str(folder),
-            settings=describe(self.args.cache, self.args.compile),
+            settings=self._denoiser.settings(),
         )
 
     def _load(self, folder: Path) -> Any:
@@ -177,7 +180,10 @@ class DiffusersEngine:
     @staticmethod
     def _ready(pipe: Any) -> None:
         pipe.set_progress_bar_config(disable=True)
-        pipe._omnix_accepts = frozenset(inspect.signature(pipe.__call__).parameters)
+        params = inspect.signature(pipe.__call__).parameters
+        pipe._omnix_accepts = frozenset(params)
+        guidance = params.get("guidance_scale")
+        pipe._omnix_guidance_default = guidance.default if guidance is not None else None
 
     def _pipeline(self, task: str) -> Any:
         """The pipeline ``task`` runs on (in the pipeline thread): the
@@ -207,28 +213,41 @@ class DiffusersEngine:
     def _prepare(
         self, pipe: Any, jobs: list[Job], kwargs: dict[str, Any]
     ) -> AbstractContextManager[Any]:
-        """In the pipeline thread, before a call: the prompt length cap; an
-        image-to-video call's prompt embeddings, from the text-to-video
-        pipeline (Wan's image-to-video module cleans prompts with ftfy,
-        which it imports only when installed and then calls regardless);
-        the denoiser's cache state, reset, and the context the call runs in."""
+        """In the pipeline thread, before a call: the prompt length cap; a
+        video call's prompt embeddings, encoded here (``_encode``); the
+        denoiser's cache state, reset, and the context the call runs in."""
         self._denoiser.before_call(pipe, kwargs)
         accepts = pipe._omnix_accepts
         if self._max_sequence_length is not None and "max_sequence_length" in accepts:
             kwargs["max_sequence_length"] = self._max_sequence_length
-        if jobs[0].task == "image_to_video" and "prompt_embeds" in accepts:
-            guidance = kwargs.get("guidance_scale", 5.0)
-            positive, negative = self._base.encode_prompt(
-                prompt=kwargs.pop("prompt"),
-                negative_prompt=kwargs.pop("negative_prompt", None),
-                do_classifier_free_guidance=guidance > 1.0,
-                max_sequence_length=kwargs.get("max_sequence_length", 512),
-                device=self._base._execution_device,
-            )
-            kwargs["prompt_embeds"] = positive
-            if negative is not None:
-                kwargs["negative_prompt_embeds"] = negative
-        return self._denoiser.call_context(pipe)
+        prompts = None
+        if jobs[0].task in VIDEO_TASKS and "prompt_embeds" in accepts:
+            prompts = self._encode(pipe, kwargs)
+        return self._denoiser.call_context(pipe, prompts)
+
+    def _encode(self, pipe: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """A Wan call's prompt and negative prompt embeddings (the negative
+        None without guidance), put in ``kwargs`` in place of the prompts.
+        Encoded with the text-to-video pipeline (Wan's image-to-video
+        module cleans prompts with ftfy, which it imports only when
+        installed and then calls regardless) and cast to the transformer's
+        dtype, as the pipeline would: it passes them to the transformer
+        as they are, which the paired guidance recognises them by."""
+        guidance = kwargs.get("guidance_scale", pipe._omnix_guidance_default)
+        positive, negative = self._base.encode_prompt(
+            prompt=kwargs.pop("prompt"),
+            negative_prompt=kwargs.pop("negative_prompt", None),
+            do_classifier_free_guidance=guidance is not None and guidance > 1.0,
+            max_sequence_length=kwargs.get("max_sequence_length", 512),
+            device=self._base._execution_device,
+        )
+        denoiser = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+        positive = positive.to(denoiser.dtype)
+        kwargs["prompt_embeds"] = positive
+        if negative is not None:
+            negative = negative.to(denoiser.dtype)
+            kwargs["negative_prompt_embeds"] = negative
+        return positive, negative
 
     def generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]

@@ -153,6 +153,15 @@ def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
         "first_block, taylorseer, pyramid_attention_broadcast or none, with diffusers' options, "
         "e.g. image:first_block,threshold=0.1 (no STAGE: every diffusion stage)",
     )
+    parser.add_argument(
+        "--cfg-batch",
+        action="append",
+        default=None,
+        metavar="[STAGE:]on|off",
+        help="a diffusion stage's classifier-free guidance forwards run as one batch, over the "
+        "pipeline's own (default: on for Wan, which omnix batches), e.g. video:off "
+        "(no STAGE: every diffusion stage)",
+    )
     listen_flags(parser, DEFAULT_PORT)
     parser.add_argument(
         "--log-dir",

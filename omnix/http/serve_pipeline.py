@@ -7,7 +7,9 @@ command line gave, put into every vLLM stage's ``engine_args`` (over the
 stage's own) and ``--chat-template`` into their ``chat_template``;
 vLLM's parser flags (``--enable-auto-tool-choice``, ``--tool-call-parser``,
 ``--reasoning-parser``) into every vLLM stage writing text;
-``--stage-devices`` into the stages' ``devices``; the names the server
+``--stage-devices`` into the stages' ``devices``; ``--cache`` and
+``--cfg-batch`` into the diffusion stages' ``cache`` and ``cfg_batch``;
+the names the server
 answers to (``--served-model-name``, else the folder's or pipeline's
 name; the pipeline is named after the first, so every response, log line
 and trace says what the client asked for); validation of the result; and
@@ -66,6 +68,7 @@ def served_pipeline(args: argparse.Namespace) -> ServedPipeline:
     pipeline = _with_flags(pipeline, flags, args.chat_template, args.stage_devices or [])
     pipeline = _with_parsers(pipeline, _parser_flags(args))
     pipeline = _with_caches(pipeline, getattr(args, "cache", None) or [])
+    pipeline = _with_cfg_batch(pipeline, getattr(args, "cfg_batch", None) or [])
     pipeline = msgspec.structs.replace(pipeline, name=names[0])
     try:
         validate_pipeline(pipeline, "(as served)")
@@ -95,15 +98,21 @@ def check_with_vllm(served: ServedPipeline) -> None:
 
 def check_diffusion_caches(pipeline: PipelineConfig) -> None:
     """A diffusion stage's cache asked of a pipeline family diffusers'
-    hooks do not run on: one ``UsageError`` line naming the kinds that do
-    (the model folder's pipeline class, read without torch)."""
+    hooks do not run on, or ``cfg_batch`` on one omnix does not batch the
+    guidance of: one ``UsageError`` line naming what works (the model
+    folder's pipeline class, read without torch)."""
     from omnix.engines.diffusers_model import describe_model
-    from omnix.pipelines.diffusion_cache import family_problem
+    from omnix.pipelines.diffusion_cache import cfg_batch_problem, family_problem
 
     for st in pipeline.stages:
-        if isinstance(st.engine, DiffusersArgs) and st.engine.cache is not None:
-            model = describe_model(st.engine)
-            problem = family_problem(st.engine.cache, model.pipeline) if model else None
+        eng = st.engine
+        if isinstance(eng, DiffusersArgs) and (eng.cache is not None or eng.cfg_batch):
+            model = describe_model(eng)
+            if model is None:
+                continue
+            problem = family_problem(eng.cache, model.pipeline) or cfg_batch_problem(
+                eng.cfg_batch, model.pipeline
+            )
             if problem is not None:
                 raise UsageError(f"stage {st.name!r}: {problem}")
 
@@ -221,6 +230,36 @@ def _with_caches(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfig:
     for st in pipeline.stages:
         if st.name in caches and isinstance(st.engine, DiffusersArgs):
             engine = msgspec.structs.replace(st.engine, cache=caches[st.name])
+            st = msgspec.structs.replace(st, engine=engine)
+        stages.append(st)
+    return msgspec.structs.replace(pipeline, stages=tuple(stages))
+
+
+def _with_cfg_batch(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfig:
+    """``--cfg-batch [STAGE:]on|off`` on the diffusion stages it names (all
+    of them without a stage), over the file's own ``cfg_batch``."""
+    from omnix.pipelines.diffusion_cache import parse_cfg_batch_spec
+
+    diffusion = [st.name for st in pipeline.stages if isinstance(st.engine, DiffusersArgs)]
+    chosen: dict[str, bool] = {}
+    for spec in specs:
+        try:
+            stage, on = parse_cfg_batch_spec(spec)
+        except ValueError as bad:
+            raise UsageError(str(bad)) from None
+        if stage is not None and stage not in diffusion:
+            raise UsageError(
+                f"--cfg-batch {spec!r}: {stage!r} is not a diffusion stage of the pipeline "
+                f"(diffusion stages: {', '.join(diffusion) or 'none'})"
+            )
+        if not diffusion:
+            raise UsageError(f"--cfg-batch {spec!r}: the pipeline has no diffusion stage")
+        for name in [stage] if stage is not None else diffusion:
+            chosen[name] = on
+    stages = []
+    for st in pipeline.stages:
+        if st.name in chosen and isinstance(st.engine, DiffusersArgs):
+            engine = msgspec.structs.replace(st.engine, cfg_batch=chosen[st.name])
             st = msgspec.structs.replace(st, engine=engine)
         stages.append(st)
     return msgspec.structs.replace(pipeline, stages=tuple(stages))

@@ -108,9 +108,12 @@ def run(args: argparse.Namespace) -> int:
                 f"timeout={st.timeout_s:g}s retry={'yes, up to ' + str(st.max_retries) if st.retries else 'no'}"
             )
             eng = st.engine
-            if isinstance(eng, DiffusersArgs) and (eng.cache is not None or eng.compile != "off"):
+            if isinstance(eng, DiffusersArgs) and (
+                eng.cache is not None or eng.compile != "off" or eng.cfg_batch is not None
+            ):
                 cache = cache_kind(eng.cache) if eng.cache is not None else "none"
-                print(f"        step cache {cache}, compile {eng.compile}")
+                paired = {None: "auto", True: "on", False: "off"}[eng.cfg_batch]
+                print(f"        step cache {cache}, compile {eng.compile}, cfg batch {paired}")
         media = cfg.input_media
         if media is not None:
             kinds = [k for k, on in (("audio", media.audio), ("image", media.image)) if on]

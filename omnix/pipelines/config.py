@@ -102,7 +102,10 @@ class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT
     ``cache``: a step cache of diffusers' own hooks on the denoiser
     (``omnix.pipelines.diffusion_cache``; None: every step computed in
     full); ``compile``: ``torch.compile`` of the denoiser (``off``,
-    ``blocks``, ``model``)."""
+    ``blocks``, ``model``); ``cfg_batch``: classifier-free guidance's
+    two forwards a step run as one batch of twice the rows (unset: on
+    for the families omnix batches, ``CFG_BATCH_FAMILIES``; ``true`` on
+    another family is refused at start)."""
 
     model: str
     dtype: str = "float32"
@@ -116,6 +119,7 @@ class DiffusersArgs(msgspec.Struct, tag="diffusers", tag_field="kind", **_STRICT
     default_fps: int = 16
     cache: StepCache | None = None
     compile: CompileMode = "off"
+    cfg_batch: bool | None = None
 
 
 class CodecArgs(msgspec.Struct, tag="codec", tag_field="kind", **_STRICT):

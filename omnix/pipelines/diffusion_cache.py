@@ -1,4 +1,4 @@
-"""A diffusion stage's step cache and compilation, as the pipeline file says them.
+"""A diffusion stage's step cache, compilation and CFG batching, as the pipeline file says them.
 
 Owns: the typed ``cache`` table of a diffusers stage (``StepCache``, a
 tagged union on ``kind``, one Struct per cache of diffusers' own hooks,
@@ -7,8 +7,10 @@ diffusers' config does not have is refused at decode), the ``compile``
 setting (``CompileMode``), which kinds work for which pipeline family
 (``CACHE_FAMILIES``, measured on omnix's tiny Flux and Wan), the one-line
 problems of a setting (``cache_problems``, ``family_problem``) and the
-command line's ``--cache`` spec (``parse_cache_spec``).  Read without
-torch or diffusers.
+command line's ``--cache`` spec (``parse_cache_spec``); the ``cfg_batch``
+setting's families (``CFG_BATCH_FAMILIES``), what it comes to on a family
+(``cfg_batches``, ``cfg_batch_problem``) and its ``--cfg-batch`` spec
+(``parse_cfg_batch_spec``).  Read without torch or diffusers.
 
 Does not own applying a cache to a loaded pipeline
 (``omnix.engines.diffusers_cache``) nor reading a model folder.
@@ -149,6 +151,46 @@ def family_problem(cache: StepCache | None, pipeline: str) -> str | None:
         f"engine.cache: {cache_kind(cache)} does not run on {pipeline}; "
         f"the kinds that do: {', '.join(works)}"
     )
+
+
+#: The families whose two classifier-free guidance forwards omnix runs
+#: as one batch (``omnix.engines.diffusers_cfg``): Wan's text- and
+#: image-to-video pipelines call the transformer twice a step, on the
+#: same latents, with the prompt's and the negative prompt's embeddings.
+#: Not Flux's true CFG (``true_cfg_scale`` with a ``negative_prompt``):
+#: its two calls differ in more arguments (pooled embeddings, text ids, a
+#: timestep tensor made anew for each), and its edit classes name no
+#: cache contexts; they run one after the other as diffusers makes them.
+CFG_BATCH_FAMILIES: Final = frozenset({"WanPipeline"})
+
+
+def cfg_batches(cfg_batch: bool | None, pipeline: str) -> bool:
+    """Whether a stage batches its guidance forwards: as set, else (unset)
+    where the family is one omnix batches."""
+    return cfg_batch if cfg_batch is not None else pipeline in CFG_BATCH_FAMILIES
+
+
+def cfg_batch_problem(cfg_batch: bool | None, pipeline: str) -> str | None:
+    """The one line for ``cfg_batch = true`` on a family omnix does not
+    batch the guidance of; None otherwise."""
+    if cfg_batch is not True or pipeline in CFG_BATCH_FAMILIES:
+        return None
+    return (
+        f"engine.cfg_batch: omnix batches the two guidance forwards of "
+        f"{', '.join(sorted(CFG_BATCH_FAMILIES))} only, not {pipeline or 'this pipeline'}'s; "
+        "remove cfg_batch (or set it false)"
+    )
+
+
+def parse_cfg_batch_spec(spec: str) -> tuple[str | None, bool]:
+    """``--cfg-batch [STAGE:]on|off`` -> (stage or None for every diffusion
+    stage, on).  Raises ``ValueError`` naming the two values."""
+    stage, colon, value = spec.rpartition(":")
+    words = {"on": True, "off": False, "true": True, "false": False}
+    on = words.get(value.strip().lower())
+    if on is None:
+        raise ValueError(f"--cfg-batch {spec!r}: give [STAGE:]on or [STAGE:]off")
+    return (stage.strip() or None) if colon else None, on
 
 
 def explain_decode_error(message: str) -> str | None:

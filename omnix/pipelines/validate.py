@@ -24,7 +24,12 @@ from omnix.pipelines.config import (
     VllmArgs,
 )
 from omnix.pipelines.devices import device_problems, parse_devices, replica_width
-from omnix.pipelines.diffusion_cache import cache_problems, explain_decode_error, family_problem
+from omnix.pipelines.diffusion_cache import (
+    cache_problems,
+    cfg_batch_problem,
+    explain_decode_error,
+    family_problem,
+)
 from omnix.pipelines.engines import engine_kinds
 from omnix.pipelines.placement import placement_problems
 
@@ -251,7 +256,8 @@ def _diffusers_problems(eng: DiffusersArgs) -> list[str]:
     problems.extend(cache_problems(eng.cache, eng.compile))
     pipeline = _folder_pipeline(eng.model)
     if pipeline is not None:
-        problems.extend(filter(None, [family_problem(eng.cache, pipeline)]))
+        found = [family_problem(eng.cache, pipeline), cfg_batch_problem(eng.cfg_batch, pipeline)]
+        problems.extend(filter(None, found))
     return problems
 
 

@@ -327,6 +327,29 @@ def test_diffusion_cache_table(tmp_path_factory):
         assert 0 <= row["max_pixel_diff"] <= 255
 
 
+def test_diffusion_cfg_batch_table(tmp_path_factory):
+    """tiny-video's guidance in one forward against two: rates at c=1 and
+    c=4 on each side, and on's fidelity to off's video of the same seed."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)
+    out = bench(
+        "diffusion", "--part", "cfg", "--cfg-requests", "1", "--steps", "2", timeout=300
+    )  # fmt: skip
+    table = out["cfg_batch"]
+    assert table["pipeline"] == "tiny-video" and table["steps"] == 2
+    for side in (table["off"], table["on"]):
+        assert_has_keys(
+            side, "steps_per_s_c1", "steps_per_s_c4", "video_s_per_s_c1", "video_s_per_s_c4"
+        )  # fmt: skip
+    assert_has_keys(
+        table["on"], "speedup_steps_c1", "speedup_steps_c4", "psnr_db_min", "max_pixel_diff",
+        "identical_videos",
+    )  # fmt: skip
+    assert table["on"]["videos_compared"] == 5 and 0 <= table["on"]["max_pixel_diff"] <= 255
+    assert out["errors"] == 0 and "load_avg_1m" in out
+
+
 #: thinker -> talker -> code2wav that takes audio, its speech flowing
 #: while the text is written: a voice session's pipeline, in seconds
 REALTIME = scripted_omni_toml(

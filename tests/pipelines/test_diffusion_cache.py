@@ -1,7 +1,8 @@
-"""A diffusion stage's ``cache`` and ``compile`` settings: none by default,
-a table decodes into its kind's typed Struct with diffusers' option names,
-and each bad setting is one problem naming what works (the kinds, a
-kind's options, the kinds a pipeline family runs)."""
+"""A diffusion stage's ``cache``, ``compile`` and ``cfg_batch`` settings:
+none by default, a table decodes into its kind's typed Struct with
+diffusers' option names, and each bad setting is one problem naming what
+works (the kinds, a kind's options, the kinds a pipeline family runs, the
+families whose guidance omnix batches)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from omnix.pipelines.diffusion_cache import (
     FirstBlockCache,
     PyramidAttentionBroadcast,
     TaylorSeerCache,
+    cfg_batches,
     family_problem,
     parse_cache_spec,
+    parse_cfg_batch_spec,
 )
 from omnix.pipelines.validate import PipelineError, parse_pipeline
 
@@ -103,3 +106,46 @@ def test_the_command_line_spec() -> None:
         parse_cache_spec("fbc")
     with pytest.raises(ValueError, match="unknown field `x`"):
         parse_cache_spec("first_block,x=1")
+
+
+def test_cfg_batch_is_unset_by_default_and_on_where_omnix_batches_the_family() -> None:
+    eng = parse_pipeline(_toml("")).stages[0].engine
+    assert isinstance(eng, DiffusersArgs) and eng.cfg_batch is None
+    assert parse_pipeline(_toml(", cfg_batch = false")).stages[0].engine.cfg_batch is False
+    assert cfg_batches(None, "WanPipeline") and not cfg_batches(None, "FluxPipeline")
+    assert not cfg_batches(False, "WanPipeline")
+
+
+def test_cfg_batch_true_on_a_family_omnix_does_not_batch_is_one_problem(tmp_path) -> None:
+    folder = tmp_path / "flux"
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    (line,) = _problems(_toml(", cfg_batch = true", model=str(folder)))
+    assert line == (
+        "stage 'image': engine.cfg_batch: omnix batches the two guidance forwards of "
+        "WanPipeline only, not FluxPipeline's; remove cfg_batch (or set it false)"
+    )
+    parse_pipeline(_toml(", cfg_batch = false", model=str(folder)))
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    parse_pipeline(_toml(", cfg_batch = true", model=str(folder)))
+
+
+def test_the_cfg_batch_command_line_spec() -> None:
+    assert parse_cfg_batch_spec("on") == (None, True)
+    assert parse_cfg_batch_spec("video:off") == ("video", False)
+    with pytest.raises(ValueError, match=r"give \[STAGE:\]on or \[STAGE:\]off"):
+        parse_cfg_batch_spec("video:maybe")
+
+
+def test_cfg_batch_is_in_the_recorded_pipeline_and_its_toml() -> None:
+    import msgspec
+
+    from omnix.pipelines.config import PipelineConfig
+    from omnix.pipelines.toml_out import pipeline_toml
+
+    cfg = parse_pipeline(_toml(", cfg_batch = false"))
+    # a trace records its pipeline as msgpack; --log-dir as pipeline.json
+    again = msgspec.msgpack.decode(msgspec.msgpack.encode(cfg), type=PipelineConfig)
+    assert again.stages[0].engine.cfg_batch is False
+    assert parse_pipeline(pipeline_toml(cfg)).stages[0].engine.cfg_batch is False
+    assert "cfg_batch" not in pipeline_toml(parse_pipeline(_toml("")))  # unset stays unset
