@@ -33,8 +33,8 @@ only randomness is each session's own ``torch.Generator`` (seeded by its
 ``Sampling.seed``) when it samples; greedy sessions draw nothing.  Replaying
 a session's user frames from ``start`` gives its frames again.
 
-Does not own: Mimi's streaming decode (``mimi_stream.py``), admitting
-sessions and pacing ticks (``duplex_engine.py``), nor the persona prompt
+Does not own: Mimi's streaming decode (``mimi_stream.py``), which
+sessions share a batch (``duplex_batch.py``), pacing ticks, nor the persona prompt
 PersonaPlex reads (a voice and a role text: later work; its voice prompt is
 a ``Prompt`` of forced frames).
 """

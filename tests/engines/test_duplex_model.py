@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from omnix.engines.duplex_batch import DuplexBatch
-from omnix.engines.duplex_model import DuplexModel, Frame, Prompt, Sampling
+from omnix.engines.duplex_model import DuplexModel, Frame, Prompt, Sampling, Session
 from omnix.models.moshi import TEXT_PAD, write_folder
 
 pytestmark = pytest.mark.engines
@@ -180,13 +180,11 @@ def _transformers_choices(model: DuplexModel, frames: list[Frame], user, next_te
     return choices
 
 
-def test_every_tick_with_the_user_speaking_is_transformers_greedy_choice(
-    model: DuplexModel,
+def _assert_transformers_greedy(
+    model: DuplexModel, frames: list[Frame], user, session: Session
 ) -> None:
-    import torch
-
-    user = _codes(model, _audio("chirp", 3.0))
-    frames, pcm, session = _run(model, user)
+    """Every choice of a session's ticks (``frames`` for ``user`` [K, n],
+    then its state ``session``) is transformers' greedy choice there."""
     choices = _transformers_choices(model, frames, user, session.text)
     # Position p gives the text token and semantic code of frame p + 1 and
     # the acoustic codes of frame p (frame 0, the initial one, keeps its own).
@@ -196,6 +194,16 @@ def test_every_tick_with_the_user_speaking_is_transformers_greedy_choice(
         assert codes[0] == (nxt.codes[0] if nxt else session.semantic), f"semantic {p + 1}"
         if p > 0:
             assert codes[1:] == list(frames[p - 1].codes[1:]), f"acoustic codes of frame {p}"
+
+
+def test_every_tick_with_the_user_speaking_is_transformers_greedy_choice(
+    model: DuplexModel,
+) -> None:
+    import torch
+
+    user = _codes(model, _audio("chirp", 3.0))
+    frames, pcm, session = _run(model, user)
+    _assert_transformers_greedy(model, frames, user, session)
     # The waveform is Mimi's decode of those codes, frame for frame.
     with torch.inference_mode():
         whole = model.mimi.decode(_codes_of(frames)[None]).audio_values[0, 0]
@@ -219,10 +227,12 @@ def test_sessions_batched_in_one_step_each_get_their_own_output(model: DuplexMod
     leaves = {"a": 20, "b": 30, "c": 27}  # and leaves before
     batch = DuplexBatch(model)
     got: dict[str, list] = {sid: [] for sid in users}
+    states = {}
     for tick in range(30):
         for sid in users:
             if joins[sid] == tick:
                 batch.join(sid)
+                states[sid] = batch.session(sid)
             if leaves[sid] == tick:
                 batch.leave(sid)
         frames = {sid: users[sid][:, tick - joins[sid]] for sid in batch.sessions}
@@ -233,6 +243,11 @@ def test_sessions_batched_in_one_step_each_get_their_own_output(model: DuplexMod
         alone, pcm, _ = _run(model, user[:, :ticks])
         assert [t.frame for t in got[sid]] == alone, sid
         assert torch.equal(torch.cat([t.pcm for t in got[sid]]), pcm), sid
+    # And the one that joined late and left last, held to transformers itself.
+    ticks = leaves["b"] - joins["b"]
+    _assert_transformers_greedy(
+        model, [t.frame for t in got["b"]], users["b"][:, :ticks], states["b"]
+    )
 
 
 def test_replaying_a_sessions_user_frames_gives_its_frames_again(model: DuplexModel) -> None:
