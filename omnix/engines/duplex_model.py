@@ -174,7 +174,9 @@ class DuplexModel:
 
         return BatchCache(None)
 
-    def start(self, prompt: Prompt | None = None, sampling: Sampling | None = None) -> Any:
+    def start(
+        self, prompt: Prompt | None = None, sampling: Sampling | None = None
+    ) -> tuple[Any, Session]:
         """A session's first positions: the initial frame, then ``prompt``'s
         frames, in one forward; then its first text token and semantic code.
         Returns ``(cache, session)``: its own KV cache (``BatchCache.add`` it
@@ -245,7 +247,12 @@ class DuplexModel:
         rows = len(sessions)
         if tuple(user.shape) != (rows, k):
             raise ValueError(f"user frames must be [{rows}, {k}] codes, got {list(user.shape)}")
+        if rows and (int(user.min()) < 0 or int(user.max()) >= lay.audio_vocab):
+            raise ValueError(f"user codes must be in [0, {lay.audio_vocab}): Mimi's codes")
         forced = forced or [None] * rows
+        for f in forced:
+            if f is not None and len(f.codes) != k:
+                raise ValueError(f"a forced frame has {k} codes, got {len(f.codes)}")
         for s in sessions:
             if s.length >= lay.context:
                 raise ValueError(

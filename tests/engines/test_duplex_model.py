@@ -272,6 +272,10 @@ def test_bad_frames_are_refused_naming_what_was_wrong(model: DuplexModel) -> Non
         batch.tick({"s": batch.silence(), "t": batch.silence()})
     with pytest.raises(ValueError, match="must be \\[1, 8\\] codes"):
         batch.tick({"s": torch.zeros(4, dtype=torch.long)})
+    with pytest.raises(ValueError, match="user codes must be in \\[0, 2048\\)"):
+        batch.tick({"s": torch.full((K,), 2048)})
+    with pytest.raises(ValueError, match="a forced frame has 8 codes, got 2"):
+        batch.tick({"s": batch.silence()}, {"s": Frame(TEXT_PAD, (1, 2))})
     with pytest.raises(ValueError, match="already in the batch"):
         batch.join("s")
     with pytest.raises(ValueError, match="must be as many"):
