@@ -1,7 +1,8 @@
 """Builders of the tiny random-weight models the built-in pipelines use.
 
 Owns: one builder per tiny model (``thinker``, ``talker``, ``code2wav``,
-``image``, ``video``), the talker's vocabulary layout, atomic builds into the model
+``image``, ``video``; the Qwen3-Omni, Qwen3-TTS and Moshi ones in their own
+modules), the talker's vocabulary layout, atomic builds into the model
 cache and ``ensure_models`` (build only what is missing).  Does not own
 where the cache is or how names resolve (``paths.py``), the tokenizer
 (``tokenizer.py``), the codec module (``omnix.models.codec``) or any
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from omnix.models.moshi import build_moshi
 from omnix.models.paths import (
     MARKER,
     TINY_MODELS,
@@ -435,6 +437,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "qwen3_tts_custom_voice": build_qwen3_tts_custom_voice,
     "qwen3_tts_voice_design": build_qwen3_tts_voice_design,
     "qwen3_tts_base": build_qwen3_tts_base,
+    "moshi": build_moshi,
 }
 
 

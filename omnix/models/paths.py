@@ -34,6 +34,7 @@ TINY_MODELS: tuple[str, ...] = (
     "qwen3_tts_custom_voice",
     "qwen3_tts_voice_design",
     "qwen3_tts_base",
+    "moshi",
 )
 
 #: Written last into a built folder; its presence means "complete".
@@ -57,6 +58,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     qwen3_tts_custom_voice: str
     qwen3_tts_voice_design: str
     qwen3_tts_base: str
+    moshi: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

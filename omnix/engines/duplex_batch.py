@@ -1,0 +1,130 @@
+"""The full-duplex sessions one Moshi steps together, tick by tick.
+
+Owns: ``DuplexBatch``: which sessions are in the batch (``join`` runs a
+session's first positions and adds its KV cache as a row; ``leave`` drops
+the row), ``tick`` (every session's user frame in, every session's Moshi
+frame and its 80 ms of PCM out, Mimi decoding each session's stream on)
+and ``silence`` (Mimi's codes of 80 ms of silence, what transformers'
+generate feeds as the user's audio after its prompt).  Synchronous and
+single-threaded: one tick is one batched step of ``DuplexModel``.
+
+Does not own: the model's maths (``duplex_model.py``), Mimi's streaming
+(``mimi_stream.py``), pacing ticks at 12.5 a second, what a session hears
+when its client sent nothing this tick, the realtime protocol or the log
+(later: a stage engine over this batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from omnix.engines.duplex_model import DuplexModel, Frame, Prompt, Sampling, Session
+from omnix.engines.mimi_stream import DecodeState, MimiStream
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One session's output of a tick: Moshi's frame and its waveform."""
+
+    frame: Frame
+    pcm: torch.Tensor | None  # [frame_samples] float PCM; None when not decoding
+
+
+@dataclass
+class _Member:
+    session: Session
+    stream: DecodeState | None
+
+
+class DuplexBatch:
+    """Sessions stepped together by one ``DuplexModel`` (rows in join order)."""
+
+    def __init__(self, model: DuplexModel, decode: bool = True) -> None:
+        self.model = model
+        self.caches = model.new_cache()
+        self._members: dict[str, _Member] = {}
+        self._mimi = MimiStream(model.mimi) if decode else None
+        self._silence: torch.Tensor | None = None
+
+    @property
+    def sessions(self) -> list[str]:
+        return list(self._members)
+
+    def session(self, sid: str) -> Session:
+        return self._member(sid).session
+
+    def join(
+        self, sid: str, prompt: Prompt | None = None, sampling: Sampling | None = None
+    ) -> None:
+        """Start session ``sid`` (its initial frame and ``prompt``) and add
+        it to the batch: it steps from the next tick on."""
+        if sid in self._members:
+            raise ValueError(f"session {sid!r} is already in the batch")
+        cache, session = self.model.start(prompt, sampling)
+        self.caches.add(cache, session.length)
+        stream = self._mimi.start() if self._mimi is not None else None
+        self._members[sid] = _Member(session, stream)
+
+    def leave(self, sid: str) -> None:
+        self._member(sid)
+        rows = [i for i, name in enumerate(self._members) if name != sid]
+        self.caches.keep(rows)
+        del self._members[sid]
+
+    def silence(self) -> torch.Tensor:
+        """Mimi's first K codes of 80 ms of silence ([K])."""
+        if self._silence is None:
+            import torch
+
+            lay = self.model.layout
+            zeros = torch.zeros(1, 1, lay.frame_samples, device=self.model.device)
+            with torch.inference_mode():
+                codes = self.model.mimi.encode(zeros, num_quantizers=lay.num_codebooks)[0]
+            self._silence = codes[0, :, 0].cpu()
+        return self._silence
+
+    def tick(
+        self, user: Mapping[str, torch.Tensor], forced: Mapping[str, Frame] | None = None
+    ) -> dict[str, Tick]:
+        """One step of every session: ``user[sid]`` its user frame ([K]
+        codes); ``forced[sid]``, if any, the frame it says instead of its
+        own.  Returns each session's tick."""
+        import torch
+
+        missing = [sid for sid in self._members if sid not in user]
+        unknown = [sid for sid in user if sid not in self._members]
+        if missing or unknown:
+            raise ValueError(
+                f"a tick needs one user frame per session in the batch: missing {missing}, "
+                f"not in the batch {unknown}"
+            )
+        if not self._members:
+            return {}
+        forced = forced or {}
+        sids = list(self._members)
+        frames = self.model.step(
+            self.caches,
+            [self._members[sid].session for sid in sids],
+            torch.stack([user[sid].reshape(-1) for sid in sids]),
+            [forced.get(sid) for sid in sids],
+        )
+        out = {}
+        for sid, frame in zip(sids, frames, strict=True):
+            stream = self._members[sid].stream
+            pcm = None
+            if self._mimi is not None and stream is not None:
+                codes = torch.tensor(frame.codes, dtype=torch.long)[:, None]
+                pcm = self._mimi.decode(stream, codes).cpu()
+            out[sid] = Tick(frame, pcm)
+        return out
+
+    def _member(self, sid: str) -> _Member:
+        try:
+            return self._members[sid]
+        except KeyError:
+            raise KeyError(f"session {sid!r} is not in the batch") from None
