@@ -183,8 +183,10 @@ class Qwen3TTSEngine(TalkerEngine):
         wav = torch.from_numpy(req.media[audio[0]].copy())
         return self.cloner.clone(wav, part.rate, message.content.strip() or None)
 
-    def _prefill(self, req: _Request) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
-        out = super()._prefill(req)
+    def _prefilled(
+        self, req: _Request
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        out = super()._prefilled(req)
         resume = req.request.resume
         if req.reference is not None and (resume is None or resume.chunks == 0):
             codes = req.reference.to("cpu").numpy().astype("int64")

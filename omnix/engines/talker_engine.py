@@ -321,18 +321,16 @@ class TalkerEngine:
         start, set aside rows whose next text is not in, bring back rows
         whose text came, then one decode step of the batch."""
         out: list[tuple[_Request, EngineOutput | BaseException | None]] = []
-        moved = False
+        room = self._graphs.free if self._graphs is not None else len(self._reqs)
+        starting: list[_Request] = []
         for req in list(self._reqs.values()):
             if req.aborted:
                 self._forget(req)
-            elif req.slot is None and self._can_prefill(req):
-                moved = True
-                try:
-                    out += self._prefill(req)
-                except Exception as exc:
-                    log.exception("talker prefill failed for %s", req.rid)
-                    out.append((req, exc))
-                    self._forget(req)
+            elif req.slot is None and len(starting) < room and self._can_prefill(req):
+                starting.append(req)
+        moved = bool(starting)
+        if starting:
+            out += self._prefill(starting)
         if self._graphs is not None:
             stepped = self._graph_step()
             moved = moved or bool(stepped)
@@ -471,14 +469,59 @@ class TalkerEngine:
             _media_info(req.grids),
         )
 
-    def _prefill(self, req: _Request) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+    def _prefill(
+        self, reqs: list[_Request]
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        """Start ``reqs``: static decoding prefills them in one forward
+        (``TalkerModel.prefill_many``: one eager forward a request cost more
+        host time than the steps of a batch that starts together); eager
+        decoding one by one, its codes those of transformers' own prefill.
+        A request whose prefill fails ends with the error, the rest go on."""
         model = self.model
         assert model is not None
-        cond = self._conditioning(req)
-        if cond is None:
-            return self._finish(req, "stop")
-        req.cache, req.slot, req.code, req.hidden = model.prefill(cond, self._sampling(req))
-        req.prefill_len = cond.embeds.shape[0]
+        out: list[tuple[_Request, EngineOutput | BaseException | None]] = []
+        ready: list[tuple[_Request, Conditioning]] = []
+        for req in reqs:
+            try:
+                cond = self._conditioning(req)
+            except Exception as exc:
+                out += self._prefill_failed([req], exc)
+                continue
+            if cond is None:
+                out += self._finish(req, "stop")
+            else:
+                ready.append((req, cond))
+        groups = [ready] if self._graphs is not None else [[r] for r in ready]
+        for group in filter(None, groups):
+            try:
+                started = model.prefill_many(
+                    [cond for _, cond in group], [self._sampling(req) for req, _ in group]
+                )
+            except Exception as exc:
+                out += self._prefill_failed([req for req, _ in group], exc)
+                continue
+            for (req, cond), (cache, slot, code, hidden) in zip(group, started, strict=True):
+                req.cache, req.slot, req.code, req.hidden = cache, slot, code, hidden
+                req.prefill_len = cond.embeds.shape[0]
+                try:
+                    out += self._prefilled(req)
+                except Exception as exc:
+                    out += self._prefill_failed([req], exc)
+        return out
+
+    def _prefill_failed(
+        self, reqs: list[_Request], exc: Exception
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        log.error("talker prefill failed for %s", ", ".join(r.rid for r in reqs), exc_info=exc)
+        for req in reqs:
+            self._forget(req)
+        return [(req, exc) for req in reqs]
+
+    def _prefilled(
+        self, req: _Request
+    ) -> list[tuple[_Request, EngineOutput | BaseException | None]]:
+        """A request just prefilled: its first code checked, and under
+        static decoding its delivered frames replayed and its slot taken."""
         if self._graphs is None:
             return self._after_code(req)
         if req.forced:

@@ -384,6 +384,61 @@ class TalkerModel:
         code = self._choose(logits, [slot])[0]
         return cache, slot, code, hidden[0]
 
+    def prefill_many(
+        self, conds: list[Conditioning], samplings: list[Sampling]
+    ) -> list[tuple[Any, Slot, int, torch.Tensor]]:
+        """``prefill`` of several requests in one forward: their prompts
+        right-padded to the longest (the padding after each prompt, so the
+        causal mask keeps every prompt position from seeing it), each
+        request's cache its own rows' prompt positions, its code chosen from
+        its last prompt position.  One request: ``prefill`` itself."""
+        if len(conds) == 1:
+            return [self.prefill(conds[0], samplings[0])]
+        import torch
+        from transformers import DynamicCache
+
+        lengths = [c.embeds.shape[0] for c in conds]
+        width = max(lengths)
+        first = conds[0].embeds
+        embeds = first.new_zeros(len(conds), width, first.shape[1])
+        # Rows: the sequence position, then the three MRoPE rows; padding
+        # goes on counting (it is never attended to by a prompt position).
+        positions = torch.arange(width).expand(4, len(conds), width).clone()
+        for i, c in enumerate(conds):
+            n = lengths[i]
+            embeds[i, :n] = c.embeds
+            positions[1:, i, :n] = c.positions
+            positions[1:, i, n:] = c.positions[:, -1:] + torch.arange(1, width - n + 1)
+        cache = DynamicCache(config=self.talker.config.text_config)
+        with torch.no_grad():
+            out = self.talker.model(
+                inputs_embeds=embeds,
+                attention_mask=torch.ones(len(conds), width, dtype=torch.long, device=self.device),
+                position_ids=positions.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            last = torch.tensor([n - 1 for n in lengths], device=self.device)
+            hidden = out.last_hidden_state[torch.arange(len(conds), device=self.device), last]
+            logits = self.talker.codec_head(hidden)
+        slots = [
+            Slot(length=n, rope_delta=c.rope_delta, sampling=s)
+            for n, c, s in zip(lengths, conds, samplings, strict=True)
+        ]
+        codes = self._choose(logits, slots)
+        # Full-attention layers only (the talker has no other kind).
+        tensors: list[tuple[Any, Any]] = [
+            (layer.keys, layer.values)  # type: ignore[union-attr]
+            for layer in cache.layers
+        ]
+        result = []
+        for i, n in enumerate(lengths):
+            own = DynamicCache(config=self.talker.config.text_config)
+            for layer_idx, (k, v) in enumerate(tensors):
+                own.update(k[i : i + 1, :, :n], v[i : i + 1, :, :n], layer_idx)
+            result.append((own, slots[i], codes[i], hidden[i]))
+        return result
+
     def step(
         self,
         caches: BatchCache,

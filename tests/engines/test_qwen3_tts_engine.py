@@ -114,3 +114,21 @@ def test_pieces_join_with_a_space_but_none_after_a_wide_character() -> None:
     assert _joined("Hi.", "How are you?") == "Hi. How are you?"
     assert _joined("Hi. ", "Bye.") == "Hi. Bye."
     assert _joined("你好。", "再见。") == "你好。再见。"
+
+
+def test_prompts_prefilled_in_one_forward_start_as_each_alone(folder: Path) -> None:
+    import torch
+
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker, SpeechRequest
+    from omnix.engines.talker_model import Sampling
+
+    talker = Qwen3TTSTalker.load(folder)
+    conds = [
+        talker.prompt(SpeechRequest(text=text, speaker=VOICE)).prefill
+        for text in (SENTENCES[0], " ".join(SENTENCES))
+    ]
+    together = talker.prefill_many(conds, [Sampling(), Sampling()])
+    for cond, (_, slot, code, hidden) in zip(conds, together, strict=True):
+        _, own_slot, own_code, own_hidden = talker.prefill(cond, Sampling())
+        assert (code, slot.length) == (own_code, own_slot.length)
+        torch.testing.assert_close(hidden, own_hidden, rtol=0, atol=1e-5)

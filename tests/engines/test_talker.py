@@ -294,3 +294,32 @@ async def test_a_full_slot_ends_its_request_with_length_and_the_others_go_on(
     assert fin_a == "length" and 0 < len(a) < len(short.codes)
     np.testing.assert_array_equal(a, short.codes[: len(a)])
     np.testing.assert_array_equal(b, long_.codes[: len(b)])
+
+
+async def test_requests_prefilled_in_one_forward_start_as_each_alone(talker, reference) -> None:
+    # Static decoding prefills the requests that start together in one
+    # right-padded forward: each request's cache, first code and hidden
+    # state are those of its own prefill.
+    import torch
+
+    from omnix.engines.talker_model import Sampling
+
+    model = talker.model
+    voices = [model.speaker_id(voice) for _, voice in PROMPTS]
+    conds = [
+        model.conditioning(want.prompt_ids, want.thinker_ids[0], voice)
+        for want, voice in zip(reference, voices, strict=True)
+    ]
+    assert len({c.embeds.shape[0] for c in conds}) > 1  # padding is exercised
+    together = model.prefill_many(conds, [Sampling() for _ in conds])
+    for cond, (cache, slot, code, hidden) in zip(conds, together, strict=True):
+        own_cache, own_slot, own_code, own_hidden = model.prefill(cond, Sampling())
+        assert (code, slot.length, slot.rope_delta) == (
+            own_code,
+            own_slot.length,
+            own_slot.rope_delta,
+        )
+        torch.testing.assert_close(hidden, own_hidden, rtol=0, atol=1e-5)
+        for layer, own in zip(cache.layers, own_cache.layers, strict=True):
+            torch.testing.assert_close(layer.keys, own.keys, rtol=0, atol=1e-5)
+            torch.testing.assert_close(layer.values, own.values, rtol=0, atol=1e-5)
