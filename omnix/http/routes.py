@@ -36,6 +36,8 @@ ROUTES: Final[tuple[Route, ...]] = (
     speech_stream.SPEECH_STREAM,
     audio.TRANSCRIPTIONS,
     voices.VOICES,
+    voices.UPLOAD,
+    voices.DELETE,
     realtime.REALTIME,
     images.IMAGES,
     images.EDITS,

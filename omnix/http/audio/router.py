@@ -32,7 +32,9 @@ from omnix.pipelines.config import Qwen3TTSTalkerArgs
 
 async def speech(server: Server, request: web.Request) -> web.StreamResponse:
     body = await read_body(request, SpeechRequest)
-    plan = speech_plan(body, server.served, traceparent=traceparent(request))
+    server.served.check_model(body.model)
+    reference = await server.cloning.reference(body)
+    plan = speech_plan(body, server.served, reference=reference, traceparent=traceparent(request))
     return await respond(server, request, plan)
 
 
