@@ -5,10 +5,12 @@ the greedy audio omnix's in-process cloner, talker and decoder give for
 the same clip; the clip and its transcript are recorded with the request,
 so its trace replays (the client's bytes, the decisions, the audio) after
 the voice is deleted; voices outlive a restart; ``ref_audio`` may be an
-http(s) URL of an allowed host; and each bad field is one 4xx naming it."""
+http(s) URL of an allowed host; a batch's items clone as they do alone;
+and each bad field is one 4xx naming it."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import aiohttp
@@ -137,6 +139,20 @@ async def test_an_uploaded_voice_clones_replays_without_the_store_and_outlives_a
             url = f"http://127.0.0.1:{port}/voice.wav"
             _, fetched = await _speak(http, served, ref_audio=url, ref_text=REF_TEXT)
             assert fetched == cloned
+
+            # In a batch too, beside an item cloning from ref_audio.
+            batch = {
+                "response_format": "pcm",
+                "items": [
+                    {"input": text, "voice": "Alice"},
+                    {"input": text, "ref_audio": data_url(wav16), "ref_text": REF_TEXT},
+                ],
+                **GREEDY,
+            }
+            async with http.post(served.url + "/v1/audio/speech/batch", json=batch) as r:
+                assert r.status == 200, await r.text()
+                results = (await r.json())["results"]
+            assert [base64.b64decode(x["audio_data"]) for x in results] == [cloned, cloned]
 
             async with http.get(f"{served.url}/v1/requests/{rid}/trace") as r:
                 assert r.status == 200

@@ -1,6 +1,8 @@
 """Speech's and transcriptions' bodies, as typed msgspec Structs.
 
-Owns: ``SpeechRequest`` and the ``speech.audio.*`` SSE events;
+Owns: ``SpeechRequest`` and the ``speech.audio.*`` SSE events; the
+batch's body and answer (``SpeechBatchRequest``, ``SpeechBatchItem``,
+``SpeechBatchResponse``, ``SpeechBatchResult``, vLLM-Omni's shapes);
 ``TranscriptionForm`` (the text fields of the multipart form) and the
 transcription responses (``json``, ``verbose_json``, the
 ``transcript.text.*`` SSE events).
@@ -20,6 +22,10 @@ from omnix.events.options import TranscriptionFormat
 from omnix.http.common.fields import REQUEST, SamplingParamsList, Seed, Speed, Voice
 
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+SpeechInput = Annotated[str, Meta(min_length=1, max_length=16384)]
+Instructions = Annotated[str, Meta(max_length=4096)]
+Language = Annotated[str, Meta(min_length=1, max_length=64)]
+TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
 
 
 class SpeechRequest(msgspec.Struct, **REQUEST):
@@ -35,24 +41,61 @@ class SpeechRequest(msgspec.Struct, **REQUEST):
     instruction (how to say it) or VoiceDesign's description of the voice
     (required there); ``language`` ``"auto"`` or one of the checkpoint's;
     ``task_type``, when given, must be the served variant's.  ``ref_audio``
-    (a ``data:`` URL of 24 kHz audio; http(s) URLs are not fetched) and
-    ``ref_text`` (its transcript, optional) clone a voice: the Base
-    variant's, required there (``ref_audio``), refused elsewhere."""
+    (a ``data:`` URL, or an http(s) URL of an allowed media host, of audio
+    at any rate) and ``ref_text`` (its transcript, optional) clone a voice:
+    the Base variant's, refused elsewhere; on Base, ``voice`` may instead
+    name a voice uploaded with ``POST /v1/audio/voices``."""
 
-    input: Annotated[str, Meta(min_length=1, max_length=16384)]
+    input: SpeechInput
     model: str = ""
     voice: Voice = "default"
     response_format: SpeechFormat = "mp3"
     speed: Speed = 1.0
     stream_format: Literal["audio", "sse"] | None = None
     stream: bool | None = None
-    instructions: Annotated[str, Meta(max_length=4096)] | None = None
+    instructions: Instructions | None = None
     seed: Seed | None = None
     sampling_params_list: SamplingParamsList | None = None
-    language: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
-    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    language: Language | None = None
+    task_type: TaskType | None = None
     ref_audio: str | None = None
     ref_text: str | None = None
+
+
+class SpeechBatchItem(msgspec.Struct, **REQUEST):
+    """One text of ``POST /v1/audio/speech/batch``: each field but
+    ``input`` overrides the batch's when given."""
+
+    input: SpeechInput
+    voice: Voice | None = None
+    instructions: Instructions | None = None
+    response_format: SpeechFormat | None = None
+    speed: Speed | None = None
+    task_type: TaskType | None = None
+    language: Language | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    seed: Seed | None = None
+    sampling_params_list: SamplingParamsList | None = None
+
+
+class SpeechBatchRequest(msgspec.Struct, **REQUEST):
+    """POST /v1/audio/speech/batch (vLLM-Omni's): ``items``, each spoken as
+    its own ``POST /v1/audio/speech`` of these fields with the item's
+    overriding them (``response_format`` ``wav`` unless one says)."""
+
+    items: Annotated[list[SpeechBatchItem], Meta(min_length=1)]
+    model: str = ""
+    voice: Voice = "default"
+    instructions: Instructions | None = None
+    response_format: SpeechFormat = "wav"
+    speed: Speed = 1.0
+    task_type: TaskType | None = None
+    language: Language | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    seed: Seed | None = None
+    sampling_params_list: SamplingParamsList | None = None
 
 
 class SpeechAudioDelta(msgspec.Struct, tag="speech.audio.delta", tag_field="type"):
@@ -67,6 +110,29 @@ class SpeechUsage(msgspec.Struct, kw_only=True):
 
 class SpeechAudioDone(msgspec.Struct, tag="speech.audio.done", tag_field="type"):
     usage: SpeechUsage
+
+
+class SpeechBatchResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One item's answer: its audio file as base64 (``success``), or why
+    it failed once admitted (``error``); ``request_id``: its request."""
+
+    index: int
+    status: Literal["success", "error"]
+    request_id: str
+    audio_data: str | None = None
+    media_type: str | None = None
+    usage: SpeechUsage | None = None
+    error: str | None = None
+
+
+class SpeechBatchResponse(msgspec.Struct, kw_only=True):
+    """The batch's answer: one result per item, in order."""
+
+    id: str
+    results: list[SpeechBatchResult]
+    total: int
+    succeeded: int
+    failed: int
 
 
 class TranscriptionForm(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
