@@ -78,7 +78,7 @@ def build_app(
     app.on_response_prepare.append(cors.on_prepare)
     tel = _make_telemetry(omni) if telemetry is True else (telemetry or None)
     server = Server(omni, options, telemetry=tel)
-    server.openapi = OpenApi(
+    server.openapi = openapi = OpenApi(
         omni.pipeline,
         max_batch=options.max_batch,
         auth=bool(options.api_key),
@@ -86,6 +86,8 @@ def build_app(
     )
     app.on_startup.append(server.load_tokenizer)
     for route in ROUTES:
+        if route.described_only and not openapi.describes(route):
+            continue
         add = {
             "GET": app.router.add_get,  # a GET answers HEAD too
             "POST": app.router.add_post,

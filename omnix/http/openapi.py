@@ -59,6 +59,10 @@ class OpenApi:
                 out.append((route, op))
         return out
 
+    def describes(self, route: Route) -> bool:
+        """Whether the document describes ``route`` for this pipeline."""
+        return not isinstance(route.doc, Undescribed) and route.doc(self.ctx) is not None
+
     def published(self, path: str) -> bool:
         """Whether ``path`` is in the document: a route the table describes
         and this server's pipeline answers."""

@@ -1,7 +1,8 @@
 """The HTTP server's knobs, in one value.
 
 Owns ``HttpOptions``: what ``omnix serve``'s HTTP flags set (API key, body
-and batch limits, CORS origins, media hosts, the stream-resume grace) and
+and batch limits, CORS origins, media hosts, the stream-resume grace,
+where uploaded voices are kept) and
 ``build_app``/``HttpServer``/``Routes`` read.  Imports nothing heavy, so
 ``serve.py`` can show the defaults in ``--help`` before loading any HTTP
 code.  Does not own parsing the flags (``serve.py``) nor what each knob
@@ -11,6 +12,7 @@ does (``app.py``, ``core/``, ``media/``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 #: Largest request body (bytes); larger ones get 413.  Room for one media
 #: part at its default limit (10 MiB, about 13.4 MiB as base64) plus the
@@ -42,3 +44,7 @@ class HttpOptions:
     #: The names the server answers to as ``model`` (``--served-model-name``,
     #: as vLLM's): the first is the one it reports; none: the pipeline's name.
     served_model_names: tuple[str, ...] = ()
+    #: Where uploaded voices are kept (``POST /v1/audio/voices``; ``omnix
+    #: serve`` keeps them in ``--log-dir``'s ``voices/``); None: a temporary
+    #: folder, removed when the server closes.
+    voice_dir: Path | None = None

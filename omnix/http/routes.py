@@ -16,7 +16,7 @@ from typing import Final
 from omnix.http.admin import engines, replicas
 from omnix.http.admin import router as admin
 from omnix.http.audio import router as audio
-from omnix.http.audio import speech_stream, voices
+from omnix.http.audio import speech_batch, speech_stream, voices
 from omnix.http.chat import router as chat
 from omnix.http.completions import router as completions
 from omnix.http.core.route import Route
@@ -33,9 +33,12 @@ ROUTES: Final[tuple[Route, ...]] = (
     chat.CHAT,
     completions.COMPLETIONS,
     audio.SPEECH,
+    speech_batch.SPEECH_BATCH,
     speech_stream.SPEECH_STREAM,
     audio.TRANSCRIPTIONS,
     voices.VOICES,
+    voices.UPLOAD,
+    voices.DELETE,
     realtime.REALTIME,
     images.IMAGES,
     images.EDITS,

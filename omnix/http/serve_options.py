@@ -50,6 +50,9 @@ def http_options(args: argparse.Namespace, names: tuple[str, ...] = ()) -> HttpO
         allowed_origins=origins,
         allowed_media_domains=_domains(args.allowed_media_domains),
         served_model_names=names,
+        # Uploaded voices live beside the log they are cloned in (a
+        # frontend, which has no --log-dir, keeps its own for its lifetime).
+        voice_dir=log_dir / "voices" if (log_dir := getattr(args, "log_dir", None)) else None,
     )
 
 

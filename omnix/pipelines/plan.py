@@ -124,8 +124,8 @@ def _check_params(p: StageParams, where: str) -> None:
         raise bad("temperature", "must be between 0 and 2")
     if p.top_p is not None and not (0.0 < p.top_p <= 1.0):
         raise bad("top_p", "must be in (0, 1]")
-    if p.top_k is not None and p.top_k < -1:
-        raise bad("top_k", "must be -1 (off) or positive")
+    if p.top_k is not None and not (-1 <= p.top_k < 2**31):
+        raise bad("top_k", "must be -1 (off) or a positive 32-bit integer")
     if p.max_tokens is not None and not (1 <= p.max_tokens <= 1_000_000):
         raise bad("max_tokens", "must be a positive integer")
     if p.num_inference_steps is not None and not (1 <= p.num_inference_steps <= 1000):
@@ -151,9 +151,9 @@ def _check_params(p: StageParams, where: str) -> None:
         if pen is not None and not (-2.0 <= pen <= 2.0):
             raise bad(name, "must be between -2 and 2")
     if p.stop_token_ids is not None and (
-        len(p.stop_token_ids) > 64 or any(t < 0 for t in p.stop_token_ids)
+        len(p.stop_token_ids) > 64 or any(not (0 <= t < 2**31) for t in p.stop_token_ids)
     ):
-        raise bad("stop_token_ids", "must be at most 64 token ids, each >= 0")
+        raise bad("stop_token_ids", "must be at most 64 token ids, each in [0, 2**31)")
     if p.logit_bias is not None and (
         len(p.logit_bias) > 300
         or any(not (0 <= k < 10**9) or not (-100.0 <= v <= 100.0) for k, v in p.logit_bias.items())

@@ -11,21 +11,31 @@ cannot do."""
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
 import aiohttp
-import numpy as np
-import openai
 import pytest
 
-from omnix.pipelines.config import Qwen3TTSDecoderArgs
 from omnix.pipelines.folder import derive_pipeline
-from omnix.testing.served import ServeProcess
 from tests.model_fixtures import session_models
 
-from .conftest import engines_missing, parse_sse
+from .conftest import engines_missing
+from .tts_serving import (
+    GREEDY,
+    REF_TEXT,
+    assert_heard,
+    audio_stream,
+    clip_samples,
+    data_url,
+    expected_clone,
+    expected_pcm,
+    reference_wav,
+    refused,
+    serve,
+    sse_pcm,
+    voices,
+)
 
 pytestmark = [
     pytest.mark.engines,
@@ -33,11 +43,6 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-START_S = 300
-#: The random-weight talker never ends by itself: 24 codes bound it (23
-#: frames, as qwen-tts's generate(max_new_tokens=24) gives).
-MAX_TOKENS = 24
-GREEDY = {"sampling_params_list": {"talker": {"temperature": 0.0, "max_tokens": MAX_TOKENS}}}
 #: CustomVoice's speakers by codec id (the first is ``default``).
 SPEAKERS = ["aiden", "sohee", "ono_anna", "eric", "dylan", "uncle_fu", "ryan", "vivian", "serena"]
 
@@ -47,83 +52,27 @@ def tiny(tmp_path_factory):
     return session_models(tmp_path_factory)
 
 
-def expected_pcm(folder: str, **request) -> np.ndarray:
-    """omnix's in-process greedy audio for ``request`` (``SpeechRequest``'s
-    fields), decoded with the chunks the derived decoder stage streams."""
-    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker, SpeechRequest
-    from omnix.engines.speech_decoder import SpeechCodec
-
-    decoder = derive_pipeline(folder, gpu=False).stage("code2wav").engine
-    assert isinstance(decoder, Qwen3TTSDecoderArgs)
-    codes = Qwen3TTSTalker.load(folder).generate(
-        SpeechRequest(**request), max_new_tokens=MAX_TOKENS
-    )
-    pcm = SpeechCodec.load(folder).decode(
-        codes, decoder.chunk_frames, decoder.context_frames, decoder.first_chunk_frames
-    )
-    return pcm.numpy()
-
-
-def assert_heard(pcm16: bytes, want: np.ndarray) -> None:
-    got = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768
-    assert len(got) == len(want) == (MAX_TOKENS - 1) * 1920
-    assert np.abs(got - np.clip(want, -1, 1)).max() < 1 / 16000  # 16-bit PCM
-    assert np.abs(want).max() > 0.05  # audible, not silence
-
-
-async def _serve(folder: str, name: str) -> tuple[ServeProcess, openai.AsyncOpenAI]:
-    served = await ServeProcess.start(folder, "--served-model-name", name)
-    await served.ready(timeout=START_S)
-    client = openai.AsyncOpenAI(
-        base_url=served.url + "/v1", api_key="unused", max_retries=0, timeout=300
-    )
-    return served, client
-
-
-async def _sse(client: openai.AsyncOpenAI, **kw) -> bytes:
-    async with client.audio.speech.with_streaming_response.create(
-        response_format="pcm", **kw
-    ) as streamed:
-        assert streamed.headers["content-type"] == "text/event-stream"
-        raw = b"".join([piece async for piece in streamed.iter_bytes()])
-    events = [json.loads(f["data"]) for f in parse_sse(raw)]
-    assert events[-1]["type"] == "speech.audio.done"
-    assert events[-1]["usage"]["output_tokens"] == MAX_TOKENS - 1
-    assert len(events) > 2  # the first chunk came apart from the rest
-    return b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-
-
-async def _audio_stream(client: openai.AsyncOpenAI, **kw) -> bytes:
-    async with client.audio.speech.with_streaming_response.create(
-        response_format="pcm", **kw
-    ) as streamed:
-        return b"".join([piece async for piece in streamed.iter_bytes()])
-
-
-async def _refused(client: openai.AsyncOpenAI, param: str, *needles: str, **kw) -> None:
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.audio.speech.create(model="", input="Hello.", response_format="pcm", **kw)
-    body = err.value.body
-    assert isinstance(body, dict) and body.get("param") == param, body
-    for needle in needles:
-        assert needle in str(body.get("message")), body
-
-
-async def _voices(served: ServeProcess) -> dict:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(served.url + "/v1/audio/voices") as r:
-            assert r.status == 200
-            got: dict = await r.json()
-            return got
-
-
 async def test_custom_voice_speaks_its_speakers_and_instructions(tiny):
     folder = tiny.qwen3_tts_custom_voice
-    served, client = await _serve(folder, "tts-custom")
+    served, client = await serve(folder, "tts-custom")
     try:
         (card,) = (await client.models.list()).data
         assert card.model_extra["stages"] == ["talker", "code2wav"]
-        assert await _voices(served) == {"object": "list", "voices": SPEAKERS, "default": "aiden"}
+        assert await voices(served) == {
+            "object": "list", "voices": SPEAKERS, "default": "aiden", "uploaded_voices": []
+        }  # fmt: skip
+        # Uploads are Base's: elsewhere POST is no method of the path, nor DELETE.
+        async with aiohttp.ClientSession() as http:
+            form = aiohttp.FormData({"name": "alice", "consent": "c-1"})
+            form.add_field("audio_sample", reference_wav(), filename="v.wav")
+            async with http.post(served.url + "/v1/audio/voices", data=form) as r:
+                assert r.status == 405, await r.text()
+                assert set(r.headers["Allow"].split(",")) == {"GET", "HEAD"}
+                assert "/openapi.json" in (await r.json())["error"]["message"]
+            async with http.delete(served.url + "/v1/audio/voices/alice") as r:
+                assert r.status == 405, await r.text()
+                assert r.headers["Allow"] == ""
+                assert "does not clone voices" in (await r.json())["error"]["message"]
 
         text = "Hello there, how are you today?"
         whole = await client.audio.speech.create(
@@ -139,7 +88,7 @@ async def test_custom_voice_speaks_its_speakers_and_instructions(tiny):
 
         said = "Speak softly, please."
         how = "Very happy, and a little fast."
-        sse = await _sse(
+        sse = await sse_pcm(
             client,
             model="tts-custom",
             input=said,
@@ -150,7 +99,7 @@ async def test_custom_voice_speaks_its_speakers_and_instructions(tiny):
         want = expected_pcm(folder, text=said, speaker="aiden", instruct=how)
         assert_heard(sse, want)
         # The default voice is the first listed; streamed as audio bytes.
-        default = await _audio_stream(
+        default = await audio_stream(
             client,
             model="tts-custom",
             input=said,
@@ -161,15 +110,15 @@ async def test_custom_voice_speaks_its_speakers_and_instructions(tiny):
         assert default == sse
 
         # Refused, naming what the checkpoint can do.
-        await _refused(client, "voice", "aiden, sohee", voice="alloy")
-        await _refused(
+        await refused(client, "voice", "aiden, sohee", voice="alloy")
+        await refused(
             client, "language", "english", voice="ryan", extra_body={"language": "Klingon"}
         )
-        await _refused(
+        await refused(
             client, "ref_audio", "CustomVoice", "Base", voice="ryan",
             extra_body={"ref_audio": "data:audio/wav;base64,AAAA", "ref_text": "Hi."},
         )  # fmt: skip
-        await _refused(
+        await refused(
             client,
             "task_type",
             "CustomVoice",
@@ -183,9 +132,11 @@ async def test_custom_voice_speaks_its_speakers_and_instructions(tiny):
 
 async def test_voice_design_speaks_a_described_voice(tiny):
     folder = tiny.qwen3_tts_voice_design
-    served, client = await _serve(folder, "tts-design")
+    served, client = await serve(folder, "tts-design")
     try:
-        assert await _voices(served) == {"object": "list", "voices": [], "default": ""}
+        assert await voices(served) == {
+            "object": "list", "voices": [], "default": "", "uploaded_voices": []
+        }  # fmt: skip
         text = "The quick brown fox."
         voice = "A warm, low female voice, speaking slowly."
         want = expected_pcm(folder, text=text, instruct=voice, language="english")
@@ -198,7 +149,7 @@ async def test_voice_design_speaks_a_described_voice(tiny):
             extra_body={"language": "english", **GREEDY},
         )
         assert_heard(whole.content, want)
-        sse = await _sse(
+        sse = await sse_pcm(
             client,
             model="tts-design",
             input=text,
@@ -208,13 +159,13 @@ async def test_voice_design_speaks_a_described_voice(tiny):
         )
         assert sse == whole.content
 
-        await _refused(client, "instructions", "VoiceDesign", "describing", voice="default")
-        await _refused(client, "voice", "no named voice", voice="ryan", instructions=voice)
-        await _refused(
+        await refused(client, "instructions", "VoiceDesign", "describing", voice="default")
+        await refused(client, "voice", "no named voice", voice="ryan", instructions=voice)
+        await refused(
             client, "ref_audio", "VoiceDesign", voice="default", instructions=voice,
             extra_body={"ref_audio": "data:audio/wav;base64,AAAA"},
         )  # fmt: skip
-        await _refused(
+        await refused(
             client, "language", "english", voice="default", instructions=voice,
             extra_body={"language": "beijing_dialect"},
         )  # fmt: skip
@@ -234,63 +185,17 @@ def test_an_unknown_variant_is_refused_by_name(tiny, tmp_path: Path) -> None:
         derive_pipeline(other, gpu=False)
 
 
-#: Base: the voice of a gliding tone and a tremolo bell (16-bit PCM), with
-#: its transcript (in-context cloning) or alone (the speaker vector).
-REF_TEXT = "A sweeping tone, then a bell."
-
-
-def _reference_wav(rate: int = 24000, channels: int = 1) -> bytes:
-    import io
-
-    import soundfile as sf
-
-    t = np.arange(int(1.3 * rate)) / rate
-    x = 0.4 * np.sin(2 * np.pi * 220 * t * (1 + 0.3 * t))
-    x += 0.2 * np.sin(2 * np.pi * 523 * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    out = io.BytesIO()
-    sf.write(out, np.stack([x] * channels, axis=1), rate, subtype="PCM_16", format="WAV")
-    return out.getvalue()
-
-
-def _data_url(wav: bytes) -> str:
-    return "data:audio/wav;base64," + base64.b64encode(wav).decode()
-
-
-def expected_clone(folder: str, wav: bytes, ref_text: str | None, **request) -> np.ndarray:
-    """omnix's in-process greedy audio of a voice cloned from ``wav``: the
-    cloner, the talker, and the decoder as the served stage decodes it
-    (after the reference codes when cloned in context)."""
-    import io
-
-    from omnix.engines.qwen3_tts_clone import VoiceCloner, read_wav
-    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker, SpeechRequest
-    from omnix.engines.speech_decoder import SpeechCodec
-
-    samples, rate = read_wav(io.BytesIO(wav))
-    voice = VoiceCloner.load(folder).clone(samples, rate, ref_text)
-    codes = Qwen3TTSTalker.load(folder).generate(
-        SpeechRequest(clone=voice, **request), max_new_tokens=MAX_TOKENS
-    )
-    codec = SpeechCodec.load(folder)
-    if voice.codes is not None:
-        return codec.decode_after(voice.codes, codes).numpy()
-    decoder = derive_pipeline(folder, gpu=False).stage("code2wav").engine
-    assert isinstance(decoder, Qwen3TTSDecoderArgs)
-    pcm = codec.decode(
-        codes, decoder.chunk_frames, decoder.context_frames, decoder.first_chunk_frames
-    )
-    return pcm.numpy()
-
-
 async def test_base_clones_a_voice_from_reference_audio(tiny):
     folder = tiny.qwen3_tts_base
-    served, client = await _serve(folder, "tts-base")
+    served, client = await serve(folder, "tts-base")
     try:
         (card,) = (await client.models.list()).data
         assert card.model_extra["stages"] == ["talker", "code2wav"]
-        assert await _voices(served) == {"object": "list", "voices": [], "default": ""}
-        wav = _reference_wav()
-        ref = _data_url(wav)
+        assert await voices(served) == {
+            "object": "list", "voices": [], "default": "", "uploaded_voices": []
+        }  # fmt: skip
+        wav = reference_wav()
+        ref = data_url(wav)
 
         text = "Clone this voice, please."
         icl = await client.audio.speech.create(
@@ -300,11 +205,11 @@ async def test_base_clones_a_voice_from_reference_audio(tiny):
             response_format="pcm",
             extra_body={"ref_audio": ref, "ref_text": REF_TEXT, "task_type": "Base", **GREEDY},
         )
-        assert_heard(icl.content, expected_clone(folder, wav, REF_TEXT, text=text))
+        assert_heard(icl.content, expected_clone(folder, clip_samples(wav), REF_TEXT, text=text))
 
         said = "Only the vector."
-        want = expected_clone(folder, wav, None, text=said, language="english")
-        vector = await _sse(
+        want = expected_clone(folder, clip_samples(wav), None, text=said, language="english")
+        vector = await sse_pcm(
             client,
             model="tts-base",
             input=said,
@@ -314,27 +219,23 @@ async def test_base_clones_a_voice_from_reference_audio(tiny):
         assert_heard(vector, want)
 
         # Refused before admission, naming what Base takes.
-        await _refused(client, "ref_audio", "Base", "ref_audio", "24000 Hz", voice="default")
-        await _refused(
-            client, "ref_audio", "not fetched", "data URL", voice="default",
+        await refused(client, "ref_audio", "Base", "ref_audio", "24000 Hz", voice="default")
+        await refused(
+            client, "ref_audio", "fetches no remote media", "data: URL", voice="default",
             extra_body={"ref_audio": "https://example.com/voice.wav"},
         )  # fmt: skip
-        await _refused(
-            client, "ref_audio", "16000 Hz", "24000 Hz", voice="default",
-            extra_body={"ref_audio": _data_url(_reference_wav(16000))},
-        )  # fmt: skip
-        await _refused(
+        await refused(
             client, "ref_audio", "could not be decoded", voice="default",
             extra_body={"ref_audio": "data:audio/wav;base64,AAAA"},
         )  # fmt: skip
-        await _refused(
+        await refused(
             client, "ref_audio", "base64", voice="default",
             extra_body={"ref_audio": "data:audio/wav;base64,not base64!"},
         )  # fmt: skip
-        await _refused(
-            client, "voice", "no named voice", voice="ryan", extra_body={"ref_audio": ref}
+        await refused(
+            client, "voice", "no named speakers", voice="ryan", extra_body={"ref_audio": ref}
         )
-        await _refused(
+        await refused(
             client, "instructions", "no instructions", voice="default",
             instructions="Speak softly.", extra_body={"ref_audio": ref},
         )  # fmt: skip

@@ -5,7 +5,7 @@ the reference's streaming-text mode, so the utterance's audio equals
 omnix's in-process greedy audio of the joined text in that mode (held to
 qwen-tts by tests/engines/test_qwen3_tts.py); each sentence's audio is
 told apart; the Qwen3-TTS fields are checked as ``POST /v1/audio/speech``
-checks them."""
+checks them; a Base checkpoint clones the clip its config names."""
 
 from __future__ import annotations
 
@@ -14,8 +14,18 @@ import websockets
 
 from omnix.testing.served import ServeProcess
 
-from .test_engines_serve_tts import MAX_TOKENS, START_S, assert_heard, expected_pcm, tiny
+from .test_engines_serve_tts import tiny
 from .test_speech_stream import read_until, send
+from .tts_serving import (
+    MAX_TOKENS,
+    START_S,
+    assert_heard,
+    clip_samples,
+    data_url,
+    expected_clone,
+    expected_pcm,
+    reference_wav,
+)
 
 __all__ = ["tiny"]  # the fixture, shared
 
@@ -82,3 +92,41 @@ async def test_the_qwen3_tts_fields_are_checked_as_the_speech_route_checks_them(
         await send(ws, "session.config", voice="vivian", ref_text="what I said")
         (error,) = [m for m in await read_until(ws, "error") if isinstance(m, dict)]
         assert "ref_text" in error["message"] and "Base" in error["message"], error
+
+
+@pytest.fixture(scope="module")
+async def served_base(tiny):
+    served = await ServeProcess.start(tiny.qwen3_tts_base)
+    try:
+        await served.ready(timeout=START_S)
+        yield served
+    finally:
+        await served.stop()
+
+
+async def test_a_base_checkpoint_clones_the_configs_clip_for_the_whole_utterance(
+    served_base, tiny
+) -> None:
+    # Base waits for the whole text (a voice cloned in context puts it in
+    # the prefill), then speaks it in the reference's streaming-text mode.
+    wav, said = reference_wav(), "A short clip to clone."
+    async with websockets.connect(_url(served_base), max_size=None) as ws:
+        await send(
+            ws,
+            "session.config",
+            ref_audio=data_url(wav),
+            ref_text=said,
+            sampling_params_list=GREEDY,
+        )
+        await send(ws, "input.text", text=f"{FIRST} {REST[0]}")
+        await send(ws, "input.done")
+        messages = await read_until(ws, "session.done")
+    pcm = b"".join(m for m in messages if isinstance(m, bytes))
+    want = expected_clone(
+        tiny.qwen3_tts_base,
+        clip_samples(wav),
+        said,
+        text=f"{FIRST} {REST[0]}",
+        non_streaming=False,
+    )
+    assert_heard(pcm, want)

@@ -36,6 +36,14 @@ BAD: dict[str, tuple[dict[str, Any], str, str]] = {
     "logit_bias over 100": ({"logit_bias": {"1": 101}}, "logit_bias", "invalid_value"),
     "stop_token_ids negative": ({"stop_token_ids": [-1]}, "stop_token_ids", "invalid_value"),
     "min_tokens negative": ({"min_tokens": -1}, "min_tokens", "invalid_value"),
+    # The log (and a trace) holds 64-bit integers: a larger one is refused, not recorded.
+    "top_k past 32 bits": ({"top_k": 2**31}, "top_k", "invalid_value"),
+    "stop_token_ids past 32 bits": ({"stop_token_ids": [2**31]}, "stop_token_ids", "invalid_value"),
+    "a stage's top_k past 64 bits": (
+        {"sampling_params_list": {"thinker": {"top_k": 2**70}}},
+        "top_k",
+        "invalid_value",
+    ),
     "json_schema without its schema": (
         {"response_format": {"type": "json_schema"}},
         "response_format",

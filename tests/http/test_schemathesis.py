@@ -72,13 +72,13 @@ def _failures(output: str) -> str:
 
 @pytest.mark.timeout(180)
 async def test_omni_server_agrees_with_its_openapi_document():
-    # Chat (text and audio), speech and /metrics are published; images are not.
+    # Chat (text and audio), speech (and its batch) and /metrics are published; images are not.
     async with serve_scripted(
         parse_pipeline(OMNI), processes=use_processes(), telemetry=True
     ) as server:
         rc, out = await _schemathesis(server, max_examples=15)
     assert rc == 0, _failures(out)
-    assert "Tested: 17" in out, out[-2000:]  # 14 + GET /engines, a request's figures and trace.html
+    assert "Tested: 18" in out, out[-2000:]  # 15 + GET /engines, a request's figures and trace.html
 
 
 @pytest.mark.timeout(180)

@@ -8,6 +8,7 @@ card and the checks read."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from omnix.http.audio.cloning import Cloning
 from omnix.http.audio.protocol import SpeechFields, SpeechRequest
 from omnix.http.audio.speech import speech_plan
 from omnix.http.audio.speech_tts import speech_fields
@@ -67,15 +69,26 @@ VALUES = {
 }
 
 
-def _refused(served: PlanContext, param: str, **fields: object) -> None:
+def _plan(served: PlanContext, **fields: object) -> None:
+    """The speech route's plan of a body of ``fields``, its clip resolved
+    first as the route resolves it."""
     body = msgspec.convert({"input": "Hello.", **fields}, SpeechRequest)
+    cloning = Cloning(served, None, frozenset())
+    try:
+        reference = asyncio.run(cloning.reference(body))
+    finally:
+        cloning.close()
+    speech_plan(body, served, reference=reference)
+
+
+def _refused(served: PlanContext, param: str, **fields: object) -> None:
     with pytest.raises(ApiError) as err:
-        speech_plan(body, served)
+        _plan(served, **fields)
     assert err.value.status == 400 and err.value.param == param, err.value
 
 
 def _planned(served: PlanContext, **fields: object) -> None:
-    speech_plan(msgspec.convert({"input": "Hello.", **fields}, SpeechRequest), served)
+    _plan(served, **fields)
 
 
 WANT = {
@@ -118,7 +131,9 @@ def test_the_card_says_what_each_variant_takes_as_the_route_checks_it(tmp_path, 
         if how == "refused":
             _refused(served, f, **{**required, f: VALUES[f]})
     if fields.ref_audio != "refused":
-        _refused(served, "ref_audio", **{**required, "ref_audio": _wav_url(16000)})
+        _planned(served, **{**required, "ref_audio": _wav_url(16000)})  # resampled
+        not_audio = "data:audio/wav;base64," + base64.b64encode(b"no audio here").decode()
+        _refused(served, "ref_audio", **{**required, "ref_audio": not_audio})
 
 
 def test_a_pipeline_without_a_qwen3_tts_talker_takes_none_of_them():

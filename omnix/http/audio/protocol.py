@@ -2,7 +2,9 @@
 
 Owns: ``SpeechRequest``, ``SpeechFields`` (what it takes on the served
 pipeline, as the model card publishes it) and the ``speech.audio.*`` SSE
-events;
+events; the batch's body and answer (``SpeechBatchRequest``,
+``SpeechBatchItem``, ``SpeechBatchResponse``, ``SpeechBatchResult``,
+vLLM-Omni's shapes);
 ``TranscriptionForm`` (the text fields of the multipart form) and the
 transcription responses (``json``, ``verbose_json``, the
 ``transcript.text.*`` SSE events).
@@ -22,6 +24,9 @@ from omnix.events.options import TranscriptionFormat
 from omnix.http.common.fields import REQUEST, SamplingParamsList, Seed, Speed, Voice
 
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+SpeechInput = Annotated[str, Meta(min_length=1, max_length=16384)]
+Instructions = Annotated[str, Meta(max_length=4096)]
+Language = Annotated[str, Meta(min_length=1, max_length=64)]
 #: Qwen3-TTS's variants as vLLM-Omni's ``task_type`` names them.
 TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
 
@@ -39,21 +44,22 @@ class SpeechRequest(msgspec.Struct, **REQUEST):
     instruction (how to say it) or VoiceDesign's description of the voice
     (required there); ``language`` ``"auto"`` or one of the checkpoint's;
     ``task_type``, when given, must be the served variant's.  ``ref_audio``
-    (a ``data:`` URL of 24 kHz audio; http(s) URLs are not fetched) and
-    ``ref_text`` (its transcript, optional) clone a voice: the Base
-    variant's, required there (``ref_audio``), refused elsewhere."""
+    (a ``data:`` URL, or an http(s) URL of an allowed media host, of audio
+    at any rate) and ``ref_text`` (its transcript, optional) clone a voice:
+    the Base variant's, refused elsewhere; on Base, ``voice`` may instead
+    name a voice uploaded with ``POST /v1/audio/voices``."""
 
-    input: Annotated[str, Meta(min_length=1, max_length=16384)]
+    input: SpeechInput
     model: str = ""
     voice: Voice = "default"
     response_format: SpeechFormat = "mp3"
     speed: Speed = 1.0
     stream_format: Literal["audio", "sse"] | None = None
     stream: bool | None = None
-    instructions: Annotated[str, Meta(max_length=4096)] | None = None
+    instructions: Instructions | None = None
     seed: Seed | None = None
     sampling_params_list: SamplingParamsList | None = None
-    language: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+    language: Language | None = None
     task_type: TaskType | None = None
     ref_audio: str | None = None
     ref_text: str | None = None
@@ -76,12 +82,49 @@ class SpeechFields(msgspec.Struct, kw_only=True):
     instructions: Takes = "refused"
     #: what ``language`` takes, ``"auto"`` first; empty when it is refused
     languages: list[str] = msgspec.field(default_factory=list)
-    #: Base: the voice to clone, a ``data:`` URL of a WAV (or FLAC) file
+    #: Base: the voice to clone, audio as a ``data:`` URL (or an http(s) URL
+    #: of an allowed host); an uploaded voice named in ``voice`` serves instead
     ref_audio: Takes = "refused"
-    #: the rate (Hz) ``ref_audio`` must have (it is not resampled); 0 when refused
+    #: the rate (Hz) the clip is resampled to (the speaker encoder's); 0 when refused
     ref_audio_rate: int = 0
     #: Base: ``ref_audio``'s transcript (given: the voice is cloned in context)
     ref_text: Takes = "refused"
+
+
+class SpeechBatchItem(msgspec.Struct, **REQUEST):
+    """One text of ``POST /v1/audio/speech/batch``: each field but
+    ``input`` overrides the batch's when given."""
+
+    input: SpeechInput
+    voice: Voice | None = None
+    instructions: Instructions | None = None
+    response_format: SpeechFormat | None = None
+    speed: Speed | None = None
+    task_type: TaskType | None = None
+    language: Language | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    seed: Seed | None = None
+    sampling_params_list: SamplingParamsList | None = None
+
+
+class SpeechBatchRequest(msgspec.Struct, **REQUEST):
+    """POST /v1/audio/speech/batch (vLLM-Omni's): ``items``, each spoken as
+    its own ``POST /v1/audio/speech`` of these fields with the item's
+    overriding them (``response_format`` ``wav`` unless one says)."""
+
+    items: Annotated[list[SpeechBatchItem], Meta(min_length=1)]
+    model: str = ""
+    voice: Voice = "default"
+    instructions: Instructions | None = None
+    response_format: SpeechFormat = "wav"
+    speed: Speed = 1.0
+    task_type: TaskType | None = None
+    language: Language | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    seed: Seed | None = None
+    sampling_params_list: SamplingParamsList | None = None
 
 
 class SpeechAudioDelta(msgspec.Struct, tag="speech.audio.delta", tag_field="type"):
@@ -96,6 +139,29 @@ class SpeechUsage(msgspec.Struct, kw_only=True):
 
 class SpeechAudioDone(msgspec.Struct, tag="speech.audio.done", tag_field="type"):
     usage: SpeechUsage
+
+
+class SpeechBatchResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One item's answer: its audio file as base64 (``success``), or why
+    it failed once admitted (``error``); ``request_id``: its request."""
+
+    index: int
+    status: Literal["success", "error"]
+    request_id: str
+    audio_data: str | None = None
+    media_type: str | None = None
+    usage: SpeechUsage | None = None
+    error: str | None = None
+
+
+class SpeechBatchResponse(msgspec.Struct, kw_only=True):
+    """The batch's answer: one result per item, in order."""
+
+    id: str
+    results: list[SpeechBatchResult]
+    total: int
+    succeeded: int
+    failed: int
 
 
 class TranscriptionForm(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

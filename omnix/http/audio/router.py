@@ -32,7 +32,9 @@ from omnix.pipelines.config import Qwen3TTSTalkerArgs
 
 async def speech(server: Server, request: web.Request) -> web.StreamResponse:
     body = await read_body(request, SpeechRequest)
-    plan = speech_plan(body, server.served, traceparent=traceparent(request))
+    server.served.check_model(body.model)
+    reference = await server.cloning.reference(body)
+    plan = speech_plan(body, server.served, reference=reference, traceparent=traceparent(request))
     return await respond(server, request, plan)
 
 
@@ -72,19 +74,25 @@ def _speech_operation(ctx: DocContext) -> dict[str, Any] | None:
     )
 
 
-def _shape_speech(schemas: Schemas, ctx: DocContext) -> None:
-    speech_ = schemas["SpeechRequest"]
-    sp = speech_["properties"]
-    sp["model"] = doc.model_enum(ctx.pipeline)
-    sp["sampling_params_list"] = doc.sampling_params_list(ctx.pipeline)
+def narrow_speech(props: dict[str, Any], ctx: DocContext, *, optional: bool = False) -> None:
+    """A speech body's fields (``props``) as the pipeline takes them;
+    ``optional``: a batch item's, null meaning the batch's."""
+    if "model" in props:
+        props["model"] = doc.model_enum(ctx.pipeline)
+    props["sampling_params_list"] = doc.sampling_params_list(ctx.pipeline)
     # No engine honours a speaking rate (sampling.SPEECH_ENGINE_PARAMS).
-    sp["speed"] = {"const": 1.0, "default": 1.0}
+    props["speed"] = doc.nullable({"const": 1.0}) if optional else {"const": 1.0, "default": 1.0}
     if not any(isinstance(st.engine, Qwen3TTSTalkerArgs) for st in ctx.pipeline.stages):
         # Instructions, a language, a Qwen3-TTS variant's task and a voice to clone are
         # Qwen3-TTS's alone (speech_tts.check_tts refuses them elsewhere).
-        sp["instructions"] = doc.nullable({"const": ""})
+        props["instructions"] = doc.nullable({"const": ""})
         for field in ("language", "task_type", "ref_audio", "ref_text"):
-            sp[field] = {"type": "null", "default": None}
+            props[field] = {"type": "null", "default": None}
+
+
+def _shape_speech(schemas: Schemas, ctx: DocContext) -> None:
+    speech_ = schemas["SpeechRequest"]
+    narrow_speech(speech_["properties"], ctx)
     # stream: false contradicts a stream_format.
     speech_["not"] = {
         "properties": {"stream": {"const": False}, "stream_format": {"enum": ["audio", "sse"]}},

@@ -4,10 +4,11 @@ Owns: the mapping of a ``SpeechRequest`` onto one ``RequestSpec``: how it
 streams (``stream: true`` is the SSE stream unless a ``stream_format``
 says otherwise), the voice, instructions and language put on the speech
 stages, ``speed`` and ``instructions`` refused unless a speech stage
-honours them (the Qwen3-TTS checks: ``speech_tts.py``), a Base
-checkpoint's reference audio and transcript as the request's message (its
-audio a blob the plan carries to admission), and the ``SpeechOptions`` the
-response renders from.
+honours them (the Qwen3-TTS checks: ``speech_tts.py``), the clip a Base
+checkpoint clones from (``ref_audio`` or an uploaded voice, decoded by
+``cloning.py`` before planning) as the request's message (its audio a blob
+the plan carries to admission), and the ``SpeechOptions`` the response
+renders from.
 
 Does not own admission (``core.submit``) nor the response's bytes
 (``speech_render.py``).
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from omnix.events.options import API_SPEECH, SpeechOptions
 from omnix.events.types import Modality, RequestSpec, StageParams
+from omnix.http.audio.cloning import Reference
 from omnix.http.audio.protocol import SpeechRequest
-from omnix.http.audio.speech_tts import check_tts, reference_voice
+from omnix.http.audio.speech_tts import check_tts, reference_message
 from omnix.http.common.plan import Plan, PlanContext
 from omnix.http.common.rendering import RENDER_VERSION
 from omnix.http.common.sampling import (
@@ -31,7 +33,16 @@ from omnix.http.common.sampling import (
 )
 
 
-def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = "") -> Plan:
+def speech_plan(
+    body: SpeechRequest,
+    served: PlanContext,
+    *,
+    reference: Reference | None = None,
+    traceparent: str = "",
+    request_id: str = "",
+) -> Plan:
+    """``reference``: the clip ``body`` clones from (``Cloning.reference``);
+    ``request_id``: the request's id (a batch item's), else a fresh one."""
     served.check_model(body.model)
     if body.stream is False and body.stream_format is not None:
         raise bad(
@@ -46,11 +57,11 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
     speech_stages = served.media_stages(outputs, "audio")
     if body.speed != 1.0:
         check_speech(served, "speed", speech_stages)
-    check_tts(served, body, speech_stages)
+    check_tts(served, body, speech_stages, reference)
     if body.instructions:
         check_speech(served, "instructions", speech_stages)
     served.check_voice(body.voice, "voice")
-    reference = reference_voice(served, body)
+    cloned = None if reference is None else reference_message(reference)
     for st in speech_stages:
         put(
             params,
@@ -75,10 +86,10 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
         sample_rate=served.sample_rate(),
         voice=body.voice,
     )
-    rid = served.new_request_id()
+    rid = request_id or served.new_request_id()
     spec = RequestSpec(
         prompt=body.input,
-        messages=() if reference is None else (reference[0],),
+        messages=() if cloned is None else (cloned[0],),
         outputs=outputs,
         stage_params=params,
         seed=served.seed(body.seed),
@@ -87,5 +98,5 @@ def speech_plan(body: SpeechRequest, served: PlanContext, *, traceparent: str = 
         traceparent=traceparent,
         response=opts,
     )
-    blobs = () if reference is None else (reference[1],)
+    blobs = () if cloned is None else (cloned[1],)
     return Plan(specs=((rid, spec),), stream=bool(stream_format), blobs=blobs)

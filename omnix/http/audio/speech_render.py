@@ -5,7 +5,9 @@ Owns: the whole audio file (``whole``), and the streams (``SpeechStream``):
 request that fails mid-stream has its connection cut, so the truncated
 file cannot look complete); ``"sse"``, ``speech.audio.delta`` events with
 base64 bytes of the same encoded stream, then ``speech.audio.done`` with
-usage (or a ``{"type": "error"}`` event); which SSE events carry ``id:``.
+usage (or a ``{"type": "error"}`` event); which SSE events carry ``id:``;
+and a batch's JSON answer (``batch``: each item's file as ``whole``
+renders it, base64, or the error its request ended with).
 
 Does not own the dispatch over APIs nor the entry points
 (``omnix.http.render``).
@@ -13,11 +15,28 @@ Does not own the dispatch over APIs nor the entry points
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import msgspec
+
 from omnix.events.options import SpeechOptions
 from omnix.events.types import Admitted, Cancelled, Chunk, Failed, Finished, Progress
-from omnix.http.audio.protocol import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
+from omnix.http.audio.protocol import (
+    SpeechAudioDelta,
+    SpeechAudioDone,
+    SpeechBatchResponse,
+    SpeechBatchResult,
+    SpeechUsage,
+)
 from omnix.http.common.audio import MEDIA_TYPES, StreamEncoder, encode_audio
-from omnix.http.common.rendering import Head, Rendered, b64, sse, typed_sse_error
+from omnix.http.common.rendering import (
+    Head,
+    Rendered,
+    b64,
+    sse,
+    terminal_error,
+    typed_sse_error,
+)
 from omnix.http.common.summary import RequestSummary
 
 
@@ -26,6 +45,36 @@ def whole(s: RequestSummary) -> Rendered:
     data = encode_audio(s.all_audio(), s.sample_rate, fmt)
     return Rendered(
         Head(200, (("Content-Type", MEDIA_TYPES[fmt]), ("X-Request-Id", s.request_id))), data
+    )
+
+
+def batch(batch_id: str, items: Sequence[RequestSummary]) -> SpeechBatchResponse:
+    """The batch's answer from its items' requests, ended, in item order."""
+    results = []
+    for i, s in enumerate(items):
+        if s.terminal is None:
+            raise ValueError(f"request {s.request_id} has no terminal event: cannot render it yet")
+        err = terminal_error(s.terminal)
+        if err is not None:
+            message = msgspec.json.decode(err[1])["error"]["message"]
+            results.append(
+                SpeechBatchResult(index=i, status="error", request_id=s.request_id, error=message)
+            )
+            continue
+        p, c = s.usage()
+        results.append(
+            SpeechBatchResult(
+                index=i,
+                status="success",
+                request_id=s.request_id,
+                audio_data=b64(whole(s).body),
+                media_type=MEDIA_TYPES[s.audio_format],
+                usage=SpeechUsage(input_tokens=p, output_tokens=c, total_tokens=p + c),
+            )
+        )
+    ok = sum(r.status == "success" for r in results)
+    return SpeechBatchResponse(
+        id=batch_id, results=results, total=len(results), succeeded=ok, failed=len(results) - ok
     )
 
 

@@ -43,6 +43,7 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from omnix.events.options import SpeechOptions
+from omnix.http.audio.cloning import Reference
 from omnix.http.audio.protocol import SpeechRequest
 from omnix.http.audio.speech import speech_plan
 from omnix.http.audio.stream_render import Message, SentenceStream, message
@@ -114,8 +115,8 @@ class SentenceSplitter:
         return rest
 
 
-def _plan(server: Server, cfg: StreamConfig, first: str) -> Plan:
-    """The request of an utterance whose first sentence is ``first``."""
+def _body(cfg: StreamConfig, first: str) -> SpeechRequest:
+    """The speech body of an utterance whose first sentence is ``first``."""
     if cfg.response_format != "pcm":
         raise ApiError(
             400,
@@ -152,7 +153,13 @@ def _plan(server: Server, cfg: StreamConfig, first: str) -> Plan:
         )
     except msgspec.ValidationError as exc:
         raise from_decode_error(exc) from None
-    plan = speech_plan(body, server.served)
+    return body
+
+
+def _plan(server: Server, body: SpeechRequest, reference: Reference | None) -> Plan:
+    """The request of an utterance (``body``: ``_body``'s; ``reference``: the
+    clip a Base checkpoint clones from, ``Cloning.reference``'s)."""
+    plan = speech_plan(body, server.served, reference=reference)
     ((rid, spec),) = plan.specs
     opts = spec.response
     assert isinstance(opts, SpeechOptions)
@@ -166,9 +173,16 @@ class Utterance:
     splitter, its request once the first sentence is complete, and the task
     that sends its messages (after the previous utterance's)."""
 
-    def __init__(self, index: int, config: StreamConfig, after: Utterance | None) -> None:
+    def __init__(
+        self,
+        index: int,
+        config: StreamConfig,
+        reference: Reference | None,
+        after: Utterance | None,
+    ) -> None:
         self.index = index
         self.config = config
+        self.reference = reference
         self.splitter = SentenceSplitter()
         self.rid = ""
         self.after = after
@@ -186,6 +200,8 @@ class SpeechSession:
         self.server = server
         self.ws = ws
         self.config: StreamConfig | None = None
+        #: the clip the config clones from (a Qwen3-TTS Base checkpoint)
+        self.reference: Reference | None = None
         #: the utterance the client is writing (None between utterances)
         self.open: Utterance | None = None
         #: the utterance whose messages are sent last
@@ -244,7 +260,7 @@ class SpeechSession:
             raise ApiError(400, "the message is not valid JSON.", code="invalid_json") from None
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "session.config":
-            self.configure(obj)
+            await self.configure(obj)
             return False
         if self.config is None:
             raise ApiError(400, "send session.config first.", code="config_required")
@@ -273,7 +289,7 @@ class SpeechSession:
             code="invalid_event_type",
         )
 
-    def configure(self, obj: dict[str, Any]) -> None:
+    async def configure(self, obj: dict[str, Any]) -> None:
         """A ``session.config``: checked now, kept until the next one."""
         if self.open is not None and self.open.text:
             raise ApiError(
@@ -286,15 +302,17 @@ class SpeechSession:
             config = msgspec.convert(obj, StreamConfig)
         except msgspec.ValidationError as exc:
             raise from_decode_error(exc) from None
-        _plan(self.server, config, "-")  # the speech route's checks, on no text yet
-        self.config = config
+        body = _body(config, "-")
+        reference = await self.server.cloning.reference(body)
+        _plan(self.server, body, reference)  # the speech route's checks, on no text yet
+        self.config, self.reference = config, reference
         if self.open is not None:  # begun by no text: it takes the new config
-            self.open.config = config
+            self.open.config, self.open.reference = config, reference
 
     def _utterance(self) -> Utterance:
         if self.open is None:
             assert self.config is not None
-            self.open = Utterance(self.count, self.config, self.last)
+            self.open = Utterance(self.count, self.config, self.reference, self.last)
             self.last = self.open
             self.count += 1
         return self.open
@@ -311,7 +329,7 @@ class SpeechSession:
                     code="utterance_ended",
                 )
             return
-        plan = _plan(server, u.config, sentence)
+        plan = _plan(server, _body(u.config, sentence), u.reference)
         rejected = await admit(server, plan)
         u.rid = plan.request_ids[0]
         u.task = asyncio.create_task(self._stream(u), name=f"omnix-speech-{u.rid}")

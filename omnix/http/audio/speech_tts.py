@@ -3,36 +3,36 @@
 Owns: ``check_tts``, the 400s (before anything is admitted) for what the
 served checkpoint cannot do, each naming what it can: a task another
 variant does (``task_type``; ``ref_audio`` / ``ref_text`` cloning, the Base
-variant's; a named voice on VoiceDesign or Base, which have none;
-VoiceDesign without the voice's description in ``instructions``; Base
-without ``ref_audio``, or with ``instructions``), a language it lacks.  On a
-pipeline with no Qwen3-TTS talker, the cloning fields and ``language`` are
-refused as no stage there honours them.  And ``speech_fields``, the same
+variant's; a named voice on VoiceDesign, which has none, or on Base one
+that is not an uploaded voice; VoiceDesign without the voice's description
+in ``instructions``; Base with no voice to clone, or with
+``instructions``), a language it lacks.  On a pipeline with no Qwen3-TTS
+talker, the cloning fields and ``language`` are refused as no stage there
+honours them.  And ``speech_fields``, the same
 rules published (``SpeechFields`` on ``GET /v1/models``' card) so that a
 client (the playground) offers the fields the checkpoint takes.
 
-Also owns ``reference_voice``: Base's ``ref_audio`` (a ``data:`` URL; an
-http(s) URL is not fetched) decoded to float32 samples at the rate the
-checkpoint clones from (anything else refused, naming it) and recorded as
-the request's one message: its audio part a blob (``MediaPart``, as chat's
-media), its content ``ref_text``, so a trace of a cloned request replays.
+Also owns ``reference_message``: the clip a Base request clones from
+(``cloning.Reference``: ``ref_audio`` decoded, or an uploaded voice read
+back) recorded as the request's one message: its audio part a blob
+(``MediaPart``, as chat's media), its content the transcript, so a trace
+of a cloned request replays without the voice store.
 
-Does not own the voice check every speech pipeline shares
-(``PlanContext.check_voice``) nor the mapping onto stage parameters
-(``speech.py``).
+Does not own decoding the clip or the uploaded voices (``cloning.py``),
+the voice check every speech pipeline shares (``PlanContext.check_voice``)
+nor the mapping onto stage parameters (``speech.py``).
 """
 
 from __future__ import annotations
 
-import io
 from typing import Final
 
 from omnix.events.blobs import array_ref
 from omnix.events.types import ChatMessage, MediaPart
+from omnix.http.audio.cloning import MAX_SECONDS, Reference
 from omnix.http.audio.protocol import SpeechFields, SpeechRequest, Takes, TaskType
 from omnix.http.common.plan import DecodedBlob, PlanContext
 from omnix.http.common.sampling import bad, check_speech, unsupported
-from omnix.http.media.b64 import b64decode
 from omnix.http.media.parts import MEDIA_TYPES
 from omnix.pipelines.tts_card import TTSCard
 
@@ -68,7 +68,14 @@ def speech_fields(served: PlanContext) -> SpeechFields:
     )
 
 
-def check_tts(served: PlanContext, body: SpeechRequest, stages: tuple[str, ...]) -> None:
+def check_tts(
+    served: PlanContext,
+    body: SpeechRequest,
+    stages: tuple[str, ...],
+    reference: Reference | None = None,
+) -> None:
+    """``reference``: what ``cloning.Cloning.reference`` found ``body``
+    clones from (None: nothing, or not resolved)."""
     card = served.tts_card()
     if card is None:
         if body.ref_audio is not None or body.ref_text is not None:
@@ -84,7 +91,7 @@ def check_tts(served: PlanContext, body: SpeechRequest, stages: tuple[str, ...])
         if body.language is not None:
             check_speech(served, "language", stages)
         return
-    _check_task(served, body, card)
+    _check_task(served, body, card, reference)
     if body.language is not None:
         lang = body.language.lower()
         if lang != "auto" and lang not in card.languages:
@@ -95,13 +102,15 @@ def check_tts(served: PlanContext, body: SpeechRequest, stages: tuple[str, ...])
             )
 
 
-def _check_task(served: PlanContext, body: SpeechRequest, card: TTSCard) -> None:
+def _check_task(
+    served: PlanContext, body: SpeechRequest, card: TTSCard, reference: Reference | None
+) -> None:
     variant = _TASK_TYPES.get(card.variant, card.variant)
     can = f"{served.model!r} is Qwen3-TTS {card.task}"
     if body.task_type is not None and body.task_type != variant:
         raise unsupported("task_type", f"{can}; send task_type {variant!r} or omit it.")
     if card.variant == "base":
-        _check_base(body, can, card)
+        _check_base(body, can, card, reference)
         return
     if body.ref_audio is not None or body.ref_text is not None:
         raise unsupported(
@@ -124,70 +133,40 @@ def _check_task(served: PlanContext, body: SpeechRequest, card: TTSCard) -> None
             )
 
 
-def _check_base(body: SpeechRequest, can: str, card: TTSCard) -> None:
-    if body.ref_audio is None:
-        raise bad(
-            "ref_audio",
-            f"{can}: send ref_audio, the voice to clone as a data URL "
-            f"(data:audio/wav;base64,..., {_AUDIO.format(rate=card.clone_rate)}), and "
-            "optionally ref_text, its transcript (in-context cloning; without it the speaker "
-            "vector alone).",
-        )
-    if body.voice != "default":
+def _check_base(body: SpeechRequest, can: str, card: TTSCard, reference: Reference | None) -> None:
+    if reference is None and body.voice != "default":
         raise bad(
             "voice",
-            f"{can}: it has no named voice {body.voice!r}; the voice is ref_audio's: omit voice "
-            "(or send 'default').",
+            f"{can}: it has no named voice {body.voice!r}; name a voice uploaded with "
+            "POST /v1/audio/voices (GET /v1/audio/voices lists them), or clone from ref_audio "
+            "and omit voice (or send 'default').",
+        )
+    if reference is None:
+        raise bad(
+            "ref_audio",
+            f"{can}: send ref_audio, the voice to clone (a data URL such as "
+            f"data:audio/wav;base64,..., {_AUDIO.format(rate=card.clone_rate, seconds=MAX_SECONDS)}), and "
+            "optionally ref_text, its transcript (in-context cloning; without it the speaker "
+            "vector alone); or name a voice uploaded with POST /v1/audio/voices in voice.",
         )
     if body.instructions:
         raise unsupported(
             "instructions",
-            f"{can}: it takes no instructions; omit them (the voice is ref_audio's).",
+            f"{can}: it takes no instructions; omit them (the voice is the one cloned).",
         )
 
 
-#: What Base's reference audio must be (``VoiceCloner.clone``'s rate).
-_AUDIO: Final = "a WAV (or FLAC) file at {rate} Hz, its channels averaged"
+#: What Base's reference audio may be (``cloning.py`` decodes it).
+_AUDIO: Final = (
+    "or an http(s) URL of a host the server fetches media from; wav, flac, mp3, ogg and "
+    "more, at any rate (resampled to {rate} Hz), at most {seconds:g} s"
+)
 
 
-def reference_voice(
-    served: PlanContext, body: SpeechRequest
-) -> tuple[ChatMessage, DecodedBlob] | None:
-    """Base's reference audio and transcript as the request's message and
-    the blob its audio part references; None off Base (``check_tts`` ran)."""
-    card = served.tts_card()
-    if card is None or card.variant != "base" or body.ref_audio is None:
-        return None
-    from omnix.engines.qwen3_tts_clone import wav_samples
-
-    url, param, rate = body.ref_audio, "ref_audio", card.clone_rate
-    send = (
-        "send the clip inline as a data URL (data:audio/wav;base64,...): "
-        f"{_AUDIO.format(rate=rate)}"
-    )
-    if url[:5].lower() != "data:":
-        scheme = url.partition(":")[0].lower()
-        if scheme in ("http", "https"):
-            raise bad(param, f"ref_audio: {scheme} URLs are not fetched; {send}.")
-        raise bad(param, f"ref_audio is not a data URL; {send}.")
-    comma = url.find(",", 0, 512)
-    if comma < 0 or url[5:comma].split(";")[-1].strip().lower() != "base64":
-        raise bad(param, f"ref_audio is not a base64 data URL (data:<type>;base64,<data>); {send}.")
-    data = b64decode(param, url, comma + 1)
-    try:
-        samples, got = wav_samples(io.BytesIO(data))
-    except Exception as exc:  # soundfile's errors: not audio it reads
-        raise bad(param, f"ref_audio could not be decoded ({exc}); {send}.") from None
-    if got != rate:
-        raise bad(
-            param,
-            f"ref_audio is at {got} Hz; this checkpoint clones from {rate} Hz audio and omnix "
-            f"does not resample it: resample the clip to {rate} Hz and send it again.",
-        )
-    if not samples.size:
-        raise bad(param, "ref_audio holds no samples; send a clip of the voice to clone.")
-    samples.flags.writeable = False
+def reference_message(reference: Reference) -> tuple[ChatMessage, DecodedBlob]:
+    """The clip as the request's message and the blob its audio part references."""
+    samples = reference.samples
     ref = array_ref(samples, MEDIA_TYPES["audio"])
-    part = MediaPart(kind="audio", blob=ref, rate=rate)
-    message = ChatMessage(role="user", content=body.ref_text or "", media=(part,))
+    part = MediaPart(kind="audio", blob=ref, rate=reference.rate)
+    message = ChatMessage(role="user", content=reference.text or "", media=(part,))
     return message, DecodedBlob(ref=ref, array=samples)

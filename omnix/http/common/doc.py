@@ -136,7 +136,7 @@ def model_enum(pipeline: PipelineConfig) -> dict[str, Any]:
 STAGE_PARAM_RANGES: Final[dict[str, dict[str, Any]]] = {
     "temperature": {"type": "number", "minimum": 0.0, "maximum": 2.0},
     "top_p": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0},
-    "top_k": {"type": "integer", "minimum": -1},
+    "top_k": {"type": "integer", "minimum": -1, "maximum": 2**31 - 1},
     "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
     "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
     "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 1000},
@@ -149,7 +149,11 @@ STAGE_PARAM_RANGES: Final[dict[str, dict[str, Any]]] = {
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0.0, "maximum": 10.0},
     "frequency_penalty": {"type": "number", "minimum": -2.0, "maximum": 2.0},
     "presence_penalty": {"type": "number", "minimum": -2.0, "maximum": 2.0},
-    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 64},
+    "stop_token_ids": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+        "maxItems": 64,
+    },
     "logit_bias": {
         "type": "object",
         "propertyNames": {"pattern": "^[0-9]{1,9}$"},

@@ -152,12 +152,12 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     response_format: ResponseFormat | None = None
     # vLLM's extras
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
     ignore_eos: bool | None = None
     min_tokens: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
-    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=64)] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None

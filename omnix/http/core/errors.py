@@ -179,7 +179,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _HTTP_HINTS = {
     404: "No route {method} {path}. See GET /openapi.json for the routes this server offers.",
-    405: "Method {method} is not allowed on {path}.",
+    405: "Method {method} is not allowed on {path} on this server; GET /openapi.json "
+    "lists the routes and methods it answers.",
     413: "The request body is larger than this server accepts ({limit} bytes): send a smaller body.",
 }
 

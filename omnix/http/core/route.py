@@ -6,8 +6,9 @@ body's Content-Type rule and ``X-Request-Id``: ``core.body.generation``),
 whether it answers without the API key, and what the OpenAPI document
 says of it: the operation for this server's pipeline (or nothing, when
 the pipeline does not answer it), the Structs its bodies are (the
-document's schemas), and how those schemas narrow to the pipeline.  A
-route the document does not describe says why (``Undescribed``).
+document's schemas), and how those schemas narrow to the pipeline; a
+route served only where it is described (``described_only``).  A route
+the document does not describe says why (``Undescribed``).
 
 ``omnix.http.routes`` lists the rows; ``app.py`` registers them and
 ``omnix.http.openapi`` describes them, so neither can drift from the
@@ -67,3 +68,7 @@ class Route:
     types: tuple[type, ...] = ()
     #: narrows those schemas to the pipeline (in place)
     shape: Callable[[Schemas, DocContext], None] | None = None
+    #: registered only where the document describes it: elsewhere its
+    #: method is not allowed on its path (405, ``Allow`` listing the
+    #: methods that are), as the document says
+    described_only: bool = False

@@ -3,7 +3,8 @@
 Owns ``Server``: the ``Omni`` it serves and its ``HttpOptions``, what the
 planners know of the pipeline (``served``), the prompt tokenizer
 (``tokens``, loading while the workers load), the media decoder, the
-telemetry behind /metrics, the readers of streamed responses, the phase
+telemetry behind /metrics, the readers of streamed responses, the
+uploaded voices and the decoding of reference audio (``cloning``), the phase
 (``starting`` until the runtime is ready, ``serving``, ``stopping``) and
 the 503 a request gets outside ``serving``; and ``Document``, what the
 OpenAPI document built from the route table answers (``app.py`` builds
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from omnix.api import new_request_id, new_seed
 from omnix.front import OmniProtocol
+from omnix.http.audio.cloning import Cloning
 from omnix.http.common.plan import PlanContext
 from omnix.http.common.rendering import RETRY_AFTER
 from omnix.http.common.tokens import PromptTokens
@@ -72,6 +74,8 @@ class Server:
             pipeline=omni.pipeline.name,
         )
         self.readers = Readers(omni, options.resume_grace_s)
+        #: uploaded voices and reference audio (Qwen3-TTS Base)
+        self.cloning = Cloning(self.served, options.voice_dir, options.allowed_media_domains)
         self.started_at = int(time.time())
         self.phase: Phase = "starting"
         #: The OpenAPI document (``app.build_app`` sets it).
@@ -118,5 +122,6 @@ class Server:
         server is closing)."""
         self.readers.close()
         self.media.close()
+        self.cloning.close()
         if self._tokenizer_load is not None:
             self._tokenizer_load.cancel()

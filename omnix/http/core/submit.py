@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 from omnix.api import DuplicateRequestId, ShuttingDown
-from omnix.events.options import API_COMPLETIONS, API_IMAGES
+from omnix.events.options import API_COMPLETIONS, API_IMAGES, API_SPEECH
 from omnix.events.types import Rejected
 from omnix.front import Unavailable
 from omnix.http.common.plan import Plan
@@ -27,7 +27,7 @@ from omnix.http.core.server import Server
 from omnix.pipelines.plan import RequestError
 
 #: The field of a call's body that sets how many requests it submits.
-_BATCH_PARAM: Final = {API_IMAGES: "n", API_COMPLETIONS: "prompt"}
+_BATCH_PARAM: Final = {API_IMAGES: "n", API_COMPLETIONS: "prompt", API_SPEECH: "items"}
 
 
 async def _check_prompts(server: Server, plan: Plan) -> None:

@@ -120,6 +120,16 @@ def _read_aloud(
             param="output_modalities",
             code="unsupported_modality",
         )
+    card = served.tts_card()
+    if card is not None and card.variant == "base":
+        raise ApiError(
+            400,
+            f"pipeline {served.model!r} is Qwen3-TTS Base: it speaks in a cloned voice, and a "
+            "realtime session carries no clip to clone; use POST /v1/audio/speech (ref_audio, "
+            "or a voice uploaded with POST /v1/audio/voices).",
+            param="voice",
+            code="unsupported_value",
+        )
     last = next((m for m in reversed(messages) if m.role in ("user", "assistant")), None)
     if last is None or not last.content.strip():
         raise ApiError(

@@ -22,7 +22,7 @@ from omnix.pipelines.folder import derive_pipeline
 from tests.model_fixtures import session_models
 
 from ..conftest import real_engine_marks, serve_engines, with_talker_sampling
-from ..test_engines_serve_tts import MAX_TOKENS, assert_heard, expected_pcm
+from ..tts_serving import MAX_TOKENS, assert_heard, expected_pcm
 from .conftest import client_for, next_event
 
 pytestmark = [*real_engine_marks(), pytest.mark.timeout(600)]

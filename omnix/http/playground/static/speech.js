@@ -45,7 +45,7 @@ export function speechFields(takes) {
   const ref = offer("ref-audio", takes.ref_audio);
   if (ref) {
     const optional = takes.ref_audio === "optional" ? ", optional" : "";
-    $("ref-audio-label").textContent = `Voice to clone (a WAV at ${takes.ref_audio_rate} Hz${optional})`;
+    $("ref-audio-label").textContent = `Voice to clone (an audio file; resampled to ${takes.ref_audio_rate} Hz${optional})`;
   }
   const refText = offer("ref-text", takes.ref_text);
   if (refText) {
