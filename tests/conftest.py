@@ -21,6 +21,9 @@ import os
 
 import pytest
 
+from omnix.models.paths import ModelPaths
+from tests.model_fixtures import session_models
+
 REQUIRE_ALL_ENV = "OMNIX_REQUIRE_ALL"
 
 
@@ -82,6 +85,12 @@ def pytest_make_collect_report(collector: pytest.Collector):
     report: pytest.CollectReport = outcome.get_result()
     if report.skipped and require_all():  # a module-level importorskip
         _fail_the_skip(report)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> ModelPaths:
+    """The tiny models, built (or found) once for the session."""
+    return session_models(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

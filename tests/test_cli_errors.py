@@ -306,8 +306,8 @@ def test_serve_an_architecture_nothing_here_serves(tmp_path):
     assert "near: Qwen2ForCausalLM" in last and len(err) == 1
 
 
-def test_serve_a_flag_vllm_does_not_know(tiny):
-    code, err = omnix("serve", tiny.thinker, "--max-model-lenn", "256")
+def test_serve_a_flag_vllm_does_not_know(tiny_models):
+    code, err = omnix("serve", tiny_models.thinker, "--max-model-lenn", "256")
     one_line_error(
         code, err, "serve", "unrecognized arguments: --max-model-lenn 256",
         "neither omnix's nor one of vLLM's engine flags", "did you mean --max-model-len?",
@@ -315,8 +315,8 @@ def test_serve_a_flag_vllm_does_not_know(tiny):
     assert len(err) == 1
 
 
-def test_serve_a_value_vllms_parser_refuses(tiny):
-    code, err = omnix("serve", tiny.thinker, "--dtype", "fp7")
+def test_serve_a_value_vllms_parser_refuses(tiny_models):
+    code, err = omnix("serve", tiny_models.thinker, "--dtype", "fp7")
     one_line_error(code, err, "serve", "argument --dtype: invalid choice: 'fp7'")
 
 
@@ -328,16 +328,16 @@ def test_serve_a_value_vllms_parser_refuses(tiny):
         (("--max-model-len", "100000"), ("max_model_len (100000) is greater than the derived",)),
     ],
 )
-def test_serve_a_value_vllm_refuses_in_its_own_words(tiny, flags, says):
-    code, err = omnix("serve", tiny.thinker, "--port", "0", *flags)
+def test_serve_a_value_vllm_refuses_in_its_own_words(tiny_models, flags, says):
+    code, err = omnix("serve", tiny_models.thinker, "--port", "0", *flags)
     one_line_error(code, err, "serve", "stage 'llm': vLLM refuses it: ", *says)
     assert len(err) == 1  # before any engine started: no worker wrote a line
 
 
-def test_serve_devices_that_are_not_devices(tiny):
-    code, err = omnix("serve", tiny.thinker, "--port", "0", "--stage-devices", "llm=0,x")
+def test_serve_devices_that_are_not_devices(tiny_models):
+    code, err = omnix("serve", tiny_models.thinker, "--port", "0", "--stage-devices", "llm=0,x")
     assert code == 2 and "devices '0,x' is not a list of GPU numbers" in "\n".join(err), err
-    code, err = omnix("serve", tiny.thinker, "--port", "0", "--stage-devices", "talker=0")
+    code, err = omnix("serve", tiny_models.thinker, "--port", "0", "--stage-devices", "talker=0")
     one_line_error(code, err, "serve", "--stage-devices 'talker=0'", "(llm)")
 
 
@@ -359,8 +359,8 @@ def test_serve_engine_flags_for_a_pipeline_without_a_vllm_stage(omni_toml):
     one_line_error(code, err, "serve", "--max-model-len", "the pipeline has no vLLM stage")
 
 
-def test_serve_a_folder_and_a_pipeline(tiny, omni_toml):
-    code, err = omnix("serve", tiny.thinker, "--pipeline", omni_toml)
+def test_serve_a_folder_and_a_pipeline(tiny_models, omni_toml):
+    code, err = omnix("serve", tiny_models.thinker, "--pipeline", omni_toml)
     one_line_error(code, err, "serve", "give one", "omnix pipelines show --model PATH")
 
 
@@ -385,7 +385,7 @@ def test_validate_a_cache_option_diffusers_does_not_have(tmp_path):
     )
 
 
-def test_serve_a_cache_the_pipeline_family_does_not_run_names_the_kinds_that_do(tiny):
+def test_serve_a_cache_the_pipeline_family_does_not_run_names_the_kinds_that_do(tiny_models):
     code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--cache", "taylorseer")
     one_line_error(
         code, err, "serve", "stage 'video': engine.cache: taylorseer does not run on WanPipeline",
@@ -393,7 +393,7 @@ def test_serve_a_cache_the_pipeline_family_does_not_run_names_the_kinds_that_do(
     )  # fmt: skip
 
 
-def test_serve_cfg_batch_on_a_family_omnix_does_not_batch_names_the_one_it_does(tiny):
+def test_serve_cfg_batch_on_a_family_omnix_does_not_batch_names_the_one_it_does(tiny_models):
     code, err = omnix("serve", "--pipeline", "tiny-image", "--port", "0", "--cfg-batch", "on")
     one_line_error(
         code, err, "serve", "stage 'image': engine.cfg_batch: omnix batches the two guidance "

@@ -141,6 +141,26 @@ class EngineSide:
         return out
 
 
+async def run_sides(sides: list[EngineSide], n: int, steps: int) -> None:
+    """Each side started, warmed, then ``n`` seeds alone and ``n`` groups of
+    four, the sides taking turns at each (so the machine's load falls on
+    all alike), and closed."""
+    for side in sides:
+        await side.engine.start()
+    try:
+        for side in sides:
+            await side.one(10**6, steps)  # warm up
+        for i in range(n):
+            for side in sides:
+                await side.alone(i, steps)
+        for i in range(n):
+            for side in sides:
+                await side.four(1000 + 4 * i, steps)
+    finally:
+        for side in sides:
+            await side.engine.close()
+
+
 def _median(rates: list[float]) -> float | None:
     return round(sorted(rates)[len(rates) // 2], 1) if rates else None
 
@@ -166,20 +186,7 @@ async def cache_table(
             skipped[spec] = {"skipped": refused}
             continue
         sides[spec] = EngineSide(msgspec.structs.replace(base, cache=cache))
-    for side in sides.values():
-        await side.engine.start()
-    try:
-        for side in sides.values():
-            await side.one(10**6, steps)  # warm up
-        for i in range(n):
-            for side in sides.values():
-                await side.alone(i, steps)
-        for i in range(n):
-            for side in sides.values():
-                await side.four(1000 + 4 * i, steps)
-    finally:
-        for side in sides.values():
-            await side.engine.close()
+    await run_sides(list(sides.values()), n, steps)
     off = sides["off"].row(n, None)
     table: dict[str, Any] = {"off": off}
     for spec in specs:

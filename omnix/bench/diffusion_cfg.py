@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from omnix.bench.diffusion_cache import EngineSide, fidelity, stage_args
+from omnix.bench.diffusion_cache import EngineSide, fidelity, run_sides, stage_args
 from omnix.pipelines.config import PipelineConfig
 
 
@@ -46,20 +46,7 @@ async def cfg_table(cfg: PipelineConfig, n: int, steps: int) -> dict[str, Any]:
         "off": EngineSide(msgspec.structs.replace(base, cfg_batch=False)),
         "on": EngineSide(msgspec.structs.replace(base, cfg_batch=True)),
     }
-    for side in sides.values():
-        await side.engine.start()
-    try:
-        for side in sides.values():
-            await side.one(10**6, steps)  # warm up
-        for i in range(n):
-            for side in sides.values():
-                await side.alone(i, steps)
-        for i in range(n):
-            for side in sides.values():
-                await side.four(1000 + 4 * i, steps)
-    finally:
-        for side in sides.values():
-            await side.engine.close()
+    await run_sides(list(sides.values()), n, steps)
     off, on = sides["off"], sides["on"]
     rows = {name: _rates(side.row(n, None)) for name, side in sides.items()}
     for c in ("c1", "c4"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,29 +211,7 @@ def _with_caches(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfig:
     names (all of them without a stage), over the file's own ``cache``."""
     from omnix.pipelines.diffusion_cache import parse_cache_spec
 
-    diffusion = [st.name for st in pipeline.stages if isinstance(st.engine, DiffusersArgs)]
-    caches: dict[str, Any] = {}
-    for spec in specs:
-        try:
-            stage, cache = parse_cache_spec(spec)
-        except ValueError as bad:
-            raise UsageError(str(bad)) from None
-        if stage is not None and stage not in diffusion:
-            raise UsageError(
-                f"--cache {spec!r}: {stage!r} is not a diffusion stage of the pipeline "
-                f"(diffusion stages: {', '.join(diffusion) or 'none'})"
-            )
-        if not diffusion:
-            raise UsageError(f"--cache {spec!r}: the pipeline has no diffusion stage")
-        for name in [stage] if stage is not None else diffusion:
-            caches[name] = cache
-    stages = []
-    for st in pipeline.stages:
-        if st.name in caches and isinstance(st.engine, DiffusersArgs):
-            engine = msgspec.structs.replace(st.engine, cache=caches[st.name])
-            st = msgspec.structs.replace(st, engine=engine)
-        stages.append(st)
-    return msgspec.structs.replace(pipeline, stages=tuple(stages))
+    return _on_diffusion_stages(pipeline, "--cache", "cache", specs, parse_cache_spec)
 
 
 def _with_cfg_batch(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfig:
@@ -240,26 +219,38 @@ def _with_cfg_batch(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfi
     of them without a stage), over the file's own ``cfg_batch``."""
     from omnix.pipelines.diffusion_cache import parse_cfg_batch_spec
 
+    return _on_diffusion_stages(pipeline, "--cfg-batch", "cfg_batch", specs, parse_cfg_batch_spec)
+
+
+def _on_diffusion_stages(
+    pipeline: PipelineConfig,
+    flag: str,
+    field: str,
+    specs: list[str],
+    parse: Callable[[str], tuple[str | None, Any]],
+) -> PipelineConfig:
+    """Each ``flag`` spec (``[STAGE:]VALUE``, parsed by ``parse``) sets the
+    engine ``field`` of the diffusion stage it names, or of every one."""
     diffusion = [st.name for st in pipeline.stages if isinstance(st.engine, DiffusersArgs)]
-    chosen: dict[str, bool] = {}
+    chosen: dict[str, Any] = {}
     for spec in specs:
         try:
-            stage, on = parse_cfg_batch_spec(spec)
+            stage, value = parse(spec)
         except ValueError as bad:
             raise UsageError(str(bad)) from None
         if stage is not None and stage not in diffusion:
             raise UsageError(
-                f"--cfg-batch {spec!r}: {stage!r} is not a diffusion stage of the pipeline "
+                f"{flag} {spec!r}: {stage!r} is not a diffusion stage of the pipeline "
                 f"(diffusion stages: {', '.join(diffusion) or 'none'})"
             )
         if not diffusion:
-            raise UsageError(f"--cfg-batch {spec!r}: the pipeline has no diffusion stage")
+            raise UsageError(f"{flag} {spec!r}: the pipeline has no diffusion stage")
         for name in [stage] if stage is not None else diffusion:
-            chosen[name] = on
+            chosen[name] = value
     stages = []
     for st in pipeline.stages:
         if st.name in chosen and isinstance(st.engine, DiffusersArgs):
-            engine = msgspec.structs.replace(st.engine, cfg_batch=chosen[st.name])
+            engine = msgspec.structs.replace(st.engine, **{field: chosen[st.name]})
             st = msgspec.structs.replace(st, engine=engine)
         stages.append(st)
     return msgspec.structs.replace(pipeline, stages=tuple(stages))

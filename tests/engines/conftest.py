@@ -14,14 +14,6 @@ import os
 import pytest
 import pytest_asyncio
 
-from omnix.models.paths import ModelPaths
-from tests.model_fixtures import session_models
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> ModelPaths:
-    return session_models(tmp_path_factory)
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads():

@@ -23,7 +23,6 @@ import soundfile as sf
 from PIL import Image
 
 from omnix.testing.served import ServeProcess
-from tests.model_fixtures import session_models
 
 from .conftest import engines_missing
 
@@ -43,11 +42,6 @@ TEMPLATE = """{{ '<|im_start|>system\\nYou answer in one word.<|im_end|>\\n' }}\
 {% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"""
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return session_models(tmp_path_factory)
-
-
 async def _serve(*argv: str | Path) -> ServeProcess:
     served = await ServeProcess.start(*map(str, argv))
     await served.ready(timeout=START_S)
@@ -58,13 +52,13 @@ def _client(served: ServeProcess, key: str = "unused") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=served.url + "/v1", api_key=key, max_retries=0, timeout=300)
 
 
-async def test_a_vllm_serve_command_line_serves_the_folder_unchanged(tiny, tmp_path):
+async def test_a_vllm_serve_command_line_serves_the_folder_unchanged(tiny_models, tmp_path):
     template = tmp_path / "chat.jinja"
     template.write_text(TEMPLATE)
     key = "sk-folder"
     # As one would start vLLM itself (`vllm serve` takes every one of these):
     served = await _serve(
-        tiny.thinker, "--host", "127.0.0.1", "--api-key", key,
+        tiny_models.thinker, "--host", "127.0.0.1", "--api-key", key,
         "--served-model-name", "my-model", "my-alias", "--max-model-len", "256",
         "--dtype", "bfloat16", "--seed", "7", "--chat-template", template,
         # the rest of the engine flags, each to a value that is not vLLM's default
@@ -83,7 +77,7 @@ async def test_a_vllm_serve_command_line_serves_the_folder_unchanged(tiny, tmp_p
         # The chat template is the one given: the prompt is what it renders.
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(tiny.thinker)
+        tok = AutoTokenizer.from_pretrained(tiny_models.thinker)
         ids = tok.apply_chat_template(
             user, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=True
         )
@@ -121,25 +115,25 @@ async def test_a_vllm_serve_command_line_serves_the_folder_unchanged(tiny, tmp_p
 
 
 @pytest.fixture
-def saved_image_pipeline(tiny, tmp_path) -> Path:
+def saved_image_pipeline(tiny_models, tmp_path) -> Path:
     """What `omnix pipelines show --model IMAGE` prints, saved as a file."""
     saved = tmp_path / "image.toml"
     saved.write_text(
         subprocess.run(
-            [sys.executable, "-m", "omnix.cli", "pipelines", "show", "--model", str(tiny.image)],
+            [sys.executable, "-m", "omnix.cli", "pipelines", "show", "--model", str(tiny_models.image)],
             cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
         ).stdout
     )  # fmt: skip
     return saved
 
 
-async def test_the_image_folder_and_its_saved_pipeline(tiny, saved_image_pipeline):
+async def test_the_image_folder_and_its_saved_pipeline(tiny_models, saved_image_pipeline):
     # The folder by path, and the pipeline `pipelines show --model` printed, unchanged.
     saved = saved_image_pipeline
-    for argv in ((tiny.image, "--served-model-name", "img"), ("--pipeline", saved)):
+    for argv in ((tiny_models.image, "--served-model-name", "img"), ("--pipeline", saved)):
         served = await _serve(*argv)
         client = _client(served)
-        name = "img" if argv[0] == tiny.image else "image"
+        name = "img" if argv[0] == tiny_models.image else "image"
         try:
             resp = await client.images.generate(
                 model=name, prompt="a red cube", size="64x64", extra_body={"seed": 3, "steps": 2}
@@ -151,11 +145,13 @@ async def test_the_image_folder_and_its_saved_pipeline(tiny, saved_image_pipelin
             await served.close()
 
 
-async def test_a_hugging_face_id_is_served_from_the_local_hub_cache(tiny, tmp_path, monkeypatch):
+async def test_a_hugging_face_id_is_served_from_the_local_hub_cache(
+    tiny_models, tmp_path, monkeypatch
+):
     # As `vllm serve ORG/NAME` offline: the id's snapshot in the hub cache, served under the id.
     from tests.hf_layout import hub_cache
 
-    hub_cache(tmp_path / "hub", "tiny-org/thinker", tiny.thinker)
+    hub_cache(tmp_path / "hub", "tiny-org/thinker", tiny_models.thinker)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     served = await _serve("tiny-org/thinker", "--max-model-len", "256")
@@ -174,8 +170,8 @@ async def test_a_hugging_face_id_is_served_from_the_local_hub_cache(tiny, tmp_pa
         await served.close()
 
 
-async def test_the_qwen3_omni_thinker_folder_answers_text(tiny):
-    served = await _serve(tiny.omni_thinker, "--kv-cache-memory-bytes", "128M")
+async def test_the_qwen3_omni_thinker_folder_answers_text(tiny_models):
+    served = await _serve(tiny_models.omni_thinker, "--kv-cache-memory-bytes", "128M")
     client = _client(served)
     try:
         (card,) = (await client.models.list()).data
@@ -209,8 +205,8 @@ async def test_the_qwen3_omni_thinker_folder_answers_text(tiny):
         await served.close()
 
 
-async def test_the_whole_qwen3_omni_folder_speaks(tiny):
-    served = await _serve(tiny.omni, "--served-model-name", "omni-speaks")
+async def test_the_whole_qwen3_omni_folder_speaks(tiny_models):
+    served = await _serve(tiny_models.omni, "--served-model-name", "omni-speaks")
     client = _client(served)
     try:
         (card,) = (await client.models.list()).data

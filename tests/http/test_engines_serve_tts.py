@@ -18,7 +18,6 @@ import aiohttp
 import pytest
 
 from omnix.pipelines.folder import derive_pipeline
-from tests.model_fixtures import session_models
 
 from .conftest import engines_missing
 from .tts_serving import (
@@ -47,13 +46,8 @@ pytestmark = [
 SPEAKERS = ["aiden", "sohee", "ono_anna", "eric", "dylan", "uncle_fu", "ryan", "vivian", "serena"]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return session_models(tmp_path_factory)
-
-
-async def test_custom_voice_speaks_its_speakers_and_instructions(tiny):
-    folder = tiny.qwen3_tts_custom_voice
+async def test_custom_voice_speaks_its_speakers_and_instructions(tiny_models):
+    folder = tiny_models.qwen3_tts_custom_voice
     served, client = await serve(folder, "tts-custom")
     try:
         (card,) = (await client.models.list()).data
@@ -130,8 +124,8 @@ async def test_custom_voice_speaks_its_speakers_and_instructions(tiny):
         await served.close()
 
 
-async def test_voice_design_speaks_a_described_voice(tiny):
-    folder = tiny.qwen3_tts_voice_design
+async def test_voice_design_speaks_a_described_voice(tiny_models):
+    folder = tiny_models.qwen3_tts_voice_design
     served, client = await serve(folder, "tts-design")
     try:
         assert await voices(served) == {
@@ -174,19 +168,19 @@ async def test_voice_design_speaks_a_described_voice(tiny):
         await served.close()
 
 
-def test_an_unknown_variant_is_refused_by_name(tiny, tmp_path: Path) -> None:
+def test_an_unknown_variant_is_refused_by_name(tiny_models, tmp_path: Path) -> None:
     from omnix.pipelines.folder import FolderError
 
     other = tmp_path / "other"
     other.mkdir()
-    cfg = json.loads((Path(tiny.qwen3_tts_custom_voice) / "config.json").read_text())
+    cfg = json.loads((Path(tiny_models.qwen3_tts_custom_voice) / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**cfg, "tts_model_type": "other"}))
     with pytest.raises(FolderError, match="Qwen3-TTS other is not a variant omnix serves"):
         derive_pipeline(other, gpu=False)
 
 
-async def test_base_clones_a_voice_from_reference_audio(tiny):
-    folder = tiny.qwen3_tts_base
+async def test_base_clones_a_voice_from_reference_audio(tiny_models):
+    folder = tiny_models.qwen3_tts_base
     served, client = await serve(folder, "tts-base")
     try:
         (card,) = (await client.models.list()).data

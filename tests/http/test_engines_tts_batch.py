@@ -16,7 +16,6 @@ import aiohttp
 import pytest
 
 from omnix.testing.served import ServeProcess
-from tests.model_fixtures import session_models
 
 from .conftest import engines_missing
 from .tts_serving import GREEDY, assert_heard, expected_pcm, serve
@@ -28,11 +27,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return session_models(tmp_path_factory)
-
-
 async def _post(
     http: aiohttp.ClientSession, served: ServeProcess, path: str, body: dict, **headers: str
 ) -> tuple[int, bytes, Mapping[str, str]]:
@@ -40,8 +34,8 @@ async def _post(
         return r.status, await r.read(), r.headers
 
 
-async def test_a_batch_answers_each_item_as_speech_answers_it_alone(tiny):
-    folder = tiny.qwen3_tts_custom_voice
+async def test_a_batch_answers_each_item_as_speech_answers_it_alone(tiny_models):
+    folder = tiny_models.qwen3_tts_custom_voice
     served, client = await serve(folder, "tts-custom", "--max-batch", "3")
     items = [
         {"input": "Hello there, how are you today?", "voice": "ryan", "language": "English"},

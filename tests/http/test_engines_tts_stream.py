@@ -14,7 +14,6 @@ import websockets
 
 from omnix.testing.served import ServeProcess
 
-from .test_engines_serve_tts import tiny
 from .test_speech_stream import read_until, send
 from .tts_serving import (
     MAX_TOKENS,
@@ -26,8 +25,6 @@ from .tts_serving import (
     expected_pcm,
     reference_wav,
 )
-
-__all__ = ["tiny"]  # the fixture, shared
 
 pytestmark = [
     pytest.mark.engines,
@@ -41,8 +38,8 @@ GREEDY = {"talker": {"temperature": 0.0, "max_tokens": MAX_TOKENS}}
 
 
 @pytest.fixture(scope="module")
-async def served(tiny):
-    served = await ServeProcess.start(tiny.qwen3_tts_custom_voice)
+async def served(tiny_models):
+    served = await ServeProcess.start(tiny_models.qwen3_tts_custom_voice)
     try:
         await served.ready(timeout=START_S)
         yield served
@@ -54,7 +51,9 @@ def _url(served: ServeProcess) -> str:
     return served.url.replace("http", "ws") + "/v1/audio/speech/stream"
 
 
-async def test_sentences_written_as_they_come_are_spoken_as_the_joined_text(served, tiny) -> None:
+async def test_sentences_written_as_they_come_are_spoken_as_the_joined_text(
+    served, tiny_models
+) -> None:
     async with websockets.connect(_url(served), max_size=None) as ws:
         await send(
             ws, "session.config", voice="vivian", language="English", sampling_params_list=GREEDY
@@ -67,7 +66,7 @@ async def test_sentences_written_as_they_come_are_spoken_as_the_joined_text(serv
     messages = first + rest
     pcm = b"".join(m for m in messages if isinstance(m, bytes))
     want = expected_pcm(
-        tiny.qwen3_tts_custom_voice,
+        tiny_models.qwen3_tts_custom_voice,
         text=" ".join((FIRST, *REST)),
         speaker="vivian",
         language="English",
@@ -95,8 +94,8 @@ async def test_the_qwen3_tts_fields_are_checked_as_the_speech_route_checks_them(
 
 
 @pytest.fixture(scope="module")
-async def served_base(tiny):
-    served = await ServeProcess.start(tiny.qwen3_tts_base)
+async def served_base(tiny_models):
+    served = await ServeProcess.start(tiny_models.qwen3_tts_base)
     try:
         await served.ready(timeout=START_S)
         yield served
@@ -105,7 +104,7 @@ async def served_base(tiny):
 
 
 async def test_a_base_checkpoint_clones_the_configs_clip_for_the_whole_utterance(
-    served_base, tiny
+    served_base, tiny_models
 ) -> None:
     # Base waits for the whole text (a voice cloned in context puts it in
     # the prefill), then speaks it in the reference's streaming-text mode.
@@ -123,7 +122,7 @@ async def test_a_base_checkpoint_clones_the_configs_clip_for_the_whole_utterance
         messages = await read_until(ws, "session.done")
     pcm = b"".join(m for m in messages if isinstance(m, bytes))
     want = expected_clone(
-        tiny.qwen3_tts_base,
+        tiny_models.qwen3_tts_base,
         clip_samples(wav),
         said,
         text=f"{FIRST} {REST[0]}",

@@ -22,7 +22,6 @@ from omnix.cli import main
 from omnix.events.types import Admitted
 from omnix.testing.served import ServeProcess
 from omnix.trace import read_trace
-from tests.model_fixtures import session_models
 
 from .conftest import engines_missing
 from .tts_serving import (
@@ -42,11 +41,6 @@ pytestmark = [
     pytest.mark.skipif(engines_missing() is not None, reason=f"{engines_missing()}"),
     pytest.mark.timeout(900),
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return session_models(tmp_path_factory)
 
 
 async def _upload(
@@ -92,16 +86,16 @@ def _refusal(got: tuple[int, dict], status: int, param: str, *needles: str) -> N
 
 
 async def test_an_uploaded_voice_clones_replays_without_the_store_and_outlives_a_restart(
-    tiny, tmp_path: Path
+    tiny_models, tmp_path: Path
 ):
-    folder = tiny.qwen3_tts_base
+    folder = tiny_models.qwen3_tts_base
     log_dir = tmp_path / "log"
     args = ("--log-dir", str(log_dir), "--allowed-media-domains", "127.0.0.1")
     text = "Say it in my voice."
     wav16 = reference_wav(16000)  # resampled to 24 kHz, on upload as in ref_audio
     samples = clip_samples(wav16)
     assert samples.size == int(1.3 * 24000)
-    want = expected_clone(tiny.qwen3_tts_base, samples, REF_TEXT, text=text)
+    want = expected_clone(tiny_models.qwen3_tts_base, samples, REF_TEXT, text=text)
 
     # ref_audio by URL: a host the server is allowed to fetch media from.
     async def clip(_: web.Request) -> web.Response:
@@ -201,8 +195,8 @@ async def test_an_uploaded_voice_clones_replays_without_the_store_and_outlives_a
         await served.close()
 
 
-async def test_bad_uploads_and_clones_are_refused_naming_the_field(tiny, tmp_path: Path):
-    served, client = await serve(tiny.qwen3_tts_base, "tts-base")
+async def test_bad_uploads_and_clones_are_refused_naming_the_field(tiny_models, tmp_path: Path):
+    served, client = await serve(tiny_models.qwen3_tts_base, "tts-base")
     wav = reference_wav()
     ok = {"name": "carol", "consent": "rec-3"}
     try:

@@ -25,43 +25,37 @@ from omnix.pipelines.folder import KINDS, FolderError, derive_pipeline
 from omnix.pipelines.registry import builtin_names
 from omnix.pipelines.toml_out import pipeline_toml
 from omnix.pipelines.validate import load_pipeline, parse_pipeline
-from tests.model_fixtures import session_models
 
 pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return session_models(tmp_path_factory)
-
-
-def test_a_chat_model_is_one_vllm_stage_left_to_vllm(tiny):
-    cfg = derive_pipeline(tiny.thinker, gpu=False)
+def test_a_chat_model_is_one_vllm_stage_left_to_vllm(tiny_models):
+    cfg = derive_pipeline(tiny_models.thinker, gpu=False)
     (stage,) = cfg.stages
     assert cfg.name == "thinker" and dict(cfg.outputs) == {"text": "llm"}
     eng = stage.engine
-    assert isinstance(eng, VllmArgs) and eng.model == str(Path(tiny.thinker).resolve())
+    assert isinstance(eng, VllmArgs) and eng.model == str(Path(tiny_models.thinker).resolve())
     # vllm serve's choices: vLLM's context, batch and memory share; the
     # checkpoint's own dtype; eager on CPU (inductor would compile first) ...
     assert (eng.max_model_len, eng.max_num_seqs, eng.gpu_memory_utilization) == (0, 0, 0)
     assert eng.dtype == "float32" and eng.enforce_eager and not eng.talker_context
     # ... and CUDA graphs on a GPU
-    assert not derive_pipeline(tiny.thinker, gpu=True).stages[0].engine.enforce_eager
+    assert not derive_pipeline(tiny_models.thinker, gpu=True).stages[0].engine.enforce_eager
 
 
-def test_a_diffusers_folder_is_one_text_to_image_stage(tiny):
-    cfg = derive_pipeline(tiny.image, gpu=False)
+def test_a_diffusers_folder_is_one_text_to_image_stage(tiny_models):
+    cfg = derive_pipeline(tiny_models.image, gpu=False)
     (stage,) = cfg.stages
     assert dict(cfg.outputs) == {"image": "image"} and isinstance(stage.engine, DiffusersArgs)
     # its VAE's sample size is the model's own resolution
     assert stage.engine.default_size == 64 and stage.engine.dtype == "float32"
-    assert derive_pipeline(tiny.image, gpu=True).stages[0].engine.dtype == "bfloat16"
+    assert derive_pipeline(tiny_models.image, gpu=True).stages[0].engine.dtype == "bfloat16"
 
 
-def test_a_qwen3_omni_thinker_folder_is_the_thinker_alone(tiny):
-    cfg = derive_pipeline(tiny.omni_thinker, gpu=False)
+def test_a_qwen3_omni_thinker_folder_is_the_thinker_alone(tiny_models):
+    cfg = derive_pipeline(tiny_models.omni_thinker, gpu=False)
     (stage,) = cfg.stages
     assert stage.name == "thinker" and dict(cfg.outputs) == {"text": "thinker"}
     assert isinstance(stage.engine, VllmArgs) and not stage.engine.talker_context
@@ -71,20 +65,20 @@ def test_a_qwen3_omni_thinker_folder_is_the_thinker_alone(tiny):
     assert stage.engine.limit_mm_per_prompt == {"audio": 1, "image": 1, "video": 1}
 
 
-def test_a_qwen3_omni_folder_reads_hermes_calls_and_thinks_only_when_it_does_not_speak(tiny):
+def test_a_qwen3_omni_folder_reads_hermes_calls_and_thinks_only_when_it_does_not_speak(tiny_models):
     # As vLLM's recipes serve Qwen3-Omni: hermes-style calls with auto tool
     # choice; Qwen3's reasoning parser on the Thinking checkpoint (the
     # thinker alone), whose answers start with their reasoning.
-    alone = derive_pipeline(tiny.omni_thinker, gpu=False).stages[0].engine
-    whole = derive_pipeline(tiny.omni, gpu=False).stages[0].engine
+    alone = derive_pipeline(tiny_models.omni_thinker, gpu=False).stages[0].engine
+    whole = derive_pipeline(tiny_models.omni, gpu=False).stages[0].engine
     assert isinstance(alone, VllmArgs) and isinstance(whole, VllmArgs)
     assert (alone.tool_call_parser, alone.enable_auto_tool_choice) == ("hermes", True)
     assert (whole.tool_call_parser, whole.enable_auto_tool_choice) == ("hermes", True)
     assert (alone.reasoning_parser, whole.reasoning_parser) == ("qwen3", "")
 
 
-def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny):
-    cfg = derive_pipeline(tiny.omni, gpu=False)
+def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny_models):
+    cfg = derive_pipeline(tiny_models.omni, gpu=False)
     ref = load_pipeline("tiny-omni")
     # The same graph as the built-in: stages, engines, edges, outputs, media.
     assert [(s.name, engine_kind(s.engine)) for s in cfg.stages] == [
@@ -99,33 +93,39 @@ def test_a_whole_qwen3_omni_folder_is_tiny_omnis_pipeline(tiny):
     assert isinstance(thinker.engine, VllmArgs) and thinker.engine.talker_context
     assert thinker.engine.enforce_eager  # on CPU: a fast start
     # the capture survives vLLM's compilation and graphs: a GPU keeps them
-    assert not derive_pipeline(tiny.omni, gpu=True).stages[0].engine.enforce_eager
+    assert not derive_pipeline(tiny_models.omni, gpu=True).stages[0].engine.enforce_eager
     assert thinker.engine.limit_mm_per_prompt == ref.stages[0].engine.limit_mm_per_prompt
-    folder = str(Path(tiny.omni).resolve())
+    folder = str(Path(tiny_models.omni).resolve())
     assert isinstance(talker.engine, TalkerArgs) and talker.engine.model == folder
     assert isinstance(code2wav.engine, Code2WavArgs) and code2wav.engine.model == folder
     assert (code2wav.engine.chunk_frames, code2wav.engine.context_frames) == (25, 25)
 
 
-def test_a_diffusers_video_folder_is_tiny_videos_stage(tiny):
-    cfg = derive_pipeline(tiny.video, gpu=False)
+def test_a_diffusers_video_folder_is_tiny_videos_stage(tiny_models):
+    cfg = derive_pipeline(tiny_models.video, gpu=False)
     ref = load_pipeline("tiny-video")
     (stage,) = cfg.stages
     (ref_stage,) = ref.stages
     assert dict(cfg.outputs) == dict(ref.outputs) == {"video": "video"}
     eng = stage.engine
     assert isinstance(eng, DiffusersArgs) and eng.output_modality == "video"
-    assert eng.model == str(Path(tiny.video).resolve())
+    assert eng.model == str(Path(tiny_models.video).resolve())
     # a first frame in (Wan has image-to-video), a job restarted after a kill -9
     assert stage.media is not None and stage.media.image and stage.media.max_image_parts == 1
     assert stage.retry == ref_stage.retry is True
     assert "WanPipeline on diffusers (text, a first frame in, video out)" in cfg.description
 
 
-def test_every_derived_and_built_in_pipeline_round_trips_through_toml(tiny):
+def test_every_derived_and_built_in_pipeline_round_trips_through_toml(tiny_models):
     derived = [
         derive_pipeline(p, gpu=g)
-        for p in (tiny.thinker, tiny.image, tiny.video, tiny.omni_thinker, tiny.omni)
+        for p in (
+            tiny_models.thinker,
+            tiny_models.image,
+            tiny_models.video,
+            tiny_models.omni_thinker,
+            tiny_models.omni,
+        )
         for g in (False, True)
     ]
     for cfg in derived + [load_pipeline(n) for n in builtin_names()]:
@@ -134,8 +134,8 @@ def test_every_derived_and_built_in_pipeline_round_trips_through_toml(tiny):
         assert parse_pipeline(text, "toml", cfg.name) == cfg, text
 
 
-def test_toml_writes_engine_args_tables_and_odd_keys(tiny, tmp_path):
-    cfg = derive_pipeline(tiny.thinker, gpu=False)
+def test_toml_writes_engine_args_tables_and_odd_keys(tiny_models, tmp_path):
+    cfg = derive_pipeline(tiny_models.thinker, gpu=False)
     st = cfg.stages[0]
     import msgspec
 
@@ -156,15 +156,15 @@ def test_toml_writes_engine_args_tables_and_odd_keys(tiny, tmp_path):
     assert parse_pipeline(text, "toml") == cfg
 
 
-def test_pipelines_show_model_prints_what_pipeline_file_serves(tiny, tmp_path):
+def test_pipelines_show_model_prints_what_pipeline_file_serves(tiny_models, tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "omnix.cli", "pipelines", "show", "--model", str(tiny.omni)],
+        [sys.executable, "-m", "omnix.cli", "pipelines", "show", "--model", str(tiny_models.omni)],
         cwd=ROOT, capture_output=True, text=True, timeout=180, check=True,
     ).stdout  # fmt: skip
-    assert out.startswith(f"# The pipeline `omnix serve {tiny.omni}` serves")
+    assert out.startswith(f"# The pipeline `omnix serve {tiny_models.omni}` serves")
     saved = tmp_path / "omni.toml"
     saved.write_text(out)
-    assert load_pipeline(saved) == derive_pipeline(tiny.omni, gpu=False)
+    assert load_pipeline(saved) == derive_pipeline(tiny_models.omni, gpu=False)
 
 
 # -- what is not served -------------------------------------------------------------------
@@ -241,10 +241,10 @@ def _show(model: str, **env: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_a_hugging_face_id_is_its_snapshot_in_the_hub_cache(tiny, tmp_path):
+def test_a_hugging_face_id_is_its_snapshot_in_the_hub_cache(tiny_models, tmp_path):
     from tests.hf_layout import hub_cache
 
-    snapshot = hub_cache(tmp_path / "hub", "tiny-org/omni", tiny.omni)
+    snapshot = hub_cache(tmp_path / "hub", "tiny-org/omni", tiny_models.omni)
     shown = _show("tiny-org/omni", HF_HUB_CACHE=str(tmp_path / "hub"))
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("# The pipeline `omnix serve tiny-org/omni` serves")
@@ -269,14 +269,14 @@ def test_an_id_not_in_the_cache_says_in_one_line_what_to_download(tmp_path):
     assert str(tmp_path / "hub") in line and "`hf download tiny-org/absent`" in line
 
 
-def test_a_local_folder_wins_over_an_id_of_the_same_spelling(tiny, tmp_path):
+def test_a_local_folder_wins_over_an_id_of_the_same_spelling(tiny_models, tmp_path):
     from omnix.models.paths import resolve_model
     from omnix.pipelines.hf_cache import is_hf_id
 
     assert is_hf_id("Qwen/Qwen3-Omni-30B-A3B-Instruct") and is_hf_id("tiny-org/omni")
     assert not any(map(is_hf_id, ["/models/x", "./x", "~/x", "a/b/c", "a--b/c", "x", "a/.."]))
     (tmp_path / "tiny-org").mkdir()
-    (tmp_path / "tiny-org" / "omni").symlink_to(tiny.omni)
+    (tmp_path / "tiny-org" / "omni").symlink_to(tiny_models.omni)
     here = os.getcwd()
     os.chdir(tmp_path)
     try:
