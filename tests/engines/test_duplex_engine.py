@@ -92,7 +92,17 @@ async def _collect(stream: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
     return [out async for out in stream]
 
 
-async def test_two_sessions_each_get_what_the_model_gives_it_alone(engine, folder: Path) -> None:
+async def test_two_sessions_each_get_what_the_model_gives_it_alone(
+    engine, folder: Path, monkeypatch
+) -> None:
+    set_aside = engine._batch.set_aside
+    waited: list[str] = []
+
+    def spy(sid: str) -> None:
+        waited.append(sid)
+        set_aside(sid)
+
+    monkeypatch.setattr(engine._batch, "set_aside", spy)
     a, b = _audio("chirp", 10), _audio("voice", 14)
     want_a, pcm_a, _ = _alone(folder, a)
     want_b, pcm_b, _ = _alone(folder, b)
@@ -112,6 +122,23 @@ async def test_two_sessions_each_get_what_the_model_gives_it_alone(engine, folde
             np.testing.assert_array_equal(o.array, p)
         assert final.finish_reason == "stop"
         assert (final.prompt_tokens, final.output_tokens) == (len(want), len(want))
+    assert "b" in waited  # b's next frame was not in at some ticks: it was set aside
+
+
+async def test_real_time_ticks_give_the_same_frames(folder: Path) -> None:
+    from omnix.engines.duplex_engine import DuplexEngine
+    from omnix.pipelines.config import DuplexArgs
+
+    audio = _audio("voice", 5)
+    want, _, _ = _alone(folder, audio)
+    eng = DuplexEngine(DuplexArgs(model=str(folder), device="cpu", tick_ms=80))
+    info = await eng.start()
+    try:
+        assert (info.engine, info.capacity) == ("moshi_duplex", 8)
+        got = await _collect(eng.generate(_request("rt"), _pcm_pieces(audio, [])))
+    finally:
+        await eng.close()
+    assert [o.token_ids for o in got[:-1]] == want
 
 
 async def test_codes_in_give_the_same_frames_as_the_audio_they_encode(engine, folder: Path) -> None:
