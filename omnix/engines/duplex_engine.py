@@ -63,6 +63,7 @@ Result = EngineOutput | BaseException | None
 
 @dataclass
 class _Session:
+    key: str  # its row's name in the batch: unique, while a request id may come again
     rid: str
     request: GenerateRequest
     queue: asyncio.Queue[Result]
@@ -93,7 +94,10 @@ class DuplexEngine:
         self.device = "cpu"
         self._batch: DuplexBatch | None = None
         self._encode: MimiEncodeStream | None = None
+        #: live sessions by key (a retried request's new session may start
+        #: before the engine thread has dropped its aborted one)
         self._sessions: dict[str, _Session] = {}
+        self._started = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -146,9 +150,12 @@ class DuplexEngine:
             raise RuntimeError("DuplexEngine.generate before start() (or after close())")
         if request.resume is not None:
             raise ValueError("a duplex session cannot be continued from delivered frames yet")
-        s = _Session(request.request_id, request, asyncio.Queue())
+        self._started += 1
+        s = _Session(
+            f"{request.request_id}#{self._started}", request.request_id, request, asyncio.Queue()
+        )
         with self._lock:
-            self._sessions[s.rid] = s
+            self._sessions[s.key] = s
         feeder = asyncio.create_task(self._feed(s, inputs))
         try:
             while True:
@@ -205,11 +212,13 @@ class DuplexEngine:
             )
 
     async def abort(self, request_id: str) -> None:
-        s = self._sessions.get(request_id)
-        if s is not None:
-            s.aborted = True
-            s.queue.put_nowait(None)
-            self._wake.set()
+        with self._lock:
+            live = [s for s in self._sessions.values() if s.rid == request_id]
+        for s in live:
+            if not s.aborted:
+                s.aborted = True
+                s.queue.put_nowait(None)
+        self._wake.set()
 
     async def close(self) -> None:
         self._closing = True
@@ -269,7 +278,7 @@ class DuplexEngine:
                 self._join(s)
             if not s.joined:
                 continue
-            if s.frames and self._batch.session(s.rid).length >= self.model.layout.context:
+            if s.frames and self._batch.session(s.key).length >= self.model.layout.context:
                 out += self._finish(s, "length")
             elif s.frames:
                 ready = True
@@ -306,7 +315,7 @@ class DuplexEngine:
         assert self._batch is not None
         t = s.request.params.temperature or 0.0
         self._batch.join(
-            s.rid, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=s.request.seed)
+            s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=s.request.seed)
         )
         s.joined = True
 
@@ -319,13 +328,13 @@ class DuplexEngine:
         user = {}
         for s in joined:
             if s.frames:
-                user[s.rid] = s.frames.popleft()
+                user[s.key] = s.frames.popleft()
             else:
-                self._batch.set_aside(s.rid)
+                self._batch.set_aside(s.key)
         ticks = self._batch.tick(user)
         out: list[tuple[_Session, Result]] = []
         for s in joined:
-            tick = ticks.get(s.rid)
+            tick = ticks.get(s.key)
             if tick is None:
                 continue
             s.taken += 1
@@ -354,10 +363,10 @@ class DuplexEngine:
         assert self._batch is not None
         s.finished = True
         if s.joined:
-            self._batch.leave(s.rid)
+            self._batch.leave(s.key)
             s.joined = False
         with self._lock:
-            self._sessions.pop(s.rid, None)
+            self._sessions.pop(s.key, None)
 
     def _fail_all(self, exc: BaseException) -> list[tuple[_Session, Result]]:
         """Every session ended with ``exc`` and the batch emptied (what a

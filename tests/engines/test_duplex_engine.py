@@ -89,8 +89,11 @@ async def _pcm_pieces(audio: np.ndarray, sizes: list[int], pause: float = 0.0):
 
 
 async def _held(q: asyncio.Queue[InputPiece | None]):
+    """The pieces put on ``q`` until None; each done once the engine took it."""
     while (piece := await q.get()) is not None:
         yield piece
+        q.task_done()
+    q.task_done()
 
 
 async def _collect(stream: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
@@ -100,33 +103,56 @@ async def _collect(stream: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
 async def test_two_sessions_each_get_what_the_model_gives_it_alone(
     engine, folder: Path, monkeypatch
 ) -> None:
-    set_aside = engine._batch.set_aside
+    batch = engine._batch
+    set_aside, tick = batch.set_aside, batch.tick
     waited: list[str] = []
+    stepped: list[list[str]] = []
 
-    def spy(sid: str) -> None:
-        waited.append(sid)
-        set_aside(sid)
+    def spy_aside(key: str) -> None:
+        waited.append(key.split("#")[0])  # a row's name: the request id, #n
+        set_aside(key)
 
-    monkeypatch.setattr(engine._batch, "set_aside", spy)
+    def spy_tick(user, forced=None):
+        stepped.append(sorted(key.split("#")[0] for key in user))
+        return tick(user, forced)
+
+    monkeypatch.setattr(batch, "set_aside", spy_aside)
+    monkeypatch.setattr(batch, "tick", spy_tick)
     a, b = _audio("chirp", 10), _audio("voice", 14)
     want_a, pcm_a, _ = _alone(folder, a)
     want_b, pcm_b, _ = _alone(folder, b)
-    # b's first frame in two halves; once it is out, b waits (its input held)
-    # while a's whole audio, in odd-sized pieces, steps: b is set aside at
-    # each of a's ticks; then b's rest in halves and frames
+
+    def feed(q: asyncio.Queue[InputPiece | None], audio: np.ndarray, at: int, sizes: list[int]):
+        for n in sizes:
+            q.put_nowait(InputPiece(modality="audio", array=audio[at : at + n]))
+            at += n
+        return at
+
+    qa: asyncio.Queue[InputPiece | None] = asyncio.Queue()
     qb: asyncio.Queue[InputPiece | None] = asyncio.Queue()
+    sa = engine.generate(_request("a"), _held(qa))
     sb = engine.generate(_request("b"), _held(qb))
-    qb.put_nowait(InputPiece(modality="audio", array=b[:960]))
-    qb.put_nowait(InputPiece(modality="audio", array=b[960:FRAME]))
+    # b's first frame, in two halves
+    at_b = feed(qb, b, 0, [960, 960])
     got_b = [await anext(sb)]
-    got_a = await _collect(engine.generate(_request("a"), _pcm_pieces(a, [700, 3000, 5000, 1])))
-    at = FRAME
-    for n in [960] * 6 + [FRAME] * 10:
-        qb.put_nowait(InputPiece(modality="audio", array=b[at : at + n]))
-        at += n
-    assert at == len(b)
-    qb.put_nowait(None)
-    got_b += [o async for o in sb]
+    # a's first four frames in odd-sized pieces while b's input is held:
+    # b is set aside at each of a's ticks
+    at_a = feed(qa, a, 0, [700, 3000, 4000])
+    got_a = [await anext(sa) for _ in range(4)]
+    assert waited.count("b") >= 4
+    # the rest of both while the tick thread reads no input, so that the
+    # two then step together
+    with engine._lock:
+        at_a = feed(qa, a, at_a, [5000, 6500])
+        at_b = feed(qb, b, at_b, [960] * 6 + [FRAME] * 10)
+        assert (at_a, at_b) == (len(a), len(b))
+        qa.put_nowait(None)
+        qb.put_nowait(None)
+        await asyncio.gather(qa.join(), qb.join())
+    more_a, more_b = await asyncio.gather(_collect(sa), _collect(sb))
+    got_a += more_a
+    got_b += more_b
+    assert ["a", "b"] in stepped  # batched: one tick stepped both
     for got, want, pcm in ((got_a, want_a, pcm_a), (got_b, want_b, pcm_b)):
         frames, final = got[:-1], got[-1]
         assert [o.token_ids for o in frames] == want
@@ -135,7 +161,6 @@ async def test_two_sessions_each_get_what_the_model_gives_it_alone(
             np.testing.assert_array_equal(o.array, p)
         assert final.finish_reason == "stop"
         assert (final.prompt_tokens, final.output_tokens) == (len(want), len(want))
-    assert waited.count("b") >= len(want_a)  # set aside at each of a's ticks
 
 
 async def test_real_time_ticks_give_the_same_frames(folder: Path) -> None:
@@ -232,3 +257,18 @@ async def test_sampled_sessions_with_one_seed_give_the_same_frames(engine) -> No
         for i in range(2)
     ]
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+
+
+async def test_a_request_id_that_comes_again_starts_a_fresh_session(engine, folder: Path) -> None:
+    """A retried stage runs its request again under the same id, perhaps
+    before the tick thread has dropped the aborted session."""
+    audio = _audio("voice", 4)
+    want, _, _ = _alone(folder, audio)
+    q: asyncio.Queue[InputPiece | None] = asyncio.Queue()
+    first = engine.generate(_request("again"), _held(q))
+    q.put_nowait(InputPiece(modality="audio", array=audio[:FRAME]))
+    await anext(first)
+    await engine.abort("again")
+    got = await _collect(engine.generate(_request("again"), _pcm_pieces(audio, [])))
+    assert [o.token_ids for o in got[:-1]] == want
+    assert [o async for o in first] == []
