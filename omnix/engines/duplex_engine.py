@@ -268,22 +268,27 @@ class DuplexEngine:
         out: list[tuple[_Session, Result]] = []
         with self._lock:
             sessions = list(self._sessions.values())
-        ready = False
+        # What ended first, so that its slot is free for a session waiting
+        # in this same pass.
         for s in sessions:
             if s.aborted:
                 self._forget(s)
                 continue
             self._take_inbox(s)
-            if not s.joined and len(self._batch.sessions) < self.args.max_sessions:
-                self._join(s)
             if not s.joined:
                 continue
             if s.frames and self._batch.session(s.key).length >= self.model.layout.context:
                 out += self._finish(s, "length")
-            elif s.frames:
-                ready = True
-            elif s.done and not s.inbox:
+            elif not s.frames and s.done and not s.inbox:
                 out += self._finish(s, "stop")
+        ready = False
+        for s in sessions:
+            if s.finished:
+                continue
+            if not s.joined and len(self._batch.sessions) < self.args.max_sessions:
+                self._join(s)
+                self._wake.set()  # one that joined with its input already over ends next pass
+            ready = ready or (s.joined and bool(s.frames))
         return ready, out
 
     def _take_inbox(self, s: _Session) -> None:

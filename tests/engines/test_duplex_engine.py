@@ -272,3 +272,11 @@ async def test_a_request_id_that_comes_again_starts_a_fresh_session(engine, fold
     got = await _collect(engine.generate(_request("again"), _pcm_pieces(audio, [])))
     assert [o.token_ids for o in got[:-1]] == want
     assert [o async for o in first] == []
+
+
+async def test_a_session_with_no_whole_frame_ends_with_nothing_stepped(engine) -> None:
+    async def short():
+        yield InputPiece(modality="audio", array=np.zeros(FRAME - 1, np.float32))
+
+    (final,) = await _collect(engine.generate(_request("short"), short()))
+    assert (final.finish_reason, final.prompt_tokens, final.output_tokens) == ("stop", 0, 0)
