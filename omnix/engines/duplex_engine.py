@@ -249,7 +249,8 @@ class DuplexEngine:
                 now = time.monotonic()
                 if now < next_at:
                     time.sleep(next_at - now)
-                next_at = max(next_at + period, time.monotonic()) if period else 0.0
+                    now = next_at
+                next_at = now + period
                 results = self._tick()
             except Exception as exc:
                 log.exception("duplex tick failed; failing its %d sessions", len(self._sessions))
