@@ -264,13 +264,6 @@ def test_bench_bad_flags(argv, says):
 # -- omnix serve PATH and vLLM's engine flags (issue 30): before any engine starts ------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from tests.model_fixtures import session_models
-
-    return session_models(tmp_path_factory)
-
-
 def test_serve_a_folder_that_does_not_exist(tmp_path):
     code, err = omnix("serve", tmp_path / "nope", "--port", "0")
     one_line_error(code, err, "serve", f"{tmp_path}/nope: no such folder", "never downloads")

@@ -2,7 +2,8 @@
 
 Owns: ``DuplexBatch``: which sessions are in the batch (``join`` runs a
 session's first positions and adds its KV cache as a row; ``leave`` drops
-the row), ``tick`` (every session's user frame in, every session's Moshi
+the row; ``set_aside`` takes a session's row out with its cache, for the
+ticks it has no user frame, and ``tick`` brings it back when it has one), ``tick`` (every session's user frame in, every session's Moshi
 frame and its 80 ms of PCM out, Mimi decoding each session's stream on)
 and ``silence`` (Mimi's codes of 80 ms of silence, what transformers'
 generate feeds as the user's audio after its prompt).  Synchronous and
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omnix.engines.duplex_model import DuplexModel, Frame, Prompt, Sampling, Session
 from omnix.engines.mimi_stream import DecodeState, MimiStream
@@ -39,6 +40,7 @@ class Tick:
 class _Member:
     session: Session
     stream: DecodeState | None
+    aside: tuple[Any, int] | None = None  # its own KV cache and length while set aside
 
 
 class DuplexBatch:
@@ -71,10 +73,24 @@ class DuplexBatch:
         self._members[sid] = _Member(session, stream)
 
     def leave(self, sid: str) -> None:
-        self._member(sid)
-        rows = [i for i, name in enumerate(self._members) if name != sid]
-        self.caches.keep(rows)
+        member = self._member(sid)
+        if member.aside is None:
+            self.caches.keep([i for i, name in enumerate(self._stepping) if name != sid])
         del self._members[sid]
+
+    def set_aside(self, sid: str) -> None:
+        """Take ``sid``'s row out of the batch, its KV cache kept: the ticks
+        that follow step the others; the next tick given its user frame
+        brings it back (as the last row).  Its state is as it was: a session
+        set aside for a while continues as if it had not been."""
+        member = self._member(sid)
+        if member.aside is None:
+            member.aside = self.caches.take(self._stepping.index(sid))
+
+    @property
+    def _stepping(self) -> list[str]:
+        """The sessions with a row, in row order."""
+        return [sid for sid, m in self._members.items() if m.aside is None]
 
     def silence(self) -> torch.Tensor:
         """Mimi's first K codes of 80 ms of silence ([K])."""
@@ -93,20 +109,28 @@ class DuplexBatch:
     ) -> dict[str, Tick]:
         """One step of every session: ``user[sid]`` its user frame ([K]
         codes); ``forced[sid]``, if any, the frame it says instead of its
-        own.  Returns each session's tick."""
+        own.  Returns each session's tick.  A session set aside steps when
+        ``user`` has its frame (it is brought back first); one not set aside
+        must have a frame."""
         import torch
 
-        missing = [sid for sid in self._members if sid not in user]
+        missing = [sid for sid, m in self._members.items() if m.aside is None and sid not in user]
         unknown = [sid for sid in user if sid not in self._members]
         if missing or unknown:
             raise ValueError(
-                f"a tick needs one user frame per session in the batch: missing {missing}, "
-                f"not in the batch {unknown}"
+                f"a tick needs one user frame per session in the batch (or the session set "
+                f"aside first): missing {missing}, not in the batch {unknown}"
             )
-        if not self._members:
+        for sid in user:
+            member = self._members[sid]
+            if member.aside is not None:
+                self.caches.add(*member.aside)
+                member.aside = None
+                self._members[sid] = self._members.pop(sid)  # its row is now the last
+        if not user:
             return {}
         forced = forced or {}
-        sids = list(self._members)
+        sids = self._stepping
         frames = self.model.step(
             self.caches,
             [self._members[sid].session for sid in sids],

@@ -1,4 +1,6 @@
-"""Mimi's decoder, frame by frame: 80 ms of codes in, 80 ms of PCM out.
+"""Mimi frame by frame, both ways: 80 ms of PCM in, one frame of codes out
+(``MimiEncodeStream``), and 80 ms of codes in, 80 ms of PCM out
+(``MimiStream``).
 
 Owns: ``MimiStream`` (over a transformers ``MimiModel``'s own modules) and
 ``DecodeState`` (one stream's carried state): the quantizer's decode, the
@@ -16,8 +18,19 @@ rounding (the convolutions sum the same products over shorter inputs; the
 transformer attends through a cache): tests/engines/test_duplex_model.py
 states the tolerance.
 
-Does not own: encoding (the user's audio reaches the model as codes),
-nor which frames are decoded when (``duplex_engine.py``).
+``MimiEncodeStream`` and ``EncodeState`` are the encoder's counterpart:
+the SEANet encoder's convolutions (strided ones included) carry the input
+samples their next output still reads, the encoder transformer its KV
+cache, the downsampling convolution its input tail (its first frame reads
+the replicate padding transformers pads with), and the quantizer encodes
+each frame alone.  The codes of 1920-sample frames encoded one at a time
+are ``MimiModel.encode`` of the whole audio, every frame (a whole number of
+frames needs no right padding in any convolution, so there is no edge
+frame that differs): tests/engines/test_mimi_encode_stream.py.
+transformers' own streaming encode (``use_streaming``) fails on the tiny
+Mimi's 80 ms chunks, which is why omnix carries the state itself.
+
+Does not own: which frames are encoded or decoded when (the duplex engine).
 """
 
 from __future__ import annotations
@@ -62,6 +75,9 @@ class MimiStream:
             self._index[id(m)] = len(self._index)
         self._conv1d, self._transposed = MimiConv1d, MimiConvTranspose1d
 
+    def _conv_step(self, conv: Any, x: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        return _causal_conv_step(conv, x, state.conv_inputs, self._index[id(conv)])
+
     def start(self) -> DecodeState:
         from transformers import DynamicCache
 
@@ -97,23 +113,6 @@ class MimiStream:
             x = self._layer(inner, x, state)
         return self._layer(layer.shortcut, residual, state) + x
 
-    def _conv_step(self, conv: Any, x: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """A causal convolution over the inputs it still reads, then ``x``
-        (the first frame reads the padding transformers' forward pads with)."""
-        i = self._index[id(conv)]
-        pad = int(conv.padding_total)
-        before = state.conv_inputs.get(i)
-        if before is None:
-            shape = (*x.shape[:-1], pad)
-            if conv.pad_mode == "replicate":
-                before = x[..., :1].expand(shape)
-            else:
-                before = x.new_zeros(shape)
-        full = torch.cat([before, x], dim=-1)
-        state.conv_inputs[i] = full[..., full.shape[-1] - pad :]
-        out: torch.Tensor = conv.conv(full)
-        return out
-
     def _transposed_step(self, layer: Any, x: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """A transposed convolution: its output's head overlaps the previous
         frame's tail (added once, bias and all), its own tail waits."""
@@ -129,3 +128,98 @@ class MimiStream:
         state.transposed_tails[i] = rest
         out: torch.Tensor = y[..., :keep]
         return out
+
+
+def _causal_conv_step(
+    conv: Any, x: torch.Tensor, inputs: dict[int, torch.Tensor], i: int
+) -> torch.Tensor:
+    """A causal convolution (any stride) over the inputs it still reads, then
+    ``x``; keeps the inputs its next output reads (the first frame reads the
+    padding transformers' forward pads with)."""
+    pad = int(conv.padding_total)
+    before = inputs.get(i)
+    if before is None:
+        shape = (*x.shape[:-1], pad)
+        if conv.pad_mode == "replicate":
+            before = x[..., :1].expand(shape)
+        else:
+            before = x.new_zeros(shape)
+    full = torch.cat([before, x], dim=-1)
+    kernel, stride = int(conv.kernel_size), int(conv.stride)
+    n = max(0, (full.shape[-1] - kernel) // stride + 1)
+    inputs[i] = full[..., n * stride :]
+    out: torch.Tensor = conv.conv(full[..., : max(0, (n - 1) * stride + kernel)])
+    return out
+
+
+@dataclass
+class EncodeState:
+    """One encoding stream's carry between frames."""
+
+    cache: Any  # the encoder transformer's KV cache
+    conv_inputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    frames: int = 0
+
+
+class MimiEncodeStream:
+    """Streaming encode over one ``MimiModel`` (its weights unchanged):
+    whole frames of PCM in, as many frames of codes out."""
+
+    def __init__(self, mimi: Any, num_quantizers: int) -> None:
+        from transformers.models.mimi.modeling_mimi import MimiConv1d
+
+        self.mimi = mimi
+        self.num_quantizers = num_quantizers
+        self.frame_samples = int(mimi.config.frame_size)
+        modules = list(mimi.encoder.modules())
+        if mimi.downsample is not None:
+            modules.append(mimi.downsample)
+        self._index: dict[int, int] = {}
+        for m in modules:
+            if isinstance(m, MimiConv1d):
+                if not m.causal:
+                    raise ValueError("streaming needs Mimi's encoder convolutions causal")
+                self._index[id(m)] = len(self._index)
+        self._conv1d = MimiConv1d
+
+    def start(self) -> EncodeState:
+        from transformers import DynamicCache
+
+        return EncodeState(cache=DynamicCache(config=self.mimi.config))
+
+    def encode(self, state: EncodeState, pcm: torch.Tensor) -> torch.Tensor:
+        """Codes [num_quantizers, n] of ``pcm`` [n * frame_samples] (the
+        stream's next ``n`` frames of mono 24 kHz float PCM), carrying
+        ``state`` on."""
+        if pcm.dim() != 1 or pcm.shape[0] % self.frame_samples or pcm.shape[0] == 0:
+            raise ValueError(
+                f"a Mimi encode stream takes whole frames of {self.frame_samples} mono "
+                f"samples; got shape {tuple(pcm.shape)}"
+            )
+        mimi = self.mimi
+        with torch.inference_mode():
+            x = pcm[None, None].to(next(mimi.parameters()))
+            for layer in mimi.encoder.layers:
+                x = self._layer(layer, x, state)
+            x = mimi.encoder_transformer(
+                x.transpose(1, 2), past_key_values=state.cache, use_cache=True, return_dict=True
+            ).last_hidden_state.transpose(1, 2)
+            if mimi.downsample is not None:
+                x = _causal_conv_step(
+                    mimi.downsample, x, state.conv_inputs, self._index[id(mimi.downsample)]
+                )
+            codes: torch.Tensor = mimi.quantizer.encode(x, self.num_quantizers)
+        state.frames += int(codes.shape[-1])
+        return codes[:, 0]
+
+    def _layer(self, layer: Any, x: torch.Tensor, state: EncodeState) -> torch.Tensor:
+        if isinstance(layer, self._conv1d):
+            return _causal_conv_step(layer, x, state.conv_inputs, self._index[id(layer)])
+        block = getattr(layer, "block", None)
+        if block is None:  # an activation or an identity shortcut
+            out: torch.Tensor = layer(x)
+            return out
+        residual = x
+        for inner in block:
+            x = self._layer(inner, x, state)
+        return self._layer(layer.shortcut, residual, state) + x

@@ -196,6 +196,22 @@ class Qwen3TTSDecoderArgs(Code2WavArgs, tag="qwen3_tts_decoder", tag_field="kind
     first_chunk_frames: int = 5
 
 
+class DuplexArgs(msgspec.Struct, tag="moshi_duplex", tag_field="kind", **_STRICT):
+    """A full-duplex speech model (``omnix.engines.duplex_engine``): each
+    request is a session, the user's audio in as it streams (24 kHz PCM or
+    Mimi codes), per 80 ms frame the model's text token and audio out.
+    ``model`` is a Moshi folder (or the tiny ``moshi``); ``max_sessions``
+    step together in one batch; ``tick_ms`` paces the ticks (80: Moshi's
+    frame rate, real time; 0: as fast as frames come, for replay and
+    tests)."""
+
+    model: str
+    device: str = "auto"
+    dtype: str = "float32"
+    max_sessions: int = 8
+    tick_ms: float = 80.0
+
+
 class ScriptedArgs(msgspec.Struct, tag="scripted", tag_field="kind", **_STRICT):
     """A deterministic engine for tests of the runtime and orchestrator.
 
@@ -233,6 +249,7 @@ EngineArgs = (
     | Code2WavArgs
     | Qwen3TTSTalkerArgs
     | Qwen3TTSDecoderArgs
+    | DuplexArgs
     | ScriptedArgs
 )
 #: Engines whose output is a waveform, and say at which rate.

@@ -17,6 +17,7 @@ ENGINE_CLASSES: dict[str, str] = {
     "code2wav": "omnix.engines.code2wav_engine:Code2WavEngine",
     "qwen3_tts_talker": "omnix.engines.qwen3_tts_engine:Qwen3TTSEngine",
     "qwen3_tts_decoder": "omnix.engines.speech_decoder:SpeechDecoderEngine",
+    "moshi_duplex": "omnix.engines.duplex_engine:DuplexEngine",
 }
 
 

@@ -38,6 +38,7 @@ from omnix.events.types import StageParams
 from omnix.pipelines.config import (
     Code2WavArgs,
     DiffusersArgs,
+    DuplexArgs,
     EdgeConfig,
     MediaLimits,
     PipelineConfig,
@@ -52,6 +53,7 @@ from omnix.pipelines.hf_cache import hf_cached, is_hf_id
 from omnix.pipelines.tts_card import VARIANT_TASKS, is_qwen3_tts, tts_card
 
 QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"
+MOSHI = "MoshiForConditionalGeneration"
 
 
 class FolderError(ValueError):
@@ -253,6 +255,17 @@ def qwen3_tts(f: Folder, gpu: bool) -> PipelineConfig:
     )
 
 
+def moshi(f: Folder, gpu: bool) -> PipelineConfig:
+    """Moshi: one ``moshi_duplex`` stage over the folder, full-duplex
+    sessions (the user's audio in as it streams, per 80 ms frame the
+    model's text token and audio out), ticking in real time."""
+    dtype = f.dtype if f.dtype not in ("auto", "") else "float32"
+    stage = StageConfig(name="duplex", engine=DuplexArgs(model=str(f.path), dtype=dtype))
+    return _single(
+        f, "Moshi full duplex (audio in, text and audio out)", stage, {"audio": "duplex"}
+    )
+
+
 def _is_text_to_image(f: Folder) -> bool:
     return bool(f.index) and f.pipeline_class in text_to_image_classes()
 
@@ -281,6 +294,12 @@ KINDS: tuple[Kind, ...] = (
         "talker -> code2wav (text in, audio out)",
         lambda f: bool(f.config) and is_qwen3_tts(f.config),
         qwen3_tts,
+    ),
+    Kind(
+        "Moshi",
+        f"{MOSHI} (Moshi): one full-duplex stage (moshi_duplex)",
+        lambda f: bool(f.config) and f.architecture == MOSHI,
+        moshi,
     ),
     Kind(
         "text-to-image",

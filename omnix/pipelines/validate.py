@@ -16,6 +16,7 @@ import msgspec
 from omnix.pipelines.config import (
     AudioEngineArgs,
     DiffusersArgs,
+    DuplexArgs,
     PipelineConfig,
     ReplicaRange,
     ScriptedArgs,
@@ -124,6 +125,8 @@ def validate_pipeline(cfg: PipelineConfig, source: str = "<config>") -> None:
             problems.extend(f"stage {st.name!r}: {p}" for p in _diffusers_problems(st.engine))
         if isinstance(st.engine, TalkerArgs):
             problems.extend(f"stage {st.name!r}: {p}" for p in _talker_problems(st.engine))
+        if isinstance(st.engine, DuplexArgs):
+            problems.extend(f"stage {st.name!r}: {p}" for p in _duplex_problems(st.engine))
     problems.extend(_edge_problems(cfg, names))
     cycle = _find_cycle(names, cfg)
     if cycle:
@@ -291,6 +294,18 @@ def _talker_problems(eng: TalkerArgs) -> list[str]:
     return problems
 
 
+def _duplex_problems(eng: DuplexArgs) -> list[str]:
+    problems = []
+    if eng.max_sessions < 1:
+        problems.append(f"moshi_duplex max_sessions must be >= 1, got {eng.max_sessions}")
+    if eng.tick_ms < 0:
+        problems.append(
+            f"moshi_duplex tick_ms must be >= 0 (80: real time; 0: as frames come), "
+            f"got {eng.tick_ms}"
+        )
+    return problems
+
+
 def _speech_problems(cfg: PipelineConfig) -> list[str]:
     """A thinker that feeds a talker its context runs omnix's capture: its
     worker extension and its thinker class (``hf_overrides``), which the
@@ -415,7 +430,7 @@ def stage_output_modality(cfg: PipelineConfig, stage: str) -> str | None:
         return eng.output_modality
     if isinstance(eng, DiffusersArgs):
         return eng.output_modality
-    if isinstance(eng, AudioEngineArgs):
+    if isinstance(eng, (AudioEngineArgs, DuplexArgs)):
         return "audio"
     if isinstance(eng, TalkerArgs):
         return "codec"

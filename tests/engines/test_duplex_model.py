@@ -250,6 +250,34 @@ def test_sessions_batched_in_one_step_each_get_their_own_output(model: DuplexMod
     )
 
 
+def test_a_session_set_aside_for_some_ticks_continues_as_if_it_had_not_been(
+    model: DuplexModel,
+) -> None:
+    import torch
+
+    users = {"a": _codes(model, _audio("chirp", 1.6)), "b": _codes(model, _audio("voice", 1.6))}
+    aside = {"a": {3, 4, 9}, "b": {0, 5, 6, 7, 12}}  # the ticks each has no frame at
+    batch = DuplexBatch(model)
+    for sid in users:
+        batch.join(sid)
+    got: dict[str, list] = {sid: [] for sid in users}
+    at = dict.fromkeys(users, 0)
+    for tick in range(25):
+        frames = {}
+        for sid, user in users.items():
+            if tick in aside[sid] or at[sid] >= user.shape[1]:
+                batch.set_aside(sid)
+            else:
+                frames[sid] = user[:, at[sid]]
+                at[sid] += 1
+        for sid, out in batch.tick(frames).items():
+            got[sid].append(out)
+    for sid, user in users.items():
+        alone, pcm, _ = _run(model, user[:, : at[sid]])
+        assert [t.frame for t in got[sid]] == alone, sid
+        assert torch.equal(torch.cat([t.pcm for t in got[sid]]), pcm), sid
+
+
 def test_replaying_a_sessions_user_frames_gives_its_frames_again(model: DuplexModel) -> None:
     user = _codes(model, _audio("voice", 2.0))
     sampled = Sampling(text_temperature=0.7, audio_temperature=0.8, seed=7)

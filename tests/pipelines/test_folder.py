@@ -17,6 +17,7 @@ import pytest
 from omnix.pipelines.config import (
     Code2WavArgs,
     DiffusersArgs,
+    DuplexArgs,
     TalkerArgs,
     VllmArgs,
     engine_kind,
@@ -114,6 +115,23 @@ def test_a_diffusers_video_folder_is_tiny_videos_stage(tiny_models):
     assert stage.media is not None and stage.media.image and stage.media.max_image_parts == 1
     assert stage.retry == ref_stage.retry is True
     assert "WanPipeline on diffusers (text, a first frame in, video out)" in cfg.description
+
+
+def test_a_moshi_folder_is_one_duplex_stage_that_validates_and_round_trips(tmp_path):
+    from omnix.models.moshi import write_folder
+    from omnix.pipelines.validate import validate_pipeline
+
+    folder = tmp_path / "moshi"
+    write_folder(folder, seed=0)
+    cfg = derive_pipeline(folder, gpu=False)
+    validate_pipeline(cfg)
+    (stage,) = cfg.stages
+    assert stage.name == "duplex" and dict(cfg.outputs) == {"audio": "duplex"}
+    eng = stage.engine
+    assert isinstance(eng, DuplexArgs) and eng.model == str(folder.resolve())
+    assert (eng.dtype, eng.tick_ms) == ("float32", 80.0)  # real time
+    assert "Moshi full duplex" in cfg.description
+    assert parse_pipeline(pipeline_toml(cfg), "toml", cfg.name) == cfg
 
 
 def test_every_derived_and_built_in_pipeline_round_trips_through_toml(tiny_models):
