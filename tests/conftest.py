@@ -22,7 +22,6 @@ import os
 import pytest
 
 from omnix.models.paths import ModelPaths
-from tests.model_fixtures import session_models
 
 REQUIRE_ALL_ENV = "OMNIX_REQUIRE_ALL"
 
@@ -90,6 +89,10 @@ def pytest_make_collect_report(collector: pytest.Collector):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> ModelPaths:
     """The tiny models, built (or found) once for the session."""
+    # Imported here: tests/test_require_all.py runs this file in a suite
+    # of its own, where ``tests`` is no package.
+    from tests.model_fixtures import session_models
+
     return session_models(tmp_path_factory)
 
 
