@@ -202,6 +202,18 @@ class Qwen3TTSEngine(TalkerEngine):
         if req.said < 0:  # the prompt held the whole text
             return model.tts_pad
         done = req.done  # before the text, as in _conditioning
+        if req.pieces_said < len(req.piece_ends):
+            self._read_pieces(req)
+        if j in req.trailing:
+            return req.trailing[j]
+        if not done:
+            return None  # the row waits for the next piece
+        return model.tts_eos if j == len(req.trailing) else model.tts_pad
+
+    def _read_pieces(self, req: _Request) -> None:
+        """The text vectors of the pieces that came since the last read."""
+        model = self.model
+        assert model is not None
         ends = list(req.piece_ends)
         text = req.utterance
         while req.pieces_said < len(ends):
@@ -211,11 +223,6 @@ class Qwen3TTSEngine(TalkerEngine):
             for k, r in enumerate(model.text_after(text[req.said : end])):
                 req.trailing[n + k] = r
             req.said, req.pieces_said = end, req.pieces_said + 1
-        if j in req.trailing:
-            return req.trailing[j]
-        if not done:
-            return None  # the row waits for the next piece
-        return model.tts_eos if j == len(req.trailing) else model.tts_pad
 
     def _piece(self, req: _Request, j: int) -> int:
         """The piece whose text frame ``j`` reads (after the text: the last)."""

@@ -9,6 +9,8 @@ checks them; a Base checkpoint clones the clip its config names."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 import websockets
 
@@ -37,14 +39,20 @@ REST = ("How are you today?", "I am fine, thank you.")
 GREEDY = {"talker": {"temperature": 0.0, "max_tokens": MAX_TOKENS}}
 
 
-@pytest.fixture(scope="module")
-async def served(tiny_models):
-    served = await ServeProcess.start(tiny_models.qwen3_tts_custom_voice)
+async def _serving(folder: str) -> AsyncIterator[ServeProcess]:
+    """``omnix serve FOLDER``, ready, stopped after."""
+    served = await ServeProcess.start(folder)
     try:
         await served.ready(timeout=START_S)
         yield served
     finally:
         await served.stop()
+
+
+@pytest.fixture(scope="module")
+async def served(tiny_models):
+    async for s in _serving(tiny_models.qwen3_tts_custom_voice):
+        yield s
 
 
 def _url(served: ServeProcess) -> str:
@@ -95,12 +103,8 @@ async def test_the_qwen3_tts_fields_are_checked_as_the_speech_route_checks_them(
 
 @pytest.fixture(scope="module")
 async def served_base(tiny_models):
-    served = await ServeProcess.start(tiny_models.qwen3_tts_base)
-    try:
-        await served.ready(timeout=START_S)
-        yield served
-    finally:
-        await served.stop()
+    async for s in _serving(tiny_models.qwen3_tts_base):
+        yield s
 
 
 async def test_a_base_checkpoint_clones_the_configs_clip_for_the_whole_utterance(
