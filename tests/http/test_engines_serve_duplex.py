@@ -1,11 +1,19 @@
 """``omnix serve PATH`` of a Moshi folder: the derived one-stage duplex
 pipeline starts a real server whose ``moshi_duplex`` worker loads the model
-and reports ready (the realtime duplex protocol that will drive it is later
-work)."""
+and reports ready; the worker killed with SIGKILL is recorded lost and
+started again, and the server answers ready once more (the realtime duplex
+protocol that will drive it, and so a client's view of a kill mid-session,
+are later work)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
+import signal
+
 import aiohttp
+import psutil
 import pytest
 
 from omnix.testing.served import ServeProcess
@@ -28,5 +36,19 @@ async def test_serving_a_moshi_folder_starts_its_duplex_worker(tmp_path) -> None
         await served.seen(r"worker duplex/0 ready: engine moshi_duplex", timeout=30)
         async with aiohttp.ClientSession() as http, http.get(url + "/ready") as r:
             assert r.status == 200
+
+        (worker,) = [
+            p
+            for p in psutil.Process(served.proc.pid).children(recursive=True)
+            if "worker_cli" in " ".join(p.cmdline()) and "duplex" in p.cmdline()
+        ]
+        os.kill(worker.pid, signal.SIGKILL)
+        await served.seen(r"lost duplex/0", timeout=60)
+        ready = r"worker duplex/0 ready: engine moshi_duplex"
+        async with asyncio.timeout(180):
+            while sum(bool(re.search(ready, line)) for line in served.lines) < 2:  # noqa: ASYNC110 (the process's output offers no event per line)
+                await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as http, http.get(url + "/ready") as r:
+            assert r.status == 200 and (await r.json())["stages"] == {"duplex": 1}
     finally:
         await served.stop()
