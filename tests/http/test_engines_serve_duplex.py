@@ -25,7 +25,9 @@ pytestmark = [
 ]
 
 
-async def test_serving_a_moshi_folder_starts_its_duplex_worker(tmp_path) -> None:
+async def test_serving_a_moshi_folder_starts_its_duplex_worker_and_again_after_a_sigkill(
+    tmp_path,
+) -> None:
     from omnix.models.moshi import write_folder
 
     folder = tmp_path / "moshi"
