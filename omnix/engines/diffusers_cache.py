@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from omnix.engines.diffusers_cfg import paired_guidance
+from omnix.engines.diffusers_cfg import Guidance, paired_guidance
 from omnix.pipelines.diffusion_cache import (
     CompileMode,
     FirstBlockCache,
@@ -109,17 +109,17 @@ class Denoiser:
             )
 
     def call_context(
-        self, pipe: Any, prompts: tuple[Any, Any] | None = None
+        self, pipe: Any, guidance: Guidance | None = None
     ) -> contextlib.AbstractContextManager[Any]:
         """What a call of ``pipe`` runs inside: a named cache context where
         the pipeline sets none itself; with guidance batching on and the
-        call's (prompt, negative prompt) embeddings given (the negative
-        None: no guidance), its transformer behind the paired stand-in."""
+        call's conditioning given (``diffusers_prompts.call_guidance``),
+        its transformer behind the paired stand-in."""
         stack = contextlib.ExitStack()
         if self._transformer is not None and type(pipe).__name__ not in NAMES_ITS_CALLS:
             stack.enter_context(self._transformer.cache_context("cond"))
-        if self.batch_guidance and prompts is not None and prompts[1] is not None:
-            stack.enter_context(paired_guidance(pipe, *prompts))
+        if self.batch_guidance and guidance is not None:
+            stack.enter_context(paired_guidance(pipe, guidance))
         return stack
 
     def settings(self) -> dict[str, str]:

@@ -1,25 +1,28 @@
 """Classifier-free guidance in one forward: a step's two denoiser calls as one batch.
 
-Owns ``PairedDenoiser``, the stand-in for a pipeline's transformer during
-one call (``paired_guidance``): diffusers' Wan pipelines call the
-transformer twice a step, the conditional call (``encoder_hidden_states``
-the prompt's embeddings, under the cache context ``"cond"``) and then the
-unconditional one (the negative prompt's, ``"uncond"``), on the same
-latents and timestep tensors.  On the conditional call the stand-in runs
-the real transformer once on 2B rows (the call's inputs twice over, the
-prompt's and the negative prompt's embeddings stacked) and returns the
-first B; the next call gets the other B without a forward if it is the
-matching unconditional call: the same latents and timestep tensor
-objects, the negative embeddings, every other argument the same.  Any
-other call is computed as it comes (``alone`` counts those), so an
-unexpected call order costs speed, never a wrong output.
+Owns ``Guidance`` (a call's conditioning: per transformer argument, the
+prompt's rows and the negative prompt's) and ``PairedDenoiser``, the
+stand-in for a pipeline's transformer during one call
+(``paired_guidance``).  diffusers' Wan pipelines, and Flux's text-to-image
+with true CFG, call the transformer twice a step: the conditional call
+(the prompt's embeddings, under the cache context ``"cond"``) and then
+the unconditional one (the negative prompt's, ``"uncond"``), on the same
+latents.  On the conditional call the stand-in runs the real transformer
+once on 2B rows (the call's per-row inputs twice over, each conditioning
+argument's prompt and negative rows stacked) and returns the first B;
+the next call gets the other B without a forward if it is the matching
+unconditional call: the negative conditioning, every other argument the
+same (the same tensor, or an equal one: Flux makes its timestep tensor
+and text ids anew for each call).  Any other call is computed as it
+comes (``alone`` counts those), so an unexpected call order costs speed,
+never a wrong output.
 
 The stand-in sits outside the transformer: diffusers' cache hooks on the
 transformer's modules, and a compiled transformer, see one forward of 2B
 rows under the ``"cond"`` context each step.  The engine encodes the
-prompts itself (``encode_prompt``, cast to the transformer's dtype), so
-the stand-in knows both embeddings before the first step; the pipeline
-passes them to the transformer unchanged.
+prompts itself (``diffusers_prompts.py``), so the stand-in knows both
+conditionings before the first step; the pipeline passes them to the
+transformer unchanged.
 
 Does not own which families batch (``omnix.pipelines.diffusion_cache``),
 the prompt encoding, or the call (``diffusers_engine.py``,
@@ -30,16 +33,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-#: The conditioning argument: the prompt's embeddings on the conditional
-#: call, the negative prompt's on the unconditional one.
-CONDITION = "encoder_hidden_states"
 #: Per-row tensor arguments of Wan's transformer the two calls share
 #: (``timestep`` is (B,) or, for Wan 2.2's per-token timesteps, (B, tokens)).
-SHARED_ROWS = ("hidden_states", "timestep", "encoder_hidden_states_image")
+WAN_SHARED_ROWS = ("hidden_states", "timestep", "encoder_hidden_states_image")
+#: Flux's: its text and image ids are per token, not per row, and stay as given.
+FLUX_SHARED_ROWS = ("hidden_states", "timestep", "guidance")
 #: The pipeline attributes that hold a denoiser (Wan 2.2's two experts).
 DENOISERS = ("transformer", "transformer_2")
+
+
+class Guidance(NamedTuple):
+    """A call's conditioning as its two guidance forwards receive it."""
+
+    #: transformer argument -> (the prompt's rows, the negative prompt's)
+    conditions: dict[str, tuple[Any, Any]]
+    #: the per-row arguments both forwards take alike (doubled in the pair)
+    shared_rows: tuple[str, ...]
 
 
 class PairedDenoiser:
@@ -47,13 +58,13 @@ class PairedDenoiser:
 
     Everything but calls and ``cache_context`` is the transformer's own."""
 
-    def __init__(self, module: Any, positive: Any, negative: Any) -> None:
+    def __init__(self, module: Any, guidance: Guidance) -> None:
         import torch
 
         self.module = module
-        self._positive = positive
-        self._negative = negative
-        self._both = torch.cat([positive, negative])
+        self._guidance = guidance
+        self._both = {k: torch.cat([p, n]) for k, (p, n) in guidance.conditions.items()}
+        self._rows = next(iter(guidance.conditions.values()))[0].shape[0]
         self._context: str | None = None
         #: (the unconditional call's arguments, its output rows)
         self._pending: tuple[dict[str, Any], Any] | None = None
@@ -88,26 +99,29 @@ class PairedDenoiser:
         return self.module(*args, **kwargs)
 
     def _conditional(self, kwargs: dict[str, Any]) -> bool:
-        rows = self._positive.shape[0]
-        if kwargs.get(CONDITION) is not self._positive or self._context not in (None, "cond"):
+        if self._context not in (None, "cond"):
+            return False
+        if any(kwargs.get(k) is not p for k, (p, _) in self._guidance.conditions.items()):
             return False
         hidden: Any = kwargs.get("hidden_states")
-        return kwargs.get("return_dict") is False and getattr(hidden, "shape", ())[:1] == (rows,)
+        return kwargs.get("return_dict") is False and getattr(hidden, "shape", ())[:1] == (
+            self._rows,
+        )
 
     def _pair(self, kwargs: dict[str, Any]) -> Any:
         import torch
 
         both = dict(kwargs)
-        for name in SHARED_ROWS:
+        for name in self._guidance.shared_rows:
             value = kwargs.get(name)
             if isinstance(value, torch.Tensor):
                 both[name] = torch.cat([value, value])
-        both[CONDITION] = self._both
+        both.update(self._both)
         out = self.module(**both)[0]
-        rows = self._positive.shape[0]
-        self._pending = ({**kwargs, CONDITION: self._negative}, out[rows:])
+        negative = {k: n for k, (_, n) in self._guidance.conditions.items()}
+        self._pending = ({**kwargs, **negative}, out[self._rows :])
         self.paired += 1
-        return (out[:rows],)
+        return (out[: self._rows],)
 
     def _answers(self, expected: dict[str, Any], kwargs: dict[str, Any]) -> bool:
         """Is this the unconditional call the paired forward computed?"""
@@ -117,13 +131,21 @@ class PairedDenoiser:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """The same object, or equal plain values (``None``, flags, a dict of them)."""
+    """The same object, equal tensors (shape, dtype, device and values), or
+    equal plain values (``None``, flags, a dict of them)."""
     if a is b:
         return True
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return False
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and a.device == b.device
+            and bool(torch.equal(a, b))
+        )
     try:
         return bool(a == b)
     except Exception:  # an argument whose == is not a plain answer
@@ -131,13 +153,13 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @contextlib.contextmanager
-def paired_guidance(pipe: Any, positive: Any, negative: Any) -> Iterator[list[PairedDenoiser]]:
+def paired_guidance(pipe: Any, guidance: Guidance) -> Iterator[list[PairedDenoiser]]:
     """For one call of ``pipe``: its transformer(s) behind ``PairedDenoiser``
     stand-ins, the real ones back afterwards whatever happens.  Written to
     the instance's ``__dict__``: ``DiffusionPipeline.__setattr__`` would
     record the stand-in in the pipeline's config."""
     stand_ins = [
-        (name, PairedDenoiser(module, positive, negative))
+        (name, PairedDenoiser(module, guidance))
         for name in DENOISERS
         if (module := pipe.__dict__.get(name)) is not None
     ]

@@ -70,6 +70,7 @@ from omnix.engines.diffusers_model import (
     edit_task,
     refusal,
 )
+from omnix.engines.diffusers_prompts import call_guidance
 from omnix.events.types import Modality
 from omnix.models.paths import resolve_model
 from omnix.pipelines.config import DiffusersArgs
@@ -213,41 +214,16 @@ class DiffusersEngine:
     def _prepare(
         self, pipe: Any, jobs: list[Job], kwargs: dict[str, Any]
     ) -> AbstractContextManager[Any]:
-        """In the pipeline thread, before a call: the prompt length cap; a
-        video call's prompt embeddings, encoded here (``_encode``); the
-        denoiser's cache state, reset, and the context the call runs in."""
+        """In the pipeline thread, before a call: the prompt length cap; the
+        prompts of a call whose guidance pairs, encoded here
+        (``call_guidance``); the denoiser's cache state, reset, and the
+        context the call runs in."""
         self._denoiser.before_call(pipe, kwargs)
         accepts = pipe._omnix_accepts
         if self._max_sequence_length is not None and "max_sequence_length" in accepts:
             kwargs["max_sequence_length"] = self._max_sequence_length
-        prompts = None
-        if jobs[0].task in VIDEO_TASKS and "prompt_embeds" in accepts:
-            prompts = self._encode(pipe, kwargs)
-        return self._denoiser.call_context(pipe, prompts)
-
-    def _encode(self, pipe: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
-        """A Wan call's prompt and negative prompt embeddings (the negative
-        None without guidance), put in ``kwargs`` in place of the prompts.
-        Encoded with the text-to-video pipeline (Wan's image-to-video
-        module cleans prompts with ftfy, which it imports only when
-        installed and then calls regardless) and cast to the transformer's
-        dtype, as the pipeline would: it passes them to the transformer
-        as they are, which the paired guidance recognises them by."""
-        guidance = kwargs.get("guidance_scale", pipe._omnix_guidance_default)
-        positive, negative = self._base.encode_prompt(
-            prompt=kwargs.pop("prompt"),
-            negative_prompt=kwargs.pop("negative_prompt", None),
-            do_classifier_free_guidance=guidance is not None and guidance > 1.0,
-            max_sequence_length=kwargs.get("max_sequence_length", 512),
-            device=self._base._execution_device,
-        )
-        denoiser = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
-        positive = positive.to(denoiser.dtype)
-        kwargs["prompt_embeds"] = positive
-        if negative is not None:
-            negative = negative.to(denoiser.dtype)
-            kwargs["negative_prompt_embeds"] = negative
-        return positive, negative
+        guidance = call_guidance(pipe, self._base, jobs[0].task, kwargs)
+        return self._denoiser.call_context(pipe, guidance)
 
     def generate(
         self, request: GenerateRequest, inputs: AsyncIterator[InputPiece]

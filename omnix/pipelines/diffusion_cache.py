@@ -156,12 +156,11 @@ def family_problem(cache: StepCache | None, pipeline: str) -> str | None:
 #: The families whose two classifier-free guidance forwards omnix runs
 #: as one batch (``omnix.engines.diffusers_cfg``): Wan's text- and
 #: image-to-video pipelines call the transformer twice a step, on the
-#: same latents, with the prompt's and the negative prompt's embeddings.
-#: Not Flux's true CFG (``true_cfg_scale`` with a ``negative_prompt``):
-#: its two calls differ in more arguments (pooled embeddings, text ids, a
-#: timestep tensor made anew for each), and its edit classes name no
-#: cache contexts; they run one after the other as diffusers makes them.
-CFG_BATCH_FAMILIES: Final = frozenset({"WanPipeline"})
+#: same latents, with the prompt's and the negative prompt's embeddings;
+#: Flux's text-to-image does with true CFG (``true_cfg_scale > 1`` and a
+#: ``negative_prompt``).  Flux's image-to-image, inpaint and Kontext
+#: classes run their two forwards one after the other.
+CFG_BATCH_FAMILIES: Final = frozenset({"WanPipeline", "FluxPipeline"})
 
 
 def cfg_batches(cfg_batch: bool | None, pipeline: str) -> bool:

@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 import omnix.engines.diffusers_jobs as diffusers_jobs
-from omnix.engines.diffusers_cfg import PairedDenoiser
+from omnix.engines.diffusers_cfg import WAN_SHARED_ROWS, Guidance, PairedDenoiser
 from omnix.engines.diffusers_engine import DiffusersEngine
 from omnix.engines.media_files import mp4_frames
 from omnix.events.types import BlobRef, ChatMessage, MediaPart, StageParams
@@ -265,7 +265,8 @@ async def test_a_call_the_pairing_does_not_recognise_is_computed_as_it_comes(pai
             )[0]
 
     with torch.no_grad():
-        stand_in = PairedDenoiser(transformer, positive, negative)
+        guidance = Guidance({"encoder_hidden_states": (positive, negative)}, WAN_SHARED_ROWS)
+        stand_in = PairedDenoiser(transformer, guidance)
         call(stand_in, latents, positive)
         other = latents + 1  # not the latents the pair was computed on
         got = call(stand_in, other, negative)
@@ -279,12 +280,12 @@ async def test_a_call_the_pairing_does_not_recognise_is_computed_as_it_comes(pai
         )
 
 
-async def test_cfg_batch_on_a_family_omnix_does_not_batch_is_refused_at_start(tiny_models) -> None:
-    engine = DiffusersEngine(DiffusersArgs(model="image", device="cpu", cfg_batch=True))
+async def test_cfg_batch_on_a_family_omnix_does_not_batch_is_refused_when_applied() -> None:
+    from omnix.engines.diffusers_cache import Denoiser
+
     with pytest.raises(ValueError) as refused:
-        await engine.start()
+        Denoiser(None, "off", cfg_batch=True).apply(object(), "StableDiffusion3Pipeline")
     assert str(refused.value) == (
-        "engine.cfg_batch: omnix batches the two guidance forwards of WanPipeline only, "
-        "not FluxPipeline's; remove cfg_batch (or set it false)"
+        "engine.cfg_batch: omnix batches the two guidance forwards of FluxPipeline, "
+        "WanPipeline only, not StableDiffusion3Pipeline's; remove cfg_batch (or set it false)"
     )
-    await engine.close()

@@ -112,18 +112,22 @@ def test_cfg_batch_is_unset_by_default_and_on_where_omnix_batches_the_family() -
     eng = parse_pipeline(_toml("")).stages[0].engine
     assert isinstance(eng, DiffusersArgs) and eng.cfg_batch is None
     assert parse_pipeline(_toml(", cfg_batch = false")).stages[0].engine.cfg_batch is False
-    assert cfg_batches(None, "WanPipeline") and not cfg_batches(None, "FluxPipeline")
+    assert cfg_batches(None, "WanPipeline") and cfg_batches(None, "FluxPipeline")
+    assert not cfg_batches(None, "StableDiffusion3Pipeline")
     assert not cfg_batches(False, "WanPipeline")
 
 
 def test_cfg_batch_true_on_a_family_omnix_does_not_batch_is_one_problem(tmp_path) -> None:
-    folder = tmp_path / "flux"
+    folder = tmp_path / "sd3"
     folder.mkdir()
-    (folder / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    (folder / "model_index.json").write_text(
+        json.dumps({"_class_name": "StableDiffusion3Pipeline"})
+    )
     (line,) = _problems(_toml(", cfg_batch = true", model=str(folder)))
     assert line == (
         "stage 'image': engine.cfg_batch: omnix batches the two guidance forwards of "
-        "WanPipeline only, not FluxPipeline's; remove cfg_batch (or set it false)"
+        "FluxPipeline, WanPipeline only, not StableDiffusion3Pipeline's; remove cfg_batch "
+        "(or set it false)"
     )
     parse_pipeline(_toml(", cfg_batch = false", model=str(folder)))
     (folder / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
