@@ -411,3 +411,7 @@ def test_serve_compile_reaches_the_diffusion_stages_and_is_refused_whole_model_w
     code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--compile", "x:blocks")
     one_line_error(code, err, "serve", "--compile 'x:blocks': 'x' is not a diffusion stage")
 
+
+def test_bench_diffusion_at_real_sizes_wants_a_gpu():
+    code, err = omnix("bench", "diffusion", "--sizes", "real")
+    one_line_error(code, err, "bench diffusion", "--sizes real", "give --device cuda")
