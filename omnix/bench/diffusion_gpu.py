@@ -18,14 +18,14 @@ call of four, so its recompiles are out of the figures), then measured
 11-14).  The sides are loaded together and take turns run by run where
 their weights fit in half the device's free memory (Wan 1.3B); else
 (FLUX.1-dev's 12 B) one after another, each closed before the next
-starts (``--order``).  ``--budget-s`` bounds the whole: a run that would end past it
-is not started (each row says how many ran).
+starts (``--order``).  ``--budget-s`` bounds the whole: a run that
+would end past it is not started (each row says how many ran).
 
 Per side: ``steps_per_s`` (a request alone, from its third to its last
 progress output where there are eight or more: on a GPU the host runs
 ahead of the device until the launch queue fills, so the first two
-outputs come early) and
-``steps_per_s_c4`` (the same of the call of four), ``images_per_s_c1`` /
+outputs come early) and ``steps_per_s_c4`` (the same of the call of
+four), ``images_per_s_c1`` /
 ``_c4`` (a video model: ``video_s_per_s_c1`` / ``_c4``, seconds of video
 made a second), each the median over the runs with the lowest run's as
 ``*_min``; ``speedup_steps`` (and ``_c4``) over ``off``'s medians;
@@ -42,8 +42,9 @@ and ``target_met_by``: the cache sides with ``speedup_steps`` >= 1.7 and
 ``psnr_db_min`` >= 30 dB (issue 43's target).  A side that fails is a row
 with ``error``; the rest still run.
 
-Does not own the cache table on the tiny built-in pipelines
-(``diffusion_cache.py``), the engine, or the models' numbers.
+Does not own measuring one side (``diffusion_runs.py``), the cache table
+on the tiny built-in pipelines (``diffusion_cache.py``), the engine, or
+the models' numbers.
 """
 
 from __future__ import annotations
@@ -51,23 +52,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
-import math
 import os
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 
-from omnix.bench.diffusion_cache import fidelity, generate_once, pixels
+from omnix.bench.diffusion_runs import SEEDS_FOUR, Side, raw_videos
 from omnix.bench.loop import run_on_loop
 from omnix.models.diffusion_real import PUBLISHED, Published, Sizes, published_folder
 from omnix.pipelines.config import DiffusersArgs
@@ -93,9 +89,6 @@ DEFAULT_REAL_CACHES = (
 #: issue 43's target: this many times off's steps/s at this PSNR or better
 TARGET_SPEEDUP = 1.7
 TARGET_PSNR_DB = 30.0
-#: seeds of the request alone and of the call of four, every run
-SEED_ALONE = 1
-SEEDS_FOUR = (11, 12, 13, 14)
 FPS = 16
 
 #: (width, height, frames) by model and sizes: Wan at 480p (17 frames, 1 s
@@ -172,169 +165,12 @@ def wanted(args: argparse.Namespace) -> bool:
     return args.sizes is not None or args.device != "cpu"
 
 
-@dataclass(frozen=True)
-class _Run:
-    """One run of a side: steps a second alone and in the call of four,
-    and the wall time of each."""
-
-    steps_per_s: float | None
-    steps_per_s_c4: float | None
-    c1_s: float
-    c4_s: float
-
-
-class _Side:
-    """One engine of the table and what it measured."""
-
-    def __init__(self, label: str, args: DiffusersArgs, params: Any) -> None:
-        self.label = label
-        self.args = args
-        self.params = params
-        self.engine: Any = None
-        self.runs: list[_Run] = []
-        self.outputs: dict[int, np.ndarray] = {}
-        self.worst: list[tuple[float, int]] = []
-        self.repeats_equal = True
-        #: every call of four ran as one pipeline call
-        self.batched = True
-        self.start_s = 0.0
-        self.warm_s = 0.0
-        self.error = ""
-
-    async def start(self) -> None:
-        from omnix.engines.diffusers_engine import DiffusersEngine
-
-        t0 = time.perf_counter()
-        self.engine = DiffusersEngine(self.args)
-        await self.engine.start()
-        self.start_s = time.perf_counter() - t0
-
-    async def close(self) -> None:
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            await engine.close()
-
-    async def _one(self, seed: int) -> tuple[bytes, list[float]]:
-        data, stamps = await generate_once(self.engine, seed, self.params)
-        if not data:
-            raise RuntimeError(f"seed {seed}: the engine gave no file")
-        return data, stamps
-
-    async def _four(self) -> tuple[list[bytes], list[float], float]:
-        t0 = time.perf_counter()
-        got = await asyncio.gather(*(self._one(s) for s in SEEDS_FOUR))
-        return [g[0] for g in got], got[0][1], time.perf_counter() - t0
-
-    def _pixels(self, data: bytes) -> np.ndarray:
-        return pixels(data, self.args.output_modality == "video").astype(np.uint8)
-
-    async def warm(self, four: bool) -> None:
-        t0 = time.perf_counter()
-        await self._one(SEED_ALONE)
-        if four:
-            await self._four()
-        self.warm_s = time.perf_counter() - t0
-
-    async def run(self, reference: _Side | None) -> _Run:
-        """One run: the request alone, then the call of four."""
-        t0 = time.perf_counter()
-        alone, stamps = await self._one(SEED_ALONE)
-        c1_s = time.perf_counter() - t0
-        fours, stamps4, c4_s = await self._four()
-        calls = self.engine.batcher.calls
-        self.batched &= bool(calls) and calls[-1] == len(SEEDS_FOUR)
-        # Decoded after the clocks stopped: reading the files is the bench's.
-        files = zip((SEED_ALONE, *SEEDS_FOUR), [alone, *fours], strict=True)
-        outs = {seed: self._pixels(data) for seed, data in files}
-        if not self.runs:
-            self.outputs = outs
-            if reference is not None:
-                self.worst = [_fidelity(outs[s], reference.outputs[s]) for s in outs]
-        else:
-            self.repeats_equal &= all(np.array_equal(outs[s], self.outputs[s]) for s in outs)
-        done = _Run(_rate(stamps), _rate(stamps4), c1_s, c4_s)
-        self.runs.append(done)
-        return done
-
-    def row(self, per: float, unit: str, off: _Side | None) -> dict[str, Any]:
-        if self.error and not self.runs:
-            return {"error": self.error}
-        runs = self.runs
-        out: dict[str, Any] = {}
-        for key, values in (
-            ("steps_per_s", [r.steps_per_s for r in runs if r.steps_per_s is not None]),
-            ("steps_per_s_c4", [r.steps_per_s_c4 for r in runs if r.steps_per_s_c4 is not None]),
-        ):
-            out[key] = round(statistics.median(values), 2) if values else None
-            out[f"{key}_min"] = round(min(values), 2) if values else None
-        for c, rates in (
-            ("c1", [per / r.c1_s for r in runs]),
-            ("c4", [len(SEEDS_FOUR) * per / r.c4_s for r in runs]),
-        ):
-            out[f"{unit}_{c}"] = round(statistics.median(rates), 3)
-            out[f"{unit}_{c}_min"] = round(min(rates), 3)
-        if off is not None and off.runs:
-            ref = off.row(per, unit, None)
-            for key, speedup in (
-                ("steps_per_s", "speedup_steps"),
-                ("steps_per_s_c4", "speedup_steps_c4"),
-            ):
-                a, b = out[key], ref[key]
-                out[speedup] = round(a / b, 2) if a and b else None
-            if self.worst:
-                psnr = min(p for p, _ in self.worst)
-                out["psnr_db_min"] = None if psnr == math.inf else round(psnr, 1)
-                out["max_pixel_diff"] = max(d for _, d in self.worst)
-        elif self.outputs:
-            # Random weights can decode to a flat image: say how far from one.
-            out["pixel_std"] = round(float(self.outputs[SEED_ALONE].std()), 1)
-        out["repeats_equal"] = self.repeats_equal
-        out["batched_c4"] = self.batched
-        out["runs"] = len(runs)
-        out["start_s"] = round(self.start_s, 1)
-        out["warm_s"] = round(self.warm_s, 1)
-        if self.error:
-            out["error"] = self.error
-        return out
-
-
 def _met(row: dict[str, Any]) -> bool:
     """Issue 43's target: the speed-up at the fidelity (null PSNR: equal)."""
     if "psnr_db_min" not in row or (row.get("speedup_steps") or 0) < TARGET_SPEEDUP:
         return False
     psnr = row["psnr_db_min"]
     return psnr is None or psnr >= TARGET_PSNR_DB
-
-
-def _fidelity(got: np.ndarray, want: np.ndarray) -> tuple[float, int]:
-    return fidelity(got.astype(np.int32), want.astype(np.int32))
-
-
-def _rate(stamps: list[float]) -> float | None:
-    """Steps a second from progress stamps: from the third on where there
-    are eight or more (see the module doc), else from the first."""
-    s = stamps[2:] if len(stamps) >= 8 else stamps
-    return (len(s) - 1) / (s[-1] - s[0]) if len(s) > 1 and s[-1] > s[0] else None
-
-
-@contextlib.contextmanager
-def _raw_videos() -> Iterator[None]:
-    """The engine writes a video as its raw frames (``.npy``) instead of an
-    MP4: GPU machines without PyAV run the bench, and the fidelity figures
-    are then the pipeline's own pixels.  Images stay PNG."""
-    from omnix.engines import diffusers_jobs
-
-    def npy(frames: np.ndarray, fps: int) -> bytes:
-        buf = io.BytesIO()
-        np.save(buf, frames)
-        return buf.getvalue()
-
-    encode = diffusers_jobs.encode_mp4
-    diffusers_jobs.encode_mp4 = npy
-    try:
-        yield
-    finally:
-        diffusers_jobs.encode_mp4 = encode
 
 
 def _progress(what: str, since: float) -> None:
@@ -347,7 +183,7 @@ def _sides(
     pipeline: str,
     dtype: str,
     shape: tuple[int, int, int, int],
-) -> tuple[list[_Side], dict[str, str]]:
+) -> tuple[list[Side], dict[str, str]]:
     """The table's sides, and the specs skipped with why."""
     from omnix.events.types import StageParams
 
@@ -371,7 +207,7 @@ def _sides(
         height=height,
         num_frames=frames if video else None,
     )
-    sides = [_Side("off", base, params)]
+    sides = [Side("off", base, params)]
     skipped: dict[str, str] = {}
     for spec in args.cache or DEFAULT_REAL_CACHES:
         try:
@@ -384,9 +220,9 @@ def _sides(
         if refused is not None:
             skipped[spec] = refused
             continue
-        sides.append(_Side(spec, msgspec.structs.replace(base, cache=cache), params))
+        sides.append(Side(spec, msgspec.structs.replace(base, cache=cache), params))
     if pipeline in CFG_BATCH_FAMILIES:
-        sides.append(_Side("cfg_batch=off", msgspec.structs.replace(base, cfg_batch=False), params))
+        sides.append(Side("cfg_batch=off", msgspec.structs.replace(base, cfg_batch=False), params))
     compiles = args.compile if args.compile is not None else (["blocks"] if cuda else [])
     for spec in compiles:
         if spec == "off":
@@ -394,7 +230,10 @@ def _sides(
         mode, _, cache_spec = spec.partition("+")
         if mode not in ("blocks", "model"):
             raise UsageError(f"--compile {spec!r}: give blocks or model, then +CACHE if cached")
-        cache = parse_cache_spec(cache_spec)[1] if cache_spec else None
+        try:
+            cache = parse_cache_spec(cache_spec)[1] if cache_spec else None
+        except ValueError as bad:
+            raise UsageError(f"--compile {spec!r}: {bad}") from None
         compile_mode: CompileMode = "blocks" if mode == "blocks" else "model"
         problems = cache_problems(cache, compile_mode)
         refused = family_problem(cache, pipeline) if cache is not None else None
@@ -404,7 +243,7 @@ def _sides(
             skipped[label] = why
             continue
         compiled = msgspec.structs.replace(base, cache=cache, compile=compile_mode)
-        sides.append(_Side(label, compiled, params))
+        sides.append(Side(label, compiled, params))
     return sides, skipped
 
 
@@ -421,7 +260,7 @@ def _fits_together(folder: Path, n: int, device: str) -> bool:
 
 
 async def _measure(
-    side: _Side, reference: _Side | None, deadline: float, t0: float, run: int
+    side: Side, reference: Side | None, deadline: float, t0: float, run: int
 ) -> bool:
     """One run of ``side``, unless it would end past ``deadline``; False
     when not run or failed (its error kept)."""
@@ -438,7 +277,7 @@ async def _measure(
     return True
 
 
-async def _ready(side: _Side, t0: float) -> bool:
+async def _ready(side: Side, t0: float) -> bool:
     """Start and warm ``side``; False (its error kept) when either fails."""
     try:
         await side.start()
@@ -453,7 +292,7 @@ async def _ready(side: _Side, t0: float) -> bool:
         return False
 
 
-async def _close(side: _Side) -> None:
+async def _close(side: Side) -> None:
     import gc
 
     with contextlib.suppress(Exception):
@@ -465,7 +304,7 @@ async def _close(side: _Side) -> None:
         torch.cuda.empty_cache()
 
 
-async def _run_together(sides: list[_Side], runs: int, deadline: float, t0: float) -> None:
+async def _run_together(sides: list[Side], runs: int, deadline: float, t0: float) -> None:
     live = [s for s in sides if await _ready(s, t0)]
     reference = sides[0] if sides[0] in live else None
     try:
@@ -479,8 +318,8 @@ async def _run_together(sides: list[_Side], runs: int, deadline: float, t0: floa
             await _close(side)
 
 
-async def _run_one_by_one(sides: list[_Side], runs: int, deadline: float, t0: float) -> None:
-    reference: _Side | None = None
+async def _run_one_by_one(sides: list[Side], runs: int, deadline: float, t0: float) -> None:
+    reference: Side | None = None
     for i, side in enumerate(sides):
         # An equal share of what is left, so the last sides get their runs too.
         share = time.perf_counter() + (deadline - time.perf_counter()) / (len(sides) - i)
@@ -527,7 +366,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    with _raw_videos():
+    with raw_videos():
         if together:
             await _run_together(sides, args.runs, deadline, t0)
         else:
@@ -583,6 +422,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {label}: {row}")
     print(json.dumps(res))
     if res["errors"]:
-        print(f"{res['errors']} sides failed (their rows say why)", file=sys.stderr)
+        print(f"sides that failed: {res['errors']} (their rows say why)", file=sys.stderr)
         return 1
     return 0

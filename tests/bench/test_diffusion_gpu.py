@@ -110,3 +110,23 @@ def test_fluxs_table_one_side_after_another_within_the_budget(tmp_path):
     ]  # fmt: skip
     _assert_rows(out, "images_per_s", runs=1)
     assert out["order"] == "one after another" and "frames" not in out
+
+
+def test_a_side_that_cannot_start_is_a_row_with_its_error_and_the_rest_still_run(tmp_path):
+    """A compiled side on a CPU with no C++ compiler on PATH: refused when
+    its engine starts; off and the cache are measured; exit status 1."""
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    done = subprocess.run(
+        [sys.executable, "-m", "omnix.cli", "bench", "diffusion", "--sizes", "tiny",
+         "--cache", "pyramid_attention_broadcast", "--compile", "blocks", "--runs", "1",
+         "--json", "--build-dir", str(tmp_path / "models")],
+        cwd=ROOT, env={**env, "PATH": str(tmp_path)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == "sides that failed: 1 (their rows say why)"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["errors"] == 1 and out["rows"]["compile=blocks"] == {
+        "error": "ValueError: engine.compile = 'blocks': torch.compile on the CPU needs a C++ "
+        "compiler (g++, clang++ or $CXX) on PATH; set compile = 'off' (or --compile off)"
+    }
+    assert out["rows"]["off"]["runs"] == out["rows"]["pyramid_attention_broadcast"]["runs"] == 1
