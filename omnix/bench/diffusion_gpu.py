@@ -353,6 +353,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     folder, info = await asyncio.to_thread(
         published_folder, name, sizes, args.build_dir, args.device, dtype
     )
+    if cuda:  # the build's blocks back to the device before the sides load
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
     _progress(f"{folder}: {info['parameters']:,} transformer parameters", t0)
     sides, skipped = _sides(args, folder, info["pipeline"], dtype, (width, height, frames, steps))
     together = args.order == "together" or (
