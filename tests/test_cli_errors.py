@@ -394,3 +394,24 @@ def test_serve_cfg_batch_on_a_family_omnix_does_not_batch_names_the_one_it_does(
     )  # fmt: skip
     code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--cfg-batch", "x:off")
     one_line_error(code, err, "serve", "--cfg-batch 'x:off': 'x' is not a diffusion stage")
+
+
+def test_serve_compile_reaches_the_diffusion_stages_and_is_refused_whole_model_with_a_cache():
+    code, err = omnix(
+        "serve", "--pipeline", "tiny-image", "--port", "0", "--compile", "model",
+        "--cache", "first_block",
+    )  # fmt: skip
+    assert code == 2 and err == [
+        "omnix serve: error: invalid pipeline config (as served):",
+        "  - stage 'image': engine.compile = 'model' with engine.cache (first_block): the "
+        "cache's step-dependent branches break a whole-model graph; use compile = 'blocks'",
+    ]
+    code, err = omnix("serve", "--pipeline", "tiny-image", "--port", "0", "--compile", "fast")
+    one_line_error(code, err, "serve", "--compile 'fast': give [STAGE:]off, [STAGE:]blocks")
+    code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--compile", "x:blocks")
+    one_line_error(code, err, "serve", "--compile 'x:blocks': 'x' is not a diffusion stage")
+
+
+def test_bench_diffusion_at_real_sizes_wants_a_gpu():
+    code, err = omnix("bench", "diffusion", "--sizes", "real")
+    one_line_error(code, err, "bench diffusion", "--sizes real", "give --device cuda")

@@ -27,6 +27,10 @@ forwards a step batched into one against two: steps/s at c=1 and c=4 and
 fidelity to the unbatched output of the same seed (``diffusion_cfg.py``).
 ``--part`` runs one of the three alone.
 
+``--device cuda`` (or ``--sizes real|tiny``) measures instead the same
+cache table on a published model at its real size with random weights
+(Wan 2.1 T2V 1.3B, FLUX.1-dev): ``diffusion_gpu.py``.
+
 Prints one JSON object on its last line with ``--json``; ``load_avg_1m``
 says how busy the host was.
 """
@@ -42,6 +46,7 @@ import sys
 import time
 from typing import Any
 
+from omnix.bench import diffusion_gpu
 from omnix.bench.diffusion_cache import DEFAULT_CACHES, cache_table
 from omnix.bench.diffusion_cfg import cfg_table
 from omnix.bench.loop import run_on_loop
@@ -61,7 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency", type=count, default=4, help="clients of the batched level (default 4)"
     )
-    parser.add_argument("--steps", type=count, default=8, help="denoising steps (default 8)")
+    parser.add_argument(
+        "--steps",
+        type=count,
+        default=None,
+        help="denoising steps (default 8; the published-size table: 20, 8 at --sizes tiny)",
+    )
     parser.add_argument("--size", type=count, default=64, help="width and height (default 64)")
     parser.add_argument(
         "--cancels", type=int_in(0, what="a count"), default=5, help="requests to cancel (5)"
@@ -104,6 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8,
         help="requests alone, and calls of four, per side of the CFG batching table (default 8)",
     )
+    diffusion_gpu.add_arguments(parser)
 
 
 class _Client:
@@ -233,6 +244,9 @@ async def _http(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if diffusion_gpu.wanted(args):
+        return diffusion_gpu.run(args)
+    args.steps = args.steps or 8
     res = run_on_loop(_bench(args))
     if not getattr(args, "json", False) and "caches" in res:
         for name, table in res["caches"].items():

@@ -16,11 +16,12 @@ cache set as a ``--cache`` spec would set it, and
 * ``psnr_db_min`` / ``max_pixel_diff``: the worst over the c=1 requests
   of each output against the uncached output of the same seed and
   prompt (decoded PNGs; a video's MP4 frames, so the H.264 encode of both
-  is in the figure).
+  is in the figure; raw frames where the file is a ``.npy``).
 
 Torch runs one thread, as a stage worker does.  ``EngineSide`` (one
-engine and what it measured) and ``fidelity`` serve the CFG batching
-table too (``diffusion_cfg.py``).  Does not own the HTTP measurement
+engine and what it measured), ``generate_once`` and ``fidelity`` serve the
+CFG batching table and the GPU table too (``diffusion_cfg.py``,
+``diffusion_gpu.py``).  Does not own the HTTP measurement
 (``diffusion.py``) nor applying a cache (the engine's).
 """
 
@@ -56,7 +57,14 @@ def stage_args(cfg: PipelineConfig) -> DiffusersArgs:
     raise ValueError(f"pipeline {cfg.name!r} has no diffusion stage")
 
 
+#: The start of a ``.npy`` file: raw frames (``diffusion_gpu.py`` writes
+#: its videos so, on a machine without PyAV).
+NPY_MAGIC = b"\x93NUMPY"
+
+
 def pixels(data: bytes, video: bool) -> np.ndarray:
+    if data.startswith(NPY_MAGIC):
+        return np.load(io.BytesIO(data)).astype(np.int64)
     if video:
         from omnix.engines.media_files import mp4_frames
 
@@ -91,19 +99,10 @@ class EngineSide:
 
     async def one(self, seed: int, steps: int, rates: list[float] | None = None) -> bytes:
         from omnix.events.types import StageParams
-        from omnix.transport.work import GenerateRequest, InputPiece
 
-        async def feed():
-            yield InputPiece(text=f"a red fox, take {seed % 7}")
-
-        req = GenerateRequest(f"c-{seed}", "x", StageParams(num_inference_steps=steps), seed=seed)
-        stamps: list[float] = []
-        data = b""
-        async for out in self.engine.generate(req, feed()):
-            if out.is_progress:
-                stamps.append(time.perf_counter())
-            elif out.data:
-                data = out.data
+        data, stamps = await generate_once(
+            self.engine, seed, StageParams(num_inference_steps=steps)
+        )
         if rates is not None and len(stamps) > 1:
             rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
         return data
@@ -139,6 +138,25 @@ class EngineSide:
             out["psnr_db_min"] = None if psnr == math.inf else round(psnr, 1)
             out["max_pixel_diff"] = max(d for _, d in worst)
         return out
+
+
+async def generate_once(engine: Any, seed: int, params: Any) -> tuple[bytes, list[float]]:
+    """One request of ``seed`` (its prompt one of seven) with ``params`` on
+    ``engine``: its file, and the time each progress output arrived."""
+    from omnix.transport.work import GenerateRequest, InputPiece
+
+    async def feed():
+        yield InputPiece(text=f"a red fox, take {seed % 7}")
+
+    req = GenerateRequest(f"c-{seed}", "x", params, seed=seed)
+    stamps: list[float] = []
+    data = b""
+    async for out in engine.generate(req, feed()):
+        if out.is_progress:
+            stamps.append(time.perf_counter())
+        elif out.data:
+            data = out.data
+    return data, stamps
 
 
 async def run_sides(sides: list[EngineSide], n: int, steps: int) -> None:

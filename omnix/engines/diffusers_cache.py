@@ -18,6 +18,9 @@ of a call that returns, and a call stopped by an abort (or an error)
 leaves the last step's cached residuals for the next call, of another
 batch size or seed.
 
+``compile_problem``: the one line for a compile mode on a device that
+cannot compile (checked when the engine starts, before loading).
+
 Does not own which kinds a family takes or the settings' checks
 (``omnix.pipelines.diffusion_cache``), nor making calls (``diffusers_batch.py``).
 """
@@ -45,6 +48,33 @@ from omnix.pipelines.diffusion_cache import (
 #: names their one forward a step ``"cond"`` (first-block cache keeps its
 #: state per name and refuses a call without one).
 NAMES_ITS_CALLS = frozenset({"FluxPipeline", "WanPipeline", "WanImageToVideoPipeline"})
+
+
+def compile_problem(mode: CompileMode, device: str) -> str | None:
+    """The one line for ``compile`` on a device where torch.compile cannot
+    run (inductor makes Triton kernels on CUDA and C++ on a CPU); None
+    when it can, or with compile off."""
+    if mode == "off":
+        return None
+    import importlib.util
+    import os
+    import shutil
+
+    kind = device.partition(":")[0]
+    fix = "set compile = 'off' (or --compile off)"
+    if kind == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return f"engine.compile = {mode!r}: torch.compile on {device} needs Triton; {fix}"
+        return None
+    if kind == "cpu":
+        compilers = (os.environ.get("CXX", ""), "g++", "c++", "clang++")
+        if not any(c and shutil.which(c) for c in compilers):
+            return (
+                f"engine.compile = {mode!r}: torch.compile on the CPU needs a C++ compiler "
+                f"(g++, clang++ or $CXX) on PATH; {fix}"
+            )
+        return None
+    return f"engine.compile = {mode!r}: omnix compiles the denoiser on cuda and cpu, not {device}; {fix}"
 
 
 class Denoiser:

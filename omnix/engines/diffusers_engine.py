@@ -59,7 +59,7 @@ import numpy as np
 
 from omnix.engines.device import pick_device
 from omnix.engines.diffusers_batch import Batcher
-from omnix.engines.diffusers_cache import Denoiser
+from omnix.engines.diffusers_cache import Denoiser, compile_problem
 from omnix.engines.diffusers_jobs import VIDEO_TASKS, Job, Posted, Raised, Result, Step, Stopped
 from omnix.engines.diffusers_model import (
     IMAGE_FORMATS,
@@ -127,6 +127,9 @@ class DiffusersEngine:
                 raise ValueError(refused)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.device = pick_device(self.args.device)
+        refused = compile_problem(self.args.compile, self.device)
+        if refused is not None:
+            raise ValueError(refused)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-diffusers")
         loop = asyncio.get_running_loop()
         self.pipe = self._base = await loop.run_in_executor(self._pool, self._load, folder)

@@ -162,6 +162,16 @@ def _pipeline_flags(parser: argparse.ArgumentParser) -> None:
         "pipeline's own (default: on for Wan, which omnix batches), e.g. video:off "
         "(no STAGE: every diffusion stage)",
     )
+    parser.add_argument(
+        "--compile",
+        action="append",
+        default=None,
+        metavar="[STAGE:]off|blocks|model",
+        help="torch.compile of a diffusion stage's denoiser, over the pipeline's own: blocks "
+        "(each transformer block; works with every cache) or model (the whole transformer; "
+        "not with a cache); refused at start on a device that cannot compile (no Triton on "
+        "CUDA, no C++ compiler on a CPU), e.g. video:blocks (no STAGE: every diffusion stage)",
+    )
     listen_flags(parser, DEFAULT_PORT)
     parser.add_argument(
         "--log-dir",

@@ -7,8 +7,9 @@ command line gave, put into every vLLM stage's ``engine_args`` (over the
 stage's own) and ``--chat-template`` into their ``chat_template``;
 vLLM's parser flags (``--enable-auto-tool-choice``, ``--tool-call-parser``,
 ``--reasoning-parser``) into every vLLM stage writing text;
-``--stage-devices`` into the stages' ``devices``; ``--cache`` and
-``--cfg-batch`` into the diffusion stages' ``cache`` and ``cfg_batch``;
+``--stage-devices`` into the stages' ``devices``; ``--cache``,
+``--cfg-batch`` and ``--compile`` into the diffusion stages' ``cache``,
+``cfg_batch`` and ``compile``;
 the names the server
 answers to (``--served-model-name``, else the folder's or pipeline's
 name; the pipeline is named after the first, so every response, log line
@@ -70,6 +71,7 @@ def served_pipeline(args: argparse.Namespace) -> ServedPipeline:
     pipeline = _with_parsers(pipeline, _parser_flags(args))
     pipeline = _with_caches(pipeline, getattr(args, "cache", None) or [])
     pipeline = _with_cfg_batch(pipeline, getattr(args, "cfg_batch", None) or [])
+    pipeline = _with_compile(pipeline, getattr(args, "compile", None) or [])
     pipeline = msgspec.structs.replace(pipeline, name=names[0])
     try:
         validate_pipeline(pipeline, "(as served)")
@@ -220,6 +222,14 @@ def _with_cfg_batch(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfi
     from omnix.pipelines.diffusion_cache import parse_cfg_batch_spec
 
     return _on_diffusion_stages(pipeline, "--cfg-batch", "cfg_batch", specs, parse_cfg_batch_spec)
+
+
+def _with_compile(pipeline: PipelineConfig, specs: list[str]) -> PipelineConfig:
+    """``--compile [STAGE:]off|blocks|model`` on the diffusion stages it
+    names (all of them without a stage), over the file's own ``compile``."""
+    from omnix.pipelines.diffusion_cache import parse_compile_spec
+
+    return _on_diffusion_stages(pipeline, "--compile", "compile", specs, parse_compile_spec)
 
 
 def _on_diffusion_stages(

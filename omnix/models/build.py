@@ -250,7 +250,7 @@ def build_image(out: Path, seed: int) -> ModelInfo:
     )
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    tokenizer, n_text = _byte_tokenizer(77)
+    tokenizer, n_text = byte_tokenizer(77)
     vocab = pad64(n_text)
 
     def seeded(component: str) -> None:
@@ -392,7 +392,7 @@ def build_video(out: Path, seed: int) -> ModelInfo:
     )
     from transformers import T5Config, T5EncoderModel
 
-    tokenizer, n_text = _byte_tokenizer(64)
+    tokenizer, n_text = byte_tokenizer(64)
 
     def seeded(component: str) -> None:
         torch.manual_seed(derived_seed(seed, "video", component))
@@ -445,7 +445,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
 
 
 @contextlib.contextmanager
-def _quiet_hf() -> Iterator[None]:
+def quiet_hf() -> Iterator[None]:
     """transformers and diffusers draw a progress bar per saved file; the
     CLI draws one per model instead."""
     from diffusers.utils import logging as dlog
@@ -475,7 +475,7 @@ def build_model(name: str, model_dir: Path, seed: int = 0) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=model_dir))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
     try:
-        with _quiet_hf():
+        with quiet_hf():
             info = BUILDERS[name](tmp, seed)
         (tmp / MARKER).write_bytes(msgspec.json.format(msgspec.json.encode(info)) + b"\n")
         for path in tmp.rglob("*"):
@@ -539,7 +539,7 @@ def ensure_models(
     return ModelPaths.under(root)
 
 
-def _byte_tokenizer(max_length: int) -> tuple[Any, int]:
+def byte_tokenizer(max_length: int) -> tuple[Any, int]:
     """omnix's byte-level tokenizer as a diffusers pipeline's text encoders
     take it (standing in for CLIP's and T5's), and its vocabulary size."""
     from transformers import PreTrainedTokenizerFast

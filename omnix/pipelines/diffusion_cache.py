@@ -10,7 +10,8 @@ problems of a setting (``cache_problems``, ``family_problem``) and the
 command line's ``--cache`` spec (``parse_cache_spec``); the ``cfg_batch``
 setting's families (``CFG_BATCH_FAMILIES``), what it comes to on a family
 (``cfg_batches``, ``cfg_batch_problem``) and its ``--cfg-batch`` spec
-(``parse_cfg_batch_spec``).  Read without torch or diffusers.
+(``parse_cfg_batch_spec``); the ``--compile`` spec (``parse_compile_spec``).
+Read without torch or diffusers.
 
 Does not own applying a cache to a loaded pipeline
 (``omnix.engines.diffusers_cache``) nor reading a model folder.
@@ -190,6 +191,20 @@ def parse_cfg_batch_spec(spec: str) -> tuple[str | None, bool]:
     if on is None:
         raise ValueError(f"--cfg-batch {spec!r}: give [STAGE:]on or [STAGE:]off")
     return (stage.strip() or None) if colon else None, on
+
+
+COMPILE_MODES: Final[tuple[CompileMode, ...]] = ("off", "blocks", "model")
+
+
+def parse_compile_spec(spec: str) -> tuple[str | None, CompileMode]:
+    """``--compile [STAGE:]off|blocks|model`` -> (stage or None for every
+    diffusion stage, the mode).  Raises ``ValueError`` naming the modes."""
+    stage, colon, value = spec.rpartition(":")
+    word = value.strip().lower()
+    for mode in COMPILE_MODES:
+        if word == mode:
+            return (stage.strip() or None) if colon else None, mode
+    raise ValueError(f"--compile {spec!r}: give [STAGE:]off, [STAGE:]blocks or [STAGE:]model")
 
 
 def explain_decode_error(message: str) -> str | None:

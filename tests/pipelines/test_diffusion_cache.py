@@ -20,6 +20,7 @@ from omnix.pipelines.diffusion_cache import (
     family_problem,
     parse_cache_spec,
     parse_cfg_batch_spec,
+    parse_compile_spec,
 )
 from omnix.pipelines.validate import PipelineError, parse_pipeline
 
@@ -153,3 +154,13 @@ def test_cfg_batch_is_in_the_recorded_pipeline_and_its_toml() -> None:
     assert again.stages[0].engine.cfg_batch is False
     assert parse_pipeline(pipeline_toml(cfg)).stages[0].engine.cfg_batch is False
     assert "cfg_batch" not in pipeline_toml(parse_pipeline(_toml("")))  # unset stays unset
+
+
+def test_the_compile_command_line_spec() -> None:
+    assert parse_compile_spec("blocks") == (None, "blocks")
+    assert parse_compile_spec("video:off") == ("video", "off")
+    assert parse_compile_spec("image:MODEL") == ("image", "model")
+    with pytest.raises(
+        ValueError, match=r"give \[STAGE:\]off, \[STAGE:\]blocks or \[STAGE:\]model"
+    ):
+        parse_compile_spec("image:fast")
