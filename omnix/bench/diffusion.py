@@ -106,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cfg-pipeline",
         default="tiny-video",
         metavar="NAME|PATH",
-        help="the pipeline of the CFG batching table (default tiny-video)",
+        help="the pipeline of the CFG batching table (default tiny-video; tiny-image: Flux "
+        "with true CFG)",
     )
     parser.add_argument(
         "--cfg-requests",

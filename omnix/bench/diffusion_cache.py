@@ -84,10 +84,12 @@ class EngineSide:
     what it measured: steps/s of a request alone (``rates``) and of a call
     of four (``rates_c4``), the outputs alone and four at a time by seed."""
 
-    def __init__(self, args: DiffusersArgs) -> None:
+    def __init__(self, args: DiffusersArgs, params: dict[str, Any] | None = None) -> None:
         from omnix.engines.diffusers_engine import DiffusersEngine
 
         self.args = args
+        #: request parameters beside the steps (Flux's true CFG in the CFG table)
+        self.params = params or {}
         self.video = args.output_modality == "video"
         self.engine = DiffusersEngine(args)
         self.rates: list[float] = []
@@ -101,7 +103,7 @@ class EngineSide:
         from omnix.events.types import StageParams
 
         data, stamps = await generate_once(
-            self.engine, seed, StageParams(num_inference_steps=steps)
+            self.engine, seed, StageParams(num_inference_steps=steps, **self.params)
         )
         if rates is not None and len(stamps) > 1:
             rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
