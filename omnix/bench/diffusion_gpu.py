@@ -8,7 +8,8 @@ worker), one per side of the table:
 
 * ``off``: uncached, the stage's defaults (Wan: its guidance batched);
 * each ``--cache`` spec (a kind the family does not run: ``skipped``);
-* ``cfg_batch=off``, on a family whose guidance omnix batches (Wan);
+* ``cfg_batch=off``, on Wan (whose two guidance forwards a step omnix
+  batches by default; FLUX.1-dev's requests here use no true CFG);
 * ``compile=MODE[+CACHE]`` for each ``--compile`` (default ``blocks`` on
   CUDA; none on a CPU, where inductor takes minutes).
 
@@ -221,7 +222,9 @@ def _sides(
             skipped[spec] = refused
             continue
         sides.append(Side(spec, msgspec.structs.replace(base, cache=cache), params))
-    if pipeline in CFG_BATCH_FAMILIES:
+    # Wan guides with two forwards a step by default; FLUX.1-dev (guidance
+    # distilled) only under true CFG, which these requests do not ask for.
+    if video and pipeline in CFG_BATCH_FAMILIES:
         sides.append(Side("cfg_batch=off", msgspec.structs.replace(base, cfg_batch=False), params))
     compiles = args.compile if args.compile is not None else (["blocks"] if cuda else [])
     for spec in compiles:
