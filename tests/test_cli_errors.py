@@ -386,12 +386,22 @@ def test_serve_a_cache_the_pipeline_family_does_not_run_names_the_kinds_that_do(
     )  # fmt: skip
 
 
-def test_serve_cfg_batch_on_a_family_omnix_does_not_batch_names_the_one_it_does(tiny_models):
-    code, err = omnix("serve", "--pipeline", "tiny-image", "--port", "0", "--cfg-batch", "on")
-    one_line_error(
-        code, err, "serve", "stage 'image': engine.cfg_batch: omnix batches the two guidance "
-        "forwards of WanPipeline only, not FluxPipeline's",
-    )  # fmt: skip
+def test_serve_cfg_batch_on_a_family_omnix_does_not_batch_names_the_one_it_does(tmp_path):
+    folder = tmp_path / "sd3"
+    folder.mkdir()
+    (folder / "model_index.json").write_text('{"_class_name": "StableDiffusion3Pipeline"}')
+    pipeline = tmp_path / "sd3.toml"
+    pipeline.write_text(
+        'name = "sd3"\n[[stages]]\nname = "image"\n'
+        f'engine = {{ kind = "diffusers", model = "{folder}" }}\n[outputs]\nimage = "image"\n'
+    )
+    code, err = omnix("serve", "--pipeline", str(pipeline), "--port", "0", "--cfg-batch", "on")
+    assert code == 2 and err == [
+        "omnix serve: error: invalid pipeline config (as served):",
+        "  - stage 'image': engine.cfg_batch: omnix batches the two guidance forwards of "
+        "FluxPipeline, WanPipeline only, not StableDiffusion3Pipeline's; remove cfg_batch "
+        "(or set it false)",
+    ]
     code, err = omnix("serve", "--pipeline", "tiny-video", "--port", "0", "--cfg-batch", "x:off")
     one_line_error(code, err, "serve", "--cfg-batch 'x:off': 'x' is not a diffusion stage")
 
