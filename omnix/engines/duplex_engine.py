@@ -2,7 +2,8 @@
 sessions stepped together on a thread of their own, one tick every 80 ms.
 
 Owns: ``DuplexEngine``: a request is a session; its input pieces are the
-user's audio as it streams, either 24 kHz mono float PCM (``modality ==
+user's audio as it streams (after an empty text piece, if any: the
+admission of a request whose input streams), either 24 kHz mono float PCM (``modality ==
 "audio"``, ``array`` of any length: the engine cuts it into 1920-sample
 frames and encodes each with ``MimiEncodeStream``, a tail shorter than a
 frame waiting for the next piece) or Mimi's codes (``modality == "codec"``,
@@ -17,7 +18,8 @@ talking while the client is silent sends silence, and that silence is input
 like any other.
 
 Output, per user frame: ``EngineOutput(modality="audio", array=<1920
-float32 PCM samples>, token_ids=(text token, *Moshi's K codes))``; when the
+float32 PCM samples>, token_ids=(text token, *Moshi's K codes), text=<the
+text the token adds>)`` (``duplex_text.py``; "" for padding); when the
 input ended and every whole frame has been stepped (a last partial frame is
 dropped), a payload-free output with ``finish_reason`` "stop" ("length"
 when the session reached the model's context), ``prompt_tokens`` the user
@@ -40,6 +42,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
     from omnix.engines.duplex_batch import DuplexBatch
     from omnix.engines.duplex_model import DuplexModel
+    from omnix.engines.duplex_text import TextPieces, TextStream
     from omnix.engines.mimi_stream import EncodeState, MimiEncodeStream
 
 log = logging.getLogger(__name__)
@@ -74,6 +78,7 @@ class _Session:
     # the engine thread's
     joined: bool = False
     encoder: EncodeState | None = None
+    text: TextStream | None = None
     pcm: Any = None  # samples short of a whole frame
     frames: deque[torch.Tensor] = field(default_factory=deque)  # user codes [K] to step
     taken: int = 0
@@ -94,6 +99,7 @@ class DuplexEngine:
         self.device = "cpu"
         self._batch: DuplexBatch | None = None
         self._encode: MimiEncodeStream | None = None
+        self._text: TextPieces | None = None
         #: live sessions by key (a retried request's new session may start
         #: before the engine thread has dropped its aborted one)
         self._sessions: dict[str, _Session] = {}
@@ -116,7 +122,7 @@ class DuplexEngine:
             self.device = pick_device(self.args.device)
             with ThreadPoolExecutor(max_workers=1) as pool:
                 model = await loop.run_in_executor(pool, self._load, folder)
-        self._start_model(model)
+        self._start_model(model, folder)
         self._thread = threading.Thread(target=self._drive, name="omnix-duplex", daemon=True)
         self._thread.start()
         return EngineInfo(
@@ -128,13 +134,16 @@ class DuplexEngine:
 
         return DuplexModel.load(folder, self.device, self.args.dtype)
 
-    def _start_model(self, model: DuplexModel) -> None:
+    def _start_model(self, model: DuplexModel, folder: str) -> None:
         from omnix.engines.duplex_batch import DuplexBatch
+        from omnix.engines.duplex_text import TextPieces
         from omnix.engines.mimi_stream import MimiEncodeStream
 
         self.model = model
         self._batch = DuplexBatch(model)
         self._encode = MimiEncodeStream(model.mimi, model.layout.num_codebooks)
+        if (Path(folder) / "tokenizer.json").is_file():
+            self._text = TextPieces(folder)
 
     # -- requests --------------------------------------------------------------
 
@@ -205,10 +214,14 @@ class DuplexEngine:
                     f"a duplex session's codes must be whole frames of {lay.num_codebooks} "
                     f"Mimi codes in [0, {lay.audio_vocab}); got {len(ids)} codes"
                 )
+        elif piece.modality == "text" and not (piece.text or piece.messages or piece.media):
+            pass  # the session's opening piece (its admission) with no persona prompt
         else:
+            what = "a text piece with a prompt" if piece.modality == "text" else "a piece"
             raise ValueError(
                 f"a duplex session takes user audio (modality 'audio' or 'codec'); "
-                f"got a {piece.modality!r} piece"
+                f"got {what} of modality {piece.modality!r} (a persona prompt is not "
+                "taken yet)"
             )
 
     async def abort(self, request_id: str) -> None:
@@ -300,6 +313,8 @@ class DuplexEngine:
         frame = self._encode.frame_samples
         while s.inbox:
             piece = s.inbox.popleft()
+            if piece.modality == "text":
+                continue  # an empty opening piece (``_check``)
             if piece.modality == "codec":
                 codes = torch.tensor(piece.token_ids, dtype=torch.long).reshape(-1, k)
                 s.frames.extend(codes)
@@ -324,6 +339,8 @@ class DuplexEngine:
             s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=s.request.seed)
         )
         s.joined = True
+        if self._text is not None:
+            s.text = self._text.stream()
 
     def _tick(self) -> list[tuple[_Session, Result]]:
         """One batched step of every session with a frame in; the others
@@ -351,6 +368,7 @@ class DuplexEngine:
                     s,
                     EngineOutput(
                         modality="audio",
+                        text="" if s.text is None else s.text.text(tick.frame.text),
                         array=pcm,
                         token_ids=(tick.frame.text, *tick.frame.codes),
                     ),

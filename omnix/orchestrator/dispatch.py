@@ -261,7 +261,11 @@ class Dispatcher:
                     group = []
                 group.append(ev)
             elif isinstance(ev, InputAppended):
-                out.append(InputPiece(text=ev.text))
+                if ev.blob is not None:
+                    array = self.blobs.get_array(ev.blob)
+                    out.append(InputPiece(text=ev.text, array=array, modality=ev.modality))
+                else:
+                    out.append(InputPiece(text=ev.text))
         if group:
             out.append(self._join(group))
         return tuple(out)
