@@ -25,10 +25,16 @@ dropped), a payload-free output with ``finish_reason`` "stop" ("length"
 when the session reached the model's context), ``prompt_tokens`` the user
 frames taken and ``output_tokens`` the frames given.  ``temperature``
 samples text and audio (seeded by the request's ``seed``); unset, greedy.
+A continuation (``request.resume``: the session moved to this replica, its
+replica lost or the server restarted on its log) gets every user frame
+again: the model steps them all from the session's start, as fast as they
+come, with the first execution's seed, and gives only the frames after the
+``resume.chunks`` it had delivered, so the session goes on exactly as an
+undisturbed one (greedy or sampled alike).
 
 Does not own: the model's maths (``duplex_model.py``), Mimi's streaming
 (``mimi_stream.py``), the batch (``duplex_batch.py``), the realtime
-protocol, the log, nor continuation after a restart (later work).
+protocol nor the log.
 """
 
 from __future__ import annotations
@@ -83,6 +89,8 @@ class _Session:
     frames: deque[torch.Tensor] = field(default_factory=deque)  # user codes [K] to step
     taken: int = 0
     given: int = 0
+    #: frames a continuation steps again without giving them (delivered before)
+    skip: int = 0
     finished: bool = False
 
 
@@ -157,12 +165,15 @@ class DuplexEngine:
     ) -> AsyncIterator[EngineOutput]:
         if self.model is None:
             raise RuntimeError("DuplexEngine.generate before start() (or after close())")
-        if request.resume is not None:
-            raise ValueError("a duplex session cannot be continued from delivered frames yet")
         self._started += 1
         s = _Session(
             f"{request.request_id}#{self._started}", request.request_id, request, asyncio.Queue()
         )
+        if request.resume is not None:
+            # A continuation: every user frame comes again; the model steps
+            # them all (its state is a function of them) and the frames it
+            # had delivered are not given twice.
+            s.skip = request.resume.chunks
         with self._lock:
             self._sessions[s.key] = s
         feeder = asyncio.create_task(self._feed(s, inputs))
@@ -260,7 +271,7 @@ class DuplexEngine:
                     self._wake.wait()
                     continue
                 now = time.monotonic()
-                if now < next_at:
+                if now < next_at and not self._replaying():
                     time.sleep(next_at - now)
                     now = next_at
                 next_at = now + period
@@ -270,6 +281,13 @@ class DuplexEngine:
                 results = self._fail_all(exc)
             if results:
                 self._deliver(results)
+
+    def _replaying(self) -> bool:
+        """A continuation is stepping frames it had delivered: tick at once
+        (the others step only when their frames come, so no session is
+        hurried: the engine makes up no audio)."""
+        with self._lock:
+            return any(s.skip and s.frames for s in self._sessions.values() if s.joined)
 
     def _deliver(self, results: list[tuple[_Session, Result]]) -> None:
         assert self._loop is not None
@@ -335,8 +353,10 @@ class DuplexEngine:
 
         assert self._batch is not None
         t = s.request.params.temperature or 0.0
+        resume = s.request.resume
+        seed = resume.seed if resume is not None else s.request.seed
         self._batch.join(
-            s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=s.request.seed)
+            s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=seed)
         )
         s.joined = True
         if self._text is not None:
@@ -362,13 +382,17 @@ class DuplexEngine:
                 continue
             s.taken += 1
             s.given += 1
+            text = "" if s.text is None else s.text.text(tick.frame.text)
+            if s.skip:
+                s.skip -= 1
+                continue
             pcm = None if tick.pcm is None else tick.pcm.numpy().astype(np.float32)
             out.append(
                 (
                     s,
                     EngineOutput(
                         modality="audio",
-                        text="" if s.text is None else s.text.text(tick.frame.text),
+                        text=text,
                         array=pcm,
                         token_ids=(tick.frame.text, *tick.frame.codes),
                     ),

@@ -242,6 +242,7 @@ class Dispatcher:
             samples=samples,
             text="".join(text),
             pieces=tuple(pieces),
+            seed=self.spec(ev.request_id).seed,
         )
 
     def pieces(self, sources: tuple[int, ...]) -> tuple[InputPiece, ...]:

@@ -22,10 +22,18 @@ import json
 import math
 import socket
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
+import msgspec
 import numpy as np
 import websockets
+
+from omnix.events.types import Event
+from omnix.transport.work import EngineOutput
+
+from ..conftest import parse_sse
 
 RATE = 24000
 FRAME = 1920
@@ -173,3 +181,37 @@ class Probe:
 
     def audio(self) -> list[bytes]:
         return [base64.b64decode(e["delta"]) for e in self.of("response.output_audio.delta")]
+
+
+async def undisturbed(folder: str, pcm: np.ndarray) -> list[EngineOutput]:
+    """The ``moshi_duplex`` engine's frames for ``pcm`` sent as one piece,
+    in this process (greedy)."""
+    from omnix.engines.duplex_engine import DuplexEngine
+    from omnix.events.types import StageParams
+    from omnix.pipelines.config import DuplexArgs
+    from omnix.transport.work import GenerateRequest, InputPiece
+
+    engine = DuplexEngine(DuplexArgs(model=folder, device="cpu", tick_ms=0))
+    await engine.start()
+
+    async def pieces() -> AsyncIterator[InputPiece]:
+        yield InputPiece(array=pcm, modality="audio")
+
+    try:
+        request = GenerateRequest(request_id="alone", stage="duplex", params=StageParams(), seed=0)
+        return [o async for o in engine.generate(request, pieces()) if o.array is not None]
+    finally:
+        await engine.close()
+
+
+def pcm16(frame: np.ndarray) -> np.ndarray:
+    """A frame as omnix writes 16-bit PCM."""
+    return (np.clip(frame, -1, 1) * 32767).astype(np.int16)
+
+
+async def log_events(url: str, sid: str) -> list[Event]:
+    """The session's request's events (``/v1/requests/{id}/events``)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/requests/{sid}/events") as r:
+        assert r.status == 200
+        body = await r.read()
+    return [msgspec.json.decode(f["data"], type=Event) for f in parse_sse(body)]

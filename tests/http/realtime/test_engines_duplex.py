@@ -15,18 +15,15 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-import aiohttp
-import msgspec
 import numpy as np
 import pytest
 import pytest_asyncio
 import websockets
 
-from omnix.events.types import Chunk, Event, InputAppended, Routed
+from omnix.events.types import Chunk, InputAppended, Routed
 from omnix.testing.served import ServeProcess
 
-from ..conftest import parse_sse
-from .duplex_wire import FRAME, Probe, frame_event, speech
+from .duplex_wire import FRAME, Probe, frame_event, log_events, pcm16, speech, undisturbed
 
 pytestmark = [
     pytest.mark.engines,
@@ -55,37 +52,6 @@ async def served(folder, tmp_path_factory):
         yield s
     finally:
         await s.stop()
-
-
-async def _undisturbed(folder: Path, pcm: np.ndarray) -> list:
-    """The engine's frames for ``pcm`` sent as one piece (greedy)."""
-    from omnix.engines.duplex_engine import DuplexEngine
-    from omnix.events.types import StageParams
-    from omnix.pipelines.config import DuplexArgs
-    from omnix.transport.work import GenerateRequest, InputPiece
-
-    engine = DuplexEngine(DuplexArgs(model=str(folder), device="cpu", tick_ms=0))
-    await engine.start()
-
-    async def pieces():
-        yield InputPiece(array=pcm, modality="audio")
-
-    try:
-        request = GenerateRequest(request_id="alone", stage="duplex", params=StageParams(), seed=0)
-        return [o async for o in engine.generate(request, pieces()) if o.array is not None]
-    finally:
-        await engine.close()
-
-
-async def _log(url: str, sid: str) -> list[Event]:
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/requests/{sid}/events") as r:
-        assert r.status == 200
-        body = await r.read()
-    return [msgspec.json.decode(f["data"], type=Event) for f in parse_sse(body)]
-
-
-def _pcm16(frame: np.ndarray) -> np.ndarray:
-    return (np.clip(frame, -1, 1) * 32767).astype(np.int16)
 
 
 async def test_a_vllm_omni_client_hears_the_engines_undisturbed_frames_and_the_log_holds_each(
@@ -129,16 +95,16 @@ async def test_a_vllm_omni_client_hears_the_engines_undisturbed_frames_and_the_l
     seqs = [e["server_event_seq"] for e in c.events if "server_event_seq" in e]
     assert seqs == sorted(set(seqs))
 
-    want = await _undisturbed(folder, pcm)
+    want = await undisturbed(str(folder), pcm)
     assert len(want) == n
     got = np.frombuffer(b"".join(c.audio()), dtype="<i2").reshape(n, FRAME)
-    expect = np.stack([_pcm16(o.array) for o in want])
+    expect = np.stack([pcm16(o.array) for o in want])
     assert np.abs(got.astype(int) - expect).max() <= 1  # 16-bit PCM of the same floats
     assert "".join(t["delta"] for t in texts) == "".join(o.text for o in want)
 
     # The log: every user frame one event in (its audio a blob), every model
     # frame one out, with the engine's text token and codes.
-    events = await _log(served.url, sid)
+    events = await log_events(served.url, sid)
     ins = [e for e in events if type(e) is InputAppended]
     chunks = [e for e in events if type(e) is Chunk]
     assert [e.blob.shape for e in ins if e.blob is not None] == [(FRAME,)] * n
@@ -275,7 +241,9 @@ async def test_a_client_that_falls_behind_is_told_then_dropped_and_resumes_where
         assert (await back.wait("session.closed", timeout=120))["reason"] == "client_close"
     got = had + [d["metadata"]["frame"] for d in back.of("response.output_audio.delta")]
     heard = sum(
-        1 for e in await _log(served.url, sid) if type(e) is InputAppended and e.blob is not None
+        1
+        for e in await log_events(served.url, sid)
+        if type(e) is InputAppended and e.blob is not None
     )
     assert len(had) < heard <= sent
     assert got == list(range(heard))

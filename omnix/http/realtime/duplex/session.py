@@ -12,7 +12,9 @@ dropped, so the engine's per-session input never grows without bound),
 its end (``end_input``: the last piece; the model answers what came), the
 socket it is attached to (one at a time: a newer one replaces it), and
 what happens when no socket is: the request goes on, and is cancelled
-(``disconnect``) when no client came back within ``DETACH_GRACE_S``.
+(``disconnect``) when no client came back within ``DETACH_GRACE_S`` (a
+session a restarted server took over with nobody attached ends at its
+deadline, ``SESSION_DEADLINE_S``).
 
 The sessions a server knows are in ``sessions(server)``; one this process
 never saw (a server restarted on its log) is taken up again from the log
@@ -50,6 +52,12 @@ INPUT_AHEAD_FRAMES: Final = 25
 #: Seconds a session whose socket went (without ``session.close``) waits
 #: for its client to come back (``session.resume``) before it is cancelled.
 DETACH_GRACE_S: Final = 30.0
+#: A session's deadline (its request's): past it the session is cancelled
+#: whatever its client does, so one no client comes back to after a
+#: restart (nothing here then waits for it) ends too.  The model's context
+#: (Moshi's: 3,000 frames, 4 minutes) ends it sooner when it keeps talking.
+SESSION_DEADLINE_S: Final = 600
+
 
 class Socket(Protocol):
     """What holds a session: a socket (``connection.DuplexConnection``)."""
@@ -183,6 +191,7 @@ class DuplexSession:
             outputs=("audio",),
             stage_params=params,
             seed=server.served.new_seed(),
+            deadline_ms=SESSION_DEADLINE_S * 1000,
             api=API_REALTIME_DUPLEX,
             model=cfg.model,
             response=opts,
