@@ -3,7 +3,8 @@ driven by a client speaking vLLM-Omni's duplex messages
 (``duplex_wire.Probe``): 80 ms frames of 24 kHz audio in, the model's
 audio and text out as one continuous response, frame for frame what the
 ``moshi_duplex`` engine gives that audio undisturbed (greedy); every frame
-an event in the log each way; bad input answered by one ``error`` naming
+an event in the log each way, and a trace of the session renders what the
+client was sent; bad input answered by one ``error`` naming
 it, the session going on; a client sending ahead of the model told to
 slow down; a client that reads slower than the model speaks told, then
 dropped, and back with ``session.resume`` it gets every frame it had not
@@ -13,15 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
 import websockets
 
 from omnix.events.types import Chunk, InputAppended, Routed
+from omnix.replay.client import client_bytes
 from omnix.testing.served import ServeProcess
+from omnix.trace import read_trace
 
 from .duplex_wire import FRAME, Probe, frame_event, log_events, pcm16, speech, undisturbed
 
@@ -111,6 +116,14 @@ async def test_a_vllm_omni_client_hears_the_engines_undisturbed_frames_and_the_l
     assert ins[-1].last and ins[-1].blob is None
     assert [c_.token_ids for c_ in chunks] == [o.token_ids for o in want]
     assert sum(type(e) is Routed for e in events) == n + 2  # the admission, n frames, the end
+
+    # A trace of the session replays what the client was sent from the log.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{served.url}/v1/requests/{sid}/trace") as r:
+            assert r.status == 200
+            trace = read_trace(await r.read())
+    replayed = [json.loads(line) for line in client_bytes(trace, sid).splitlines()]
+    assert replayed == [e for e in c.events if "server_event_seq" in e]
 
 
 async def test_bad_input_is_one_error_naming_it_and_the_session_goes_on(served) -> None:
