@@ -126,6 +126,27 @@ async def test_a_vllm_omni_client_hears_the_engines_undisturbed_frames_and_the_l
     assert replayed == [e for e in c.events if "server_event_seq" in e]
 
 
+async def test_two_sessions_at_once_each_hear_what_their_audio_alone_gives(served, folder) -> None:
+    n = 12
+    voices = [speech(n), np.ascontiguousarray(speech(2 * n)[n * FRAME :])]
+
+    async def session(pcm: np.ndarray) -> tuple[str, Probe]:
+        async with Probe(served.url, MODEL) as c:
+            sid = (await c.open())["session"]["id"]
+            await c.stream(pcm)
+            await c.send({"type": "session.close"})
+            await c.wait("session.closed")
+        return sid, c
+
+    (sid_a, a), (sid_b, b) = await asyncio.gather(*(session(v) for v in voices))
+    assert sid_a != sid_b
+    assert a.of("response.created")[0]["response_id"] != b.of("response.created")[0]["response_id"]
+    for c, pcm in ((a, voices[0]), (b, voices[1])):
+        want = await undisturbed(str(folder), pcm)
+        got = np.frombuffer(b"".join(c.audio()), dtype="<i2").reshape(n, FRAME)
+        assert np.abs(got.astype(int) - np.stack([pcm16(o.array) for o in want])).max() <= 1
+
+
 async def test_bad_input_is_one_error_naming_it_and_the_session_goes_on(served) -> None:
     async with Probe(served.url, MODEL) as c:
         # The handshake: a rate or format the model does not take, a persona
