@@ -233,11 +233,12 @@ async def test_a_session_id_not_this_servers_is_an_error_and_the_socket_goes_on(
 async def test_a_client_that_falls_behind_is_told_then_dropped_and_resumes_where_it_was(
     served,
 ) -> None:
-    # A client that sends in real time and reads at half the rate the model
-    # speaks (an audio and a text event each frame: 12 events a second).
-    frames = 300
+    # A client that sends in real time and reads at less than the rate the
+    # model speaks (an audio and a text event each frame: 16 events a
+    # second, 8 frames where the model gives 12.5).
+    frames = 400
     pcm = speech(frames)
-    async with Probe(served.url, MODEL, read_every=1 / 12, rcvbuf=4096) as c:
+    async with Probe(served.url, MODEL, read_every=1 / 16, rcvbuf=4096) as c:
         created = await c.open()
         sent = 0
         with contextlib.suppress(websockets.ConnectionClosed, OSError):
@@ -281,3 +282,38 @@ async def test_a_client_that_falls_behind_is_told_then_dropped_and_resumes_where
     )
     assert len(had) < heard <= sent
     assert got == list(range(heard))
+
+
+async def test_the_openai_realtime_client_talks_to_it_unchanged(served) -> None:
+    """A bare connection is duplex: the session starts as the socket opens
+    and runs from its first audio; OpenAI's GA spelling and 16-bit PCM."""
+    import base64
+
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    n = 12
+    pcm = pcm16(speech(n)).astype("<i2").tobytes()
+    async with client.realtime.connect(model=MODEL) as conn:
+        created = await conn.recv()
+        assert created.type == "session.created"
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["audio"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcm", "rate": 24000},
+                        "turn_detection": None,
+                    }
+                },
+            }
+        )
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+        deltas = []
+        while len(deltas) < n:
+            ev = await conn.recv()
+            assert ev.type != "error", ev
+            if ev.type == "response.output_audio.delta":
+                deltas.append(base64.b64decode(ev.delta))
+    assert [len(d) for d in deltas] == [2 * FRAME] * n

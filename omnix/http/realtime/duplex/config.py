@@ -95,10 +95,11 @@ def check_rate(rate: object, param: str) -> None:
 
 @dataclass(frozen=True)
 class DuplexConfig:
-    """One session's configuration (defaults: float PCM in, 16-bit out)."""
+    """One session's configuration (defaults: 16-bit PCM both ways, as
+    OpenAI's and vLLM-Omni's; PersonaPlex's clients send float)."""
 
     model: str
-    input_format: DuplexFormat = "pcm_f32le"
+    input_format: DuplexFormat = "pcm16"
     output_format: DuplexFormat = "pcm16"
     voice: str = ""
     instructions: str = ""

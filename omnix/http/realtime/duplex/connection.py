@@ -78,14 +78,17 @@ MAX_EVENT_BYTES: Final = 15 * 2**20
 #: Audio the server holds for one socket; the follower waits for room.
 OUTBOX_MS: Final = 1000
 #: How far behind the model a client may fall before it is told, and dropped.
-WARN_MS: Final = 2000
+WARN_MS: Final = 1500
 DROP_MS: Final = 5000
 _AUDIO_DELTA: Final = "response.output_audio.delta"
 #: How often the lag is looked at.
 WATCH_S: Final = 0.1
-#: The kernel's send buffer for a duplex socket (it doubles it): ~1.5 s of
-#: 16-bit frames, so a client that stops reading shows here soon.
-SEND_BUFFER_BYTES: Final = 64 * 1024
+#: The kernel's send buffer for a duplex socket (it doubles it) and the
+#: transport's: together with the writer's (``route.WRITER_LIMIT``) about
+#: 1.5 s of 16-bit frames, so a client that stops reading shows here soon
+#: (and what it is told reaches it soon).
+SEND_BUFFER_BYTES: Final = 32 * 1024
+TRANSPORT_BUFFER_BYTES: Final = 16 * 1024
 
 
 class DuplexConnection:
@@ -114,7 +117,6 @@ class DuplexConnection:
         self._replay = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._follower: asyncio.Task[None] | None = None
-        self._acked = 0
         _small_send_buffer(request)
 
     # -- sending ---------------------------------------------------------------
@@ -351,7 +353,7 @@ class DuplexConnection:
             case HeartbeatEvent():
                 self.send(self.event("session.heartbeat_ack", session_id=s and s.id))
             case EventAckEvent():
-                self._acked = max(self._acked, ev.server_event_seq)
+                pass  # (vLLM-Omni trims its replay journal by it; here the log is it)
             case CloseEvent():
                 if s is None or not s.admitted:
                     self.send(
@@ -364,13 +366,15 @@ class DuplexConnection:
                     return
                 s.end_input()  # the follower sends session.closed once drained
             case AppendEvent():
-                s = await self._admitted(s)
+                s = self._session(s)
                 fmt = s.config.input_format
                 named = ev.format or ev.input_audio_format
                 if named is not None:
                     fmt = wire_format(named, "format")
                 check_rate(ev.sample_rate_hz, "sample_rate_hz")
-                s.append(decode(ev.audio, fmt))
+                pcm = decode(ev.audio, fmt)
+                s = await self._admitted(s)  # (a session that autostarted: now)
+                s.append(pcm)
             case CommitEvent():
                 s = self._session(s)
                 self.send(
@@ -587,7 +591,11 @@ def _stage(server: Server) -> str:
 
 def _small_send_buffer(request: web.Request) -> None:
     transport = request.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is None:
+        return
+    with contextlib.suppress(AttributeError, NotImplementedError):
+        transport.set_write_buffer_limits(high=TRANSPORT_BUFFER_BYTES)
+    sock = transport.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)

@@ -26,7 +26,7 @@ _YES: Final = ("1", "true", "on", "yes")
 _NO: Final = ("0", "false", "off", "no")
 #: What the socket's writer holds before it waits for the peer (aiohttp's
 #: default is 256 KiB: seconds of audio a stalled client would hide).
-WRITER_LIMIT: Final = 32 * 1024
+WRITER_LIMIT: Final = 16 * 1024
 
 
 def is_duplex(server: Server, request: web.Request) -> bool:
