@@ -737,13 +737,31 @@ class Omni:
         )
         return True
 
-    def append_input(self, request_id: str, text: str, last: bool = False) -> bool:
+    def append_input(
+        self,
+        request_id: str,
+        text: str = "",
+        last: bool = False,
+        audio: np.ndarray | None = None,
+    ) -> bool:
         """More input for a running request whose input streams
-        (``RequestSpec.input_streams``): its source stages' next piece;
-        False when the request takes no more (it ended, or its last piece
-        came)."""
+        (``RequestSpec.input_streams``): its source stages' next piece,
+        ``text`` or an ``audio`` array (stored as a blob first: a duplex
+        session's user frame); False when the request takes no more (it
+        ended, or its last piece came)."""
+        rs = self.log.state.requests.get(request_id)
+        if rs is None or not rs.input_open:
+            return False  # (before its audio is stored: a blob nothing would refer to)
+        blob = None if audio is None else self.blobs.put_array(audio)
+        ev = InputAppended(
+            request_id=request_id,
+            text=text,
+            last=last,
+            modality="text" if blob is None else "audio",
+            blob=blob,
+        )
         try:
-            self.sequencer.append(InputAppended(request_id=request_id, text=text, last=last))
+            self.sequencer.append(ev)
         except IllegalTransition:
             return False
         return True

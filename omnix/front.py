@@ -78,7 +78,13 @@ class OmniProtocol(Protocol):
 
     def cancel(self, request_id: str, reason: CancelReason = "client") -> bool: ...
 
-    def append_input(self, request_id: str, text: str, last: bool = False) -> bool: ...
+    def append_input(
+        self,
+        request_id: str,
+        text: str = "",
+        last: bool = False,
+        audio: np.ndarray | None = None,
+    ) -> bool: ...
 
     def record(self, ev: SessionChanged) -> SessionChanged: ...
 

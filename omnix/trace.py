@@ -73,6 +73,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Released,
     RequestEvent,
@@ -459,7 +460,9 @@ def _encode(
     f = _fold_checked(events, "<export>")
     digests: set[str] = set()
     for ev in events:
-        if (type(ev) is Chunk or type(ev) is Progress) and ev.blob is not None:
+        if (
+            type(ev) is Chunk or type(ev) is Progress or type(ev) is InputAppended
+        ) and ev.blob is not None:
             digests.add(ev.blob.digest)
         elif type(ev) is Admitted:
             digests.update(p.blob.digest for m in ev.spec.messages for p in m.media)

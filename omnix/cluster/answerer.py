@@ -65,8 +65,9 @@ class FrontendCallAnswerer:
                 case wire.CancelCall():
                     return await self._done(omni.cancel(call.request_id, call.reason))
                 case wire.InputCall():
+                    audio = call.audio.array() if call.audio is not None else None
                     return await self._done(
-                        omni.append_input(call.request_id, call.text, call.last)
+                        omni.append_input(call.request_id, call.text, call.last, audio)
                     )
                 case wire.RecordCall():
                     for blob in call.blobs:

@@ -209,11 +209,20 @@ class RemoteOmni:
         self._outbox.put_nowait(wire.CancelCall(request_id=request_id, reason=reason))
         return True
 
-    def append_input(self, request_id: str, text: str, last: bool = False) -> bool:
+    def append_input(
+        self,
+        request_id: str,
+        text: str = "",
+        last: bool = False,
+        audio: np.ndarray | None = None,
+    ) -> bool:
         rs = self.state(request_id)
         if rs is None or rs.terminal or not rs.input_open:
             return False
-        self._outbox.put_nowait(wire.InputCall(request_id=request_id, text=text, last=last))
+        blob = None if audio is None else wire.Blob.of_array(audio, "")
+        self._outbox.put_nowait(
+            wire.InputCall(request_id=request_id, text=text, last=last, audio=blob)
+        )
         return True
 
     def record(self, ev: SessionChanged) -> SessionChanged:

@@ -73,6 +73,8 @@ class InputCall(msgspec.Struct, frozen=True, tag="input"):
     request_id: str
     text: str
     last: bool = False
+    #: a duplex session's user frame (``Omni.append_input``'s ``audio``)
+    audio: Blob | None = None
 
 
 class RecordCall(msgspec.Struct, frozen=True, tag="record"):

@@ -2,7 +2,8 @@
 sessions stepped together on a thread of their own, one tick every 80 ms.
 
 Owns: ``DuplexEngine``: a request is a session; its input pieces are the
-user's audio as it streams, either 24 kHz mono float PCM (``modality ==
+user's audio as it streams (after an empty text piece, if any: the
+admission of a request whose input streams), either 24 kHz mono float PCM (``modality ==
 "audio"``, ``array`` of any length: the engine cuts it into 1920-sample
 frames and encodes each with ``MimiEncodeStream``, a tail shorter than a
 frame waiting for the next piece) or Mimi's codes (``modality == "codec"``,
@@ -17,16 +18,23 @@ talking while the client is silent sends silence, and that silence is input
 like any other.
 
 Output, per user frame: ``EngineOutput(modality="audio", array=<1920
-float32 PCM samples>, token_ids=(text token, *Moshi's K codes))``; when the
+float32 PCM samples>, token_ids=(text token, *Moshi's K codes), text=<the
+text the token adds>)`` (``duplex_text.py``; "" for padding); when the
 input ended and every whole frame has been stepped (a last partial frame is
 dropped), a payload-free output with ``finish_reason`` "stop" ("length"
 when the session reached the model's context), ``prompt_tokens`` the user
 frames taken and ``output_tokens`` the frames given.  ``temperature``
 samples text and audio (seeded by the request's ``seed``); unset, greedy.
+A continuation (``request.resume``: the session moved to this replica, its
+replica lost or the server restarted on its log) gets every user frame
+again: the model steps them all from the session's start, as fast as they
+come, with the first execution's seed, and gives only the frames after the
+``resume.chunks`` it had delivered, so the session goes on exactly as an
+undisturbed one (greedy or sampled alike).
 
 Does not own: the model's maths (``duplex_model.py``), Mimi's streaming
 (``mimi_stream.py``), the batch (``duplex_batch.py``), the realtime
-protocol, the log, nor continuation after a restart (later work).
+protocol nor the log.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +63,7 @@ if TYPE_CHECKING:
 
     from omnix.engines.duplex_batch import DuplexBatch
     from omnix.engines.duplex_model import DuplexModel
+    from omnix.engines.duplex_text import TextPieces, TextStream
     from omnix.engines.mimi_stream import EncodeState, MimiEncodeStream
 
 log = logging.getLogger(__name__)
@@ -74,10 +84,13 @@ class _Session:
     # the engine thread's
     joined: bool = False
     encoder: EncodeState | None = None
+    text: TextStream | None = None
     pcm: Any = None  # samples short of a whole frame
     frames: deque[torch.Tensor] = field(default_factory=deque)  # user codes [K] to step
     taken: int = 0
     given: int = 0
+    #: frames a continuation steps again without giving them (delivered before)
+    skip: int = 0
     finished: bool = False
 
 
@@ -94,6 +107,7 @@ class DuplexEngine:
         self.device = "cpu"
         self._batch: DuplexBatch | None = None
         self._encode: MimiEncodeStream | None = None
+        self._text: TextPieces | None = None
         #: live sessions by key (a retried request's new session may start
         #: before the engine thread has dropped its aborted one)
         self._sessions: dict[str, _Session] = {}
@@ -116,7 +130,7 @@ class DuplexEngine:
             self.device = pick_device(self.args.device)
             with ThreadPoolExecutor(max_workers=1) as pool:
                 model = await loop.run_in_executor(pool, self._load, folder)
-        self._start_model(model)
+        self._start_model(model, folder)
         self._thread = threading.Thread(target=self._drive, name="omnix-duplex", daemon=True)
         self._thread.start()
         return EngineInfo(
@@ -128,13 +142,16 @@ class DuplexEngine:
 
         return DuplexModel.load(folder, self.device, self.args.dtype)
 
-    def _start_model(self, model: DuplexModel) -> None:
+    def _start_model(self, model: DuplexModel, folder: str) -> None:
         from omnix.engines.duplex_batch import DuplexBatch
+        from omnix.engines.duplex_text import TextPieces
         from omnix.engines.mimi_stream import MimiEncodeStream
 
         self.model = model
         self._batch = DuplexBatch(model)
         self._encode = MimiEncodeStream(model.mimi, model.layout.num_codebooks)
+        if (Path(folder) / "tokenizer.json").is_file():
+            self._text = TextPieces(folder)
 
     # -- requests --------------------------------------------------------------
 
@@ -148,12 +165,15 @@ class DuplexEngine:
     ) -> AsyncIterator[EngineOutput]:
         if self.model is None:
             raise RuntimeError("DuplexEngine.generate before start() (or after close())")
-        if request.resume is not None:
-            raise ValueError("a duplex session cannot be continued from delivered frames yet")
         self._started += 1
         s = _Session(
             f"{request.request_id}#{self._started}", request.request_id, request, asyncio.Queue()
         )
+        if request.resume is not None:
+            # A continuation: every user frame comes again; the model steps
+            # them all (its state is a function of them) and the frames it
+            # had delivered are not given twice.
+            s.skip = request.resume.chunks
         with self._lock:
             self._sessions[s.key] = s
         feeder = asyncio.create_task(self._feed(s, inputs))
@@ -205,10 +225,14 @@ class DuplexEngine:
                     f"a duplex session's codes must be whole frames of {lay.num_codebooks} "
                     f"Mimi codes in [0, {lay.audio_vocab}); got {len(ids)} codes"
                 )
+        elif piece.modality == "text" and not (piece.text or piece.messages or piece.media):
+            pass  # the session's opening piece (its admission) with no persona prompt
         else:
+            what = "a text piece with a prompt" if piece.modality == "text" else "a piece"
             raise ValueError(
                 f"a duplex session takes user audio (modality 'audio' or 'codec'); "
-                f"got a {piece.modality!r} piece"
+                f"got {what} of modality {piece.modality!r} (a persona prompt is not "
+                "taken yet)"
             )
 
     async def abort(self, request_id: str) -> None:
@@ -247,7 +271,7 @@ class DuplexEngine:
                     self._wake.wait()
                     continue
                 now = time.monotonic()
-                if now < next_at:
+                if now < next_at and not self._replaying():
                     time.sleep(next_at - now)
                     now = next_at
                 next_at = now + period
@@ -257,6 +281,13 @@ class DuplexEngine:
                 results = self._fail_all(exc)
             if results:
                 self._deliver(results)
+
+    def _replaying(self) -> bool:
+        """A continuation is stepping frames it had delivered: tick at once
+        (the others step only when their frames come, so no session is
+        hurried: the engine makes up no audio)."""
+        with self._lock:
+            return any(s.skip and s.frames for s in self._sessions.values() if s.joined)
 
     def _deliver(self, results: list[tuple[_Session, Result]]) -> None:
         assert self._loop is not None
@@ -300,6 +331,8 @@ class DuplexEngine:
         frame = self._encode.frame_samples
         while s.inbox:
             piece = s.inbox.popleft()
+            if piece.modality == "text":
+                continue  # an empty opening piece (``_check``)
             if piece.modality == "codec":
                 codes = torch.tensor(piece.token_ids, dtype=torch.long).reshape(-1, k)
                 s.frames.extend(codes)
@@ -320,10 +353,14 @@ class DuplexEngine:
 
         assert self._batch is not None
         t = s.request.params.temperature or 0.0
+        resume = s.request.resume
+        seed = resume.seed if resume is not None else s.request.seed
         self._batch.join(
-            s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=s.request.seed)
+            s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=seed)
         )
         s.joined = True
+        if self._text is not None:
+            s.text = self._text.stream()
 
     def _tick(self) -> list[tuple[_Session, Result]]:
         """One batched step of every session with a frame in; the others
@@ -345,12 +382,17 @@ class DuplexEngine:
                 continue
             s.taken += 1
             s.given += 1
+            text = "" if s.text is None else s.text.text(tick.frame.text)
+            if s.skip:
+                s.skip -= 1
+                continue
             pcm = None if tick.pcm is None else tick.pcm.numpy().astype(np.float32)
             out.append(
                 (
                     s,
                     EngineOutput(
                         modality="audio",
+                        text=text,
                         array=pcm,
                         token_ids=(tick.frame.text, *tick.frame.codes),
                     ),

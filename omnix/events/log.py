@@ -41,6 +41,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -52,8 +53,10 @@ from omnix.events.types import (
 
 Listener = Callable[[Event], None]
 
-#: The events the log shows its observer (``set_observer``), besides chunks
-#: and progress events (a partial image, schema v7) that carry a blob: a request's first and last events and server events.
+#: The events the log shows its observer (``set_observer``), besides chunks,
+#: progress events (a partial image, schema v7) and appended input (a
+#: duplex session's user frame, schema v14) that carry a blob: a request's
+#: first and last events and server events.
 OBSERVED_TYPES: frozenset[type] = frozenset(
     (Admitted, Rejected, Finished, Failed, Cancelled, Released, WorkerJoined, WorkerLost)
 )
@@ -186,7 +189,7 @@ class EventLog:
         if observer is not None:
             # Only what retention counts: admissions, ends, chunks with a
             # blob, server events.  The rest (most events) skip the call.
-            if type(ev) is Chunk or type(ev) is Progress:
+            if type(ev) is Chunk or type(ev) is Progress or type(ev) is InputAppended:
                 if ev.blob is not None:
                     observer(ev)
             elif type(ev) in OBSERVED_TYPES:

@@ -3,7 +3,8 @@
 Owns: the per-API option Structs a ``RequestSpec`` records in ``response``
 (schema v6): ``ChatOptions``, ``CompletionOptions``, ``SpeechOptions``,
 ``ImageOptions``, ``TranscriptionOptions`` (and, schema v7, a realtime
-session's response: ``RealtimeOptions``), in the one tagged union
+session's response: ``RealtimeOptions``; schema v14, a full-duplex
+session: ``DuplexOptions``), in the one tagged union
 ``ResponseOptions`` whose tags are the ``RequestSpec.api`` names; ``Group``
 (a member of a batch or of ``n`` samples); ``RawPrompt`` (a completion
 prompt the source stage takes as is, in ``RequestSpec.raw_prompt``); and
@@ -36,6 +37,8 @@ API_TRANSCRIPTION: Final = "audio.transcriptions"
 API_IMAGE_EDITS: Final = "images.edits"
 API_VIDEOS: Final = "videos"
 API_REALTIME: Final = "realtime"
+#: A full-duplex ``/v1/realtime?duplex=1`` session (schema v14).
+API_REALTIME_DUPLEX: Final = "realtime.duplex"
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 """An encoded audio response's format (chat's ``pcm16`` is ``pcm``)."""
@@ -200,6 +203,36 @@ class RealtimeOptions(msgspec.Struct, frozen=True, array_like=True, gc=False, ta
     metadata: dict[str, str] = {}
 
 
+DuplexFormat = Literal["pcm16", "pcm_f32le"]
+"""A full-duplex session's wire audio: 16-bit or 32-bit float
+little-endian mono PCM (at the model's rate)."""
+
+
+class DuplexOptions(
+    msgspec.Struct, frozen=True, array_like=True, gc=False, tag=API_REALTIME_DUPLEX
+):
+    """A full-duplex ``/v1/realtime?duplex=1`` session (schema v14): the
+    request is the session (its id is the session's), its input the
+    user's audio as it streams (``InputAppended`` frames), its chunks the
+    model's frames, all one continuous response ``response`` whose
+    assistant item is ``item``.  ``audio_stage`` (and ``usage_stage``):
+    the stage whose chunks are the frames; ``input_format`` / ``output_format``: the PCM the
+    client sends and is sent, at ``sample_rate``; ``voice`` and
+    ``instructions``: the persona the session asked for ("" none)."""
+
+    render: int = 1
+    stream: bool = True
+    response: str = ""
+    item: str = ""
+    usage_stage: str = ""
+    audio_stage: str = ""
+    sample_rate: int = DEFAULT_SAMPLE_RATE
+    input_format: DuplexFormat = "pcm_f32le"
+    output_format: DuplexFormat = "pcm16"
+    voice: str = ""
+    instructions: str = ""
+
+
 #: How the client asked to receive the response, per API (tag: the API).
 ResponseOptions = (
     ChatOptions
@@ -209,6 +242,7 @@ ResponseOptions = (
     | TranscriptionOptions
     | VideoOptions
     | RealtimeOptions
+    | DuplexOptions
 )
 
 
@@ -217,7 +251,14 @@ def group_of(response: ResponseOptions | None) -> Group | None:
     match response:
         case ChatOptions() | CompletionOptions() | ImageOptions():
             return response.group
-        case SpeechOptions() | TranscriptionOptions() | VideoOptions() | RealtimeOptions() | None:
+        case (
+            SpeechOptions()
+            | TranscriptionOptions()
+            | VideoOptions()
+            | RealtimeOptions()
+            | DuplexOptions()
+            | None
+        ):
             return None
         case _:
             assert_never(response)
@@ -398,6 +439,7 @@ __all__ = [
     "API_IMAGES",
     "API_IMAGE_EDITS",
     "API_REALTIME",
+    "API_REALTIME_DUPLEX",
     "API_SPEECH",
     "API_TRANSCRIPTION",
     "API_VIDEOS",
@@ -406,6 +448,8 @@ __all__ = [
     "AudioFormat",
     "ChatOptions",
     "CompletionOptions",
+    "DuplexFormat",
+    "DuplexOptions",
     "Group",
     "ImageOptions",
     "ImageResponseFormat",

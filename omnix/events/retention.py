@@ -72,6 +72,7 @@ from omnix.events.types import (
     Event,
     Failed,
     Finished,
+    InputAppended,
     Progress,
     Rejected,
     Released,
@@ -303,7 +304,7 @@ class Retention:
     def _observe(self, ev: Event) -> None:
         # The log's observer (see OBSERVED_TYPES: the events that change
         # what is counted here; the time bound is compared at them).
-        if type(ev) is Chunk or type(ev) is Progress:
+        if type(ev) is Chunk or type(ev) is Progress or type(ev) is InputAppended:
             blob = ev.blob
             r = self._reqs.get(ev.request_id)
             if blob is not None and r is not None:
@@ -552,7 +553,7 @@ class Retention:
         try:
             observe = self._observe
             for ev in log.read(start):
-                if type(ev) is Chunk or type(ev) is Progress:
+                if type(ev) is Chunk or type(ev) is Progress or type(ev) is InputAppended:
                     if ev.blob is not None:
                         observe(ev)
                 elif type(ev) in OBSERVED_TYPES:

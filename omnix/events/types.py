@@ -33,7 +33,7 @@ import msgspec
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 from omnix.events.sessions import SessionItem, SessionOp, SessionSettings
 
-SCHEMA_VERSION = 13  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 14  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
@@ -51,6 +51,8 @@ SCHEMA_VERSION = 13  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: R
 # 12: realtime function calls: SessionSettings.tools / .tool_choice, SessionItem.type / .call_id /
 # .name / .arguments / .output (a client's function_call and function_call_output items);
 # 13: SessionSettings.parallel_tool_calls (a realtime session's)
+# 14: full duplex: InputAppended.modality / .blob (a client's audio frame into a running
+# request), DuplexOptions (a /v1/realtime?duplex=1 session)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -351,10 +353,14 @@ class InputAppended(RequestEvent, frozen=True, kw_only=True, tag="input_appended
     """The client sent more input to a running request whose input streams
     (``RequestSpec.input_streams``; schema v7): ``text`` goes to its source
     stages as their next input piece, ``last`` closes their input.  An
-    input, as ``Admitted`` is for the first piece."""
+    input, as ``Admitted`` is for the first piece.  Schema v14: a piece of
+    ``modality`` ``audio`` is the array in ``blob`` (a full-duplex
+    session's user frame: float32 mono PCM at the model's rate)."""
 
     text: str
     last: bool = False
+    modality: Modality = "text"  # schema v14
+    blob: BlobRef | None = None  # schema v14
 
 
 @final

@@ -45,6 +45,7 @@ from omnix.events.options import (
     API_TRANSCRIPTION,
     ChatOptions,
     CompletionOptions,
+    DuplexOptions,
     ImageOptions,
     RealtimeOptions,
     SpeechOptions,
@@ -149,10 +150,10 @@ def whole_response(members: list[RequestSummary]) -> Rendered:
             return speech_render.whole(members[0])
         case VideoOptions():
             return videos_render.whole(members[0], opts)
-        case RealtimeOptions():
+        case RealtimeOptions() | DuplexOptions():
             raise ValueError(
                 f"request {rids[0]}: a realtime response has no HTTP form "
-                "(omnix.http.realtime.render renders its server events)"
+                "(omnix.http.realtime.render and .duplex.render render its server events)"
             )
         case None:
             spec = members[0].spec
@@ -182,7 +183,7 @@ def _open(s: RequestSummary, ev: Admitted, blobs: BlobStore) -> tuple[ApiStream,
         case ImageOptions():
             stream__ = images_render.ImageStream(s, opts, blobs)
             return stream__, sse_head(rid), images_render.stream_ids(opts)
-        case VideoOptions() | RealtimeOptions() | None:
+        case VideoOptions() | RealtimeOptions() | DuplexOptions() | None:
             raise ValueError(f"request {rid}: api {ev.spec.api!r} has no streamed HTTP form")
         case _:
             assert_never(opts)
@@ -302,6 +303,7 @@ def _member_stream(s: RequestSummary) -> StreamTail:
             | TranscriptionOptions()
             | VideoOptions()
             | RealtimeOptions()
+            | DuplexOptions()
             | None
         ):
             raise ValueError(f"request {s.request_id}: no stream of n choices for its api")

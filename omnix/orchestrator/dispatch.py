@@ -242,6 +242,7 @@ class Dispatcher:
             samples=samples,
             text="".join(text),
             pieces=tuple(pieces),
+            seed=self.spec(ev.request_id).seed,
         )
 
     def pieces(self, sources: tuple[int, ...]) -> tuple[InputPiece, ...]:
@@ -261,7 +262,11 @@ class Dispatcher:
                     group = []
                 group.append(ev)
             elif isinstance(ev, InputAppended):
-                out.append(InputPiece(text=ev.text))
+                if ev.blob is not None:
+                    array = self.blobs.get_array(ev.blob)
+                    out.append(InputPiece(text=ev.text, array=array, modality=ev.modality))
+                else:
+                    out.append(InputPiece(text=ev.text))
         if group:
             out.append(self._join(group))
         return tuple(out)

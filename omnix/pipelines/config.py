@@ -269,7 +269,7 @@ def engine_model(engine: EngineArgs) -> str | None:
 
 
 #: Engines that can continue a stage from its logged output (``Resume``).
-CONTINUING_ENGINES = (VllmArgs, CodecArgs, TalkerArgs, Code2WavArgs, ScriptedArgs)
+CONTINUING_ENGINES = (VllmArgs, CodecArgs, TalkerArgs, Code2WavArgs, ScriptedArgs, DuplexArgs)
 
 
 def retry_by_default(engine: EngineArgs) -> bool:
@@ -365,7 +365,7 @@ class StageConfig(msgspec.Struct, **_STRICT):
     # another replica (or on the restarted one) from the output already
     # logged: a continuation (docs/pipelines.md "Retry and migration").
     # None: the engine's default (``retry_by_default``): on for engines
-    # that can continue (vllm, codec, scripted), off for diffusers, which
+    # that can continue (vllm, codec, scripted, moshi_duplex), off for diffusers, which
     # can only start over from step 0 and does so only when this is true.
     retry: bool | None = None
     # Continuations a stage may take per request before the request fails.

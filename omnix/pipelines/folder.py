@@ -260,7 +260,11 @@ def moshi(f: Folder, gpu: bool) -> PipelineConfig:
     sessions (the user's audio in as it streams, per 80 ms frame the
     model's text token and audio out), ticking in real time."""
     dtype = f.dtype if f.dtype not in ("auto", "") else "float32"
-    stage = StageConfig(name="duplex", engine=DuplexArgs(model=str(f.path), dtype=dtype))
+    # No queue: a session waiting for a slot would hear nothing while its
+    # client talks; one past the slots is refused (resource_exhausted).
+    stage = StageConfig(
+        name="duplex", engine=DuplexArgs(model=str(f.path), dtype=dtype), max_queue=0
+    )
     return _single(
         f, "Moshi full duplex (audio in, text and audio out)", stage, {"audio": "duplex"}
     )

@@ -98,7 +98,9 @@ def validate_request(graph: PipelineGraph, spec: RequestSpec) -> None:
             )
     if len(set(spec.outputs)) != len(spec.outputs):
         raise RequestError("each output modality may be asked for once", "modalities")
-    if not spec.prompt and not spec.messages:
+    if not spec.prompt and not spec.messages and not spec.input_streams:
+        # (A request whose input streams may start with none: a full-duplex
+        # session's comes frame by frame.)
         raise RequestError("the request has no input: give a prompt or messages", "messages")
     needed = graph.needed_stages(tuple(spec.outputs))
     for stage, params in spec.stage_params.items():

@@ -12,9 +12,10 @@ you find out.
 
 from __future__ import annotations
 
-from omnix.events.options import RealtimeOptions, group_of
+from omnix.events.options import DuplexOptions, RealtimeOptions, group_of
 from omnix.events.types import Admitted, Event, Rejected, RequestEvent
 from omnix.http import render
+from omnix.http.realtime.duplex.render import DuplexStream
 from omnix.http.realtime.render import ResponseStream
 from omnix.trace import Trace
 
@@ -53,14 +54,19 @@ def response_events(trace: Trace, request_id: str) -> list[Event]:
 
 def client_bytes(trace: Trace, request_id: str | None = None) -> bytes:
     """The response body the client received (the SSE stream for a streamed
-    request), byte for byte; for a ``/v1/realtime`` response, the server
-    events it rendered to, one WebSocket message a line."""
+    request), byte for byte; for a ``/v1/realtime`` response (or a
+    full-duplex session), the server events it rendered to, one WebSocket
+    message a line (a duplex session's own events, not rendered from the
+    log, are not among them)."""
     rid = pick_request(trace, request_id)
     events = response_events(trace, rid)
     first = events[0] if events else None
     if isinstance(first, Admitted) and isinstance(first.spec.response, RealtimeOptions):
         stream = ResponseStream(trace.blobs)
         return b"".join(frame + b"\n" for ev in events for frame in stream.feed(ev))
+    if isinstance(first, Admitted) and isinstance(first.spec.response, DuplexOptions):
+        duplex = DuplexStream(trace.blobs)
+        return b"".join(frame + b"\n" for ev in events for frame in duplex.feed(ev))
     return b"".join(render.render_stream(events, trace.blobs))
 
 

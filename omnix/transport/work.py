@@ -145,6 +145,10 @@ class Resume(msgspec.Struct, frozen=True, array_like=True):
     samples: int = 0
     text: str = ""
     pieces: tuple[PieceOutput, ...] = ()
+    #: the first execution's seed (the request's): an engine that continues
+    #: by replaying its inputs from the start (a full-duplex session) draws
+    #: with it what the first execution drew
+    seed: int = 0
 
 
 class GenerateRequest(msgspec.Struct, frozen=True):

@@ -280,3 +280,39 @@ async def test_a_session_with_no_whole_frame_ends_with_nothing_stepped(engine) -
 
     (final,) = await _collect(engine.generate(_request("short"), short()))
     assert (final.finish_reason, final.prompt_tokens, final.output_tokens) == ("stop", 0, 0)
+
+
+async def test_a_continuation_gives_what_the_undisturbed_session_gave_after_the_delivered(
+    engine,
+) -> None:
+    """A session moved to another replica (or a restarted server) gets every
+    user frame again, after its opening piece: it gives the frames after
+    the ones it had delivered, those of the undisturbed session, sampled
+    with the first execution's seed though its own request's differs."""
+    from omnix.transport.work import Resume
+
+    audio = _audio("voice", 9)
+
+    async def pieces():
+        yield InputPiece()  # the admission of a session whose input streams
+        async for p in _pcm_pieces(audio, [FRAME] * 9):
+            yield p
+
+    for temperature in (None, 0.8):
+        whole = await _collect(
+            engine.generate(_request("u", temperature, seed=7), _pcm_pieces(audio, []))
+        )
+        moved = GenerateRequest(
+            request_id="m",
+            stage="duplex",
+            params=StageParams(temperature=temperature),
+            seed=12345,  # a continuation's own seed (``continuation_seed``)
+            resume=Resume(chunks=4, seed=7),
+        )
+        rest = await _collect(engine.generate(moved, pieces()))
+        assert [o.token_ids for o in rest[:-1]] == [o.token_ids for o in whole[4:-1]]
+        assert [o.text for o in rest[:-1]] == [o.text for o in whole[4:-1]]
+        for a, b in zip(rest[:-1], whole[4:-1], strict=True):
+            np.testing.assert_array_equal(a.array, b.array)
+        final = rest[-1]
+        assert (final.finish_reason, final.prompt_tokens, final.output_tokens) == ("stop", 9, 9)

@@ -1,9 +1,9 @@
 """``omnix serve PATH`` of a Moshi folder: the derived one-stage duplex
 pipeline starts a real server whose ``moshi_duplex`` worker loads the model
 and reports ready; the worker killed with SIGKILL is recorded lost and
-started again, and the server answers ready once more (the realtime duplex
-protocol that will drive it, and so a client's view of a kill mid-session,
-are later work)."""
+started again, and the server answers ready once more (a client's view:
+tests/http/realtime/test_engines_duplex.py, and of the server's SIGKILL
+mid-session: test_engines_duplex_restart.py)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from omnix.events.options import (
     AudioFormat,
     ChatOptions,
     CompletionOptions,
+    DuplexOptions,
     ImageOptions,
     RealtimeOptions,
     ResponseOptions,
@@ -138,7 +139,7 @@ class RequestSummary:
                 self.text_stage, self.audio_stage = opts.text_stage, opts.audio_stage
             case CompletionOptions() | TranscriptionOptions():
                 self.text_stage = opts.text_stage
-            case SpeechOptions():
+            case SpeechOptions() | DuplexOptions():
                 self.audio_stage = opts.audio_stage
             case ImageOptions():
                 self.image_stage = opts.image_stage

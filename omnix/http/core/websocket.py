@@ -41,15 +41,17 @@ def check_admission(server: Server, request: web.Request) -> None:
 
 
 async def upgrade(
-    request: web.Request, *, max_msg_size: int, how: str = ""
+    request: web.Request, *, max_msg_size: int, how: str = "", writer_limit: int = 2**18
 ) -> web.WebSocketResponse:
     """The prepared socket; 426 ``websocket_required`` (``how``: which client does
-    the handshake) when the request is no WebSocket handshake."""
+    the handshake) when the request is no WebSocket handshake.  ``writer_limit``:
+    the bytes written before a send waits for the peer (aiohttp's default)."""
     ws = web.WebSocketResponse(
         max_msg_size=max_msg_size,
         autoping=True,
         heartbeat=HEARTBEAT_S,
         protocols=(SUBPROTOCOL,),
+        writer_limit=writer_limit,
     )
     if not ws.can_prepare(request).ok:
         raise ApiError(

@@ -11,6 +11,9 @@ socket holds it; ``?last_event_id=``: the last event it had of a response
 in flight), then the upgrade and the session's loop (``connection.py``).
 Its row says why the OpenAPI document leaves it out: it is a WebSocket.
 
+A server whose audio stage is a full-duplex model serves full-duplex
+sockets here instead (``duplex/route.py``: ``?duplex=1``, or bare).
+
 Does not own the session (``session.py``) nor the messages
 (``protocol.py``).
 """
@@ -26,6 +29,7 @@ from omnix.http.core.route import Route, Undescribed
 from omnix.http.core.server import Server
 from omnix.http.core.websocket import check_admission, upgrade
 from omnix.http.realtime.connection import MAX_MESSAGE_BYTES, Connection
+from omnix.http.realtime.duplex.route import duplex, is_duplex
 from omnix.http.realtime.record import restore
 from omnix.http.realtime.session import Resumed
 
@@ -54,6 +58,8 @@ def _resumed(server: Server, sid: str) -> Resumed:
 
 
 async def realtime(server: Server, request: web.Request) -> web.StreamResponse:
+    if is_duplex(server, request):
+        return await duplex(server, request)
     server.served.check_model(request.query.get("model", ""))
     check_admission(server, request)
     sid = request.query.get("session_id", "")
