@@ -231,7 +231,13 @@ class Generation:
             resumed = () if skip else resume.token_ids
         extra = resumed_ids(resumed, self.codec, m.layout, m.folder) if resumed else []
         kwargs = m.prompts.processor_kwargs(piece) if piece.media else None
-        engine_input, n_prompt = await m.prompts.render(prompt, extra, media, kwargs)
+        # A thinker feeding its talker records hidden states at the media
+        # positions as its prefill computes them; a prefix-cache hit (the
+        # same media sent again) would skip them, so such a prompt shares
+        # no cached blocks.
+        key = f"{request.request_id}#{self.seq}"
+        salt = key if media and m.talker_context else None
+        engine_input, n_prompt = await m.prompts.render(prompt, extra, media, kwargs, key, salt)
         self.prompt_tokens += n_prompt
         try:
             left = budget(request, m.max_model_len, n_prompt) - len(resumed)

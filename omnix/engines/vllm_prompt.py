@@ -224,6 +224,8 @@ class PromptRenderer:
         resumed: list[int],
         media: dict[str, list[Any]] | None,
         processor_kwargs: dict[str, Any] | None = None,
+        key: str = "",
+        cache_salt: str | None = None,
     ) -> tuple[Any, int]:
         """vLLM's engine input for the piece's prompt followed by its resumed
         ids (already in this model's vocabulary), and the prompt's own length
@@ -234,7 +236,13 @@ class PromptRenderer:
         send only their hashes, and the engine core, never having received
         them, ends the request with ``finish_reason "error"`` (a cache miss).
         The multimodal processor (mel features, image patches) runs off this
-        loop in the async renderer."""
+        loop in the async renderer.  ``cache_salt`` (media only) keeps the
+        prompt's blocks apart from vLLM's prefix cache.  A video heard with
+        its sound track has its items named by ``key`` (the sub-request's
+        id), so vLLM's processor cache never holds one of the pair without
+        the other: Qwen3-Omni's processor then processes the video alone
+        and refuses it ("Video doesn't have audio track"), as it did for
+        the same video sent again under another text."""
         ids = prompt + resumed if resumed else prompt
         renderer = self.llm.renderer
         if media is None:
@@ -243,6 +251,13 @@ class PromptRenderer:
         request: dict[str, Any] = {"prompt_token_ids": ids, "multi_modal_data": media}
         if processor_kwargs:
             request["mm_processor_kwargs"] = processor_kwargs
+        if cache_salt:
+            request["cache_salt"] = cache_salt
+        if processor_kwargs and processor_kwargs.get("use_audio_in_video"):
+            request["multi_modal_uuids"] = {
+                kind: [f"{key}/{kind}/{i}" for i in range(len(items))]
+                for kind, items in media.items()
+            }
         (rendered,) = await renderer.render_cmpl_async([request])
         return rendered, len(rendered["prompt_token_ids"]) - len(ids) + len(prompt)
 

@@ -77,3 +77,21 @@ async def test_a_silent_video_is_seen(server, client):
     assert resp.parse().choices[0].message.audio is not None
     grids = _grids(server, rid)
     assert "use_audio_in_video" not in grids and len(grids["video_grid_thw"]) == 1
+
+
+async def test_the_same_video_sent_again_is_heard_and_spoken_again(server, client):
+    """A video seen before, under another text: vLLM's processor cache and
+    prefix cache hold what the first request left there, and neither may
+    keep the second from its sound track or the talker from its hidden
+    states at the video's positions."""
+    part = video_part(1.5)
+    for text in ("Describe it.", "What happens next?", "Describe it."):
+        out = await client.chat.completions.create(
+            model="tiny-omni",
+            messages=[{"role": "user", "content": [part, {"type": "text", "text": text}]}],
+            modalities=["text", "audio"],
+            audio={"voice": "default", "format": "wav"},
+            temperature=0.0,
+            max_tokens=4,
+        )
+        assert out.choices[0].message.audio is not None, text
