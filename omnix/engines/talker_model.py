@@ -573,8 +573,9 @@ class TalkerModel:
         logits = logits.clone()
         logits[:, self._suppress] = float("-inf")
         # Every row's penalty in one gather and scatter: each penalised
-        # logit is multiplied or divided by its row's penalty (as float32,
-        # what a Python number becomes against float32 logits) as alone.
+        # logit is multiplied or divided by its row's penalty in float32
+        # (what a Python number is against float32 logits, and the opmath
+        # of half-precision ones, stored back rounded), as row by row.
         rows: list[int] = []
         cols: list[int] = []
         factors: list[float] = []
@@ -590,9 +591,11 @@ class TalkerModel:
                 torch.tensor(rows, device=logits.device),
                 torch.tensor(cols, device=logits.device),
             )
-            factor = torch.tensor(factors, dtype=logits.dtype, device=logits.device)
+            opmath = torch.promote_types(logits.dtype, torch.float32)
+            factor = torch.tensor(factors, dtype=opmath, device=logits.device)
             score = logits[at]
-            logits[at] = torch.where(score < 0, score * factor, score / factor)
+            penalised = torch.where(score < 0, score * factor, score / factor)
+            logits[at] = penalised.to(logits.dtype)
         if all(slot.sampling.temperature <= 0 for slot in slots):
             # max's indices are argmax's (the first of equal maxima), at half its cost.
             out: list[int] = logits.max(-1)[1].tolist()

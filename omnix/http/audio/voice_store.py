@@ -8,10 +8,9 @@ audio as decoded (float32 mono at the rate the checkpoint clones from, so
 reading it back gives the same samples to the bit) and ``speaker.npy``,
 its speaker vector (float32, made once at upload: a request clones with
 it; a voice an older omnix kept has none until its first use adds it).
-A voice is written
-whole or not at all (a hidden temporary folder renamed into place) and
-removed the same way; the store reads its folders back when opened, so
-voices outlive a restart.  The root is the server's ``--log-dir``'s
+A voice is written whole or not at all (a hidden temporary folder renamed
+into place) and removed the same way; the store reads its folders back
+when opened, so voices outlive a restart.  The root is the server's ``--log-dir``'s
 ``voices/``; without one, a temporary folder made on the first upload
 and removed when the server closes.
 
