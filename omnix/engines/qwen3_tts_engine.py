@@ -9,7 +9,9 @@ first by codec id, as ``GET /v1/audio/voices`` lists them; VoiceDesign has
 none), ``instructions`` (CustomVoice's instruction, VoiceDesign's
 description of the voice) and ``language``; on Base, the voice cloned
 (``VoiceCloner``, loaded beside the talker) from the request's message:
-its audio part the reference audio, its content the transcript (with one,
+its audio part the reference audio, its ``speaker`` part the audio's
+speaker vector (the server's, recorded with the request; encoded here
+when a request has none), its content the transcript (with one,
 in-context cloning; without, the speaker vector alone).  Every frame after the prefill
 reads the prompt's trailing text vectors, then ``tts_pad``: the whole text
 is in the prefill, so nothing waits for more.
@@ -167,21 +169,29 @@ class Qwen3TTSEngine(TalkerEngine):
 
     def _clone(self, req: _Request) -> VoiceClone | None:
         """Base: the voice of the request's reference audio (the first audio
-        part of its messages; their content, its transcript)."""
+        part of its messages; their content, its transcript), with the
+        speaker vector its first ``speaker`` part carries (the one the
+        server made at admission or upload, and the log holds) when there
+        is one, else the vector encoded here."""
         if self.cloner is None:
             return None
+        import numpy as np
         import torch
 
-        parts = [(m, part) for m in req.messages for part in m.media]
-        audio = [i for i, (_, part) in enumerate(parts) if part.kind == "audio"]
-        if not audio or audio[0] >= len(req.media):
+        kinds = [(m, part.kind, part.rate) for m in req.messages for part in m.media]
+        audio = next((i for i, (_, k, _) in enumerate(kinds) if k == "audio"), None)
+        vector = next((i for i, (_, k, _) in enumerate(kinds) if k == "speaker"), None)
+        if audio is None or audio >= len(req.media):
             raise ValueError(
                 "a Qwen3-TTS Base talker clones a voice: the request carries no reference "
                 "audio (send ref_audio, a 24 kHz WAV data URL)"
             )
-        message, part = parts[audio[0]]
-        wav = torch.from_numpy(req.media[audio[0]].copy())
-        return self.cloner.clone(wav, part.rate, message.content.strip() or None)
+        message, _, rate = kinds[audio]
+        wav = torch.from_numpy(np.array(req.media[audio], dtype=np.float32))
+        speaker = None
+        if vector is not None and vector < len(req.media):
+            speaker = torch.from_numpy(np.array(req.media[vector]))
+        return self.cloner.clone(wav, rate, message.content.strip() or None, speaker=speaker)
 
     def _prefilled(
         self, req: _Request

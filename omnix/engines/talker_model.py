@@ -183,10 +183,27 @@ class TalkerModel:
             bos, eos_, pad = self.project_text(torch.tensor(specials))
         self.tts_bos, self.tts_eos, self.tts_pad = bos, eos_, pad
         self._suppress = torch.tensor(self.layout.suppressed, device=self.device)
-        from omnix.engines.code_predictor import PredictorBackbone
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
 
-        self._predictor = PredictorBackbone(talker.code_predictor.model)
-        self._to_predictor = getattr(talker.code_predictor, "small_to_mtp_projection", None)
+        from omnix.engines.code_predictor import PredictorBackbone
+        from omnix.engines.talker_backbone import TalkerBackbone
+
+        # Qwen3-TTS's dense backbone decodes by direct calls; Qwen3-Omni's
+        # (mixture of experts) by its modules.
+        dense = isinstance(talker.model, Qwen3VLTextModel)
+        self._decode = TalkerBackbone(talker.model) if dense else None
+        predictor = talker.code_predictor
+        self._predictor = PredictorBackbone(predictor.model)
+        self._to_predictor = getattr(predictor, "small_to_mtp_projection", None)
+        # The frame's per-group modules as their weights: a frame calls them
+        # 15 times each, and a module call costs more than its arithmetic here.
+        self._heads = [(h.weight, h.bias) for h in predictor.lm_head]
+        self._group_embeds = [e.weight for e in predictor.model.codec_embedding]
+        project = self._to_predictor
+        #: a Linear projection's weights (None: the module is called, if any)
+        self._project = (
+            (project.weight, project.bias) if isinstance(project, torch.nn.Linear) else None
+        )
 
     @classmethod
     def load(cls, folder: str | Path, device: str = "cpu", dtype: str = "float32") -> TalkerModel:
@@ -482,14 +499,17 @@ class TalkerModel:
         delta = torch.tensor([s.rope_delta for s in slots], device=self.device)
         positions = torch.stack([pos, pos + delta, pos + delta, pos + delta])[:, :, None]
         with torch.no_grad():
-            out = self.talker.model(
-                inputs_embeds=inputs[:, None],
-                attention_mask=caches.mask(),
-                position_ids=positions,
-                past_key_values=caches.cache,
-                use_cache=True,
-            )
-            hidden = out.last_hidden_state[:, -1]
+            if self._decode is not None:
+                hidden = self._decode.step(caches.cache, caches.mask(), positions, inputs[:, None])
+            else:
+                out = self.talker.model(
+                    inputs_embeds=inputs[:, None],
+                    attention_mask=caches.mask(),
+                    position_ids=positions,
+                    past_key_values=caches.cache,
+                    use_cache=True,
+                )
+                hidden = out.last_hidden_state[:, -1]
             logits = self.talker.codec_head(hidden)
         for s in slots:
             s.length += 1
@@ -502,8 +522,8 @@ class TalkerModel:
         Returns ([B, groups] codes, [B, hidden] the summed codec embedding
         that is the next step's input before its text vector)."""
         import torch
+        from torch.nn import functional as F
 
-        predictor = self.talker.code_predictor
         first = torch.tensor(codes, device=self.device)
         first_embed = self.talker.get_input_embeddings()(first)  # [B, H]
         backbone = self._predictor
@@ -512,16 +532,23 @@ class TalkerModel:
         total = first_embed.clone()
         out_codes = [first]
         groups = self.layout.num_code_groups
+        project, heads, embeds = self._project, self._heads, self._group_embeds
+        module = self._to_predictor if project is None else None
+        greedy = all(s.temperature <= 0 for s in samplings)
         with torch.inference_mode():
             for g in range(groups - 1):
-                if self._to_predictor is not None:
-                    inputs = self._to_predictor(inputs)
+                if project is not None:
+                    inputs = F.linear(inputs, *project)
+                elif module is not None:
+                    inputs = module(inputs)
                 last = backbone.forward(inputs)
-                logits = predictor.lm_head[g](last)
-                code = self._choose_residual(logits, samplings)
+                logits = F.linear(last, *heads[g])
+                # max's indices are argmax's (the first of equal maxima), at half its cost.
+                code = logits.max(-1)[1] if greedy else self._choose_residual(logits, samplings)
                 out_codes.append(code)
-                inputs = predictor.model.codec_embedding[g](code)[:, None]
-                total = total + inputs[:, 0]
+                embed = F.embedding(code, embeds[g])
+                inputs = embed[:, None]
+                total = total + embed
         return torch.stack(out_codes, dim=1), total
 
     def _choose_residual(self, logits: torch.Tensor, samplings: list[Sampling]) -> torch.Tensor:
@@ -545,21 +572,42 @@ class TalkerModel:
 
         logits = logits.clone()
         logits[:, self._suppress] = float("-inf")
-        out = []
-        for row, slot in zip(logits, slots, strict=True):
-            s = slot.sampling
-            if slot.generated and s.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(slot.generated)), device=row.device)
-                score = row[seen]
-                row[seen] = torch.where(
-                    score < 0, score * s.repetition_penalty, score / s.repetition_penalty
-                )
-            if s.temperature <= 0:
-                code = int(torch.argmax(row))
-            else:
-                code = int(_sample(row, s, s.top_k, s.top_p))
+        # Every row's penalty in one gather and scatter: each penalised
+        # logit is multiplied or divided by its row's penalty in float32
+        # (what a Python number is against float32 logits, and the opmath
+        # of half-precision ones, stored back rounded), as row by row.
+        rows: list[int] = []
+        cols: list[int] = []
+        factors: list[float] = []
+        for i, slot in enumerate(slots):
+            penalty = slot.sampling.repetition_penalty
+            if slot.generated and penalty != 1.0:
+                seen = sorted(set(slot.generated))
+                rows += [i] * len(seen)
+                cols += seen
+                factors += [penalty] * len(seen)
+        if rows:
+            at = (
+                torch.tensor(rows, device=logits.device),
+                torch.tensor(cols, device=logits.device),
+            )
+            opmath = torch.promote_types(logits.dtype, torch.float32)
+            factor = torch.tensor(factors, dtype=opmath, device=logits.device)
+            score = logits[at]
+            penalised = torch.where(score < 0, score * factor, score / factor)
+            logits[at] = penalised.to(logits.dtype)
+        if all(slot.sampling.temperature <= 0 for slot in slots):
+            # max's indices are argmax's (the first of equal maxima), at half its cost.
+            out: list[int] = logits.max(-1)[1].tolist()
+        else:
+            out = [
+                int(torch.argmax(row))
+                if slot.sampling.temperature <= 0
+                else int(_sample(row, slot.sampling, slot.sampling.top_k, slot.sampling.top_p))
+                for row, slot in zip(logits, slots, strict=True)
+            ]
+        for slot, code in zip(slots, out, strict=True):
             slot.generated.append(code)
-            out.append(code)
         return out
 
 
@@ -647,10 +695,8 @@ class BatchCache:
         import torch
 
         width = self.width
-        m = torch.zeros(len(self.lengths), width + 1, dtype=torch.long)
-        for i, n in enumerate(self.lengths):
-            m[i, width - n :] = 1
-        return m
+        first = width - torch.tensor(self.lengths)  # each row's first valid position
+        return (torch.arange(width + 1) >= first[:, None]).long()
 
     def grew(self) -> None:
         self.lengths = [n + 1 for n in self.lengths]

@@ -206,6 +206,10 @@ class PromptRenderer:
                     data.setdefault("video", []).append(_load_video(arr, part.fps, part.frames))
                 case "mask":
                     raise ValueError("a mask reached a vLLM stage: masks are for image edits")
+                case "speaker":
+                    raise ValueError(
+                        "a speaker vector reached a vLLM stage: it is a Qwen3-TTS Base talker's"
+                    )
                 case _:
                     assert_never(part.kind)
         return data

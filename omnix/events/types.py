@@ -33,7 +33,7 @@ import msgspec
 from omnix.events.options import RawPrompt, ResponseOptions, from_legacy
 from omnix.events.sessions import SessionItem, SessionOp, SessionSettings
 
-SCHEMA_VERSION = 14  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
+SCHEMA_VERSION = 15  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: Released;
 # 5: StageParams vLLM/OpenAI sampling fields (penalties, logprobs, structured output...), Chunk.logprobs,
 # StageParams negative_prompt / true_cfg_scale / output_format (diffusion);
 # 6: RequestSpec.response and .raw_prompt, typed (options.py), in place of .options' strings;
@@ -52,7 +52,8 @@ SCHEMA_VERSION = 14  # 2: Routed.resume, Chunk.piece; 3: ChatMessage.media; 4: R
 # .name / .arguments / .output (a client's function_call and function_call_output items);
 # 13: SessionSettings.parallel_tool_calls (a realtime session's)
 # 14: full duplex: InputAppended.modality / .blob (a client's audio frame into a running
-# request), DuplexOptions (a /v1/realtime?duplex=1 session)
+# request), DuplexOptions (a /v1/realtime?duplex=1 session);
+# 15: MediaKind "speaker" (a Qwen3-TTS Base voice's speaker vector beside its reference audio)
 
 Modality = Literal["text", "audio", "image", "codec", "hidden", "video"]
 """What a chunk carries.  ``codec`` (talker codes) and ``hidden`` (a
@@ -86,10 +87,14 @@ ScaleReason = Literal["queue", "idle", "admin", "drained", "restart"]
 spare, an admin set the count (``POST /admin/stages/{name}/replicas``),
 a drained replica's work was done (``left``), or a restarted server
 went back to the stage's ``min``."""
-MediaKind = Literal["audio", "image", "mask", "video"]
+MediaKind = Literal["audio", "image", "mask", "video", "speaker"]
 """What a message's media part holds (decoded at admission).  ``mask``
 (schema v7): an image edit's mask, the weight to repaint each pixel with
-(uint8, 255 = repaint); ``video`` (schema v7): an encoded video file."""
+(uint8, 255 = repaint); ``video`` (schema v7): an encoded video file;
+``speaker`` (schema v15): a Qwen3-TTS Base voice's speaker vector (float32,
+shape ``(dim,)``), what the speaker encoder made of the message's audio
+part, so the talker clones with the vector the request was admitted with
+(and a trace holds it) instead of encoding the clip again."""
 
 
 # --------------------------------------------------------------------------
@@ -113,16 +118,17 @@ class BlobRef(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 class MediaPart(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A decoded audio clip, image, mask or video in a message.
+    """A decoded audio clip, image, mask, video or speaker vector in a message.
 
     ``blob`` holds the decoded array, as the admission decoded it once:
     audio as float32 mono samples at ``rate`` Hz (shape ``(n,)``), an image
     as uint8 RGB (shape ``(height, width, 3)``), a mask as uint8 repaint
     weights (shape ``(height, width)``, 255 = repaint), a video as its
     encoded file (uint8 bytes, shape ``(n,)``: the engine decodes it,
-    sampling ``fps`` frames a second, at most ``frames``).  ``in_video``:
-    an audio part that is the sound track of the video part before it (the
-    model hears it with the video: Qwen3-Omni's ``use_audio_in_video``).
+    sampling ``fps`` frames a second, at most ``frames``), a speaker vector
+    as float32 (shape ``(dim,)``).  ``in_video``: an audio part that is the
+    sound track of the video part before it (the model hears it with the
+    video: Qwen3-Omni's ``use_audio_in_video``).
     ``at`` is the character offset in the message's ``content`` where the
     part stood among the text parts, so the engine's prompt keeps the
     client's order.

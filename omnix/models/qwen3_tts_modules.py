@@ -275,6 +275,25 @@ def decoder_config(fields: dict[str, Any]) -> Qwen3OmniMoeCode2WavConfig:
     return cfg
 
 
+class _SnakeBeta(Qwen3OmniMoeSnakeBeta):
+    """Code2Wav's SnakeBeta, ``x + 1 / (exp(beta) + 1e-9) * sin(x * exp(alpha)) ** 2``,
+    with one new tensor of the input's size instead of four: the same
+    products and sums in place (``pow(s, 2)`` is ``s * s`` on the CPU and
+    CUDA, and the factors of a product and the terms of a sum commute
+    exactly), so the same bits.  At 24 kHz the decoder's activations are
+    its largest tensors; allocating and filling them cost as much as the
+    arithmetic."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        alpha = torch.exp(self.alpha.unsqueeze(0).unsqueeze(-1))
+        beta = torch.exp(self.beta.unsqueeze(0).unsqueeze(-1))
+        out = hidden_states * alpha
+        out.sin_()
+        out.mul_(out)
+        out.mul_(1.0 / (beta + self.no_div_by_zero))
+        return out.add_(hidden_states)
+
+
 class SpeechDecoder(nn.Module):
     """The 12 Hz tokenizer's decoder: [B, 16, T] codes -> [B, 1, T x 1920]
     samples in [-1, 1] (names as the checkpoint's ``decoder.*``)."""
@@ -309,10 +328,14 @@ class SpeechDecoder(nn.Module):
             [
                 Qwen3OmniMoeCausalConvNet(latent, cfg.decoder_dim, 7),
                 *(Qwen3OmniMoeCode2WavDecoderBlock(cfg, i) for i in range(len(cfg.upsample_rates))),
-                Qwen3OmniMoeSnakeBeta(out_dim),
+                _SnakeBeta(out_dim),
                 Qwen3OmniMoeCausalConvNet(out_dim, 1, 7),
             ]
         )
+        for name, module in list(self.named_modules()):
+            if type(module) is Qwen3OmniMoeSnakeBeta:
+                parent, _, child = name.rpartition(".")
+                setattr(self.get_submodule(parent), child, _SnakeBeta(module.in_features))
         for module in self.modules():
             if isinstance(module, Qwen3OmniMoeCausalTransConvNet):
                 # Causal: the transposed convolutions' overhang is cut on

@@ -3,7 +3,10 @@ request whose input streams, sentence by sentence, equal the talker's own
 streaming-text codes of the joined text (which tests/engines/test_qwen3_tts.py
 holds equal to the reference's), in eager and static decoding, and its
 first frame comes before its last sentence does; a request whose input
-does not stream is spoken from its whole text as before."""
+does not stream is spoken from its whole text as before.  On Base, the
+talker clones with the speaker vector the request carries (its
+``speaker`` part, what the server recorded), not one of its own from the
+clip, and refuses a vector of another width."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from omnix.events.types import StageParams
+from omnix.events.blobs import array_ref
+from omnix.events.types import ChatMessage, MediaPart, StageParams
 from omnix.models.paths import ModelPaths
 from omnix.transport.work import GenerateRequest, InputPiece
 
@@ -132,3 +136,63 @@ def test_prompts_prefilled_in_one_forward_start_as_each_alone(folder: Path) -> N
         _, own_slot, own_code, own_hidden = talker.prefill(cond, Sampling())
         assert (code, slot.length) == (own_code, own_slot.length)
         torch.testing.assert_close(hidden, own_hidden, rtol=0, atol=1e-5)
+
+
+def _clip(seconds: float = 1.3, rate: int = 24000) -> np.ndarray:
+    """A gliding tone and a tremolo bell."""
+    t = np.arange(int(seconds * rate)) / rate
+    x = 0.4 * np.sin(2 * np.pi * 220 * t * (1 + 0.3 * t))
+    x += 0.2 * np.sin(2 * np.pi * 523 * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    return x.astype(np.float32)
+
+
+async def _cloned(engine, rid: str, clip: np.ndarray, vector: np.ndarray) -> list:
+    parts = (
+        MediaPart(kind="audio", blob=array_ref(clip), rate=24000),
+        MediaPart(kind="speaker", blob=array_ref(vector)),
+    )
+
+    async def piece() -> AsyncIterator[InputPiece]:
+        message = ChatMessage(role="user", content="", media=parts)
+        yield InputPiece(text=" ".join(SENTENCES), messages=(message,), media=(clip, vector))
+
+    params = StageParams(temperature=0.0, max_tokens=FRAMES)
+    return [
+        out.token_ids
+        async for out in engine.generate(GenerateRequest(rid, "talker", params), piece())
+        if out.token_ids
+    ]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_base_clones_with_the_speaker_vector_the_request_carries(tiny_models) -> None:
+    import torch
+
+    from omnix.engines.qwen3_tts_clone import VoiceCloner
+    from omnix.engines.qwen3_tts_engine import Qwen3TTSEngine
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker, SpeechRequest, VoiceClone
+    from omnix.pipelines.config import Qwen3TTSTalkerArgs
+
+    folder = tiny_models.qwen3_tts_base
+    clip = _clip()
+    own = VoiceCloner.load(folder).speaker_vector(torch.from_numpy(clip))
+    carried = torch.flip(own, (0,))  # another voice's vector, for this clip
+    talker = Qwen3TTSTalker.load(folder)
+
+    def codes(vector: torch.Tensor) -> np.ndarray:
+        clone = VoiceClone(speaker=vector)
+        return talker.generate(
+            SpeechRequest(text=" ".join(SENTENCES), clone=clone), max_new_tokens=FRAMES
+        ).numpy()
+
+    want, theirs = codes(carried), codes(own)
+    assert not np.array_equal(want, theirs)
+    engine = Qwen3TTSEngine(Qwen3TTSTalkerArgs(model=folder, max_batch=2))
+    await engine.start()
+    try:
+        frames = await _cloned(engine, "carried", clip, carried.numpy())
+        np.testing.assert_array_equal(np.asarray(frames).reshape(-1, 16), want)
+        with pytest.raises(ValueError, match=r"speaker vector has shape \(32,\)"):
+            await _cloned(engine, "narrow", clip, own.numpy()[:32])
+    finally:
+        await engine.close()

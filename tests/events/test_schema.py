@@ -223,7 +223,7 @@ def test_fixture_covers_every_event_type() -> None:
 def test_released_round_trips() -> None:
     ev = Released(pos=7, ts_ns=123, request_ids=("req-a", "req-b"), reason="count")
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == ev
     assert decode_events(encode_events([ev])) == [ev]
 

@@ -35,7 +35,7 @@ def test_a_parsed_chunk_round_trips_and_a_v9_chunk_reads_without_calls() -> None
         tool_calls=(ToolCallDelta(0, "call_1", "get_weather", '{"ci'),),
     )
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == ev
     fields = msgspec.msgpack.decode(data[1:])
     v9 = bytes([9]) + msgspec.msgpack.encode(fields[:-2])

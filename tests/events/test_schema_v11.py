@@ -15,7 +15,7 @@ def test_speech_instructions_round_trip_and_v10_params_read_without_them() -> No
     spec = RequestSpec(prompt="hello", stage_params={"talker": params})
     ev = Admitted(pos=1, ts_ns=2, request_id="r", pipeline="p", spec=spec)
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == ev
 
     # A v10 writer's StageParams ended before the two fields.

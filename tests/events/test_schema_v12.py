@@ -31,7 +31,7 @@ def test_tools_and_call_items_round_trip_and_v11_reads_without_them() -> None:
     )
     ev = SessionChanged(pos=1, ts_ns=2, session="s", op="configured", settings=settings)
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == ev
     old = _v11(ev, 5, 3)  # (and v13's parallel_tool_calls)
     assert old.settings is not None and old.settings.instructions == "hi"

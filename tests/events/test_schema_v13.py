@@ -21,7 +21,7 @@ def test_parallel_tool_calls_round_trips_and_v12_reads_it_unset(parallel: bool) 
     settings = msgspec.structs.replace(settings, parallel_tool_calls=parallel)
     ev = SessionChanged(pos=1, ts_ns=2, session="s", op="configured", settings=settings)
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == ev
 
     # As a v12 writer wrote it: the settings without their last field.

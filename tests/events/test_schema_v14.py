@@ -43,7 +43,7 @@ def test_a_frame_and_a_sessions_options_round_trip_and_v13_text_reads_as_before(
     ref = blobs.put_array(np.zeros(1920, dtype=np.float32))
     frame = InputAppended(pos=3, ts_ns=4, request_id="d", text="", modality="audio", blob=ref)
     data = encode_event(frame)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == frame
     adm = Admitted(pos=1, ts_ns=2, request_id="d", pipeline="moshi", spec=SPEC)
     back = decode_event(encode_event(adm))

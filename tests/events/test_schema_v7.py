@@ -45,7 +45,7 @@ def _admitted(response: object) -> Admitted:
 def test_a_realtime_response_round_trips() -> None:
     adm = _admitted(OPTS)
     data = encode_event(adm)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     back = decode_event(data)
     assert back == adm
     assert isinstance(back, Admitted) and isinstance(back.spec.response, RealtimeOptions)

@@ -41,7 +41,7 @@ def test_scaled_round_trips_and_is_a_decision_only_with_a_cause() -> None:
         Scaled(pos=5, ts_ns=7, stage="s", replica=1, op="left", replicas=-1, reason="drained"),
     ]
     data = encode_event(evs[0])
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == evs[0]
     assert decode_events(encode_events(evs)) == evs
     assert [is_decision(ev) for ev in evs] == [True, False, False]

@@ -21,7 +21,7 @@ def test_a_refused_input_round_trips_and_a_v8_failure_reads_as_retryable() -> No
         retry=False,
     )
     data = encode_event(ev)
-    assert data[0] == SCHEMA_VERSION == 14
+    assert data[0] == SCHEMA_VERSION == 15
     assert decode_event(data) == ev
     # The v8 layout: the same array without the appended field.
     fields = msgspec.msgpack.decode(data[1:])

@@ -1,12 +1,15 @@
 """Voices people upload to a served Qwen3-TTS Base folder (``omnix serve
 PATH --log-dir DIR``, real workers): ``POST /v1/audio/voices`` keeps the
-clip (any rate: resampled to 24 kHz), ``voice: NAME`` clones from it with
-the greedy audio omnix's in-process cloner, talker and decoder give for
-the same clip; the clip and its transcript are recorded with the request,
-so its trace replays (the client's bytes, the decisions, the audio) after
-the voice is deleted; voices outlive a restart; ``ref_audio`` may be an
-http(s) URL of an allowed host; a batch's items clone as they do alone;
-and each bad field is one 4xx naming it."""
+clip (any rate: resampled to 24 kHz) and its speaker vector, made once at
+upload (the in-process cloner's, to the bit), and ``voice: NAME`` clones
+from them with the greedy audio omnix's in-process cloner, talker and
+decoder give for the same clip; the clip, its speaker vector and its
+transcript are recorded with the request, so its trace replays (the
+client's bytes, the decisions, the audio from the recorded vector) after
+the voice is deleted; voices outlive a restart, and one kept without a
+vector gets it on first use; ``ref_audio`` may be an http(s) URL of an
+allowed host; a batch's items clone as they do alone; and each bad field
+is one 4xx naming it."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from .tts_serving import (
     expected_clone,
     reference_wav,
     serve,
+    speaker_vector,
     voices,
 )
 
@@ -96,6 +100,7 @@ async def test_an_uploaded_voice_clones_replays_without_the_store_and_outlives_a
     samples = clip_samples(wav16)
     assert samples.size == int(1.3 * 24000)
     want = expected_clone(tiny_models.qwen3_tts_base, samples, REF_TEXT, text=text)
+    vector = speaker_vector(folder, samples)
 
     # ref_audio by URL: a host the server is allowed to fetch media from.
     async def clip(_: web.Request) -> web.Response:
@@ -124,6 +129,9 @@ async def test_an_uploaded_voice_clones_replays_without_the_store_and_outlives_a
             assert voice["file_size"] == len(wav16) and voice["seconds"] == 1.3
             listed = await voices(served)
             assert listed["voices"] == ["Alice"] and listed["uploaded_voices"] == [voice]
+            # Its speaker vector was made at upload and is kept with it.
+            kept = np.load(log_dir / "voices" / "alice" / "speaker.npy")
+            assert kept.dtype == np.float32 and np.array_equal(kept, vector)
 
             rid, cloned = await _speak(http, served, voice="alice")  # names: any case
             assert_heard(cloned, want)
@@ -165,15 +173,21 @@ async def test_an_uploaded_voice_clones_replays_without_the_store_and_outlives_a
         await served.stop()
         await runner.cleanup()
 
-    # The trace replays without the voice store: the clip and its
-    # transcript are the request's own message (a blob), as cloned.
+    # The trace replays without the voice store: the clip, its speaker
+    # vector and its transcript are the request's own message (blobs), as
+    # cloned; the audio is the talker's from the recorded vector.
     trace = read_trace(trace_bytes)
     (admitted,) = [e for e in trace.events_for(rid) if isinstance(e, Admitted)]
     (message,) = admitted.spec.messages
     assert message.content == REF_TEXT
+    assert [p.kind for p in message.media] == ["audio", "speaker"]
     recorded = trace.blobs.get_array(message.media[0].blob)
     assert np.array_equal(recorded, samples)
-    assert_heard(cloned, expected_clone(folder, recorded, message.content, text=text))
+    recorded_vector = trace.blobs.get_array(message.media[1].blob)
+    assert np.array_equal(recorded_vector, vector)
+    assert_heard(
+        cloned, expected_clone(folder, recorded, message.content, recorded_vector, text=text)
+    )
     path = tmp_path / "clone.trace"
     path.write_bytes(trace_bytes)
     body = tmp_path / "clone.pcm"
@@ -181,15 +195,18 @@ async def test_an_uploaded_voice_clones_replays_without_the_store_and_outlives_a
     assert body.read_bytes() == cloned
     assert main(["replay", str(path), "--drive"]) == 0
 
-    # Voices are files under --log-dir: a restarted server still has Bob.
+    # Voices are files under --log-dir: a restarted server still has Bob,
+    # even as an older omnix kept him (no speaker vector: made on first use).
     assert (log_dir / "voices" / "bob" / "audio.wav").is_file()
+    (log_dir / "voices" / "bob" / "speaker.npy").unlink()
     served, client = await serve(folder, "tts-base", *args)
     try:
         listed = await voices(served)
         assert listed["voices"] == ["bob"], listed
         async with aiohttp.ClientSession() as http:
-            _, vector = await _speak(http, served, voice="Bob", language="english")
-        assert_heard(vector, expected_clone(folder, samples, None, text=text, language="english"))
+            _, heard = await _speak(http, served, voice="Bob", language="english")
+        assert_heard(heard, expected_clone(folder, samples, None, text=text, language="english"))
+        assert np.array_equal(np.load(log_dir / "voices" / "bob" / "speaker.npy"), vector)
     finally:
         await client.close()
         await served.close()

@@ -4,7 +4,8 @@ marked required is planned, one without a required field or with a
 refused one is a 400 naming it, and ``language`` takes the languages
 listed; on a pipeline without a Qwen3-TTS talker every field is refused.
 Planned without an engine: the checkpoint's ``config.json`` is all the
-card and the checks read."""
+card and the checks read (and on Base its speaker encoder, which makes
+the clip's speaker vector the request records)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,15 @@ from omnix.pipelines.validate import parse_pipeline
 LANGUAGES = {"english": 2050, "chinese": 2055, "beijing_dialect": 2074, "german": 2053}
 
 
-def _folder(tmp_path: Path, variant: str) -> Path:
-    """A Qwen3-TTS folder as far as the card reads it: its ``config.json``."""
+def _folder(tmp_path: Path, variant: str, base: Path) -> Path:
+    """A Qwen3-TTS folder as far as the card reads it: its ``config.json``
+    (Base: and the speaker encoder of the tiny Base folder ``base``)."""
     folder = tmp_path / variant
     folder.mkdir()
+    speaker_encoder = {"sample_rate": 24000}
+    if variant == "base":
+        speaker_encoder = json.loads((base / "config.json").read_text())["speaker_encoder_config"]
+        (folder / "model.safetensors").symlink_to(base / "model.safetensors")
     config = {
         "architectures": ["Qwen3TTSForConditionalGeneration"],
         "model_type": "qwen3_tts",
@@ -43,7 +49,7 @@ def _folder(tmp_path: Path, variant: str) -> Path:
             "spk_id": {"Ryan": 3001, "Aiden": 3000} if variant == "custom_voice" else {},
             "codec_language_id": LANGUAGES,
         },
-        "speaker_encoder_config": {"sample_rate": 24000},
+        "speaker_encoder_config": speaker_encoder,
     }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
@@ -113,8 +119,10 @@ WANT = {
 
 
 @pytest.mark.parametrize("variant", list(WANT))
-def test_the_card_says_what_each_variant_takes_as_the_route_checks_it(tmp_path, variant):
-    served = _served(_folder(tmp_path, variant))
+def test_the_card_says_what_each_variant_takes_as_the_route_checks_it(
+    tmp_path, tiny_models, variant
+):
+    served = _served(_folder(tmp_path, variant, Path(tiny_models.qwen3_tts_base)))
     fields = speech_fields(served)
     assert fields == WANT[variant]
     takes = {f: getattr(fields, f) for f in VALUES}

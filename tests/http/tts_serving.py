@@ -52,10 +52,27 @@ def expected_pcm(folder: str, **request) -> np.ndarray:
     return pcm.numpy()
 
 
-def expected_clone(folder: str, samples: np.ndarray, ref_text: str | None, **request) -> np.ndarray:
+def speaker_vector(folder: str, samples: np.ndarray) -> np.ndarray:
+    """omnix's in-process speaker vector of ``samples`` (24 kHz)."""
+    import torch
+
+    from omnix.engines.qwen3_tts_clone import VoiceCloner
+
+    wav = torch.from_numpy(np.array(samples, dtype=np.float32))
+    return VoiceCloner.load(folder).speaker_vector(wav).numpy()
+
+
+def expected_clone(
+    folder: str,
+    samples: np.ndarray,
+    ref_text: str | None,
+    speaker: np.ndarray | None = None,
+    **request,
+) -> np.ndarray:
     """omnix's in-process greedy audio of a voice cloned from ``samples``
-    (24 kHz): the cloner, the talker, and the decoder as the served stage
-    decodes it (after the reference codes when cloned in context)."""
+    (24 kHz; ``speaker``: its speaker vector, else the cloner's): the
+    cloner, the talker, and the decoder as the served stage decodes it
+    (after the reference codes when cloned in context)."""
     import torch
 
     from omnix.engines.qwen3_tts_clone import VoiceCloner
@@ -63,7 +80,8 @@ def expected_clone(folder: str, samples: np.ndarray, ref_text: str | None, **req
     from omnix.engines.speech_decoder import SpeechCodec
 
     wav = torch.from_numpy(np.array(samples, dtype=np.float32))
-    voice = VoiceCloner.load(folder).clone(wav, 24000, ref_text)
+    vector = None if speaker is None else torch.from_numpy(np.array(speaker, dtype=np.float32))
+    voice = VoiceCloner.load(folder).clone(wav, 24000, ref_text, speaker=vector)
     codes = Qwen3TTSTalker.load(folder).generate(
         SpeechRequest(clone=voice, **request), max_new_tokens=MAX_TOKENS
     )

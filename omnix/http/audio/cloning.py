@@ -1,8 +1,12 @@
 """Base's voice to clone: reference audio decoded, or an uploaded voice read back.
 
 Owns: ``Reference`` (the clip to clone from: float32 mono samples at the
-rate the checkpoint clones from, its transcript, and the uploaded voice's
-name when it is one); ``Cloning``, one server's: its ``VoiceStore``, the
+rate the checkpoint clones from, its speaker vector, its transcript, and
+the uploaded voice's name when it is one); ``Cloning``, one server's: its
+``VoiceStore``, the speaker vectors (``speaker_vector``: the served
+checkpoint's speaker encoder, loaded on first use, run on a thread of its
+own one clip at a time: an uploaded voice's once, at upload, kept with it;
+a ``ref_audio`` clip's at admission), the
 decoding of reference audio, whatever its format and rate (PyAV, as
 chat's audio parts: resampled with libswresample to the cloning rate,
 channels averaged), at most ``MAX_BYTES`` and ``MAX_SECONDS``: a
@@ -24,8 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 import numpy as np
@@ -41,6 +46,9 @@ from omnix.http.media.decoder import MediaDecoder
 from omnix.http.media.sound import decode_audio, from_extension
 from omnix.pipelines.config import MediaLimits
 from omnix.pipelines.tts_card import TTSCard
+
+if TYPE_CHECKING:
+    from omnix.engines.qwen3_tts_clone import SpeakerEncoder
 
 #: The largest reference clip, as sent (bytes after base64), and its
 #: longest (seconds): vLLM-Omni's 10 MB; a minute is 750 frames of the
@@ -59,6 +67,8 @@ class Reference(msgspec.Struct, frozen=True, kw_only=True):
 
     samples: np.ndarray
     rate: int
+    #: its speaker vector (float32 [dim]), what the talker clones with
+    speaker: np.ndarray
     text: str | None = None
     #: the uploaded voice it is, "" for ``ref_audio``
     voice: str = ""
@@ -74,6 +84,8 @@ class Cloning:
         self.store = VoiceStore(root)
         self.allowed_domains = allowed_domains
         self._decoder: MediaDecoder | None = None
+        self._speaker: asyncio.Future[SpeakerEncoder] | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def card(self) -> TTSCard | None:
         """The served checkpoint's card when it clones voices (Base)."""
@@ -84,6 +96,33 @@ class Cloning:
         self.store.close()
         if self._decoder is not None:
             self._decoder.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    async def speaker_vector(self, samples: np.ndarray, rate: int) -> np.ndarray:
+        """The speaker vector (float32 [dim], read-only) of ``samples`` at
+        ``rate`` (the checkpoint's cloning rate), as the talker would make
+        it: the served Base checkpoint's speaker encoder, loaded on first
+        use."""
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnix-speaker")
+        if self._speaker is None:
+            folder = self.served.tts_folder()
+            if folder is None or self.card() is None:
+                raise RuntimeError(f"pipeline {self.served.model!r} clones no voices")
+            from omnix.engines.qwen3_tts_clone import SpeakerEncoder
+
+            self._speaker = loop.run_in_executor(self._pool, SpeakerEncoder.load, folder)
+        try:
+            encoder = await asyncio.shield(self._speaker)
+        except Exception:
+            self._speaker = None  # the next clip tries again
+            raise
+        vector = await loop.run_in_executor(self._pool, encoder.vector_of, samples, rate)
+        vector.flags.writeable = False
+        return vector
 
     def limits(self, rate: int) -> MediaLimits:
         return MediaLimits(
@@ -130,14 +169,20 @@ class Cloning:
         if body.voice != "default":
             voice = self._uploaded(body)
             try:
-                samples = await self.store.samples(voice)
+                samples, speaker = await self.store.read(voice)
             except FileNotFoundError:
                 raise bad("voice", f"Voice {body.voice!r} was deleted; upload it again.") from None
-            return Reference(samples=samples, rate=rate, text=voice.ref_text, voice=voice.name)
+            if speaker is None:  # kept by an omnix that made none at upload
+                speaker = await self.speaker_vector(samples, rate)
+                await self.store.keep_speaker(voice, speaker)
+            return Reference(
+                samples=samples, rate=rate, speaker=speaker, text=voice.ref_text, voice=voice.name
+            )
         if body.ref_audio is None:
             return None
         samples = await self.decode_url("ref_audio", body.ref_audio, rate)
-        return Reference(samples=samples, rate=rate, text=body.ref_text)
+        speaker = await self.speaker_vector(samples, rate)
+        return Reference(samples=samples, rate=rate, speaker=speaker, text=body.ref_text)
 
     def _uploaded(self, body: SpeechRequest) -> StoredVoice:
         voice = self.store.get(body.voice)

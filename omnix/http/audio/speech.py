@@ -6,8 +6,8 @@ says otherwise), the voice, instructions and language put on the speech
 stages, ``speed`` and ``instructions`` refused unless a speech stage
 honours them (the Qwen3-TTS checks: ``speech_tts.py``), the clip a Base
 checkpoint clones from (``ref_audio`` or an uploaded voice, decoded by
-``cloning.py`` before planning) as the request's message (its audio a blob
-the plan carries to admission), and the ``SpeechOptions`` the response
+``cloning.py`` before planning) as the request's message (its audio and
+speaker vector blobs the plan carries to admission), and the ``SpeechOptions`` the response
 renders from.
 
 Does not own admission (``core.submit``) nor the response's bytes
@@ -98,5 +98,5 @@ def speech_plan(
         traceparent=traceparent,
         response=opts,
     )
-    blobs = () if cloned is None else (cloned[1],)
+    blobs = () if cloned is None else cloned[1]
     return Plan(specs=((rid, spec),), stream=bool(stream_format), blobs=blobs)

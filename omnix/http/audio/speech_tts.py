@@ -15,8 +15,10 @@ client (the playground) offers the fields the checkpoint takes.
 Also owns ``reference_message``: the clip a Base request clones from
 (``cloning.Reference``: ``ref_audio`` decoded, or an uploaded voice read
 back) recorded as the request's one message: its audio part a blob
-(``MediaPart``, as chat's media), its content the transcript, so a trace
-of a cloned request replays without the voice store.
+(``MediaPart``, as chat's media), then its speaker vector (a ``speaker``
+part, a blob too: the talker clones with it), its content the transcript,
+so a trace of a cloned request holds all the talker was given, without
+the voice store.
 
 Does not own decoding the clip or the uploaded voices (``cloning.py``),
 the voice check every speech pipeline shares (``PlanContext.check_voice``)
@@ -163,10 +165,18 @@ _AUDIO: Final = (
 )
 
 
-def reference_message(reference: Reference) -> tuple[ChatMessage, DecodedBlob]:
-    """The clip as the request's message and the blob its audio part references."""
-    samples = reference.samples
-    ref = array_ref(samples, MEDIA_TYPES["audio"])
-    part = MediaPart(kind="audio", blob=ref, rate=reference.rate)
-    message = ChatMessage(role="user", content=reference.text or "", media=(part,))
-    return message, DecodedBlob(ref=ref, array=samples)
+def reference_message(reference: Reference) -> tuple[ChatMessage, tuple[DecodedBlob, ...]]:
+    """The clip as the request's message and the blobs its parts reference
+    (the audio's, the speaker vector's)."""
+    audio = array_ref(reference.samples, MEDIA_TYPES["audio"])
+    speaker = array_ref(reference.speaker, MEDIA_TYPES["speaker"])
+    parts = (
+        MediaPart(kind="audio", blob=audio, rate=reference.rate),
+        MediaPart(kind="speaker", blob=speaker),
+    )
+    message = ChatMessage(role="user", content=reference.text or "", media=parts)
+    blobs = (
+        DecodedBlob(ref=audio, array=reference.samples),
+        DecodedBlob(ref=speaker, array=reference.speaker),
+    )
+    return message, blobs

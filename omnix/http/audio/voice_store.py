@@ -3,17 +3,19 @@
 Owns ``VoiceStore``: one folder per voice under its root, named by the
 voice's name in lower case (names compare without case, as ``voice``
 does): ``voice.json`` (``StoredVoice``: the name as given, the consent,
-the transcript, when, what was uploaded) and ``audio.wav``, the reference
+the transcript, when, what was uploaded), ``audio.wav``, the reference
 audio as decoded (float32 mono at the rate the checkpoint clones from, so
-reading it back gives the same samples to the bit).  A voice is written
-whole or not at all (a hidden temporary folder renamed into place) and
-removed the same way; the store reads its folders back when opened, so
-voices outlive a restart.  The root is the server's ``--log-dir``'s
+reading it back gives the same samples to the bit) and ``speaker.npy``,
+its speaker vector (float32, made once at upload: a request clones with
+it; a voice an older omnix kept has none until its first use adds it).
+A voice is written whole or not at all (a hidden temporary folder renamed
+into place) and removed the same way; the store reads its folders back
+when opened, so voices outlive a restart.  The root is the server's ``--log-dir``'s
 ``voices/``; without one, a temporary folder made on the first upload
 and removed when the server closes.
 
-Does not own what a name may be, the limits or decoding the upload
-(``cloning.py``), nor any route (``voices.py``).
+Does not own what a name may be, the limits, decoding the upload or
+making its speaker vector (``cloning.py``), nor any route (``voices.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ log = logging.getLogger("omnix.http.audio")
 
 _META: Final = "voice.json"
 _AUDIO: Final = "audio.wav"
+_SPEAKER: Final = "speaker.npy"
 
 
 class StoredVoice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -71,20 +74,29 @@ class VoiceStore:
     def get(self, name: str) -> StoredVoice | None:
         return self._voices.get(name.lower())
 
-    async def samples(self, voice: StoredVoice) -> np.ndarray:
-        """The voice's reference audio, as uploaded and decoded (read-only).
+    async def read(self, voice: StoredVoice) -> tuple[np.ndarray, np.ndarray | None]:
+        """The voice's reference audio, as uploaded and decoded, and its
+        speaker vector (None: kept by an omnix that made none), read-only.
         ``FileNotFoundError`` when it was deleted meanwhile."""
         folder = self._folder(voice.name)
-        return await asyncio.to_thread(_read_audio, folder / _AUDIO)
+        return await asyncio.to_thread(_read_voice, folder)
 
-    async def add(self, voice: StoredVoice, samples: np.ndarray) -> bool:
-        """Keep ``voice`` with its audio; False when its name is taken."""
+    async def add(self, voice: StoredVoice, samples: np.ndarray, speaker: np.ndarray) -> bool:
+        """Keep ``voice`` with its audio and speaker vector; False when its
+        name is taken."""
         async with self._lock:
             if voice.name.lower() in self._voices:
                 return False
-            await asyncio.to_thread(self._write, voice, samples)
+            await asyncio.to_thread(self._write, voice, samples, speaker)
             self._voices[voice.name.lower()] = voice
             return True
+
+    async def keep_speaker(self, voice: StoredVoice, speaker: np.ndarray) -> None:
+        """Add the speaker vector a voice kept without one was found to have
+        (nothing when the voice was deleted meanwhile)."""
+        async with self._lock:
+            if self._voices.get(voice.name.lower()) is voice:
+                await asyncio.to_thread(_write_speaker, self._folder(voice.name), speaker)
 
     async def delete(self, name: str) -> StoredVoice | None:
         """Remove the voice; None when there is none by that name."""
@@ -106,7 +118,7 @@ class VoiceStore:
             self._root = Path(tempfile.mkdtemp(prefix="omnix-voices-"))
         return self._root / name.lower()
 
-    def _write(self, voice: StoredVoice, samples: np.ndarray) -> None:
+    def _write(self, voice: StoredVoice, samples: np.ndarray, speaker: np.ndarray) -> None:
         import soundfile as sf
 
         final = self._folder(voice.name)
@@ -115,6 +127,7 @@ class VoiceStore:
         tmp.mkdir()
         try:
             sf.write(tmp / _AUDIO, samples, voice.sample_rate, subtype="FLOAT", format="WAV")
+            np.save(tmp / _SPEAKER, np.asarray(speaker, dtype=np.float32), allow_pickle=False)
             (tmp / _META).write_bytes(msgspec.json.encode(voice))
             tmp.rename(final)  # whole or not at all
         except BaseException:
@@ -150,10 +163,23 @@ def _read_all(root: Path) -> dict[str, StoredVoice]:
     return voices
 
 
-def _read_audio(path: Path) -> np.ndarray:
+def _read_voice(folder: Path) -> tuple[np.ndarray, np.ndarray | None]:
     import soundfile as sf
 
-    data, _ = sf.read(str(path), dtype="float32", always_2d=False)
+    data, _ = sf.read(str(folder / _AUDIO), dtype="float32", always_2d=False)
     samples = np.ascontiguousarray(data, dtype=np.float32)
     samples.flags.writeable = False
-    return samples
+    try:
+        speaker: np.ndarray | None = np.load(folder / _SPEAKER, allow_pickle=False)
+    except FileNotFoundError:
+        speaker = None
+    if speaker is not None:
+        speaker.flags.writeable = False
+    return samples, speaker
+
+
+def _write_speaker(folder: Path, speaker: np.ndarray) -> None:
+    tmp = folder / f".{_SPEAKER}.{uuid.uuid4().hex}"
+    with tmp.open("wb") as f:  # a file: np.save would add ".npy" to a path
+        np.save(f, np.asarray(speaker, dtype=np.float32), allow_pickle=False)
+    tmp.rename(folder / _SPEAKER)  # whole or not at all

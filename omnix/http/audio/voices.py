@@ -6,8 +6,9 @@ Owns the routes, in vLLM-Omni's shapes so its clients work unchanged:
 ``uploaded_voices`` describes those); ``POST``, a multipart form
 (``audio_sample``: the file; ``name``; ``consent``: the id of the
 speaker's recorded consent; ``ref_text``: what the clip says, optional),
-which keeps the clip, decoded, as a voice ``voice: NAME`` then clones
-(``cloning.py``); ``DELETE /v1/audio/voices/{name}``.  Uploads and
+which keeps the clip, decoded, and its speaker vector (made once, here)
+as a voice ``voice: NAME`` then clones (``cloning.py``); ``DELETE
+/v1/audio/voices/{name}``.  Uploads and
 deletions are Base's: elsewhere 405 (the document lists them only on
 Base; ``POST`` is not even registered there).  Each bad field is a 400 naming it
 (a missing name or consent, a name that is not one, a file that is not
@@ -151,6 +152,8 @@ async def upload_voice(server: Server, request: web.Request) -> web.Response:
         )
     upload = uploads[0]
     samples = await server.cloning.decode_upload("audio_sample", upload, rate)
+    # Made once here, kept with the voice: each request cloning it carries it.
+    speaker = await server.cloning.speaker_vector(samples, rate)
     voice = StoredVoice(
         name=name,
         consent=consent,
@@ -161,7 +164,7 @@ async def upload_voice(server: Server, request: web.Request) -> web.Response:
         seconds=round(samples.size / rate, 3),
         ref_text=ref_text,
     )
-    if not await store.add(voice, samples):
+    if not await store.add(voice, samples, speaker):
         raise _taken(name)  # another upload of the name won meanwhile
     return json_response(VoiceUploaded(voice=voice))
 

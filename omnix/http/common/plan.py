@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -166,13 +167,17 @@ class PlanContext:
         """What the pipeline's Qwen3-TTS talker's checkpoint can do (read
         once); None when it has no such talker."""
         if self._tts is None:
-            card = None
-            for st in self.pipeline.stages:
-                if isinstance(st.engine, Qwen3TTSTalkerArgs):
-                    card = read_tts_card(resolve_model(st.engine.model))
-                    break
-            self._tts = (card,)
+            folder = self.tts_folder()
+            self._tts = (None if folder is None else read_tts_card(folder),)
         return self._tts[0]
+
+    def tts_folder(self) -> Path | None:
+        """The folder of the pipeline's Qwen3-TTS talker's checkpoint; None
+        when it has no such talker."""
+        for st in self.pipeline.stages:
+            if isinstance(st.engine, Qwen3TTSTalkerArgs):
+                return resolve_model(st.engine.model)
+        return None
 
     def check_voice(self, voice: str, param: str) -> None:
         """A 400 naming the known voices when ``voice`` is not one of them."""

@@ -24,6 +24,7 @@ MEDIA_TYPES: Final[dict[MediaKind, str]] = {
     "image": "image/rgb8",
     "mask": "image/mask8",
     "video": "video/file",
+    "speaker": "audio/speaker-f32",
 }
 
 
