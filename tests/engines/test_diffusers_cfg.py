@@ -32,6 +32,7 @@ from omnix.events.types import BlobRef, ChatMessage, MediaPart, StageParams
 from omnix.pipelines.config import DiffusersArgs
 from omnix.pipelines.diffusion_cache import FirstBlockCache, PyramidAttentionBroadcast, StepCache
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
+from tests.engines.forwards import Forwards
 
 pytestmark = [pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
 
@@ -65,24 +66,6 @@ async def _engine(cfg_batch: bool | None, cache: StepCache | None = None) -> Dif
     )
     await engine.start()
     return engine
-
-
-class _Forwards:
-    """The real transformer's forwards: the rows of each."""
-
-    def __init__(self, engine: DiffusersEngine) -> None:
-        self.rows: list[int] = []
-        self._hook = engine.pipe.transformer.register_forward_pre_hook(self._seen, with_kwargs=True)
-
-    def _seen(self, module, args, kwargs) -> None:
-        self.rows.append(int(kwargs["hidden_states"].shape[0]))
-
-    def take(self) -> list[int]:
-        rows, self.rows = self.rows, []
-        return rows
-
-    def remove(self) -> None:
-        self._hook.remove()
 
 
 @pytest.fixture
@@ -119,7 +102,7 @@ async def test_the_guidance_runs_once_a_step_on_twice_the_rows_and_makes_the_sam
     on, off = pair
     assert on._denoiser.settings()["cfg_batch"] == "on"
     assert off._denoiser.settings()["cfg_batch"] == "off"
-    counts = [_Forwards(on), _Forwards(off)]
+    counts = [Forwards(on), Forwards(off)]
     try:
         cat = InputPiece(text="a cat walks")
         batched = await _run(on, "g-on", cat, seed=4, **PARAMS)
@@ -143,7 +126,7 @@ async def test_the_guidance_runs_once_a_step_on_twice_the_rows_and_makes_the_sam
 
 async def test_no_guidance_is_one_plain_forward_a_step(pair) -> None:
     on, _ = pair
-    count = _Forwards(on)
+    count = Forwards(on)
     try:
         await _run(on, "g-1", InputPiece(text="x"), seed=1, guidance_scale=1.0, **PARAMS)
         assert count.take() == [1] * STEPS
@@ -156,7 +139,7 @@ async def test_image_to_video_pairs_its_guidance_too(pair, frames) -> None:
     part = MediaPart(kind="image", blob=BlobRef("0" * 32, 0))
     piece = InputPiece(messages=(ChatMessage("user", "it moves", media=(part,)),), media=(first,))
     on, off = pair
-    count = _Forwards(on)
+    count = Forwards(on)
     try:
         await _run(on, "i-on", piece, seed=2, **PARAMS)
         assert count.take() == [2] * STEPS
@@ -169,7 +152,7 @@ async def test_image_to_video_pairs_its_guidance_too(pair, frames) -> None:
 async def test_batched_requests_run_as_twice_their_rows(pair, frames) -> None:
     on, off = pair
     prompts = ["a red cube", "a blue lake", "a green tree"]
-    count = _Forwards(on)
+    count = Forwards(on)
     results = {}
     try:
         for name, engine in (("on", on), ("off", off)):
@@ -197,7 +180,7 @@ async def test_first_block_cache_composes_and_still_skips(pair, frames) -> None:
     and they differ from the uncached video (the cache acted)."""
     cache = FirstBlockCache(threshold=1e9)
     on, off = await _engine(True, cache), await _engine(False, cache)
-    count = _Forwards(on)
+    count = Forwards(on)
     try:
         cat = InputPiece(text="a cat walks")
         await _run(on, "f-on", cat, seed=4, **PARAMS)
@@ -219,7 +202,7 @@ async def test_pyramid_attention_broadcast_runs_on_the_paired_forward(pair) -> N
     engine = await _engine(
         None, PyramidAttentionBroadcast(spatial_attention_timestep_skip_range=(0, 1000))
     )
-    count = _Forwards(engine)
+    count = Forwards(engine)
     try:
         outs = await _run(engine, "p-on", InputPiece(text="a cat walks"), seed=4, **PARAMS)
         assert count.take() == [2] * STEPS

@@ -23,6 +23,7 @@ from omnix.engines.diffusers_engine import DiffusersEngine
 from omnix.events.types import StageParams
 from omnix.pipelines.config import DiffusersArgs
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
+from tests.engines.forwards import Forwards
 
 pytestmark = [pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
 
@@ -51,24 +52,6 @@ async def _engine(cfg_batch: bool | None) -> DiffusersEngine:
     return engine
 
 
-class _Forwards:
-    """The real transformer's forwards: the rows of each."""
-
-    def __init__(self, engine: DiffusersEngine) -> None:
-        self.rows: list[int] = []
-        self._hook = engine.pipe.transformer.register_forward_pre_hook(self._seen, with_kwargs=True)
-
-    def _seen(self, module, args, kwargs) -> None:
-        self.rows.append(int(kwargs["hidden_states"].shape[0]))
-
-    def take(self) -> list[int]:
-        rows, self.rows = self.rows, []
-        return rows
-
-    def remove(self) -> None:
-        self._hook.remove()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def pair(tiny_models):
     """Engines with the guidance batched (the default) and not."""
@@ -86,7 +69,7 @@ async def test_true_cfg_runs_once_a_step_on_twice_the_rows_and_makes_the_same_im
     on, off = pair
     assert on._denoiser.settings()["cfg_batch"] == "on"
     assert off._denoiser.settings()["cfg_batch"] == "off"
-    seen_on, seen_off = _Forwards(on), _Forwards(off)
+    seen_on, seen_off = Forwards(on), Forwards(off)
     try:
         a = await _run(on, "f-on", "a red fox", 5, **TRUE_CFG)
         b = await _run(off, "f-off", "a red fox", 5, **TRUE_CFG)
@@ -104,7 +87,7 @@ async def test_true_cfg_runs_once_a_step_on_twice_the_rows_and_makes_the_same_im
 
 async def test_without_true_cfg_a_step_is_one_plain_forward(pair) -> None:
     on, _ = pair
-    seen = _Forwards(on)
+    seen = Forwards(on)
     try:
         await _run(on, "f-one", "a red fox", 5, num_inference_steps=STEPS)
         assert seen.take() == [1] * STEPS
@@ -132,7 +115,7 @@ async def test_batched_requests_pair_as_twice_their_rows(pair) -> None:
             )
         )
 
-    seen = _Forwards(on)
+    seen = Forwards(on)
     try:
         calls = len(on.batcher.calls)
         got = await both(on, "fb-on")
