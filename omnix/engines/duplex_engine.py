@@ -1,5 +1,5 @@
 """Moshi as a stage engine (engine kind ``moshi_duplex``): full-duplex
-sessions stepped together on a thread of their own, one tick every 80 ms.
+sessions stepped together on a thread of their own, a tick every 80 ms.
 
 Owns: ``DuplexEngine``: a request is a session; its input pieces are the
 user's audio as it streams (after an empty text piece, if any: the
@@ -8,8 +8,10 @@ admission of a request whose input streams), either 24 kHz mono float PCM (``mod
 frames and encodes each with ``MimiEncodeStream``, a tail shorter than a
 frame waiting for the next piece) or Mimi's codes (``modality == "codec"``,
 ``token_ids`` whole frames of K codes, frame after frame).  Every tick
-(``DuplexArgs.tick_ms``; 0: as soon as a frame is in) each session with a
-user frame waiting steps by one frame in one batched ``DuplexBatch.tick``;
+each session with a user frame waiting steps by one frame in one batched
+``DuplexBatch.tick``: a tick goes as soon as every session has its frame
+in, else ``DuplexArgs.tick_ms`` after the last one (0: as soon as any
+frame is in);
 a session whose next frame is not in yet is set aside (its cache kept) and
 steps again when it comes.  So a session's outputs are a pure function of
 its user frames (and seed), however they were paced: the engine never makes
@@ -255,9 +257,12 @@ class DuplexEngine:
     # -- the tick loop (its own thread) ------------------------------------------
 
     def _drive(self) -> None:
-        """Ticks while a session has a frame to step, no more often than
-        ``tick_ms``; sleeps until a feeder wakes it otherwise.  A late tick
-        does not make the next ones come sooner (no bursts to catch up)."""
+        """Ticks while a session has a frame to step: at once when every
+        session in the batch has its frame in (there is no one to wait
+        for), else ``tick_ms`` after the last tick, for those that have;
+        sleeps until a feeder wakes it otherwise.  A frame that comes while
+        it waits for the tick steps in that tick: the wait ends at every
+        piece that comes, and what came is taken before the tick."""
         use_own_stream(self.device, urgent=True)
         period = self.args.tick_ms / 1000
         next_at = 0.0
@@ -271,9 +276,9 @@ class DuplexEngine:
                     self._wake.wait()
                     continue
                 now = time.monotonic()
-                if now < next_at and not self._replaying():
-                    time.sleep(next_at - now)
-                    now = next_at
+                if now < next_at and not self._replaying() and not self._all_in():
+                    self._wake.wait(next_at - now)
+                    continue  # take what came meanwhile
                 next_at = now + period
                 results = self._tick()
             except Exception as exc:
@@ -281,6 +286,13 @@ class DuplexEngine:
                 results = self._fail_all(exc)
             if results:
                 self._deliver(results)
+
+    def _all_in(self) -> bool:
+        """Every session in the batch has a frame to step: a tick need wait
+        for no one (a lone session's frame steps as it comes, and sessions
+        whose frames come together step as the last of them comes)."""
+        with self._lock:
+            return all(s.frames for s in self._sessions.values() if s.joined and not s.finished)
 
     def _replaying(self) -> bool:
         """A continuation is stepping frames it had delivered: tick at once
