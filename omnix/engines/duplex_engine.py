@@ -34,9 +34,17 @@ come, with the first execution's seed, and gives only the frames after the
 ``resume.chunks`` it had delivered, so the session goes on exactly as an
 undisturbed one (greedy or sampled alike).
 
+A session's persona, the request's ``voice`` and ``instructions`` (a
+PersonaPlex folder's voice prompt and a role text), is its opening frames
+(``duplex_persona.py``), stepped when it joins and before its first user
+frame; they are a function of the folder and those two, so a continuation
+opens the same.  A persona the folder cannot give (a voice it lacks, a
+role text for a folder that takes none) fails that session alone, naming
+it.
+
 Does not own: the model's maths (``duplex_model.py``), Mimi's streaming
-(``mimi_stream.py``), the batch (``duplex_batch.py``), the realtime
-protocol nor the log.
+(``mimi_stream.py``), the batch (``duplex_batch.py``), the persona's
+frames (``duplex_persona.py``), the realtime protocol nor the log.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ if TYPE_CHECKING:
 
     from omnix.engines.duplex_batch import DuplexBatch
     from omnix.engines.duplex_model import DuplexModel
+    from omnix.engines.duplex_persona import PersonaPrompts
     from omnix.engines.duplex_text import TextPieces, TextStream
     from omnix.engines.mimi_stream import EncodeState, MimiEncodeStream
 
@@ -110,6 +119,7 @@ class DuplexEngine:
         self._batch: DuplexBatch | None = None
         self._encode: MimiEncodeStream | None = None
         self._text: TextPieces | None = None
+        self._persona: PersonaPrompts | None = None
         #: live sessions by key (a retried request's new session may start
         #: before the engine thread has dropped its aborted one)
         self._sessions: dict[str, _Session] = {}
@@ -146,11 +156,13 @@ class DuplexEngine:
 
     def _start_model(self, model: DuplexModel, folder: str) -> None:
         from omnix.engines.duplex_batch import DuplexBatch
+        from omnix.engines.duplex_persona import PersonaPrompts
         from omnix.engines.duplex_text import TextPieces
         from omnix.engines.mimi_stream import MimiEncodeStream
 
         self.model = model
         self._batch = DuplexBatch(model)
+        self._persona = PersonaPrompts(folder, model)
         self._encode = MimiEncodeStream(model.mimi, model.layout.num_codebooks)
         if (Path(folder) / "tokenizer.json").is_file():
             self._text = TextPieces(folder)
@@ -228,13 +240,13 @@ class DuplexEngine:
                     f"Mimi codes in [0, {lay.audio_vocab}); got {len(ids)} codes"
                 )
         elif piece.modality == "text" and not (piece.text or piece.messages or piece.media):
-            pass  # the session's opening piece (its admission) with no persona prompt
+            pass  # the session's opening piece (its admission): its persona is in its params
         else:
             what = "a text piece with a prompt" if piece.modality == "text" else "a piece"
             raise ValueError(
                 f"a duplex session takes user audio (modality 'audio' or 'codec'); "
-                f"got {what} of modality {piece.modality!r} (a persona prompt is not "
-                "taken yet)"
+                f"got {what} of modality {piece.modality!r} (a persona is the stage's "
+                "voice and instructions)"
             )
 
     async def abort(self, request_id: str) -> None:
@@ -330,7 +342,10 @@ class DuplexEngine:
             if s.finished:
                 continue
             if not s.joined and len(self._batch.sessions) < self.args.max_sessions:
-                self._join(s)
+                failed = self._join(s)
+                if failed:
+                    out += failed
+                    continue
                 self._wake.set()  # one that joined with its input already over ends next pass
             ready = ready or (s.joined and bool(s.frames))
         return ready, out
@@ -360,19 +375,30 @@ class DuplexEngine:
                     s.encoder = self._encode.start()
                 s.frames.extend(self._encode.encode(s.encoder, pcm[:whole]).T.cpu())
 
-    def _join(self, s: _Session) -> None:
+    def _join(self, s: _Session) -> list[tuple[_Session, Result]]:
+        """Start ``s`` in the batch, its persona's frames first (nothing:
+        joined); a persona the folder cannot give fails ``s`` alone."""
         from omnix.engines.duplex_model import Sampling
 
-        assert self._batch is not None
-        t = s.request.params.temperature or 0.0
+        assert self._batch is not None and self._persona is not None
+        params = s.request.params
+        t = params.temperature or 0.0
         resume = s.request.resume
         seed = resume.seed if resume is not None else s.request.seed
-        self._batch.join(
-            s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=seed)
-        )
+        try:
+            prompt = self._persona.prompt(params.voice or "", params.instructions or "")
+            self._batch.join(
+                s.key,
+                prompt=prompt,
+                sampling=Sampling(text_temperature=t, audio_temperature=t, seed=seed),
+            )
+        except (ValueError, OSError) as exc:
+            self._forget(s)
+            return [(s, exc)]
         s.joined = True
         if self._text is not None:
             s.text = self._text.stream()
+        return []
 
     def _tick(self) -> list[tuple[_Session, Result]]:
         """One batched step of every session with a frame in; the others
