@@ -26,6 +26,8 @@ BENCHES = {
     "throughput",
     "diffusion": "images/s alone and 4 at a time (batched), steps run after a cancel",
     "realtime": "voice sessions over /v1/realtime: TTFA against HTTP, barge-in gap, sessions ok",
+    "duplex": "full-duplex frame latency (user frame in -> model frame out) p50/p99, frames "
+    "late, by sessions: served, or the engine's tick alone (--sizes real: Moshi 7B on a GPU)",
     "placement": "--placement ray: start to /ready against spawn, a node lost -> its replica back",
 }
 

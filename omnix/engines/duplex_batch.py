@@ -4,7 +4,8 @@ Owns: ``DuplexBatch``: which sessions are in the batch (``join`` runs a
 session's first positions and adds its KV cache as a row; ``leave`` drops
 the row; ``set_aside`` takes a session's row out with its cache, for the
 ticks it has no user frame, and ``tick`` brings it back when it has one), ``tick`` (every session's user frame in, every session's Moshi
-frame and its 80 ms of PCM out, Mimi decoding each session's stream on)
+frame and its 80 ms of PCM out, Mimi decoding each session's stream on:
+``step`` then ``decode``, which a benchmark times apart)
 and ``silence`` (Mimi's codes of 80 ms of silence, what transformers'
 generate feeds as the user's audio after its prompt).  Synchronous and
 single-threaded: one tick is one batched step of ``DuplexModel``.
@@ -112,6 +113,13 @@ class DuplexBatch:
         own.  Returns each session's tick.  A session set aside steps when
         ``user`` has its frame (it is brought back first); one not set aside
         must have a frame."""
+        return self.decode(self.step(user, forced))
+
+    def step(
+        self, user: Mapping[str, torch.Tensor], forced: Mapping[str, Frame] | None = None
+    ) -> dict[str, Frame]:
+        """A tick's model step alone (``tick`` is ``decode(step(...))``):
+        each stepping session's Moshi frame."""
         import torch
 
         missing = [sid for sid, m in self._members.items() if m.aside is None and sid not in user]
@@ -137,8 +145,15 @@ class DuplexBatch:
             torch.stack([user[sid].reshape(-1) for sid in sids]),
             [forced.get(sid) for sid in sids],
         )
+        return dict(zip(sids, frames, strict=True))
+
+    def decode(self, frames: Mapping[str, Frame]) -> dict[str, Tick]:
+        """A tick's Mimi decode alone: each session's frame to its 80 ms of
+        PCM on the host (by its own stream; none when not decoding)."""
+        import torch
+
         out = {}
-        for sid, frame in zip(sids, frames, strict=True):
+        for sid, frame in frames.items():
             stream = self._members[sid].stream
             pcm = None
             if self._mimi is not None and stream is not None:

@@ -1,5 +1,5 @@
 """Moshi as a stage engine (engine kind ``moshi_duplex``): full-duplex
-sessions stepped together on a thread of their own, one tick every 80 ms.
+sessions stepped together on a thread of their own, a tick every 80 ms.
 
 Owns: ``DuplexEngine``: a request is a session; its input pieces are the
 user's audio as it streams (after an empty text piece, if any: the
@@ -8,8 +8,10 @@ admission of a request whose input streams), either 24 kHz mono float PCM (``mod
 frames and encodes each with ``MimiEncodeStream``, a tail shorter than a
 frame waiting for the next piece) or Mimi's codes (``modality == "codec"``,
 ``token_ids`` whole frames of K codes, frame after frame).  Every tick
-(``DuplexArgs.tick_ms``; 0: as soon as a frame is in) each session with a
-user frame waiting steps by one frame in one batched ``DuplexBatch.tick``;
+each session with a user frame waiting steps by one frame in one batched
+``DuplexBatch.tick``: a tick goes as soon as every session has its frame
+in, else ``DuplexArgs.tick_ms`` after the last one (0: as soon as any
+frame is in);
 a session whose next frame is not in yet is set aside (its cache kept) and
 steps again when it comes.  So a session's outputs are a pure function of
 its user frames (and seed), however they were paced: the engine never makes
@@ -32,9 +34,17 @@ come, with the first execution's seed, and gives only the frames after the
 ``resume.chunks`` it had delivered, so the session goes on exactly as an
 undisturbed one (greedy or sampled alike).
 
+A session's persona, the request's ``voice`` and ``instructions`` (a
+PersonaPlex folder's voice prompt and a role text), is its opening frames
+(``duplex_persona.py``), stepped when it joins and before its first user
+frame; they are a function of the folder and those two, so a continuation
+opens the same.  A persona the folder cannot give (a voice it lacks, a
+role text for a folder that takes none) fails that session alone, naming
+it.
+
 Does not own: the model's maths (``duplex_model.py``), Mimi's streaming
-(``mimi_stream.py``), the batch (``duplex_batch.py``), the realtime
-protocol nor the log.
+(``mimi_stream.py``), the batch (``duplex_batch.py``), the persona's
+frames (``duplex_persona.py``), the realtime protocol nor the log.
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ if TYPE_CHECKING:
 
     from omnix.engines.duplex_batch import DuplexBatch
     from omnix.engines.duplex_model import DuplexModel
+    from omnix.engines.duplex_persona import PersonaPrompts
     from omnix.engines.duplex_text import TextPieces, TextStream
     from omnix.engines.mimi_stream import EncodeState, MimiEncodeStream
 
@@ -108,6 +119,7 @@ class DuplexEngine:
         self._batch: DuplexBatch | None = None
         self._encode: MimiEncodeStream | None = None
         self._text: TextPieces | None = None
+        self._persona: PersonaPrompts | None = None
         #: live sessions by key (a retried request's new session may start
         #: before the engine thread has dropped its aborted one)
         self._sessions: dict[str, _Session] = {}
@@ -144,11 +156,13 @@ class DuplexEngine:
 
     def _start_model(self, model: DuplexModel, folder: str) -> None:
         from omnix.engines.duplex_batch import DuplexBatch
+        from omnix.engines.duplex_persona import PersonaPrompts
         from omnix.engines.duplex_text import TextPieces
         from omnix.engines.mimi_stream import MimiEncodeStream
 
         self.model = model
         self._batch = DuplexBatch(model)
+        self._persona = PersonaPrompts(folder, model)
         self._encode = MimiEncodeStream(model.mimi, model.layout.num_codebooks)
         if (Path(folder) / "tokenizer.json").is_file():
             self._text = TextPieces(folder)
@@ -226,13 +240,13 @@ class DuplexEngine:
                     f"Mimi codes in [0, {lay.audio_vocab}); got {len(ids)} codes"
                 )
         elif piece.modality == "text" and not (piece.text or piece.messages or piece.media):
-            pass  # the session's opening piece (its admission) with no persona prompt
+            pass  # the session's opening piece (its admission): its persona is in its params
         else:
             what = "a text piece with a prompt" if piece.modality == "text" else "a piece"
             raise ValueError(
                 f"a duplex session takes user audio (modality 'audio' or 'codec'); "
-                f"got {what} of modality {piece.modality!r} (a persona prompt is not "
-                "taken yet)"
+                f"got {what} of modality {piece.modality!r} (a persona is the stage's "
+                "voice and instructions)"
             )
 
     async def abort(self, request_id: str) -> None:
@@ -255,9 +269,12 @@ class DuplexEngine:
     # -- the tick loop (its own thread) ------------------------------------------
 
     def _drive(self) -> None:
-        """Ticks while a session has a frame to step, no more often than
-        ``tick_ms``; sleeps until a feeder wakes it otherwise.  A late tick
-        does not make the next ones come sooner (no bursts to catch up)."""
+        """Ticks while a session has a frame to step: at once when every
+        session in the batch has its frame in (there is no one to wait
+        for), else ``tick_ms`` after the last tick, for those that have;
+        sleeps until a feeder wakes it otherwise.  A frame that comes while
+        it waits for the tick steps in that tick: the wait ends at every
+        piece that comes, and what came is taken before the tick."""
         use_own_stream(self.device, urgent=True)
         period = self.args.tick_ms / 1000
         next_at = 0.0
@@ -271,9 +288,9 @@ class DuplexEngine:
                     self._wake.wait()
                     continue
                 now = time.monotonic()
-                if now < next_at and not self._replaying():
-                    time.sleep(next_at - now)
-                    now = next_at
+                if now < next_at and not self._replaying() and not self._all_in():
+                    self._wake.wait(next_at - now)
+                    continue  # take what came meanwhile
                 next_at = now + period
                 results = self._tick()
             except Exception as exc:
@@ -281,6 +298,13 @@ class DuplexEngine:
                 results = self._fail_all(exc)
             if results:
                 self._deliver(results)
+
+    def _all_in(self) -> bool:
+        """Every session in the batch has a frame to step: a tick need wait
+        for no one (a lone session's frame steps as it comes, and sessions
+        whose frames come together step as the last of them comes)."""
+        with self._lock:
+            return all(s.frames for s in self._sessions.values() if s.joined and not s.finished)
 
     def _replaying(self) -> bool:
         """A continuation is stepping frames it had delivered: tick at once
@@ -318,7 +342,10 @@ class DuplexEngine:
             if s.finished:
                 continue
             if not s.joined and len(self._batch.sessions) < self.args.max_sessions:
-                self._join(s)
+                failed = self._join(s)
+                if failed:
+                    out += failed
+                    continue
                 self._wake.set()  # one that joined with its input already over ends next pass
             ready = ready or (s.joined and bool(s.frames))
         return ready, out
@@ -348,19 +375,30 @@ class DuplexEngine:
                     s.encoder = self._encode.start()
                 s.frames.extend(self._encode.encode(s.encoder, pcm[:whole]).T.cpu())
 
-    def _join(self, s: _Session) -> None:
+    def _join(self, s: _Session) -> list[tuple[_Session, Result]]:
+        """Start ``s`` in the batch, its persona's frames first (nothing:
+        joined); a persona the folder cannot give fails ``s`` alone."""
         from omnix.engines.duplex_model import Sampling
 
-        assert self._batch is not None
-        t = s.request.params.temperature or 0.0
+        assert self._batch is not None and self._persona is not None
+        params = s.request.params
+        t = params.temperature or 0.0
         resume = s.request.resume
         seed = resume.seed if resume is not None else s.request.seed
-        self._batch.join(
-            s.key, sampling=Sampling(text_temperature=t, audio_temperature=t, seed=seed)
-        )
+        try:
+            prompt = self._persona.prompt(params.voice or "", params.instructions or "")
+            self._batch.join(
+                s.key,
+                prompt=prompt,
+                sampling=Sampling(text_temperature=t, audio_temperature=t, seed=seed),
+            )
+        except (ValueError, OSError) as exc:
+            self._forget(s)
+            return [(s, exc)]
         s.joined = True
         if self._text is not None:
             s.text = self._text.stream()
+        return []
 
     def _tick(self) -> list[tuple[_Session, Result]]:
         """One batched step of every session with a frame in; the others

@@ -262,6 +262,7 @@ class DuplexModel:
         for s, f in zip(sessions, forced, strict=True):
             if f is not None:
                 s.text, s.semantic = f.text, f.codes[0]
+        user_rows = user.tolist()  # (read once here: each read of a device tensor waits for it)
         user = user.to(self.device, torch.long)
         moshi = torch.tensor(
             [[s.semantic, *s.acoustic] for s in sessions], dtype=torch.long, device=self.device
@@ -283,14 +284,16 @@ class DuplexModel:
             nxt = self._choose_text(self._text_head(hidden), sessions)
             codes = self._depth_codes(hidden, nxt, sessions)
         caches.grew()
+        # The host's copy, read back once for the whole batch.
+        texts, host_codes = nxt.tolist(), codes.tolist()
         frames = []
         for i, (s, f) in enumerate(zip(sessions, forced, strict=True)):
-            acoustic = list(f.codes[1:]) if f is not None else codes[i, 1:].tolist()
+            acoustic = list(f.codes[1:]) if f is not None else host_codes[i][1:]
             frames.append(Frame(s.text, (s.semantic, *acoustic)))
             s.length += 1
-            s.text, s.semantic = int(nxt[i]), int(codes[i, 0])
+            s.text, s.semantic = int(texts[i]), int(host_codes[i][0])
             s.acoustic = acoustic
-            s.user_acoustic = user[i, 1:].tolist()
+            s.user_acoustic = user_rows[i][1:]
         return frames
 
     # -- the model's parts ---------------------------------------------------------

@@ -63,10 +63,12 @@ class MimiStream:
         if mimi.upsample is not None:
             modules.append(mimi.upsample)
         self._index: dict[int, int] = {}
+        self._convs: dict[int, _Conv] = {}
         for m in modules:
             if isinstance(m, MimiConv1d):
                 if int(m.stride) != 1 or not m.causal:
                     raise ValueError("Mimi's decoder convolutions must be causal with stride 1")
+                self._convs[id(m)] = _Conv.of(m, len(self._index))
             elif isinstance(m, MimiConvTranspose1d):
                 if m.padding_left != 0:
                     raise ValueError("streaming needs Mimi's transposed convolutions trimmed right")
@@ -76,7 +78,7 @@ class MimiStream:
         self._conv1d, self._transposed = MimiConv1d, MimiConvTranspose1d
 
     def _conv_step(self, conv: Any, x: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        return _causal_conv_step(conv, x, state.conv_inputs, self._index[id(conv)])
+        return _causal_conv_step(conv, x, state.conv_inputs, self._convs[id(conv)])
 
     def start(self) -> DecodeState:
         from transformers import DynamicCache
@@ -130,22 +132,42 @@ class MimiStream:
         return out
 
 
+@dataclass(frozen=True)
+class _Conv:
+    """A causal convolution's framing, read once: transformers keeps its
+    stride, kernel and padding as tensors, and reading one on a GPU would
+    wait for the device (three times a convolution, every frame)."""
+
+    index: int  # its carried inputs' key in a stream's state
+    pad: int
+    kernel: int
+    stride: int
+    replicate: bool  # pads with its first input (else zeros)
+
+    @classmethod
+    def of(cls, conv: Any, index: int) -> _Conv:
+        return cls(
+            index,
+            int(conv.padding_total),
+            int(conv.kernel_size),
+            int(conv.stride),
+            conv.pad_mode == "replicate",
+        )
+
+
 def _causal_conv_step(
-    conv: Any, x: torch.Tensor, inputs: dict[int, torch.Tensor], i: int
+    conv: Any, x: torch.Tensor, inputs: dict[int, torch.Tensor], shape: _Conv
 ) -> torch.Tensor:
     """A causal convolution (any stride) over the inputs it still reads, then
     ``x``; keeps the inputs its next output reads (the first frame reads the
     padding transformers' forward pads with)."""
-    pad = int(conv.padding_total)
+    i = shape.index
     before = inputs.get(i)
     if before is None:
-        shape = (*x.shape[:-1], pad)
-        if conv.pad_mode == "replicate":
-            before = x[..., :1].expand(shape)
-        else:
-            before = x.new_zeros(shape)
+        size = (*x.shape[:-1], shape.pad)
+        before = x[..., :1].expand(size) if shape.replicate else x.new_zeros(size)
     full = torch.cat([before, x], dim=-1)
-    kernel, stride = int(conv.kernel_size), int(conv.stride)
+    kernel, stride = shape.kernel, shape.stride
     n = max(0, (full.shape[-1] - kernel) // stride + 1)
     inputs[i] = full[..., n * stride :]
     out: torch.Tensor = conv.conv(full[..., : max(0, (n - 1) * stride + kernel)])
@@ -174,12 +196,12 @@ class MimiEncodeStream:
         modules = list(mimi.encoder.modules())
         if mimi.downsample is not None:
             modules.append(mimi.downsample)
-        self._index: dict[int, int] = {}
+        self._convs: dict[int, _Conv] = {}
         for m in modules:
             if isinstance(m, MimiConv1d):
                 if not m.causal:
                     raise ValueError("streaming needs Mimi's encoder convolutions causal")
-                self._index[id(m)] = len(self._index)
+                self._convs[id(m)] = _Conv.of(m, len(self._convs))
         self._conv1d = MimiConv1d
 
     def start(self) -> EncodeState:
@@ -206,7 +228,7 @@ class MimiEncodeStream:
             ).last_hidden_state.transpose(1, 2)
             if mimi.downsample is not None:
                 x = _causal_conv_step(
-                    mimi.downsample, x, state.conv_inputs, self._index[id(mimi.downsample)]
+                    mimi.downsample, x, state.conv_inputs, self._convs[id(mimi.downsample)]
                 )
             codes: torch.Tensor = mimi.quantizer.encode(x, self.num_quantizers)
         state.frames += int(codes.shape[-1])
@@ -214,7 +236,7 @@ class MimiEncodeStream:
 
     def _layer(self, layer: Any, x: torch.Tensor, state: EncodeState) -> torch.Tensor:
         if isinstance(layer, self._conv1d):
-            return _causal_conv_step(layer, x, state.conv_inputs, self._index[id(layer)])
+            return _causal_conv_step(layer, x, state.conv_inputs, self._convs[id(layer)])
         block = getattr(layer, "block", None)
         if block is None:  # an activation or an identity shortcut
             out: torch.Tensor = layer(x)

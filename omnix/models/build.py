@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from omnix.models.moshi import build_moshi
+from omnix.models.moshi import build_moshi, build_personaplex
 from omnix.models.paths import (
     MARKER,
     TINY_MODELS,
@@ -438,6 +438,7 @@ BUILDERS: dict[str, Callable[[Path, int], ModelInfo]] = {
     "qwen3_tts_voice_design": build_qwen3_tts_voice_design,
     "qwen3_tts_base": build_qwen3_tts_base,
     "moshi": build_moshi,
+    "personaplex": build_personaplex,
 }
 
 

@@ -29,6 +29,12 @@ loads):
   ``depth_decoder_config``).
 - ``preprocessor_config.json``: the ``EncodecFeatureExtractor`` (24 kHz mono)
   ``AutoFeatureExtractor`` maps Moshi to.
+- PersonaPlex-style (``build_personaplex``, the ``personaplex`` tiny
+  model; ``write_folder(voices=...)``): the same model with voice prompts
+  in ``voices/``, ``NAME.wav`` each (two seconds of 24 kHz mono 16-bit
+  PCM: a voiced tone at the voice's own pitch), named as PersonaPlex's
+  published voices are; such a folder also takes a role text
+  (``omnix.pipelines.persona_card``).
 
 Does not own anything that runs the model (``omnix.engines.duplex_model``),
 the cache or atomic installs (``build.py``).
@@ -57,6 +63,11 @@ if TYPE_CHECKING:
     import torch
 
 MODEL_NAME = "moshi"
+PERSONAPLEX_NAME = "personaplex"
+#: The tiny PersonaPlex's voices (named as two of the published ones) and
+#: each one's pitch in Hz.
+PERSONAPLEX_VOICES: dict[str, float] = {"NATF2": 220.0, "NATM1": 120.0}
+VOICE_SECONDS = 2.0
 
 # -- the published layout ----------------------------------------------------------
 SAMPLE_RATE = 24000
@@ -308,9 +319,31 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def write_folder(out_dir: Path, seed: int = 0) -> int:
-    """Write the tiny Moshi checkpoint into ``out_dir``; return the text
-    vocabulary size."""
+def write_voice(path: Path, pitch: float, seconds: float = VOICE_SECONDS) -> None:
+    """A voice prompt: ``seconds`` of a voiced tone gliding around
+    ``pitch``, 24 kHz mono 16-bit PCM WAV (deterministic bytes)."""
+    import math
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(SAMPLE_RATE * seconds)) / SAMPLE_RATE
+    f0 = pitch * (1 + 0.1 * np.sin(2 * math.pi * 3 * t))
+    phase = 2 * math.pi * np.cumsum(f0) / SAMPLE_RATE
+    voice = sum(np.sin(h * phase) / h for h in range(1, 6))
+    pcm = (np.clip(0.2 * voice, -1, 1) * 32767).astype("<i2")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(pcm.tobytes())
+
+
+def write_folder(out_dir: Path, seed: int = 0, voices: dict[str, float] | None = None) -> int:
+    """Write the tiny Moshi checkpoint into ``out_dir`` (with ``voices``,
+    name to pitch, a PersonaPlex-style one: ``voices/NAME.wav``); return
+    the text vocabulary size."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
@@ -321,14 +354,25 @@ def write_folder(out_dir: Path, seed: int = 0) -> int:
     _write_json(out_dir / "preprocessor_config.json", FEATURE_EXTRACTOR)
     weights = random_weights(config, seed)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    for name, pitch in sorted((voices or {}).items()):
+        write_voice(out_dir / "voices" / f"{name}.wav", pitch)
     return text_vocab
 
 
 def build_moshi(out: Path, seed: int) -> ModelInfo:
     """The ``moshi`` tiny model (``omnix models init``)."""
-    text_vocab = write_folder(out, seed)
+    return _info(MODEL_NAME, seed, write_folder(out, seed))
+
+
+def build_personaplex(out: Path, seed: int) -> ModelInfo:
+    """The ``personaplex`` tiny model (``omnix models init``): the tiny
+    Moshi's weights (PersonaPlex fine-tunes Moshi's) with voice prompts."""
+    return _info(PERSONAPLEX_NAME, seed, write_folder(out, seed, PERSONAPLEX_VOICES))
+
+
+def _info(name: str, seed: int, text_vocab: int) -> ModelInfo:
     return ModelInfo(
-        name=MODEL_NAME,
+        name=name,
         seed=seed,
         layout={
             "text_vocab": text_vocab,

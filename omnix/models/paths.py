@@ -35,6 +35,7 @@ TINY_MODELS: tuple[str, ...] = (
     "qwen3_tts_voice_design",
     "qwen3_tts_base",
     "moshi",
+    "personaplex",
 )
 
 #: Written last into a built folder; its presence means "complete".
@@ -59,6 +60,7 @@ class ModelPaths(msgspec.Struct, frozen=True):
     qwen3_tts_voice_design: str
     qwen3_tts_base: str
     moshi: str
+    personaplex: str
 
     @classmethod
     def under(cls, root: Path) -> ModelPaths:

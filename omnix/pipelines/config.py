@@ -201,9 +201,10 @@ class DuplexArgs(msgspec.Struct, tag="moshi_duplex", tag_field="kind", **_STRICT
     request is a session, the user's audio in as it streams (24 kHz PCM or
     Mimi codes), per 80 ms frame the model's text token and audio out.
     ``model`` is a Moshi folder (or the tiny ``moshi``); ``max_sessions``
-    step together in one batch; ``tick_ms`` paces the ticks (80: Moshi's
-    frame rate, real time; 0: as fast as frames come, for replay and
-    tests)."""
+    step together in one batch; ``tick_ms`` paces the ticks of sessions
+    whose frames are not all in (80: Moshi's frame rate, real time; 0: as
+    fast as frames come, for replay and tests; once every session has its
+    frame in, the tick goes at once)."""
 
     model: str
     device: str = "auto"

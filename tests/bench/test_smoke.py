@@ -373,6 +373,47 @@ def test_realtime(tmp_path):
     assert len(out["ttfa_p50_ms_runs"]) == 2
 
 
+@pytest.mark.engines
+def test_duplex(tmp_path):
+    """One and two sessions at once on ``omnix serve`` of a tiny Moshi,
+    real WebSocket clients speaking in real time: a few frames, one run."""
+    from omnix.models.moshi import write_folder
+
+    write_folder(tmp_path / "moshi", seed=0)
+    out = bench(
+        "duplex", "--model", tmp_path / "moshi", "--levels", "1,2", "--frames", "6",
+        "--runs", "1", timeout=300,
+    )  # fmt: skip
+    assert_has_keys(
+        out,
+        "frame_latency_ms_p50", "frame_latency_ms_p99", "frame_latency_ms_p99_min",
+        "frame_latency_ms_p99_runs", "frames_late", "frames_late_fraction", "sessions_held",
+        "frames_missing", "load_avg_1m_start", "load_avg_1m_end", "cpu_count",
+    )  # fmt: skip
+    assert out["path"] == "served" and out["sessions"] == [1, 2] and out["runs"] == 1
+    assert set(out["frame_latency_ms_p50"]) == {"1", "2"}
+    assert out["frames_missing"] == 0 and out["errors"] == []
+
+
+@pytest.mark.engines
+def test_duplex_tick_alone():
+    """The GPU bench's path (the engine's tick alone, random weights built
+    in the process) at the tiny size on the CPU."""
+    out = bench(
+        "duplex", "--sizes", "tiny", "--device", "cpu", "--levels", "1,2", "--frames", "4",
+        "--runs", "2", "--context-frames", "3", "--warmup", "1",
+    )  # fmt: skip
+    assert_has_keys(
+        out,
+        "frame_latency_ms_p50", "frame_latency_ms_p99", "frames_late", "sessions_held",
+        "encode_ms_p50", "step_ms_p50", "step_ms_p99", "decode_ms_p50",
+        "sessions_held_step_alone", "card", "parameters", "build_s", "frame_latency_ms_p50_min",
+    )  # fmt: skip
+    assert out["path"] == "tick" and out["sizes"] == "tiny" and out["dtype"] == "float32"
+    # Levels stop rising past the first over 80 ms: a loaded machine may stop at 1.
+    assert "1" in out["frame_latency_ms_p50"] and len(out["frame_latency_ms_p50_runs"]["1"]) == 2
+
+
 def test_placement():
     # A real loopback Ray cluster, two servers and a node lost: one run.
     out = bench("placement", "--runs", "1", "--requests", "2", timeout=300)

@@ -179,6 +179,41 @@ async def test_real_time_ticks_give_the_same_frames(folder: Path) -> None:
     assert [o.token_ids for o in got[:-1]] == want
 
 
+async def test_a_tick_waits_for_no_one_once_every_session_has_its_frame_in(folder: Path) -> None:
+    """``tick_ms`` paces ticks for sessions whose frames are not all in; a
+    lone session's frame steps as it comes (not a period after an earlier
+    tick, whatever its phase), and sessions whose frames are all in step
+    back to back.  At ten minutes a period, any wait for it would show."""
+    from omnix.engines.duplex_engine import DuplexEngine
+    from omnix.pipelines.config import DuplexArgs
+
+    eng = DuplexEngine(DuplexArgs(model=str(folder), device="cpu", max_sessions=2, tick_ms=600_000))
+    await eng.start()
+    try:
+        async with asyncio.timeout(120):
+            audio = _audio("voice", 4)
+            want, _, _ = _alone(folder, audio)
+            q: asyncio.Queue[InputPiece | None] = asyncio.Queue()
+            stream = aiter(eng.generate(_request("lone"), _held(q)))
+            got = []
+            for k in range(4):  # each frame sent once the last one was answered
+                q.put_nowait(InputPiece(modality="audio", array=audio[k * FRAME : (k + 1) * FRAME]))
+                got.append(await anext(stream))
+            q.put_nowait(None)
+            rest = [o async for o in stream]
+            assert [o.token_ids for o in got] == want and rest[-1].finish_reason == "stop"
+
+            both = await asyncio.gather(
+                *(
+                    _collect(eng.generate(_request(rid), _pcm_pieces(_audio(kind, 3), [])))
+                    for rid, kind in (("a", "voice"), ("b", "chirp"))
+                )
+            )
+            assert [len(outs) for outs in both] == [4, 4]  # three frames and the end each
+    finally:
+        await eng.close()
+
+
 async def test_codes_in_give_the_same_frames_as_the_audio_they_encode(engine, folder: Path) -> None:
     audio = _audio("voice", 6)
     want, _, user = _alone(folder, audio)

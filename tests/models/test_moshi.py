@@ -126,3 +126,28 @@ def test_it_speaks_audibly_and_hears_varied_codes(model) -> None:
         codes = model.audio_encoder.encode(chirp[None, None], num_quantizers=NUM_CODEBOOKS)[0]
     assert codes.shape == (1, NUM_CODEBOOKS, 25)
     assert len(set(codes[0, 0].tolist())) > 10  # user audio is heard frame by frame
+
+
+def test_the_personaplex_folder_is_the_moshi_with_its_voice_prompts(
+    folder: Path, tmp_path: Path
+) -> None:
+    """``personaplex`` (``omnix models init``): the tiny Moshi's files and
+    weights (PersonaPlex fine-tunes Moshi's), and ``voices/NAME.wav``,
+    two seconds of 24 kHz mono each, named as the published voices."""
+    import soundfile as sf
+
+    from omnix.models.build import build_model
+    from omnix.models.paths import read_info
+    from omnix.pipelines.persona_card import PersonaCard, read_persona_card
+
+    built = build_model("personaplex", tmp_path, seed=0)
+    info = read_info(built)
+    assert info is not None and info.name == "personaplex"
+    assert read_persona_card(built) == PersonaCard(voices=("NATF2", "NATM1"), role_text=True)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (built / name).read_bytes() == (folder / name).read_bytes(), name
+    for voice in ("NATF2", "NATM1"):
+        got = sf.info(str(built / "voices" / f"{voice}.wav"))
+        assert (got.samplerate, got.channels, got.frames) == (24000, 1, 48000)
+    again = build_model("personaplex", tmp_path / "again", seed=0)
+    assert folder_digest(again) == folder_digest(built)

@@ -31,11 +31,13 @@ from omnix.models.qwen3_omni_speech import read_speakers
 from omnix.pipelines.config import (
     AudioEngineArgs,
     DiffusersArgs,
+    DuplexArgs,
     PipelineConfig,
     Qwen3TTSTalkerArgs,
     TalkerArgs,
     engine_kind,
 )
+from omnix.pipelines.persona_card import PersonaCard, read_persona_card
 from omnix.pipelines.plan import PipelineGraph
 from omnix.pipelines.tts_card import TTSCard, read_tts_card
 
@@ -94,6 +96,7 @@ class PlanContext:
         self._diffusion: dict[str, DiffusionModel] = {}
         self._voices: tuple[str, ...] | None = None
         self._tts: tuple[TTSCard | None] | None = None
+        self._persona: PersonaCard | None = None
 
     def new_request_id(self) -> str:
         """The client's ``X-Request-Id`` (``CLIENT_REQUEST_ID``), else a fresh id."""
@@ -178,6 +181,18 @@ class PlanContext:
             if isinstance(st.engine, Qwen3TTSTalkerArgs):
                 return resolve_model(st.engine.model)
         return None
+
+    def persona(self) -> PersonaCard:
+        """The persona the pipeline's full-duplex stage's checkpoint takes
+        (read once; an empty card when it takes none or has no such stage)."""
+        if self._persona is None:
+            card = PersonaCard()
+            for st in self.pipeline.stages:
+                if isinstance(st.engine, DuplexArgs):
+                    card = read_persona_card(resolve_model(st.engine.model))
+                    break
+            self._persona = card
+        return self._persona
 
     def check_voice(self, voice: str, param: str) -> None:
         """A 400 naming the known voices when ``voice`` is not one of them."""

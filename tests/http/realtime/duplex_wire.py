@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 import websockets
 
-from omnix.events.types import Event
+from omnix.events.types import Event, StageParams
 from omnix.transport.work import EngineOutput
 
 from ..conftest import parse_sse
@@ -156,9 +156,18 @@ class Probe:
                 if len(got) >= count:
                     return got[count - 1]
                 if self.closed is not None or (self._reader is not None and self._reader.done()):
-                    raise AssertionError(f"closed before {type_}: {self.types()}")
+                    raise AssertionError(f"closed before {type_} ({self._why()}): {self.types()}")
                 self._more.clear()
                 await self._more.wait()
+
+    def _why(self) -> str:
+        """Why the reading stopped: the socket's close, or the reader's error."""
+        if self.closed is not None:
+            return f"closed {self.closed.rcvd}"
+        reader = self._reader
+        if reader is not None and reader.done() and not reader.cancelled():
+            return f"the reader failed: {reader.exception()!r}"
+        return "the reader ended"
 
     def of(self, type_: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == type_]
@@ -183,11 +192,13 @@ class Probe:
         return [base64.b64decode(e["delta"]) for e in self.of("response.output_audio.delta")]
 
 
-async def undisturbed(folder: str, pcm: np.ndarray) -> list[EngineOutput]:
+async def undisturbed(
+    folder: str, pcm: np.ndarray, params: StageParams | None = None
+) -> list[EngineOutput]:
     """The ``moshi_duplex`` engine's frames for ``pcm`` sent as one piece,
-    in this process (greedy)."""
+    in this process (greedy; ``params``: the stage's, a persona's voice
+    and instructions)."""
     from omnix.engines.duplex_engine import DuplexEngine
-    from omnix.events.types import StageParams
     from omnix.pipelines.config import DuplexArgs
     from omnix.transport.work import GenerateRequest, InputPiece
 
@@ -198,7 +209,9 @@ async def undisturbed(folder: str, pcm: np.ndarray) -> list[EngineOutput]:
         yield InputPiece(array=pcm, modality="audio")
 
     try:
-        request = GenerateRequest(request_id="alone", stage="duplex", params=StageParams(), seed=0)
+        request = GenerateRequest(
+            request_id="alone", stage="duplex", params=params or StageParams(), seed=0
+        )
         return [o async for o in engine.generate(request, pieces()) if o.array is not None]
     finally:
         await engine.close()

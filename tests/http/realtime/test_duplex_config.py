@@ -12,6 +12,7 @@ import pytest
 from omnix.http.realtime.duplex.config import DuplexConfig
 from omnix.http.realtime.duplex.protocol import DuplexError
 from omnix.http.realtime.duplex.render import SEQ_STRIDE, frames_through
+from omnix.pipelines.persona_card import PersonaCard
 
 from .conftest import client_for, next_event
 
@@ -68,6 +69,41 @@ def test_what_the_model_cannot_do_is_refused_naming_the_field(obj, param) -> Non
     with pytest.raises(DuplexError) as err:
         BASE.update(obj, NAMES)
     assert err.value.param == param
+
+
+PERSONAPLEX = PersonaCard(voices=("NATF2", "NATM1"), embeddings=("VARF0",), role_text=True)
+
+
+def test_a_personaplex_checkpoint_takes_its_voices_by_either_name_and_a_role_text() -> None:
+    cfg = BASE.update(
+        {"voice": "NATF2.pt", "instructions": "You are a wise and friendly teacher."},
+        NAMES,
+        PERSONAPLEX,
+    )
+    assert cfg.voice == "NATF2" and cfg.instructions == "You are a wise and friendly teacher."
+    ga = BASE.update({"audio": {"output": {"voice": "NATM1"}}}, NAMES, PERSONAPLEX)
+    assert ga.voice == "NATM1"
+    shown = cfg.shown("duplex-1")
+    assert shown["voice"] == "NATF2" and shown["instructions"].startswith("You are")
+    # "default" (or "") is the model's own voice; an update without one keeps it.
+    assert cfg.update({"voice": "default"}, NAMES, PERSONAPLEX).voice == ""
+    assert cfg.update({"temperature": 0.5}, NAMES, PERSONAPLEX).voice == "NATF2"
+
+
+@pytest.mark.parametrize(
+    ("obj", "param", "says"),
+    [
+        ({"voice": "NATF9.pt"}, "session.voice", "NATF2, NATM1"),
+        ({"voice": "VARF0.pt"}, "session.voice", "voices/VARF0.wav"),
+        ({"voice": 7}, "session.voice", "a string"),
+        ({"instructions": "x" * 1001}, "session.instructions", "at most 1000"),
+        ({"instructions": ["You are"]}, "session.instructions", "a string"),
+    ],
+)
+def test_a_persona_the_checkpoint_lacks_is_refused_naming_it(obj, param, says) -> None:
+    with pytest.raises(DuplexError) as err:
+        BASE.update(obj, NAMES, PERSONAPLEX)
+    assert err.value.param == param and says in err.value.message
 
 
 def test_the_frames_a_seq_covers() -> None:

@@ -5,7 +5,7 @@ stage continues on the new worker by stepping every recorded user frame
 again), and the client, back with ``session.resume`` and the last
 ``server_event_seq`` it had, gets every frame it had not, then goes on:
 the frames it heard over both servers are, one for one, what the engine
-gives the whole audio undisturbed (greedy)."""
+gives the whole audio undisturbed (greedy), with a persona or without."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnix.events.types import Chunk, InputAppended, Routed
+from omnix.events.types import Chunk, InputAppended, Routed, StageParams
+from omnix.pipelines.persona_card import voice_stem
 from omnix.testing.served import ServeProcess
 
 from .duplex_wire import FRAME, Probe, log_events, pcm16, speech, undisturbed
@@ -34,13 +35,23 @@ async def _serve(folder: Path, log_dir: Path) -> ServeProcess:
     return s
 
 
+ROLE = "You are a wise and friendly teacher."
+
+
+@pytest.mark.parametrize(
+    "persona",
+    [{}, {"voice": "NATF2.pt", "instructions": ROLE}],
+    ids=["moshi", "personaplex-persona"],
+)
 async def test_a_session_goes_on_after_the_servers_sigkill_as_if_undisturbed(
-    tmp_path: Path,
+    tmp_path: Path, persona: dict[str, str]
 ) -> None:
-    from omnix.models.moshi import write_folder
+    """With a persona (a PersonaPlex folder's voice and a role text) too:
+    the continuation opens with the same persona frames, from the log."""
+    from omnix.models.moshi import PERSONAPLEX_VOICES, write_folder
 
     folder = tmp_path / "moshi"
-    write_folder(folder, seed=0)
+    write_folder(folder, seed=0, voices=PERSONAPLEX_VOICES if persona else None)
     log_dir = tmp_path / "log"
     before, after = 20, 12
     pcm = speech(before + after)
@@ -48,7 +59,7 @@ async def test_a_session_goes_on_after_the_servers_sigkill_as_if_undisturbed(
     first = await _serve(folder, log_dir)
     try:
         async with Probe(first.url, MODEL) as c:
-            created = await c.open()
+            created = await c.open(**persona)
             await c.stream(pcm[: before * FRAME])
             # The frames answered (and so in the log), perhaps not all read
             # when the server dies.
@@ -86,7 +97,11 @@ async def test_a_session_goes_on_after_the_servers_sigkill_as_if_undisturbed(
     assert [d["metadata"]["frame"] for d in deltas] == list(range(before + after))
 
     # ... and they are the undisturbed session's.
-    want = await undisturbed(str(folder), pcm)
+    params = StageParams(
+        voice=voice_stem(persona["voice"]) if persona else None,
+        instructions=persona.get("instructions"),
+    )
+    want = await undisturbed(str(folder), pcm, params)
     got = np.stack([np.frombuffer(d, dtype="<i2") for d in c.audio() + back.audio()])
     expect = np.stack([pcm16(o.array) for o in want])
     assert np.abs(got.astype(int) - expect).max() <= 1

@@ -15,7 +15,9 @@ The model hears and speaks 24 kHz mono PCM, 80 ms a frame: the wire
 formats are 16-bit (``pcm16``, its aliases ``pcm_s16le`` and ``s16le``)
 or 32-bit float (``pcm_f32le``) PCM at that rate; another rate or an 8 kHz
 G.711 format is refused, never resampled.  A voice or role text the
-checkpoint lacks is refused by name (a Moshi checkpoint has neither).
+checkpoint lacks is refused by name (a Moshi checkpoint has neither; a
+PersonaPlex-style one has the voices in its ``voices/`` and takes a role
+text: ``omnix.pipelines.persona_card``).
 
 Does not own the events (``protocol.py``) nor what opening a session
 does (``session.py``).
@@ -29,12 +31,16 @@ from typing import Any, Final
 
 from omnix.events.options import DuplexFormat
 from omnix.http.realtime.duplex.protocol import DuplexError
+from omnix.pipelines.persona_card import PersonaCard, voice_stem
 
 #: The model's rate (Mimi's); the only one the wire takes.
 SAMPLE_RATE: Final = 24000
 #: Samples of one 80 ms frame at ``SAMPLE_RATE``.
 FRAME_SAMPLES: Final = 1920
 FRAME_MS: Final = 80
+#: The longest role text (UTF-8 bytes: each may be a token, each token one
+#: frame of the model's 3,000 before the conversation starts).
+MAX_INSTRUCTIONS_BYTES: Final = 1000
 
 _FORMATS: Final[dict[str, DuplexFormat]] = {
     "pcm16": "pcm16",
@@ -107,10 +113,13 @@ class DuplexConfig:
     #: what the client set that omnix echoes and does nothing with
     echoed: tuple[tuple[str, Any], ...] = ()
 
-    def update(self, obj: dict[str, Any], names: tuple[str, ...]) -> DuplexConfig:
+    def update(
+        self, obj: dict[str, Any], names: tuple[str, ...], persona: PersonaCard = PersonaCard()
+    ) -> DuplexConfig:
         """This configuration with ``session.update``'s ``obj`` applied
-        (``names``: the model names the server answers to); a
-        ``DuplexError`` names the first field it cannot take."""
+        (``names``: the model names the server answers to; ``persona``:
+        what its checkpoint takes); a ``DuplexError`` names the first field
+        it cannot take."""
         cfg = self
         model = obj.get("model")
         if model is not None and model not in names:
@@ -165,21 +174,11 @@ class DuplexConfig:
         voice = obj.get("voice")
         if isinstance(audio_out, dict) and audio_out.get("voice") is not None:
             voice = audio_out["voice"]
-        if voice not in (None, "", "default"):
-            raise DuplexError(
-                "unknown_voice",
-                f"session.voice {voice!r} is not a voice of this checkpoint: it has no voice "
-                "prompts (a Moshi checkpoint speaks in its own voice); leave voice unset.",
-                "session.voice",
-            )
+        if voice is not None:
+            cfg = replace(cfg, voice=_voice(voice, persona))
         instructions = obj.get("instructions")
-        if instructions not in (None, ""):
-            raise DuplexError(
-                "unknown_persona",
-                "session.instructions: this checkpoint takes no role text (a Moshi checkpoint "
-                "has no persona prompt); leave instructions unset.",
-                "session.instructions",
-            )
+        if instructions is not None:
+            cfg = replace(cfg, instructions=_instructions(instructions, persona))
         if obj.get("ref_audio") not in (None, ""):
             raise DuplexError(
                 "unsupported_ref_audio",
@@ -240,6 +239,68 @@ class DuplexConfig:
             "capabilities": dict(CAPABILITIES),
             **dict(self.echoed),
         }
+
+
+def _voice(voice: object, persona: PersonaCard) -> str:
+    """``session.voice`` as the card names it ("" none: unset or
+    ``default``, the model's own voice)."""
+    param = "session.voice"
+    if not isinstance(voice, str):
+        raise DuplexError(
+            "invalid_value", f"{param} must be a voice's name (a string), got {voice!r}.", param
+        )
+    if voice in ("", "default"):
+        return ""
+    stem = voice_stem(voice)
+    if stem in persona.voices:
+        return stem
+    if stem in persona.embeddings:
+        raise DuplexError(
+            "unknown_voice",
+            f"{param} {voice!r} is PersonaPlex's precomputed embedding (voices/{stem}.pt), which "
+            f"omnix does not read; its audio as voices/{stem}.wav (24 kHz mono) would be taken. "
+            f"This checkpoint's voices: {', '.join(persona.voices) or 'none'}.",
+            param,
+        )
+    if not persona.voices:
+        raise DuplexError(
+            "unknown_voice",
+            f"{param} {voice!r} is not a voice of this checkpoint: it has no voice prompts (a "
+            "Moshi checkpoint speaks in its own voice); leave voice unset.",
+            param,
+        )
+    raise DuplexError(
+        "unknown_voice",
+        f"{param} {voice!r} is not a voice of this checkpoint; it has "
+        f"{', '.join(persona.voices)} (or leave voice unset: the model's own).",
+        param,
+    )
+
+
+def _instructions(text: object, persona: PersonaCard) -> str:
+    """``session.instructions``: the role text ("" none)."""
+    param = "session.instructions"
+    if not isinstance(text, str):
+        raise DuplexError(
+            "invalid_value", f"{param} must be the role's text (a string), got {text!r}.", param
+        )
+    if not text.strip():
+        return ""
+    if not persona.role_text:
+        raise DuplexError(
+            "unknown_persona",
+            f"{param}: this checkpoint takes no role text (a Moshi checkpoint has no persona "
+            "prompt; a PersonaPlex one, with its voices/, does); leave instructions unset.",
+            param,
+        )
+    if len(text.encode()) > MAX_INSTRUCTIONS_BYTES:
+        raise DuplexError(
+            "invalid_value",
+            f"{param} is {len(text.encode())} bytes; at most {MAX_INSTRUCTIONS_BYTES} (each of "
+            "its tokens takes one 80 ms frame of the model's context before the conversation).",
+            param,
+        )
+    return text
 
 
 def _ga(fmt: DuplexFormat, rate: int) -> dict[str, Any]:

@@ -458,7 +458,7 @@ class DuplexConnection:
         obj = ev.session or {}
         s = self.session
         if s is None:
-            config = DuplexConfig(model=served.model).update(obj, served.names)
+            config = DuplexConfig(model=served.model).update(obj, served.names, served.persona())
             s = DuplexSession.new(self.server, config, _stage(self.server))
             try:
                 await s.open()  # refused: an error instead of session.created
@@ -468,7 +468,7 @@ class DuplexConnection:
             self._created(s)
             self._follow(0)
         else:
-            config = s.config.update(obj, served.names)
+            config = s.config.update(obj, served.names, served.persona())
             if s.admitted:
                 for field in ("output_format", "voice", "instructions", "temperature"):
                     if getattr(config, field) != getattr(s.config, field):

@@ -185,8 +185,14 @@ class DuplexSession:
             instructions=cfg.instructions,
         )
         params = {}
-        if cfg.temperature is not None:
-            params[self.stage] = StageParams(temperature=cfg.temperature)
+        if cfg.temperature is not None or cfg.voice or cfg.instructions:
+            # The persona goes to the engine as the stage's voice and
+            # instructions: in the log, so a continuation opens the same.
+            params[self.stage] = StageParams(
+                temperature=cfg.temperature,
+                voice=cfg.voice or None,
+                instructions=cfg.instructions or None,
+            )
         spec = RequestSpec(
             outputs=("audio",),
             stage_params=params,
