@@ -196,8 +196,10 @@ async def test_base_clones_the_voice_of_a_chosen_wav_and_says_a_refusal_in_words
         assert await page.locator("#problem").is_hidden()
         admitted = await spoken(server, page, answer)
         (message,) = admitted.spec.messages
-        (part,) = message.media
+        # the clip, and the speaker vector the talker clones with (recorded beside it)
+        part, vector = message.media
         assert message.content == said and part.kind == "audio" and part.rate == rate
+        assert vector.kind == "speaker"
         heard = server.omni.blobs.get_array(part.blob)
         assert np.abs(heard - samples).max() < 1e-6  # the file the person chose
         assert admitted.spec.stage_params["talker"].language == "english"
