@@ -12,31 +12,4 @@
 #
 #   WHEELS=.device/wheels scripts/gpu-duplex-bench.sh --json
 #   scripts/gpu-duplex-bench.sh --device cpu --sizes tiny --levels 1,2 --context-frames 8  # no GPU
-set -euo pipefail
-cd "$(dirname "$0")/.."
-WHEELS=${WHEELS:-.device/wheels}
-SITE=${SITE:-/tmp/omnix-site}
-PYTHON=${PYTHON:-python}
-shopt -s nullglob
-wheels=("$WHEELS"/*.whl)
-if [ ${#wheels[@]} -gt 0 ]; then
-    # One stamp per set of wheels (as gpu-diffusion-bench.sh).
-    stamp="$SITE/.done-$(printf '%s\n' "${wheels[@]##*/}" | sha1sum | cut -c1-12)"
-    if [ ! -f "$stamp" ]; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" "${wheels[@]}"
-        touch "$stamp"
-    fi
-fi
-export PYTHONPATH="$SITE:$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-exec "$PYTHON" - "$@" <<'PY'
-import argparse
-import sys
-
-from omnix.bench import duplex
-
-parser = argparse.ArgumentParser(prog="gpu-duplex-bench")
-parser.add_argument("--json", action="store_true")
-duplex.add_arguments(parser)
-args = parser.parse_args(["--device", "cuda", "--sizes", "real", *sys.argv[1:]])
-sys.exit(duplex.run(args))
-PY
+exec "$(dirname "$0")/gpu-bench.sh" duplex "$@"
