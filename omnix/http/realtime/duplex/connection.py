@@ -83,6 +83,9 @@ DROP_MS: Final = 5000
 _AUDIO_DELTA: Final = "response.output_audio.delta"
 #: How often the lag is looked at.
 WATCH_S: Final = 0.1
+#: How long the server waits, its last events written, for the client to
+#: close the socket before it closes it itself.
+LINGER_S: Final = 2.0
 #: The kernel's send buffer for a duplex socket (it doubles it) and the
 #: transport's: together with the writer's (``route.WRITER_LIMIT``) about
 #: 1.5 s of 16-bit frames, so a client that stops reading shows here soon
@@ -105,6 +108,7 @@ class DuplexConnection:
         self._room.set()
         self._more = asyncio.Event()
         self._drained = asyncio.Event()
+        self._client_gone = asyncio.Event()
         self._sending = False
         self._n = 0
         self._tag = secrets.token_hex(2)
@@ -281,6 +285,13 @@ class DuplexConnection:
         while (self._out or self._sending) and not self._closed:
             self._drained.clear()
             await self._drained.wait()
+        # The client closes first where it will (on session.closed): a socket
+        # closed here while its last messages (acks) are unread ends in a
+        # reset, and the client's kernel drops what it had not yet read (the
+        # closing events among them).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                await self._client_gone.wait()
         self._closed = True
         await self.ws.close()
 
@@ -306,6 +317,7 @@ class DuplexConnection:
         except ConnectionResetError:
             pass
         finally:
+            self._client_gone.set()
             self._closed = True
             self._room.set()
             self._more.set()
