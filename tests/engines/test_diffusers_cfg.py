@@ -32,12 +32,10 @@ from omnix.events.types import BlobRef, ChatMessage, MediaPart, StageParams
 from omnix.pipelines.config import DiffusersArgs
 from omnix.pipelines.diffusion_cache import FirstBlockCache, PyramidAttentionBroadcast, StepCache
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
-from tests.engines.forwards import Forwards
+from tests.engines.forwards import MAX_PIXEL_DIFF, Forwards, within_a_rounding_step
 
 pytestmark = [pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
 
-#: one of 255: the rounding of a value to uint8 tipped by float rounding
-MAX_FRAME_DIFF = 1
 STEPS = 4
 PARAMS = dict(num_inference_steps=STEPS, num_frames=9, fps=8)
 
@@ -91,11 +89,6 @@ async def pair(tiny_models):
     await asyncio.gather(on.close(), off.close())
 
 
-def _within_a_rounding_step(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.shape == b.shape
-    assert int(np.abs(a - b).max()) <= MAX_FRAME_DIFF, int(np.abs(a - b).max())
-
-
 async def test_the_guidance_runs_once_a_step_on_twice_the_rows_and_makes_the_same_video(
     pair, frames
 ) -> None:
@@ -118,7 +111,7 @@ async def test_the_guidance_runs_once_a_step_on_twice_the_rows_and_makes_the_sam
         ]
         assert outs[-1].finish_reason == "stop"
     a, b = frames
-    _within_a_rounding_step(a, b)
+    within_a_rounding_step(a, b)
     if np.array_equal(a, b):
         assert batched[-1].data == plain[-1].data
     assert type(on.pipe.transformer).__name__ == "WanTransformer3DModel"  # put back
@@ -146,7 +139,7 @@ async def test_image_to_video_pairs_its_guidance_too(pair, frames) -> None:
     finally:
         count.remove()
     await _run(off, "i-off", piece, seed=2, **PARAMS)
-    _within_a_rounding_step(*frames)
+    within_a_rounding_step(*frames)
 
 
 async def test_batched_requests_run_as_twice_their_rows(pair, frames) -> None:
@@ -171,7 +164,7 @@ async def test_batched_requests_run_as_twice_their_rows(pair, frames) -> None:
         assert [o.step for o in outs if o.is_progress] == list(range(1, STEPS + 1))
     # the frames in call order: on's three videos, then off's
     for a, b in zip(frames[:3], frames[3:], strict=True):
-        _within_a_rounding_step(a, b)
+        within_a_rounding_step(a, b)
 
 
 async def test_first_block_cache_composes_and_still_skips(pair, frames) -> None:
@@ -191,8 +184,8 @@ async def test_first_block_cache_composes_and_still_skips(pair, frames) -> None:
         count.remove()
         await asyncio.gather(on.close(), off.close())
     cached_on, cached_off, uncached = frames
-    _within_a_rounding_step(cached_on, cached_off)
-    assert int(np.abs(cached_on - uncached).max()) > MAX_FRAME_DIFF
+    within_a_rounding_step(cached_on, cached_off)
+    assert int(np.abs(cached_on - uncached).max()) > MAX_PIXEL_DIFF
 
 
 async def test_pyramid_attention_broadcast_runs_on_the_paired_forward(pair) -> None:

@@ -23,7 +23,7 @@ from omnix.engines.diffusers_engine import DiffusersEngine
 from omnix.events.types import StageParams
 from omnix.pipelines.config import DiffusersArgs
 from omnix.transport.work import EngineOutput, GenerateRequest, InputPiece
-from tests.engines.forwards import Forwards
+from tests.engines.forwards import Forwards, within_a_rounding_step
 
 pytestmark = [pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
 
@@ -60,11 +60,6 @@ async def pair(tiny_models):
     await asyncio.gather(on.close(), off.close())
 
 
-def _within_a_rounding_step(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.shape == b.shape
-    assert int(np.abs(a - b).max()) <= 1, int(np.abs(a - b).max())
-
-
 async def test_true_cfg_runs_once_a_step_on_twice_the_rows_and_makes_the_same_image(pair) -> None:
     on, off = pair
     assert on._denoiser.settings()["cfg_batch"] == "on"
@@ -78,7 +73,7 @@ async def test_true_cfg_runs_once_a_step_on_twice_the_rows_and_makes_the_same_im
     finally:
         seen_on.remove()
         seen_off.remove()
-    _within_a_rounding_step(_pixels(a), _pixels(b))
+    within_a_rounding_step(_pixels(a), _pixels(b))
     # the negative prompt is honoured, not dropped on the way
     plain = await _run(off, "f-plain", "a red fox", 5, num_inference_steps=STEPS)
     assert not np.array_equal(_pixels(plain), _pixels(b))
@@ -126,4 +121,4 @@ async def test_batched_requests_pair_as_twice_their_rows(pair) -> None:
         seen.remove()
     want = await both(off, "fb-off")
     for g, w in zip(got, want, strict=True):
-        _within_a_rounding_step(_pixels(g), _pixels(w))
+        within_a_rounding_step(_pixels(g), _pixels(w))
