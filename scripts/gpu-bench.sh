@@ -6,10 +6,10 @@
 # parser (`omnix bench` imports every bench to build its help, and some need
 # packages such a machine lacks).  Later flags win:
 #
-#   WHEELS=.device/wheels scripts/gpu-bench.sh speech|diffusion|duplex --json
+#   WHEELS=.device/wheels scripts/gpu-bench.sh speech|diffusion|duplex|tts --json
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCH=${1:?give the bench: speech, diffusion or duplex}
+BENCH=${1:?give the bench: speech, diffusion, duplex or tts}
 shift
 WHEELS=${WHEELS:-.device/wheels}
 SITE=${SITE:-/tmp/omnix-site}

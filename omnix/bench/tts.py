@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omnix.bench import tts_stages
 from omnix.bench.loop import run_on_loop
 from omnix.bench.report import finish
 from omnix.usage import UsageError, int_in
@@ -74,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--levels",
-        default=",".join(map(str, DEFAULT_LEVELS)),
-        help="concurrency levels, e.g. 1,4,16 (default)",
+        default=None,
+        help="concurrency levels, e.g. 1,4,16 (the default; on a GPU 1,16,64)",
     )
     parser.add_argument(
         "--runs", type=int_in(1), default=3, help="repetitions, median and min (default 3)"
@@ -99,9 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds for the server's start, a request"
     )
+    tts_stages.add_arguments(parser)
 
 
-def _levels(text: str) -> tuple[int, ...]:
+def parse_levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
@@ -111,7 +113,7 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def _texts(n: int, words: int) -> list[str]:
+def bench_texts(n: int, words: int) -> list[str]:
     out = [TEXTS[i % len(TEXTS)] for i in range(n)]
     return [" ".join(t.split()[:words]) for t in out] if words else out
 
@@ -143,12 +145,12 @@ def _reference(
     def row(text: str) -> dict[str, Any]:
         return {**case, "text": text, "max_new_tokens": args.max_tokens}
 
-    first = _texts(1, args.words)[0]
+    first = bench_texts(1, args.words)[0]
     cases: list[dict[str, Any]] = [row(first)]  # the oracle's, and the warm-up
     for _ in range(args.runs):
         cases.append({**row(first), "timed": True})
         cases += [
-            {"batch": [row(t) for t in _texts(c, args.words)], "timed": True}
+            {"batch": [row(t) for t in bench_texts(c, args.words)], "timed": True}
             for c in levels
             if c > 1
         ]
@@ -187,13 +189,13 @@ async def _omnix(
         folder, voice, extra_body(body, args.max_tokens), args.timeout, args.timeout
     ) as served:
         ready_s = time.perf_counter() - t0
-        codes, samples = await served.codes(_texts(1, args.words)[0])
-        await served.wave(_texts(max(levels), args.words))  # warm-up: every batch shape
+        codes, samples = await served.codes(bench_texts(1, args.words)[0])
+        await served.wave(bench_texts(max(levels), args.words))  # warm-up: every batch shape
         runs = []
         for r in range(args.runs):
             one: dict[str, Any] = {"audio_s_per_s": {}}
             for c in levels:
-                wall, recs = await served.wave(_texts(c, args.words))
+                wall, recs = await served.wave(bench_texts(c, args.words))
                 one["audio_s_per_s"][c] = sum(x.audio_s for x in recs) / wall
                 if c == 1:
                     one["ttfp"] = recs[0].ttfp_s or 0.0
@@ -222,7 +224,7 @@ def _summary(prefix: str, runs: list[dict[str, Any]], levels: tuple[int, ...]) -
 
 
 async def _bench(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    levels = _levels(args.levels)
+    levels = parse_levels(args.levels)
     if 1 not in levels:
         levels = (1, *levels)  # TTFP and RTF are c=1's
     voice, body, case = _voice(folder, args)
@@ -267,7 +269,10 @@ async def _bench(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from omnix.models.paths import resolve_model
 
-    _levels(args.levels)  # a bad flag fails before anything starts
+    if tts_stages.wanted(args):
+        return tts_stages.run(args)
+    args.levels = args.levels or ",".join(map(str, DEFAULT_LEVELS))
+    parse_levels(args.levels)  # a bad flag fails before anything starts
     if args.model in ("qwen3_tts_custom_voice", "qwen3_tts_voice_design"):
         from omnix.models.build import ensure_models
 

@@ -129,12 +129,18 @@ class Qwen3TTSTalker(TalkerModel):
 
         from omnix.engines.checkpoint import load_exact
         from omnix.models.qwen3_tts_modules import TTSTalker, read_config
+        from omnix.models.seeds import made_on
 
         folder = Path(folder)
         cfg = read_config(folder)
         if cfg.get("model_type") != "qwen3_tts":
             raise ValueError(f"{folder} is not a Qwen3-TTS checkpoint ({cfg.get('model_type')})")
-        talker = load_exact(TTSTalker(cfg["talker_config"]), folder, "talker.", "talker")
+        # Made on the device in its dtype: at the published size a float32
+        # copy on the host would be 7 GB, and its init takes longer than
+        # the load.
+        with made_on(device, dtype):
+            talker = TTSTalker(cfg["talker_config"])
+        talker = load_exact(talker, folder, "talker.", "talker")
         talker = talker.to(device=device, dtype=getattr(torch, dtype))
         # The folders' own class; AutoTokenizer would first try to read
         # config.json's qwen3_tts, a model type transformers does not know.

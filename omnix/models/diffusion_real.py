@@ -25,23 +25,17 @@ loading or running a folder (``omnix.engines``).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from omnix.models.build import byte_tokenizer, quiet_hf
-from omnix.models.seeds import derived_seed, pad64
+from omnix.models.paths import built_once
+from omnix.models.seeds import derived_seed, made_on, pad64
 
 Published = Literal["wan2.1-t2v-1.3b", "flux.1-dev"]
 PUBLISHED: Final[tuple[Published, ...]] = ("wan2.1-t2v-1.3b", "flux.1-dev")
 Sizes = Literal["real", "tiny"]
-#: written last into a finished folder
-MARKER = "omnix-published.json"
 
 # -- Wan 2.1 T2V 1.3B -----------------------------------------------------------------
 #: Wan2.1-T2V-1.3B-Diffusers' ``transformer/config.json``
@@ -201,37 +195,14 @@ def published_folder(
     the same seed, so the folder's name says which made them."""
     kind = "cuda" if device.startswith("cuda") else device
     folder = Path(root) / f"{name}-{sizes}-{kind}-{dtype}-seed{seed}"
-    marker = folder / MARKER
-    if marker.is_file():
-        return folder, json.loads(marker.read_text())
-    Path(root).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
-    try:
-        build = _build_wan if name == "wan2.1-t2v-1.3b" else _build_flux
-        with _made_on(device, dtype):
-            made = build(tmp, sizes, seed)
-        info = {"name": name, "sizes": sizes, "seed": seed, **made}
-        (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder, info
 
+    def build(tmp: Path) -> dict[str, Any]:
+        make = _build_wan if name == "wan2.1-t2v-1.3b" else _build_flux
+        with made_on(device, dtype):
+            made = make(tmp, sizes, seed)
+        return {"name": name, "sizes": sizes, "seed": seed, **made}
 
-@contextlib.contextmanager
-def _made_on(device: str, dtype: str) -> Iterator[None]:
-    """Modules built inside are made on ``device`` in ``dtype``."""
-    import torch
-
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype))
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(before)
+    return built_once(folder, build)
 
 
 def _seeded(seed: int, model: str, component: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnix.models.moshi import CODEBOOK_SIZE, CONTEXT, NUM_CODEBOOKS, SAMPLE_RATE
+from omnix.models.seeds import fill_random
 
 REAL_TEXT_VOCAB = 32000
 
@@ -129,16 +130,9 @@ def random_moshi(config: Any, device: str, dtype: str = "bfloat16", seed: int = 
         # Any: mypy misreads the decorated classmethod's signature.
         moshi: Any = MoshiForConditionalGeneration
         model = moshi._from_config(config, dtype=getattr(torch, dtype), attn_implementation="sdpa")
-    gen = torch.Generator(device=device).manual_seed(seed)
+    fill_random(model, seed, lambda name: 1.0 if "embed_tokens" in name else 0.02)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.zero_()
-            elif p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                std = 1.0 if "embed_tokens" in name else 0.02
-                p.normal_(0.0, std, generator=gen)
         for name, b in model.named_buffers():
             if name.endswith("embed_sum"):
                 b.normal_(0.0, 1.0, generator=gen)

@@ -5,7 +5,9 @@ tiny model folders), ``resolve_model`` (a tiny name -> its folder in the
 cache; a local folder used as is; else a Hugging Face id ``ORG/NAME`` ->
 its snapshot in the local Hugging Face cache, as ``vllm serve ORG/NAME``
 finds it offline: ``omnix.pipelines.hf_cache``), the ``omnix.json``
-marker a finished build writes, and folder digests.  Does not own
+marker a finished build writes, folder digests, and ``built_once`` (a
+published-size folder a GPU bench builds into a cache directory once and
+reuses).  Does not own
 building (``build.py``), loading (``omnix.engines``) nor downloading:
 nothing here ever fetches a file.  Imports nothing heavy
 (``huggingface_hub`` only when an id is looked up): the HTTP server and
@@ -15,8 +17,13 @@ workers call it before deciding whether to build.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -152,3 +159,30 @@ def folder_digest(folder: Path) -> str:
         h.update(path.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
+
+
+#: written last into a folder ``built_once`` finished
+BUILT_MARKER = "omnix-published.json"
+
+
+def built_once(
+    folder: Path, build: Callable[[Path], dict[str, Any]]
+) -> tuple[Path, dict[str, Any]]:
+    """``folder`` and what its marker says, ``build(tmp)`` run first if it
+    has none: into a temporary sibling renamed into place once the marker
+    (``build``'s answer) is written, so a build cut short leaves nothing
+    that looks finished."""
+    marker = folder / BUILT_MARKER
+    if marker.is_file():
+        return folder, json.loads(marker.read_text())
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        info = build(tmp)
+        (tmp / BUILT_MARKER).write_text(json.dumps(info, indent=1) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder, info

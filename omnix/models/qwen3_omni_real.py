@@ -23,7 +23,7 @@ or garbage): every tensor is filled here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omnix.models.qwen3_omni_speech import (
     CODEBOOK_SIZE,
@@ -31,9 +31,7 @@ from omnix.models.qwen3_omni_speech import (
     TALKER_VOCAB,
     codec_layout,
 )
-
-if TYPE_CHECKING:
-    import torch
+from omnix.models.seeds import fill_random
 
 # -- the thinker's side the talker reads ---------------------------------------------
 REAL_THINKER_HIDDEN = 2048
@@ -183,24 +181,6 @@ class SpeechModules:
         return sum(p.numel() for m in mods for p in m.parameters())
 
 
-def _fill(module: Any, seed: int, std: float = 0.02) -> None:
-    """Every parameter: norms one, biases zero, the rest N(0, std), from one
-    generator on the parameters' device."""
-    import torch
-
-    gen: torch.Generator | None = None
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if gen is None:
-                gen = torch.Generator(device=p.device).manual_seed(seed)
-            if name.endswith("bias"):
-                p.zero_()
-            elif p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, std, generator=gen)
-
-
 def random_speech_modules(
     config: Any, device: str, dtype: str = "bfloat16", seed: int = 0
 ) -> SpeechModules:
@@ -220,8 +200,8 @@ def random_speech_modules(
             config.talker_config, dtype=torch_dtype, attn_implementation="sdpa"
         )
         code2wav = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config, dtype=torch.float32)
-    _fill(talker, seed)
-    _fill(code2wav, seed + 1)
+    fill_random(talker, seed)
+    fill_random(code2wav, seed + 1)
     talker.eval()
     code2wav.eval()
     if not hasattr(talker.config, "audio_config"):
@@ -229,6 +209,6 @@ def random_speech_modules(
     vocab = config.thinker_config.text_config.vocab_size
     hidden = config.thinker_config.text_config.hidden_size
     embed = torch.nn.Embedding(vocab, hidden, device=device, dtype=torch_dtype)
-    _fill(embed, seed + 2)
+    fill_random(embed, seed + 2)
     embed.requires_grad_(False)
     return SpeechModules(config, talker, embed, code2wav, (REAL_IDS["im_end"],))

@@ -270,6 +270,10 @@ def decoder_config(fields: dict[str, Any]) -> Qwen3OmniMoeCode2WavConfig:
         upsample_rates=list(fields["upsample_rates"]),
         upsampling_ratios=list(fields["upsampling_ratios"]),
         decoder_dim=fields["decoder_dim"],
+        # The published decoder's heads (64 wide) are not its width over
+        # their number (512 / 16): without the field the attention's
+        # projections would take the wrong shapes.
+        **({"head_dim": fields["head_dim"]} if "head_dim" in fields else {}),
     )
     cfg._attn_implementation = "sdpa"
     return cfg

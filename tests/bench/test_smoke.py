@@ -285,6 +285,26 @@ def test_tts(tmp_path_factory):
     assert out["throughput_level"] == 2 and out["ref_streams"] is False
 
 
+def test_tts_stages(tmp_path_factory):
+    """Qwen3-TTS's stages alone (the GPU bench's path) on the tiny
+    CustomVoice and the CPU: the talker feeding the decoder in-process, two
+    levels, one run, seven frames an answer."""
+    from tests.model_fixtures import session_models
+
+    session_models(tmp_path_factory)  # OMNIX_MODEL_DIR for the subprocess
+    out = bench(
+        "tts", "--sizes", "tiny", "--levels", "1,2", "--runs", "1", "--max-tokens", "8",
+        "--words", "3", timeout=300,
+    )  # fmt: skip
+    assert_has_keys(
+        out, "card", "ttfp_ms", "rtf", "audio_s_per_s", "talker_audio_s_per_s", "start_s",
+        "frames", "parameters", "vllm_omni",
+    )  # fmt: skip
+    assert out["card"] == "cpu" and out["sizes"] == "tiny" and out["frames"] == 7
+    assert set(out["audio_s_per_s"]) == {"1", "2"} and out["rtf"]["1"] > 0
+    assert out["vllm_omni"]["ttfp_ms"] == 47.0 and "ttfp_ratio_vs_vllm_omni" in out["vllm_omni"]
+
+
 @pytest.mark.engines
 @pytest.mark.skipif(
     importlib.util.find_spec("diffusers") is None, reason="real engines unavailable: no diffusers"
