@@ -66,6 +66,7 @@ import msgspec
 
 from omnix.bench.diffusion_runs import SEEDS_FOUR, Side, raw_videos
 from omnix.bench.loop import run_on_loop
+from omnix.bench.report import progress
 from omnix.models.diffusion_real import PUBLISHED, Published, Sizes, published_folder
 from omnix.pipelines.config import DiffusersArgs
 from omnix.pipelines.diffusion_cache import (
@@ -174,10 +175,6 @@ def _met(row: dict[str, Any]) -> bool:
     return psnr is None or psnr >= TARGET_PSNR_DB
 
 
-def _progress(what: str, since: float) -> None:
-    print(f"[{time.perf_counter() - since:6.1f} s] {what}", file=sys.stderr, flush=True)
-
-
 def _sides(
     args: argparse.Namespace,
     folder: Path,
@@ -273,10 +270,10 @@ async def _measure(
         row = await side.run(reference)
     except Exception as exc:  # a side's failure is its row's; the others go on
         side.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        _progress(f"{side.label}: run {run + 1} failed: {side.error}", t0)
+        progress(f"{side.label}: run {run + 1} failed: {side.error}", t0)
         return False
     figures = ", ".join(f"{k} {v:.2f}" for k, v in asdict(row).items() if v is not None)
-    _progress(f"{side.label}: run {run + 1}: {figures}", t0)
+    progress(f"{side.label}: run {run + 1}: {figures}", t0)
     return True
 
 
@@ -284,13 +281,13 @@ async def _ready(side: Side, t0: float) -> bool:
     """Start and warm ``side``; False (its error kept) when either fails."""
     try:
         await side.start()
-        _progress(f"{side.label}: started in {side.start_s:.1f} s; warming up", t0)
+        progress(f"{side.label}: started in {side.start_s:.1f} s; warming up", t0)
         await side.warm(four=side.args.compile != "off")
-        _progress(f"{side.label}: warm in {side.warm_s:.1f} s", t0)
+        progress(f"{side.label}: warm in {side.warm_s:.1f} s", t0)
         return True
     except Exception as exc:
         side.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        _progress(f"{side.label}: failed to start: {side.error}", t0)
+        progress(f"{side.label}: failed to start: {side.error}", t0)
         await _close(side)
         return False
 
@@ -351,7 +348,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     cuda = args.device.startswith("cuda")
     if not cuda:
         torch.set_num_threads(1)  # as a stage worker on a CPU
-    _progress(f"{name} ({sizes} sizes) on {args.device}: building or reusing its folder", t0)
+    progress(f"{name} ({sizes} sizes) on {args.device}: building or reusing its folder", t0)
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
     folder, info = await asyncio.to_thread(
         published_folder, name, sizes, args.build_dir, args.device, dtype
@@ -361,12 +358,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
         gc.collect()
         torch.cuda.empty_cache()
-    _progress(f"{folder}: {info['parameters']:,} transformer parameters", t0)
+    progress(f"{folder}: {info['parameters']:,} transformer parameters", t0)
     sides, skipped = _sides(args, folder, info["pipeline"], dtype, (width, height, frames, steps))
     together = args.order == "together" or (
         args.order == "auto" and _fits_together(folder, len(sides), args.device)
     )
-    _progress(
+    progress(
         f"{len(sides)} sides ({', '.join(s.label for s in sides)}), "
         f"{'loaded together' if together else 'one after another'}; skipped: "
         f"{', '.join(skipped) or 'none'}",

@@ -44,6 +44,7 @@ from typing import Any
 import msgspec
 
 from omnix.bench.loop import run_on_loop
+from omnix.bench.report import progress
 from omnix.usage import UsageError
 
 #: The c levels the issue asks for.
@@ -142,10 +143,6 @@ class _Built:
         self.answer = words[48:]
 
 
-def _progress(what: str, since: float) -> None:
-    print(f"[{time.perf_counter() - since:6.1f} s] {what}", file=sys.stderr, flush=True)
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -200,7 +197,7 @@ def _transformers(built: _Built, frames: int) -> tuple[float, float]:
     return talker_s * 1000 / got, (talker_s + decode_s) / audio_s
 
 
-def _graph_timings(graphs: Any, steps: int) -> dict[int, tuple[float, float]]:
+def graph_timings(graphs: Any, steps: int) -> dict[int, tuple[float, float]]:
     """Each bucket's predictor frame and talker step replayed alone:
     bucket -> (ms a step, ms a frame)."""
     import torch
@@ -301,7 +298,7 @@ async def _omnix(
     await talker.start()
     await code2wav.start()
     res: dict[str, Any] = {"graph_start_s": round(time.perf_counter() - start, 1)}
-    _progress("engines started", start)
+    progress("engines started", start)
     try:
         await _speak(talker, code2wav, built, "warm", 60)  # every chunk shape
         runs: list[dict[str, Any]] = []
@@ -337,7 +334,7 @@ async def _omnix(
                 )
             if talker._graphs is not None and talker._graphs.capture:
                 one["graphs"] = await asyncio.get_running_loop().run_in_executor(
-                    talker._pool, _graph_timings, talker._graphs, 50
+                    talker._pool, graph_timings, talker._graphs, 50
                 )
             runs.append(one)
         res["runs"] = runs
@@ -368,11 +365,11 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     levels = _levels(args.levels)
     t0 = time.perf_counter()
-    _progress(f"building the {args.sizes} sizes on {args.device}", t0)
+    progress(f"building the {args.sizes} sizes on {args.device}", t0)
     built = await asyncio.to_thread(_Built, args)
-    _progress(f"transformers' own path, {args.reference_frames} frames", t0)
+    progress(f"transformers' own path, {args.reference_frames} frames", t0)
     ref_ms, ref_rtf = await asyncio.to_thread(_transformers, built, args.reference_frames)
-    _progress("Code2Wav alone", t0)
+    progress("Code2Wav alone", t0)
     res: dict[str, Any] = {
         "card": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "sizes": args.sizes,
@@ -387,7 +384,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "code2wav_ms_per_frame": round(await asyncio.to_thread(_code2wav_ms, built), 3),
         "code2wav_ms_per_frame_batch16": round(await asyncio.to_thread(_code2wav_ms, built, 16), 3),
     }
-    _progress(f"omnix's engines (decode {args.decode}, compile {not args.no_compile})", t0)
+    progress(f"omnix's engines (decode {args.decode}, compile {not args.no_compile})", t0)
     ours = await _omnix(built, args, levels)
     res["graph_start_s"] = ours["graph_start_s"]
     res |= _summary(ours["runs"], levels)

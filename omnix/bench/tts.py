@@ -48,18 +48,9 @@ from typing import Any
 from omnix.bench import tts_stages
 from omnix.bench.loop import run_on_loop
 from omnix.bench.report import finish
+from omnix.bench.tts_texts import bench_texts, parse_levels
 from omnix.usage import UsageError, int_in
 
-TEXTS = (
-    "Hello there, how are you today?",
-    "The quick brown fox jumps over the lazy dog.",
-    "Please read the next sentence slowly and clearly.",
-    "Seven bright stars shine above the quiet river.",
-    "The train to the city leaves at half past nine.",
-    "A small garden grows tomatoes, beans and sweet peas.",
-    "Thank you for calling, how can I help you?",
-    "The weather tomorrow will be cool and windy.",
-)
 DEFAULT_LEVELS = (1, 4, 16)
 THROUGHPUT_LEVEL = 4
 TTFP_TARGET = 0.25
@@ -101,21 +92,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=600.0, help="seconds for the server's start, a request"
     )
     tts_stages.add_arguments(parser)
-
-
-def parse_levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--levels {text!r}: give concurrency levels like 1,4,16") from None
-    if not levels or levels[0] < 1 or levels[-1] > 64:
-        raise UsageError(f"--levels {text!r}: each level must be 1..64")
-    return levels
-
-
-def bench_texts(n: int, words: int) -> list[str]:
-    out = [TEXTS[i % len(TEXTS)] for i in range(n)]
-    return [" ".join(t.split()[:words]) for t in out] if words else out
 
 
 def _voice(folder: Path, args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any]]:

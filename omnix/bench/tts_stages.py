@@ -45,7 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
-from omnix.bench.speech_stages import _graph_timings, _progress
+from omnix.bench.report import progress
+from omnix.bench.speech_stages import graph_timings
+from omnix.bench.tts_texts import bench_texts, parse_levels
 from omnix.usage import UsageError
 
 DEFAULT_LEVELS = (1, 16, 64)
@@ -209,14 +211,12 @@ async def _level(stages: _Stages, tag: str, c: int, texts: list[str], decode: bo
 async def _bench(args: argparse.Namespace, levels: tuple[int, ...]) -> dict[str, Any]:
     import torch
 
-    from omnix.bench.tts import bench_texts
-
     cuda = args.device.startswith("cuda")
     t0 = time.perf_counter()
     if args.sizes == "real":
         from omnix.models.qwen3_tts_real import real_folder
 
-        _progress(f"the published sizes into {args.build_dir} (once)", t0)
+        progress(f"the published sizes into {args.build_dir} (once)", t0)
         folder, info = await asyncio.to_thread(real_folder, args.build_dir, args.device, args.dtype)
     else:
         from omnix.models.build import ensure_models
@@ -226,7 +226,7 @@ async def _bench(args: argparse.Namespace, levels: tuple[int, ...]) -> dict[str,
         folder, info = resolve_model("qwen3_tts_custom_voice"), {}
     texts = bench_texts(max(levels), args.words)
     stages = _Stages(folder, args, levels)
-    _progress("loading the engines (and capturing graphs)", t0)
+    progress("loading the engines (and capturing graphs)", t0)
     start = time.perf_counter()
     await stages.start()
     res: dict[str, Any] = {
@@ -241,7 +241,7 @@ async def _bench(args: argparse.Namespace, levels: tuple[int, ...]) -> dict[str,
         or sum(p.numel() for p in stages.talker.model.talker.parameters()),  # type: ignore[union-attr]
         "start_s": round(time.perf_counter() - start, 1),
     }
-    _progress(f"engines started in {res['start_s']} s; warming every level", t0)
+    progress(f"engines started in {res['start_s']} s; warming every level", t0)
     runs: list[dict[str, Any]] = []
     try:
         for c in levels:  # every batch and chunk shape once
@@ -257,7 +257,7 @@ async def _bench(args: argparse.Namespace, levels: tuple[int, ...]) -> dict[str,
                 one.setdefault("frames", statistics.median(g["frames"] for g in got))
                 if c == 1:
                     one["first"] = got[0]["first"]
-                _progress(
+                progress(
                     f"run {r + 1}/{args.runs} c={c}: RTF {one['rtf'][c]:.3f}, "
                     f"{one['audio_s_per_s'][c]:.1f} audio s/s (the talker alone "
                     f"{one['talker_audio_s_per_s'][c]:.1f})",
@@ -267,7 +267,7 @@ async def _bench(args: argparse.Namespace, levels: tuple[int, ...]) -> dict[str,
             if graphs is not None and graphs.capture:
                 loop = asyncio.get_running_loop()
                 one["graphs"] = await loop.run_in_executor(
-                    stages.talker._pool, _graph_timings, graphs, 50
+                    stages.talker._pool, graph_timings, graphs, 50
                 )
             runs.append(one)
     finally:
@@ -304,8 +304,6 @@ def _summary(runs: list[dict[str, Any]], levels: tuple[int, ...]) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> int:
-    from omnix.bench.tts import parse_levels
-
     levels = parse_levels(args.levels or ",".join(map(str, DEFAULT_LEVELS)))
     args.sizes = args.sizes or ("real" if args.device.startswith("cuda") else "tiny")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
