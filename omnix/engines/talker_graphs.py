@@ -81,6 +81,8 @@ def _capturable_experts(talker: Any, dtype: torch.dtype) -> None:
     """transformers' MoE experts in an implementation a graph can hold:
     its eager loop routes with ``nonzero()`` (a host sync), and its
     ``grouped_mm`` falls back to a host copy below bfloat16's kernels."""
+    if not hasattr(talker, "set_experts_implementation"):
+        return  # a dense talker (Qwen3-TTS's): no experts
     impl = talker.config.text_config._experts_implementation
     if impl == "eager" or (impl == "grouped_mm" and dtype != torch.bfloat16):
         log.info("talker experts: %s -> batched_mm (capturable)", impl)

@@ -111,6 +111,19 @@ async def test_a_request_whose_input_does_not_stream_is_spoken_from_its_whole_te
     np.testing.assert_array_equal(np.asarray(frames).reshape(-1, 16), expected[False])
 
 
+def test_the_dense_talker_has_no_experts_to_make_capturable(folder: Path) -> None:
+    """Capturing CUDA graphs first switches an MoE talker's experts to a
+    capturable kernel; Qwen3-TTS's talker is dense and has none, so the
+    switch leaves it be (on the GPU it raised before the first graph)."""
+    import torch
+
+    from omnix.engines.qwen3_tts_talker import Qwen3TTSTalker
+    from omnix.engines.talker_graphs import _capturable_experts
+
+    talker = Qwen3TTSTalker.load(folder).talker
+    _capturable_experts(talker, torch.bfloat16)
+
+
 def test_pieces_join_with_a_space_but_none_after_a_wide_character() -> None:
     from omnix.engines.qwen3_tts_engine import _joined
 
