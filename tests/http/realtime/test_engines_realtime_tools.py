@@ -29,13 +29,15 @@ PIPELINE = "tiny-omni"
 SERVER = "tiny-omni+tools"  # its thinker parses hermes tool calls
 pytestmark = real_engine_marks()
 
-# A free string: random weights write it on and on (a call to cancel).
+# A long string (a call to cancel while it is written): random weights
+# close a free one within ~40 tokens, a quarter of a second, and a cancel or
+# a voice that comes later on a loaded machine would find the call done.
 NOTE = {
     "type": "function",
     "name": "take_note",
     "parameters": {
         "type": "object",
-        "properties": {"text": {"type": "string"}},
+        "properties": {"text": {"type": "string", "minLength": 2000}},
         "required": ["text"],
     },
 }
@@ -254,7 +256,7 @@ async def test_speech_over_a_calls_arguments_cancels_it_once_and_the_session_goe
         )
         await next_event(conn, "conversation.item.done")
         await stream(conn, silence(0.3))  # the VAD is up, hearing no one
-        # A free string: the call's arguments go on for up to 1500 tokens.
+        # The call's arguments go on for hundreds of tokens (NOTE).
         await conn.response.create(response={"tool_choice": note, "max_output_tokens": 1500})
         events: list[Any] = [await next_event(conn, "response.function_call_arguments.delta")]
         rid = events[0].response_id
