@@ -48,7 +48,7 @@ from omnix.bench.loop import run_on_loop
 from omnix.bench.report import progress
 from omnix.bench.speech_stages import graph_timings
 from omnix.bench.tts_texts import bench_texts, parse_levels
-from omnix.usage import UsageError
+from omnix.usage import UsageError, int_in
 
 DEFAULT_LEVELS = (1, 16, 64)
 #: vLLM-Omni's published figures for Qwen3-TTS-12Hz-1.7B-CustomVoice on H100s
@@ -88,11 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--buckets",
         default="",
-        help="the talker's graph buckets, e.g. 1,16,64 (default: 1, each level, and the largest)",
+        help="the talker's graph buckets, e.g. 1,16,64 (default: 1 and each level)",
     )
     g.add_argument(
         "--decoder-batch",
-        type=int,
+        type=int_in(0),
         default=0,
         help="requests' chunks the decoder decodes in one forward (default: the largest level)",
     )
@@ -125,8 +125,6 @@ class _Stages:
     """The two engines over one folder, and what a request asks of them."""
 
     def __init__(self, folder: Path, args: argparse.Namespace, levels: tuple[int, ...]) -> None:
-        import msgspec
-
         from omnix.engines.qwen3_tts_engine import Qwen3TTSEngine
         from omnix.engines.speech_decoder import SpeechDecoderEngine
         from omnix.events.types import StageParams
@@ -155,8 +153,7 @@ class _Stages:
             )
         )
         self.params = StageParams(temperature=0.0, max_tokens=args.max_tokens, voice=args.voice)
-        self.groups = 16
-        self._replace = msgspec.structs.replace
+        self.groups = 16  # Qwen3-TTS's code groups, every frame
 
     async def start(self) -> None:
         await self.talker.start()
