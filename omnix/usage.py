@@ -5,7 +5,8 @@ something its user must fix (a path that does not exist, a number out of
 range, a file that is not what it should be), ``arg_type``, which turns a
 checking function into an argparse ``type=`` so the check runs when the
 command line is parsed (``int_in``, ``port_number`` and ``count`` are
-such types), and ``run_reporting``, which runs a verb and
+such types), ``counts`` (a comma list of them, as benches take their
+concurrency levels), and ``run_reporting``, which runs a verb and
 prints a ``UsageError`` as argparse prints its own errors
 (``PROG: error: MESSAGE``) with a non-zero exit status.
 
@@ -76,6 +77,19 @@ def int_in(lo: int, hi: int | None = None, what: str = "a number") -> Callable[[
 port_number = int_in(0, 65535, "a port")
 #: how many of something: 1 or more
 count = int_in(1, what="a count")
+
+
+def counts(text: str, top: int | None = None, example: str = "1,4,16") -> tuple[int, ...]:
+    """A comma list of counts (``1,4,16``): sorted, each once, each 1 or
+    more (and at most ``top``); a ``ValueError`` that says what was wrong."""
+    try:
+        out = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a list of counts: give them like {example}") from None
+    if not out or out[0] < 1 or (top is not None and out[-1] > top):
+        bound = f"from 1 to {top}" if top is not None else "of 1 or more"
+        raise ValueError(f"{text!r}: give counts {bound}, like {example}")
+    return out
 
 
 def run_reporting(prog: str, run: Callable[[], int]) -> int:

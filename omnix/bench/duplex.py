@@ -48,7 +48,7 @@ import time
 from typing import Any
 
 from omnix.bench.loop import run_on_loop
-from omnix.usage import UsageError
+from omnix.usage import UsageError, counts
 
 #: A frame is late past this: the next frame's audio is due.
 FRAME_MS = 80.0
@@ -115,12 +115,9 @@ def _levels(text: str | None, default: tuple[int, ...], top: int) -> tuple[int, 
     if text is None:
         return tuple(n for n in default if n <= top)
     try:
-        levels = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--levels {text!r}: give session counts like 1,4,8") from None
-    if not levels or levels[0] < 1 or levels[-1] > top:
-        raise UsageError(f"--levels {text!r}: each must be 1..{top}")
-    return levels
+        return counts(text, top, "1,4,8")
+    except ValueError as exc:
+        raise UsageError(f"--levels {exc}") from None
 
 
 def _pct(xs: list[float], q: float) -> float | None:

@@ -56,7 +56,7 @@ from omnix.bench.engines_text import LEVELS, TTFT_RATIO, TTFT_SLACK_MS, text_fig
 from omnix.bench.engines_ttfp import TTFP_CUT, ttfp_phase
 from omnix.bench.loop import run_on_loop
 from omnix.bench.pipeline_arg import load_pipeline_arg, prepare_pipeline_models
-from omnix.usage import arg_type, count
+from omnix.usage import arg_type, count, counts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,13 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise ValueError(f"{text!r} is not a list of concurrency levels, e.g. 1,8,32") from None
-    if not levels or levels[0] < 1:
-        raise ValueError(f"{text!r}: give concurrency levels of 1 or more, e.g. 1,8,32")
-    return levels
+    return counts(text, example="1,8,32")
 
 
 def _text_flags(parser: argparse.ArgumentParser) -> None:

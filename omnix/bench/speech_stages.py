@@ -45,7 +45,7 @@ import msgspec
 
 from omnix.bench.loop import run_on_loop
 from omnix.bench.report import progress
-from omnix.usage import UsageError
+from omnix.usage import UsageError, counts
 
 #: The c levels the issue asks for.
 DEFAULT_LEVELS = (1, 4, 8, 16, 32)
@@ -96,12 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _levels(text: str, flag: str = "--levels") -> tuple[int, ...]:
     try:
-        levels = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"{flag} {text!r}: give sizes like 1,4,8") from None
-    if not levels or levels[0] < 1 or levels[-1] > 32:
-        raise UsageError(f"{flag} {text!r}: each size must be 1..32")
-    return levels
+        return counts(text, 32, "1,4,8")
+    except ValueError as exc:
+        raise UsageError(f"{flag} {exc}") from None
 
 
 class _Built:

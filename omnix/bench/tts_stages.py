@@ -48,7 +48,7 @@ from omnix.bench.loop import run_on_loop
 from omnix.bench.report import progress
 from omnix.bench.speech_stages import graph_timings
 from omnix.bench.tts_texts import bench_texts, parse_levels
-from omnix.usage import UsageError, int_in
+from omnix.usage import UsageError, counts, int_in
 
 DEFAULT_LEVELS = (1, 16, 64)
 #: vLLM-Omni's published figures for Qwen3-TTS-12Hz-1.7B-CustomVoice on H100s
@@ -113,11 +113,11 @@ def _buckets(args: argparse.Namespace, levels: tuple[int, ...]) -> tuple[int, ..
     if not args.buckets:
         return tuple(sorted({1, *levels}))
     try:
-        buckets = tuple(sorted({int(x) for x in args.buckets.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--buckets {args.buckets!r}: give sizes like 1,16,64") from None
-    if not buckets or buckets[0] < 1 or buckets[-1] < levels[-1]:
-        raise UsageError(f"--buckets {args.buckets!r}: sizes >= 1, the largest >= {levels[-1]}")
+        buckets = counts(args.buckets, example="1,16,64")
+    except ValueError as exc:
+        raise UsageError(f"--buckets {exc}") from None
+    if buckets[-1] < levels[-1]:
+        raise UsageError(f"--buckets {args.buckets!r}: the largest must hold {levels[-1]} rows")
     return buckets
 
 

@@ -8,7 +8,7 @@ against the reference (``tts.py``) and the stages alone on a GPU
 
 from __future__ import annotations
 
-from omnix.usage import UsageError
+from omnix.usage import UsageError, counts
 
 TEXTS = (
     "Hello there, how are you today?",
@@ -23,13 +23,11 @@ TEXTS = (
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
+    """``--levels``: concurrency levels from 1 to 64."""
     try:
-        levels = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--levels {text!r}: give concurrency levels like 1,4,16") from None
-    if not levels or levels[0] < 1 or levels[-1] > 64:
-        raise UsageError(f"--levels {text!r}: each level must be 1..64")
-    return levels
+        return counts(text, 64, "1,4,16")
+    except ValueError as exc:
+        raise UsageError(f"--levels {exc}") from None
 
 
 def bench_texts(n: int, words: int) -> list[str]:

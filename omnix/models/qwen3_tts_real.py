@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from omnix.models.paths import built_once
+from omnix.models.qwen3_omni_real import REAL_PREDICTOR as OMNI_PREDICTOR
 from omnix.models.qwen3_tts import (
     GENERATION_CONFIG,
     decoder_fields,
@@ -54,16 +55,8 @@ REAL_TALKER: Final[dict[str, Any]] = {
     "max_position_embeddings": 32768,
     "rope_scaling": {"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
 }
-#: its ``code_predictor_config``
-REAL_PREDICTOR: Final[dict[str, Any]] = {
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 5,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 65536,
-}
+#: its ``code_predictor_config``: Qwen3-Omni-30B-A3B's code predictor's sizes
+REAL_PREDICTOR: Final[dict[str, Any]] = {**OMNI_PREDICTOR, "max_position_embeddings": 65536}
 #: Qwen3-TTS-Tokenizer-12Hz's ``decoder_config``
 REAL_DECODER: Final[dict[str, Any]] = {
     "codebook_dim": 512,
