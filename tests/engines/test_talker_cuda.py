@@ -1,5 +1,6 @@
 """The talker on a CUDA GPU: sampling works there, captured graphs equal
-eager decoding code for code in float32 (compiled graphs within the
+eager decoding code for code in float32 (Qwen3-Omni's talker and
+Qwen3-TTS's) (compiled graphs within the
 tolerance docs/engines.md states), a seeded sampled request repeats.
 
 CI has no GPU: these run on the device machine (docs/engines.md, "The
@@ -108,6 +109,47 @@ def test_compiled_graphs_stay_within_the_documented_tolerance(omni: Path, spoken
         equal += int((c[:n] == e[:n]).sum())
         total += e[:n].size
     assert equal / total >= 0.9, f"{equal} of {total} codes equal"
+
+
+async def _speak_tts(folder: Path, decode: str) -> list[np.ndarray]:
+    """Three Qwen3-TTS requests (voices, texts) decoded together."""
+    from omnix.engines.qwen3_tts_engine import Qwen3TTSEngine
+    from omnix.pipelines.config import Qwen3TTSTalkerArgs
+
+    engine = Qwen3TTSEngine(
+        Qwen3TTSTalkerArgs(
+            model=str(folder), device="cuda", max_batch=4, decode=decode, compile=False
+        )
+    )
+    await engine.start()
+
+    async def one(i: int, text: str, voice: str) -> np.ndarray:
+        async def text_in() -> AsyncIterator[InputPiece]:
+            yield InputPiece(text=text)
+
+        params = StageParams(temperature=0.0, max_tokens=FRAMES, voice=voice)
+        return await _frames(engine, GenerateRequest(f"t{i}", "talker", params), text_in())
+
+    try:
+        said = [("Hello there.", "vivian"), ("How are you today?", "ryan"), ("Fine.", "serena")]
+        return list(await asyncio.gather(*(one(i, t, v) for i, (t, v) in enumerate(said))))
+    finally:
+        await engine.close()
+
+
+def test_qwen3_tts_graphed_greedy_frames_equal_eager_in_float32() -> None:
+    """Qwen3-TTS's talker (dense, its text read a token a frame) on the
+    same graphs as Qwen3-Omni's: code for code its eager decoding."""
+    from omnix.models.build import ensure_models
+    from omnix.models.paths import resolve_model
+
+    ensure_models(names=("qwen3_tts_custom_voice",))
+    folder = resolve_model("qwen3_tts_custom_voice")
+    eager = asyncio.run(_speak_tts(folder, "eager"))
+    graphed = asyncio.run(_speak_tts(folder, "graphs"))
+    for e, g in zip(eager, graphed, strict=True):
+        assert len(e) > 0
+        np.testing.assert_array_equal(g, e)
 
 
 @pytest.mark.parametrize("decode", ["eager", "graphs"])
