@@ -21,9 +21,9 @@ the log prefix only:
   has not joined yet (its join takes the queue) or ``max`` is reached
   (a draining replica counts until it has left).
 * Down: a sample that finds the queue empty, more than ``min`` replicas,
-  the others' credits enough for every request the stage runs, and the
-  stage's last start or drain at least ``down_after_s`` of log time
-  before it, drains the highest replica.
+  the highest of them joined, the others' credits enough for every
+  request the stage runs, and the stage's last start or drain at least
+  ``down_after_s`` of log time before it, drains the highest replica.
 * With nothing happening the log has no sample: the server asks
   ``idle`` with the clock's reading every so often, and appends the
   drains it returns as inputs stamped with that reading (as retention
@@ -204,14 +204,19 @@ class Scaler:
     @staticmethod
     def _may_drain(name: str, s: _Stage, ts_ns: int, state: Fold, placement: Placement) -> bool:
         """More than ``min`` replicas, the last start or drain at least
-        ``down_after_s`` ago, and the others' credits enough for every
-        request the stage runs (the caller checks that none waits)."""
+        ``down_after_s`` ago, the highest replica joined, and the others'
+        credits enough for every request the stage runs (the caller checks
+        that none waits).  A replica still starting is not drained for
+        idleness: it would never join to leave (its drain would end
+        nothing), and its start was the queue's, which it has not served."""
         cfg = s.cfg
         if len(s.members) <= cfg.min:
             return False
         if s.changed_ts >= 0 and ts_ns - s.changed_ts < cfg.down_after_s * _NS:
             return False
         last = s.members[-1]
+        if not _alive(state, name, last):
+            return False
         load = spare = 0
         for rep in s.members:
             wid = worker_id(name, rep)

@@ -115,6 +115,33 @@ async def test_drain_waits_for_log_time_takes_no_new_work_and_the_replica_leaves
     assert_all_finished_once(omni, rids)
 
 
+async def test_a_replica_still_starting_is_not_drained_for_idleness_until_it_joins():
+    # A slow start: the burst is over long before the new replica joins.
+    omni, sim = await start_sim(scaling(up_after=1, down_after_s=0.05, hi=2))
+    sim.start_delay_ns = 10 * S
+    rids = [f"r{i}" for i in range(4)]
+    for rid in rids:
+        omni.submit(SPEC, request_id=rid)
+
+    def finished() -> bool:
+        return all(any(isinstance(e, TERMINAL_TYPES) for e in omni.log.events_for(r)) for r in rids)
+
+    while not finished():
+        assert sim.step()
+    assert [op for op in ops(omni) if op[1] != "left"] == [(1, "start", "queue")]
+    assert "talker/1" not in omni.log.state.workers  # not joined yet
+    orch = omni.orchestrator
+    # Idle, long past down_after_s: still no drain while talker/1 starts.
+    assert orch.idle_scale(omni.log.state, sim.clock.now_ns() + S) == []
+    sim.run_until_idle()  # talker/1 joins
+    assert omni.log.state.workers["talker/1"].alive
+    (drain,) = orch.idle_scale(omni.log.state, sim.clock.now_ns() + S)
+    omni.sequencer.append(drain)
+    sim.run_until_idle()
+    assert ops(omni)[1:] == [(1, "drain", "idle"), (1, "left", "drained")]
+    assert_all_finished_once(omni, rids)
+
+
 async def test_steady_load_within_capacity_does_not_flap():
     omni, sim = await start_sim(scaling(down_after_s=0.5))
     for i in range(40):

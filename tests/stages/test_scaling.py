@@ -114,8 +114,10 @@ async def test_scale_up_and_down_under_load_loses_nothing():
         ]
         results = await asyncio.gather(*wave1)
         assert all(r.status == "finished" for r in results)
+        # Both leave (on a loaded machine the queue may start one again
+        # before the wave ends, and it leaves again later: at least both).
         await until(
-            lambda: len([e for e in scaled(omni) if e.op == "left"]) == 2,
+            lambda: {e.replica for e in scaled(omni) if e.op == "left"} >= {1, 2},
             timeout=60.0,
             what="both to leave",
         )
