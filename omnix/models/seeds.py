@@ -5,8 +5,8 @@ of build order, so equal seeds give byte-identical folders) and ``pad64``
 (vocabulary sizes padded as the engines' kernels like them), and
 ``made_on`` and ``fill_random`` (a module built at a published size on
 its own device and filled there in place, where the init of billions of
-parameters takes seconds).  Does
-not own any model's shapes or files (``build.py``, ``qwen3_omni.py``).
+parameters takes seconds).  Does not own any model's shapes or files
+(``build.py``, ``qwen3_omni.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def fill_random(module: Any, seed: int, std: float | Callable[[str], float] = 0.
 
 @contextlib.contextmanager
 def made_on(device: str, dtype: str) -> Iterator[None]:
-    """Modules built inside are made on ``device`` in ``dtype``."""
+    """Modules built inside are made on ``device`` in ``dtype``.  The
+    default dtype is torch's, process-wide: one thread builds at a time
+    (each stage loads in a worker process of its own)."""
     import torch
 
     before = torch.get_default_dtype()
