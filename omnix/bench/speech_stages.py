@@ -341,14 +341,21 @@ async def _omnix(
         await talker.close()
 
 
-def _summary(runs: list[dict[str, Any]], levels: tuple[int, ...]) -> dict[str, Any]:
+def stage_summary(
+    runs: list[dict[str, Any]], levels: tuple[int, ...], first: str = "first_packet_ms"
+) -> dict[str, Any]:
+    """The medians (and ``*_min``) of the runs of a talker feeding its
+    decoder: ``rtf``, ``audio_s_per_s`` and ``talker_audio_s_per_s`` by
+    level, the c=1 request's first audio as ``first`` (in ms, where every
+    run timed one), each graph bucket's step and frame."""
     med, low = statistics.median, min
     out: dict[str, Any] = {}
     for key in ("rtf", "audio_s_per_s", "talker_audio_s_per_s"):
         out[key] = {c: round(med(r[key][c] for r in runs), 3) for c in levels}
         out[f"{key}_min"] = {c: round(low(r[key][c] for r in runs), 3) for c in levels}
-    out["first_packet_ms"] = round(med(r["first"] for r in runs) * 1000, 1)
-    out["first_packet_ms_min"] = round(low(r["first"] for r in runs) * 1000, 1)
+    if all("first" in r for r in runs):
+        out[first] = round(med(r["first"] for r in runs) * 1000, 1)
+        out[f"{first}_min"] = round(low(r["first"] for r in runs) * 1000, 1)
     if "graphs" in runs[0]:
         buckets = sorted(runs[0]["graphs"])
         for i, key in enumerate(("talker_ms_per_step", "predictor_ms_per_frame")):
@@ -384,7 +391,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     progress(f"omnix's engines (decode {args.decode}, compile {not args.no_compile})", t0)
     ours = await _omnix(built, args, levels)
     res["graph_start_s"] = ours["graph_start_s"]
-    res |= _summary(ours["runs"], levels)
+    res |= stage_summary(ours["runs"], levels)
     if "talker_ms_per_step" in res and levels[0] == 1:
         # transformers' path decodes one request: compared with omnix at c=1 only.
         one = res["talker_ms_per_step"][1] + res["predictor_ms_per_frame"][1]
