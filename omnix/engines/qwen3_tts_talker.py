@@ -30,16 +30,11 @@ from omnix.engines.talker_model import (
     CodecLayout,
     Conditioning,
     Sampling,
-    Slot,
     TalkerModel,
 )
 
 if TYPE_CHECKING:
     import torch
-
-#: The reference's ``generate`` passes ``min_new_tokens=2``: the codec's eos
-#: is barred from the first two codes.
-MIN_NEW_TOKENS = 2
 
 
 class VoiceClone(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,6 +96,10 @@ def _layout(talker_cfg: dict[str, Any]) -> CodecLayout:
 
 class Qwen3TTSTalker(TalkerModel):
     """The talker of one Qwen3-TTS checkpoint, on one device."""
+
+    #: The reference's ``generate`` passes ``min_new_tokens=2``: the codec's
+    #: eos is barred from the first two codes.
+    min_new_tokens = 2
 
     def __init__(self, cfg: dict[str, Any], talker: Any, tokenizer: Any) -> None:
         # Not TalkerModel.__init__: that one reads a Qwen3-Omni config.
@@ -284,13 +283,6 @@ class Qwen3TTSTalker(TalkerModel):
         return filled + audio, self.tts_pad[None]
 
     # -- decoding ------------------------------------------------------------------
-
-    def _choose(self, logits: torch.Tensor, slots: list[Slot]) -> list[int]:
-        early = [i for i, s in enumerate(slots) if len(s.generated) < MIN_NEW_TOKENS]
-        if early:
-            logits = logits.clone()
-            logits[early, self.layout.codec_eos] = float("-inf")
-        return super()._choose(logits, slots)
 
     def generate(
         self, req: SpeechRequest, max_new_tokens: int = 4096, sampling: Sampling | None = None

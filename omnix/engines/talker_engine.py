@@ -430,6 +430,7 @@ class TalkerEngine:
         # On the model's device: CUDA draws take a CUDA generator.
         assert self.model is not None
         gen = torch.Generator(device=self.model.device).manual_seed(req.request.seed)
+        max_tokens = p.max_tokens or DEFAULT_MAX_TOKENS
         return Sampling(
             temperature=DEFAULT_TEMPERATURE if p.temperature is None else p.temperature,
             top_k=DEFAULT_TOP_K if p.top_k is None else p.top_k,
@@ -437,6 +438,7 @@ class TalkerEngine:
             repetition_penalty=(
                 DEFAULT_REPETITION_PENALTY if p.repetition_penalty is None else p.repetition_penalty
             ),
+            min_tokens=min(p.min_tokens or 0, max_tokens),
             generator=gen,
         )
 

@@ -166,6 +166,10 @@ class TalkerGraphs:
         )
         self.suppressed = z(self.vocab, dtype=torch.bool)
         self.suppressed[list(model.layout.suppressed)] = True
+        self.eos = model.layout.codec_eos
+        #: first codes each row must still choose before its end of speech
+        #: may be one (``Sampling.min_tokens``)
+        self.eos_wait = z(S, dtype=torch.long)
         self._positions = torch.arange(max_len, device=dev)
         self._slot_ids = torch.arange(S, device=dev)
         self.samplings: list[Sampling | None] = [None] * S
@@ -242,7 +246,10 @@ class TalkerGraphs:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         hidden = talker.model.norm(h)[:, 0]
         logits = talker.codec_head(hidden)
+        early = self.eos_wait[:b] > 0
+        logits[:, self.eos] = logits[:, self.eos].masked_fill(early, float("-inf"))
         code = choose_first(logits, self.seen[:b], self.suppressed, self._rows(b), self.noise[:b])
+        self.eos_wait[:b].sub_((early & active).long())
         self.codes[:b].copy_(torch.where(active, code, self.codes[:b]))
         self.hidden[:b].copy_(torch.where(active[:, None], hidden, self.hidden[:b]))
         self.lengths[:b].add_(active.long())
@@ -327,6 +334,7 @@ class TalkerGraphs:
             r.top_k[s] = sampling.top_k
             r.top_p[s] = sampling.top_p
             r.penalty[s] = sampling.repetition_penalty
+            self.eos_wait[s] = max(0, self.model.end_held_for(sampling) - len(generated))
         self.samplings[s] = sampling
         self.used += 1
         return s
@@ -347,7 +355,7 @@ class TalkerGraphs:
             for k, v in zip(self.keys, self.values, strict=True):
                 k[slot, :, :n].copy_(k[last, :, :n])
                 v[slot, :, :n].copy_(v[last, :, :n])
-            for t in (self.lengths, self.delta, self.codes, self.hidden, self.seen):
+            for t in (self.lengths, self.delta, self.codes, self.hidden, self.seen, self.eos_wait):
                 t[slot].copy_(t[last])
             r = self.rows
             for t in (r.temperature, r.top_k, r.top_p, r.penalty):

@@ -109,6 +109,9 @@ class Sampling:
     top_k: int = 50
     top_p: float = 1.0
     repetition_penalty: float = 1.05
+    #: first-group codes before the codec's end of speech may be chosen
+    #: (vLLM's ``min_tokens``: the end is masked until then)
+    min_tokens: int = 0
     generator: torch.Generator | None = None
 
 
@@ -160,6 +163,16 @@ def _read_thinker_ids(cfg: Any, eos: tuple[int, ...]) -> ThinkerIds:
 
 class TalkerModel:
     """The talker of one Qwen3-Omni checkpoint, on one device."""
+
+    #: first-group codes every request chooses before the end of speech may
+    #: be one, whatever its ``Sampling.min_tokens`` (the reference's
+    #: ``min_new_tokens``; Qwen3-Omni's passes none)
+    min_new_tokens = 0
+
+    def end_held_for(self, sampling: Sampling) -> int:
+        """How many first codes a request chooses before its end of speech
+        may be one."""
+        return max(self.min_new_tokens, sampling.min_tokens)
 
     def __init__(self, cfg: Any, talker: Any, thinker_embed: Any, eos: tuple[int, ...]) -> None:
         self.cfg = cfg
@@ -567,11 +580,15 @@ class TalkerModel:
     def _choose(self, logits: torch.Tensor, slots: list[Slot]) -> list[int]:
         """First-group codes from the codec head's logits ([B, vocab]): the
         repetition penalty over each request's earlier codes, the
-        suppressed ids, then greedy or sampled."""
+        suppressed ids (and the end of speech before a request's
+        ``min_tokens``), then greedy or sampled."""
         import torch
 
         logits = logits.clone()
         logits[:, self._suppress] = float("-inf")
+        for i, slot in enumerate(slots):
+            if len(slot.generated) < self.end_held_for(slot.sampling):
+                logits[i, self.layout.codec_eos] = float("-inf")
         # Every row's penalty in one gather and scatter: each penalised
         # logit is multiplied or divided by its row's penalty in float32
         # (what a Python number is against float32 logits, and the opmath

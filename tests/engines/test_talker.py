@@ -214,6 +214,43 @@ async def test_an_answer_of_at_most_one_token_ends_with_no_frames(talker, refere
     assert got[-1].finish_reason == "stop" and got[-1].output_tokens == 0
 
 
+def _ends_at_once(head, eos: int):
+    """A codec head whose end of speech outscores every code: the talker
+    would end each answer at its first choice."""
+    import torch
+
+    class EndsAtOnce(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = head
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            logits = self.head(hidden).clone()
+            logits[..., eos] += 1e4
+            return logits
+
+    return EndsAtOnce()
+
+
+@pytest.mark.parametrize("min_tokens", [0, 5])
+async def test_min_tokens_holds_the_end_of_speech_back_that_many_frames(
+    talker, reference, min_tokens
+) -> None:
+    want = reference[0]
+    model = talker.model.talker
+    head = model.codec_head
+    model.codec_head = _ends_at_once(head, talker.model.layout.codec_eos)
+    try:
+        frames, finish = await _frames(
+            talker,
+            _request("min", "chelsie", min_tokens=min_tokens),
+            _pieces(want.prompt_ids, want.thinker_ids, every=4),
+        )
+    finally:
+        model.codec_head = head
+    assert finish == "stop" and len(frames) == min_tokens
+
+
 async def test_a_requests_generator_lives_on_the_models_device(talker) -> None:
     from omnix.engines.talker_engine import _Request
 

@@ -234,7 +234,7 @@ async def serve_builtin(name: str, tmp_path_factory) -> AsyncGenerator[HttpServe
     session (``$OMNIX_MODEL_DIR`` when set: point it at a folder that keeps
     them to skip building).  ``NAME+tools``: its vLLM stages started as
     ``--enable-auto-tool-choice --tool-call-parser hermes`` would;
-    ``NAME+long``: its talkers speak up to 400 frames (32 s) an answer, so
+    ``NAME+long``: its talkers speak 400 frames (32 s) an answer, so
     that an answer is still being made seconds after it starts, however
     quiet the machine (a barge-in's test)."""
     from tests.model_fixtures import session_models
@@ -292,8 +292,20 @@ def with_tool_parser(pipeline: PipelineConfig) -> PipelineConfig:
 
 
 def with_long_answers(pipeline: PipelineConfig, frames: int) -> PipelineConfig:
-    """``pipeline`` with its talkers speaking up to ``frames`` frames."""
-    return with_talker_sampling(pipeline, max_tokens=frames)
+    """``pipeline`` with its talkers speaking ``frames`` frames, their end
+    of speech held back until then (random weights may pick it at any
+    frame), of answers of at least two text tokens (one would leave the
+    talker nothing to speak)."""
+    pipeline = with_talker_sampling(pipeline, max_tokens=frames, min_tokens=frames)
+    return msgspec.structs.replace(
+        pipeline,
+        stages=tuple(
+            msgspec.structs.replace(st, sampling=msgspec.structs.replace(st.sampling, min_tokens=2))
+            if isinstance(st.engine, VllmArgs)
+            else st
+            for st in pipeline.stages
+        ),
+    )
 
 
 def with_talker_sampling(pipeline: PipelineConfig, **fields: Any) -> PipelineConfig:

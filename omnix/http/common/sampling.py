@@ -57,9 +57,9 @@ ENGINE_PARAMS: Final[dict[str, frozenset[str]]] = {
     "vllm": frozenset(EXTRA_PARAMS),
     "scripted": frozenset({"logprobs"}),
     # Qwen3-Omni's and Qwen3-TTS's talkers: the reference's penalty over
-    # their own codes.
-    "qwen3_omni_talker": frozenset({"repetition_penalty"}),
-    "qwen3_tts_talker": frozenset({"repetition_penalty"}),
+    # their own codes, and frames before the end of speech may come.
+    "qwen3_omni_talker": frozenset({"repetition_penalty", "min_tokens"}),
+    "qwen3_tts_talker": frozenset({"repetition_penalty", "min_tokens"}),
 }
 #: ``StageParams`` fields only a diffusers stage honours (schema v5; v7: an
 #: edit's strength, partial images, a video's frames and rate).
