@@ -97,6 +97,10 @@ class RuntimeOptions:
     #: With ``placement="ray"``: the cluster to join ("auto", "local" or
     #: HOST:PORT).
     ray_address: str = "auto"
+    #: Fork spawned workers from a zygote that imported their engines'
+    #: modules once (``zygote.py``: a start or restart without seconds of
+    #: imports); False: each starts in a fresh Python.
+    fork_workers: bool = True
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.lost_after_s < 2 * self.heartbeat_interval_s:

@@ -1,13 +1,14 @@
 """Child processes of the stage runtime: spawn, watch, capture output, kill.
 
-Owns: ``WorkerProcess``, one spawned worker: started in its own session
-(process group) so that killing it also kills anything it spawned (vLLM
-starts an engine-core process); watched with a pidfd on the event loop, so
-a ``kill -9`` is noticed within milliseconds (a killed process sends
-nothing); its stdout+stderr read through one pipe on the loop, forwarded
-line by line with a ``[stage/replica]`` prefix and the last lines kept for
-error messages.  Does not own restarts or what a death means
-(``runtime.py``).
+Owns: ``WorkerProcess``, one spawned worker: started (``Start``: a fresh
+Python by default, ``popen``; or forked by a zygote, ``zygote.py``) in its
+own session (process group) so that killing it also kills anything it
+spawned (vLLM starts an engine-core process); watched with a pidfd on the
+event loop (a forked one: by its zygote's word), so a ``kill -9`` is
+noticed within milliseconds (a killed process sends nothing); its
+stdout+stderr read through one pipe on the loop, forwarded line by line
+with a ``[stage/replica]`` prefix and the last lines kept for error
+messages.  Does not own restarts or what a death means (``runtime.py``).
 """
 
 from __future__ import annotations
@@ -20,18 +21,40 @@ import signal
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+
+from omnix.stages.zygote import ForkedProcess
 
 TAIL_LINES = 30
 # A DEBUG or INFO line of the worker's own logging (worker_cli's format).
 _WORKER_INFO = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO) worker\[")
 
 
+#: Starts a worker with its stdout and stderr on the given descriptor.
+Start = Callable[[int], "subprocess.Popen[bytes] | ForkedProcess"]
+
+
+def popen(argv: Sequence[str], env: Mapping[str, str]) -> Start:
+    """A fresh ``argv`` process with exactly ``env``."""
+
+    def start(out_fd: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=out_fd,
+            env=dict(env),
+            start_new_session=True,  # own process group: killpg reaches grandchildren
+            close_fds=True,
+        )
+
+    return start
+
+
 class WorkerProcess:
     def __init__(
         self,
-        argv: list[str],
-        env: dict[str, str],
+        start: Start,
         label: str,
         loop: asyncio.AbstractEventLoop,
         on_exit: Callable[[WorkerProcess], None],
@@ -47,15 +70,7 @@ class WorkerProcess:
         self._exited = False
         r, w = os.pipe()
         try:
-            self.popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=w,
-                stderr=w,
-                env=env,
-                start_new_session=True,  # own process group: killpg reaches grandchildren
-                close_fds=True,
-            )
+            self.popen = start(w)
         except BaseException:
             os.close(r)
             raise
@@ -66,11 +81,20 @@ class WorkerProcess:
         os.set_blocking(r, False)
         loop.add_reader(r, self._read_output)
         self._pidfd: int | None = None
+        if isinstance(self.popen, ForkedProcess):
+            # Not our child: its exit status comes from the zygote, after the
+            # pidfd would fire.
+            self.popen.on_exit(self._exited_elsewhere)
+            return
         try:
             self._pidfd = os.pidfd_open(self.pid)
             loop.add_reader(self._pidfd, self.poll)
         except (AttributeError, OSError):
             self._pidfd = None  # no pidfd (old kernel): the runtime's tick polls
+
+    def _exited_elsewhere(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody watches
+            self._loop.call_soon_threadsafe(self.poll)
 
     @property
     def returncode(self) -> int | None:

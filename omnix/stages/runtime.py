@@ -72,7 +72,8 @@ import zmq
 
 from omnix.events.blobs import BlobStore
 from omnix.events.types import Event, Scaled, WorkerLost
-from omnix.pipelines.config import PipelineConfig
+from omnix.pipelines.config import PipelineConfig, engine_kind
+from omnix.pipelines.engines import engine_preload
 from omnix.stages.credits import Credits
 from omnix.stages.endpoint import ray_endpoint, workers_endpoint
 from omnix.stages.errors import (
@@ -227,6 +228,7 @@ class StageRuntime:
             forward_worker_output=self.forward_worker_output,
             on_exit=self._on_proc_exit,
             closed=lambda: self._closed,
+            preload=self._preload(),
         )
         self._profiles = ProfileCalls(self.pipeline, self._slots, self._wire)
         self._scaling = ReplicaScaling(
@@ -248,6 +250,15 @@ class StageRuntime:
             changed=self._changed_state,
             closed=lambda: self._closed,
         )
+
+    def _preload(self) -> tuple[str, ...]:
+        """What the spawned workers' zygote imports (none: no zygote)."""
+        if not self.options.fork_workers:
+            return ()
+        kinds = (
+            engine_kind(st.engine) for st in self.pipeline.stages if st.name in self.spawned_stages
+        )
+        return engine_preload(kinds)
 
     def _join_ray(self, address: str, endpoint: str | None) -> str:
         """``placement="ray"``: join the cluster and check it can hold the

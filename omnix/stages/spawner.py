@@ -1,7 +1,9 @@
 """The stage runtime's worker processes: spawn, restart, stop.
 
 Owns: ``Spawner``.  It starts one ``omnix.stages.worker_cli`` process per
-replica of the stages the runtime spawns, with the environment a worker
+replica of the stages the runtime spawns (forked by a zygote that imported
+their engines' modules once, ``zygote.py``, when it has any to import;
+else, or when the zygote is gone, a fresh Python), with the environment a worker
 runs in (``spawn_env``: one OpenMP thread, this omnix on ``PYTHONPATH``, the
 CPUs the placement gives it, the GPUs its stage's ``devices`` give it, a fresh incarnation token, the parent's pid,
 the shared worker token), reports a process's exit (``on_exit``), restarts
@@ -26,13 +28,15 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import omnix
 from omnix.stages.placement import ENGINE_CPUS_ENV, CpuPlan
-from omnix.stages.procs import WorkerProcess
+from omnix.stages.procs import Start, WorkerProcess, popen
 from omnix.stages.slots import Slot
 from omnix.stages.worker_cli import CPUS_ENV
 from omnix.stages.worker_process import AUTH_ENV, PARENT_ENV, TOKEN_ENV
+from omnix.stages.zygote import Zygote, ZygoteGone, shared_zygote, zygote_env
 from omnix.transport.sockets import remove_endpoint_dir
 
 log = logging.getLogger("omnix.runtime")
@@ -53,8 +57,12 @@ class Spawner:
         forward_worker_output: bool,
         on_exit: Callable[[WorkerProcess], None],
         closed: Callable[[], bool],
+        preload: tuple[str, ...] = (),
     ) -> None:
         self.python = python
+        #: what the workers' zygote imports (``engines.engine_preload``); none: no zygote
+        self.preload = preload
+        self.zygote: Zygote | None = None
         self.worker_token = worker_token
         self.worker_env = worker_env
         self.worker_cpus = worker_cpus
@@ -91,8 +99,7 @@ class Spawner:
             str(slot.replica),
         ]
         proc = WorkerProcess(
-            argv,
-            env,
+            self._starter(argv, env),
             slot.worker_id,
             self.loop,
             self._on_exit,
@@ -135,8 +142,39 @@ class Spawner:
             )
         slot.restart_handle = self.loop.call_later(delay, self.spawn, slot)
 
+    def _starter(self, argv: list[str], env: dict[str, str]) -> Start:
+        """Forked by the zygote when it is there, else a fresh Python."""
+        cold = popen(argv, env)
+        zygote = self.zygote
+        if zygote is None:
+            return cold
+
+        def start(out_fd: int) -> Any:
+            if not zygote.dead:
+                try:
+                    # Its parent is the zygote, which dies with this process.
+                    forked_env = {**env, PARENT_ENV: str(zygote.pid)}
+                    cpus = sorted(os.sched_getaffinity(0))
+                    return zygote.fork(argv[3:], forked_env, out_fd, cpus)
+                except ZygoteGone as exc:
+                    log.warning("%s; starting workers in a fresh Python", exc)
+            return cold(out_fd)
+
+        return start
+
     async def prepare(self) -> None:
-        """Nothing to reserve: local processes."""
+        """Nothing to reserve: local processes.  With modules to preload,
+        the workers' zygote (shared by this process's runtimes) imports
+        them before the first worker starts; one that cannot means cold
+        starts, said once."""
+        if not self.preload:
+            return
+        env = zygote_env(worker_environ(os.environ, self.worker_env))
+        zygote = shared_zygote(self.python, self.preload, env)
+        if await asyncio.to_thread(zygote.wait_ready, 300.0):
+            self.zygote = zygote
+        else:
+            log.warning("the workers' zygote did not start; starting workers in a fresh Python")
 
     def stop(self, slot: Slot) -> None:
         """``slot`` leaves for good: no restart; its process gets SIGTERM

@@ -86,12 +86,14 @@ async def test_vllm_stages_run_their_model_in_the_engine_core_placed_on_its_own_
     workers = {e.stage: psutil.Process(e.pid) for e in joined}
     for stage in ("thinker",):  # tiny-omni's one vLLM stage
         kids = workers[stage].children(recursive=True)
-        names = [k.name() for k in kids]
+        # vLLM titles its processes ("VLLM::EngineCore"): forked, only the
+        # command line shows it.
+        names = [" ".join(k.cmdline()) for k in kids]
         assert any("EngineCore" in n for n in names), names
         assert not any("Worker" in n for n in names), names  # vLLM's model process
         if plan is None:
             continue
-        (core,) = [k for k in kids if "EngineCore" in k.name()]
+        (core,) = [k for k, n in zip(kids, names, strict=True) if "EngineCore" in n]
         assert set(core.cpu_affinity()) == parse_cpus(plan.engines[f"{stage}/0"])
         # Every thread of the worker, also those AsyncLLM started while it
         # spawned the engine core (its ZMQ I/O thread), stays on the frontend.

@@ -1,0 +1,228 @@
+"""Warm worker starts: workers forked from a process that imported their engines once.
+
+Owns ``Zygote``, the server's side of one zygote process
+(``zygote_main``): the process that imported the heavy modules of the
+engines a runtime spawns (torch, transformers' Qwen3-Omni model code,
+vLLM) and forks each worker from itself (``fork``), and ``ForkedProcess``,
+one forked worker as ``procs.WorkerProcess`` watches it (the part of
+``subprocess.Popen`` it uses: ``pid``, ``poll``, ``wait``,
+``returncode``), its exit status told by the zygote.  ``shared_zygote``
+keeps one zygote per Python, module list and environment for the whole
+process: the servers of a test session share theirs, and a worker the
+runtime restarts is forked warm.
+
+Why: a cold worker of tiny-omni spends ~4 CPU-s importing transformers'
+model code (talker, code2wav) and ~9 importing vLLM (thinker) before it
+loads anything; on a small machine that is most of a server's start and
+every restart's.  Why a fork is safe here: the zygote is single-threaded
+and computes nothing (no OpenMP pool, no CUDA context), and each child
+takes its own environment, CPUs, session and output before the worker
+starts; what libraries read at import (``HF_HUB_OFFLINE``,
+``VLLM_LOGGING_LEVEL``, ``OMP_NUM_THREADS``) is in the zygote's own
+environment (``zygote_env``), which the workers' shares.
+
+When the zygote dies its workers are killed (they would have no one to
+report their exits) and the runtime restarts them cold.  Does not own the
+worker's command line and environment (``spawner.py``) nor its watching
+and output (``procs.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+
+from omnix.stages.zygote_wire import MAX_MESSAGE, Exited, Fork, Forked, Ready, ZygoteMessage
+
+log = logging.getLogger("omnix.runtime")
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(ZygoteMessage).decode
+
+
+class ZygoteGone(RuntimeError):
+    """The zygote died or never became ready: start the worker cold."""
+
+
+class ForkedProcess:
+    """A worker forked by a zygote, as ``subprocess.Popen`` shows a child."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._watchers: list[Callable[[], None]] = []
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def on_exit(self, watcher: Callable[[], None]) -> None:
+        """Call ``watcher`` (from any thread) once it has exited."""
+        with self._lock:
+            if self.returncode is None:
+                self._watchers.append(watcher)
+                return
+        watcher()
+
+    def exited(self, returncode: int) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            self.returncode = returncode
+            watchers, self._watchers = self._watchers, []
+        self._done.set()
+        for w in watchers:
+            with contextlib.suppress(Exception):
+                w()
+
+
+class Zygote:
+    """One zygote process (see the module docstring); ``fork`` once ``wait_ready``."""
+
+    def __init__(self, python: str, modules: Sequence[str], env: Mapping[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-m", "omnix.stages.zygote_main", str(theirs.fileno()), *modules],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,  # a terminal's Ctrl-C is the server's
+            )
+        finally:
+            theirs.close()
+        self.modules = tuple(modules)
+        self.pid = 0  # the zygote's, once ready: its workers' parent
+        self.dead = False
+        self._sock = ours
+        self._tickets = itertools.count()
+        self._send_lock = threading.Lock()
+        self._state = threading.Lock()
+        self._ready = threading.Event()
+        self._answers: dict[int, tuple[threading.Event, list[ForkedProcess]]] = {}
+        self._children: dict[int, ForkedProcess] = {}
+        threading.Thread(target=self._read, name="omnix-zygote", daemon=True).start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until its modules are imported; False if it died first or took longer."""
+        return self._ready.wait(timeout) and not self.dead
+
+    def fork(
+        self, args: Sequence[str], env: Mapping[str, str], out_fd: int, cpus: Sequence[int] = ()
+    ) -> ForkedProcess:
+        """``omnix worker ARGS`` as a child of the zygote, with exactly ``env``,
+        on ``cpus`` (empty: the zygote's), its stdout and stderr to
+        ``out_fd``; ``ZygoteGone`` when it cannot."""
+        if not self._ready.is_set() or self.dead:
+            raise ZygoteGone("the zygote is not ready")
+        ticket = next(self._tickets)
+        done, got = threading.Event(), list[ForkedProcess]()
+        with self._state:
+            self._answers[ticket] = (done, got)
+        req = Fork(ticket=ticket, args=tuple(args), env=dict(env), cpus=tuple(cpus))
+        try:
+            with self._send_lock:
+                socket.send_fds(self._sock, [_encode(req)], [out_fd])
+        except OSError as exc:
+            raise ZygoteGone(f"the zygote is gone ({exc})") from None
+        if not done.wait(30.0) or not got:
+            raise ZygoteGone("the zygote did not fork the worker")
+        return got[0]
+
+    def close(self) -> None:
+        """Its end of the socket closed: the zygote exits (its workers stay)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(MAX_MESSAGE)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = _decode(data)
+            if isinstance(msg, Ready):
+                self.pid = msg.pid
+                self._ready.set()
+            elif isinstance(msg, Forked):
+                proc = ForkedProcess(msg.pid)
+                with self._state:
+                    self._children[msg.pid] = proc
+                    done, got = self._answers.pop(msg.ticket, (None, []))
+                got.append(proc)
+                if done is not None:
+                    done.set()
+            elif isinstance(msg, Exited):
+                with self._state:
+                    child = self._children.pop(msg.pid, None)
+                if child is not None:
+                    child.exited(msg.returncode)
+        self._died()
+
+    def _died(self) -> None:
+        """Its workers could report no exit now: killed, and told so."""
+        self.dead = True
+        with self._state:
+            children, self._children = self._children, {}
+            answers, self._answers = self._answers, {}
+        for done, _ in answers.values():
+            done.set()
+        self._ready.set()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        for pid, child in children.items():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            child.exited(-signal.SIGKILL)
+        if children:
+            log.warning(
+                "the workers' zygote (pid %d) died: its %d workers were killed; they start cold",
+                self.proc.pid,
+                len(children),
+            )
+        with contextlib.suppress(Exception):
+            self.proc.wait(5.0)
+
+
+_shared: dict[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], Zygote] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_zygote(python: str, modules: Sequence[str], env: Mapping[str, str]) -> Zygote:
+    """This process's zygote for ``python``, ``modules`` and ``env``
+    (``zygote_env``), started if there is none alive."""
+    key = (python, tuple(modules), tuple(sorted(env.items())))
+    with _shared_lock:
+        zygote = _shared.get(key)
+        if zygote is None or zygote.dead:
+            zygote = _shared[key] = Zygote(python, modules, env)
+        return zygote
+
+
+def zygote_env(worker_env: Mapping[str, str]) -> dict[str, str]:
+    """The zygote's environment: every worker's (``worker_environ``) with
+    the defaults a vLLM stage's worker sets before importing vLLM
+    (``vllm_setup.set_env_defaults``), which its libraries read at import."""
+    env = dict(worker_env)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return env
