@@ -69,8 +69,12 @@ async def _frames(engine, request, inputs) -> np.ndarray:
     return np.asarray(frames, dtype=np.int64).reshape(-1, 16)
 
 
-def _request(rid: str, voice: str, temperature: float = 0.0, seed: int = 0) -> GenerateRequest:
-    params = StageParams(temperature=temperature, top_k=50, max_tokens=FRAMES, voice=voice)
+def _request(
+    rid: str, voice: str, temperature: float = 0.0, seed: int = 0, min_tokens: int = 0
+) -> GenerateRequest:
+    params = StageParams(
+        temperature=temperature, top_k=50, max_tokens=FRAMES, voice=voice, min_tokens=min_tokens
+    )
     return GenerateRequest(request_id=rid, stage="talker", params=params, seed=seed)
 
 
@@ -81,8 +85,13 @@ async def _run_batch(omni: Path, spoken, **talker) -> list[np.ndarray]:
     engine = TalkerEngine(TalkerArgs(model=str(omni), device="cuda", max_batch=4, **talker))
     await engine.start()
     try:
+        # Each row its own min_tokens: the end held back in both decodings alike.
         runs = [
-            _frames(engine, _request(f"b{i}", voice), _pieces(w.prompt_ids, w.thinker_ids, i + 1))
+            _frames(
+                engine,
+                _request(f"b{i}", voice, min_tokens=(0, 8, FRAMES)[i % 3]),
+                _pieces(w.prompt_ids, w.thinker_ids, i + 1),
+            )
             for i, ((_, voice), w) in enumerate(zip(PROMPTS, spoken, strict=True))
         ]
         return list(await asyncio.gather(*runs))
