@@ -1,6 +1,6 @@
 # The two commands a newcomer needs (see README.md):
 #   make serve   set up .venv, build the tiny models if missing, serve tiny-omni
-#   make test    set up .venv and run the whole test suite (TEST_WORKERS=2: modules side by side)
+#   make test    set up .venv and run the whole test suite, two modules side by side
 #   make test-fast  the edit loop: every test but those on real model engines or marked slow
 #   make lint    ruff (lint and format check), and mypy (strict on events, orchestrator, transport, replay, trace)
 .PHONY: setup serve test test-fast lint
@@ -11,13 +11,12 @@ setup:
 serve: setup
 	.venv/bin/omnix serve
 
-# TEST_WORKERS=2 runs modules side by side (pytest-xdist, a module to a
+# Two test workers run modules side by side (pytest-xdist, a module to a
 # worker: its module- and session-scoped servers stay with it; the longest,
-# starts_first, first).  On 2 cores two workers take the suite from ~44 to
-# ~30 minutes, but under their load a test that races the tiny models'
-# speed can lose (the playground's spoken interruption, once in three
-# runs); three starve the servers' heartbeats.  One by default (README.md).
-TEST_WORKERS ?= 1
+# starts_first, first): on 2 cores ~22 minutes (the servers' workers fork
+# warm from a zygote, docs/runtime.md); three starve the servers'
+# heartbeats.  TEST_WORKERS=1: one module after another.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder,)
 
 test: setup

@@ -244,9 +244,11 @@ async def _chat_text(
 ) -> tuple[_Text, tuple[int, int] | None]:
     """A greedy streamed chat; with ``kill`` = (server, N), the thinker
     worker serving it (or its vLLM engine core) is killed once N content
-    chunks have arrived."""
+    chunks have arrived.  Long enough to stream in many chunks on a busy
+    machine too, where vLLM merges the outputs its client has not read yet
+    (a worker that fell behind by 64 tokens got them in one)."""
     stream = await client.chat.completions.create(
-        model=PIPELINE.name, messages=messages, temperature=0.0, seed=3, max_tokens=64,
+        model=PIPELINE.name, messages=messages, temperature=0.0, seed=3, max_tokens=192,
         stream=True, stream_options={"include_usage": True},
     )  # fmt: skip
     rid, pieces, usage, killed = "", [], None, None
