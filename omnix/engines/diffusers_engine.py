@@ -48,7 +48,6 @@ import asyncio
 import collections
 import inspect
 import json
-import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -72,7 +71,7 @@ from omnix.engines.diffusers_model import (
 )
 from omnix.engines.diffusers_prompts import call_guidance
 from omnix.events.types import Modality
-from omnix.models.paths import resolve_model
+from omnix.models.paths import resolve_model, stay_offline
 from omnix.pipelines.config import DiffusersArgs
 from omnix.pipelines.diffusion_cache import cfg_batch_problem, family_problem
 from omnix.transport.work import EngineInfo, EngineOutput, GenerateRequest, InputPiece
@@ -125,7 +124,7 @@ class DiffusersEngine:
             )
             if refused is not None:
                 raise ValueError(refused)
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        stay_offline()
         self.device = pick_device(self.args.device)
         refused = compile_problem(self.args.compile, self.device)
         if refused is not None:

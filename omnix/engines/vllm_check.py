@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator
 
 from omnix.engines.vllm_setup import engine_args
-from omnix.models.paths import resolve_model
+from omnix.models.paths import resolve_model, stay_offline
 from omnix.pipelines.config import PipelineConfig, VllmArgs
 from omnix.pipelines.vllm_args import one_line
 
@@ -59,8 +59,7 @@ def _quiet_environment() -> Iterator[None]:
     the model's config (the worker repeats them) kept out of the
     server's output meanwhile."""
     saved = dict(os.environ)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    stay_offline()
     quiet = logging.getLogger("transformers")
     level = quiet.level
     quiet.setLevel(logging.ERROR)

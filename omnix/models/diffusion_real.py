@@ -25,12 +25,11 @@ loading or running a folder (``omnix.engines``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from omnix.models.build import byte_tokenizer, quiet_hf
-from omnix.models.paths import built_once
+from omnix.models.paths import built_once, stay_offline
 from omnix.models.seeds import derived_seed, made_on, pad64
 
 Published = Literal["wan2.1-t2v-1.3b", "flux.1-dev"]
@@ -221,7 +220,7 @@ def _parameters(module: Any) -> int:
 
 
 def _save(pipe: Any, out: Path) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    stay_offline()
     with quiet_hf():
         pipe.save_pretrained(str(out))
 

@@ -21,13 +21,24 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from omnix.pipelines.hf_cache import hf_cached, is_hf_id
+
+#: What keeps Hugging Face's libraries from reaching a hub (omnix loads
+#: local folders only; a library reads these when it is imported).
+OFFLINE_ENV: Mapping[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def stay_offline(environ: MutableMapping[str, str] = os.environ) -> None:
+    """``OFFLINE_ENV`` into ``environ`` where it says nothing of its own."""
+    for name, value in OFFLINE_ENV.items():
+        environ.setdefault(name, value)
+
 
 #: The models ``omnix models init`` builds, in build order.
 TINY_MODELS: tuple[str, ...] = (

@@ -26,9 +26,9 @@ import contextlib
 import logging
 import os
 import secrets
+import subprocess
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import omnix
 from omnix.stages.placement import ENGINE_CPUS_ENV, CpuPlan
@@ -36,7 +36,7 @@ from omnix.stages.procs import Start, WorkerProcess, popen
 from omnix.stages.slots import Slot
 from omnix.stages.worker_cli import CPUS_ENV
 from omnix.stages.worker_process import AUTH_ENV, PARENT_ENV, TOKEN_ENV
-from omnix.stages.zygote import Zygote, ZygoteGone, shared_zygote, zygote_env
+from omnix.stages.zygote import ForkedProcess, Zygote, ZygoteGone, shared_zygote, zygote_env
 from omnix.transport.sockets import remove_endpoint_dir
 
 log = logging.getLogger("omnix.runtime")
@@ -149,7 +149,7 @@ class Spawner:
         if zygote is None:
             return cold
 
-        def start(out_fd: int) -> Any:
+        def start(out_fd: int) -> subprocess.Popen[bytes] | ForkedProcess:
             if not zygote.dead:
                 try:
                     # Its parent is the zygote, which dies with this process.

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from omnix.models.paths import stay_offline
 from omnix.stages.zygote_wire import MAX_MESSAGE, Exited, Fork, Forked, Ready, ZygoteMessage
 
 log = logging.getLogger("omnix.runtime")
@@ -222,7 +223,6 @@ def zygote_env(worker_env: Mapping[str, str]) -> dict[str, str]:
     the defaults a vLLM stage's worker sets before importing vLLM
     (``vllm_setup.set_env_defaults``), which its libraries read at import."""
     env = dict(worker_env)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    stay_offline(env)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return env
