@@ -29,6 +29,8 @@ BENCHES = {
     "duplex": "full-duplex frame latency (user frame in -> model frame out) p50/p99, frames "
     "late, by sessions: served, or the engine's tick alone (--sizes real: Moshi 7B on a GPU)",
     "placement": "--placement ray: start to /ready against spawn, a node lost -> its replica back",
+    "startup": "omnix serve start to ready, and the CPU its processes spent, warm workers "
+    "(forked from a zygote) against cold",
 }
 
 

@@ -226,6 +226,12 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
         "`omnix worker --connect ENDPOINT --stage NAME` (default: all)",
     )
     parser.add_argument(
+        "--cold-workers",
+        action="store_true",
+        help="start each spawned worker in a fresh Python rather than forking it from a process "
+        'that imported its engine\'s modules once (docs/runtime.md, "Warm starts")',
+    )
+    parser.add_argument(
         "--worker-token",
         default=os.environ.get("OMNIX_WORKER_TOKEN") or None,
         metavar="TOKEN",

@@ -94,6 +94,7 @@ def build_omni(
                 pin_server=True,
                 endpoint=args.workers_endpoint,
                 spawn=spawn,
+                fork_workers=not args.cold_workers,
                 worker_token=args.worker_token,
                 profile_dir=args.profile_dir,
                 placement=args.placement,

@@ -444,3 +444,16 @@ def test_placement():
         "load_average_start", "load_average_end",
     )  # fmt: skip
     assert out["lost_requests"] == 0
+
+
+def test_startup():
+    # One warm and one cold start of the Qwen3-TTS pipeline (torch and
+    # transformers to import, no vLLM: the quickest with a zygote).
+    out = bench("startup", "--pipeline", "tiny-tts", "--runs", "1", timeout=300)
+    assert_has_keys(
+        out,
+        "ready_s_warm_min", "ready_s_warm_median", "ready_s_cold_min", "ready_s_cold_median",
+        "cpu_s_warm_median", "cpu_s_cold_median", "ready_cold_over_warm", "cpu_cold_over_warm",
+        "load_avg_1m_before", "load_avg_1m_after",
+    )  # fmt: skip
+    assert out["pipeline"] == "tiny-tts" and out["runs"] == 1
