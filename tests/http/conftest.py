@@ -297,26 +297,23 @@ def with_long_answers(pipeline: PipelineConfig, frames: int) -> PipelineConfig:
     frame), of answers of at least two text tokens (one would leave the
     talker nothing to speak)."""
     pipeline = with_talker_sampling(pipeline, max_tokens=frames, min_tokens=frames)
-    return msgspec.structs.replace(
-        pipeline,
-        stages=tuple(
-            msgspec.structs.replace(st, sampling=msgspec.structs.replace(st.sampling, min_tokens=2))
-            if isinstance(st.engine, VllmArgs)
-            else st
-            for st in pipeline.stages
-        ),
-    )
+    return with_sampling(pipeline, VllmArgs, min_tokens=2)
 
 
 def with_talker_sampling(pipeline: PipelineConfig, **fields: Any) -> PipelineConfig:
     """``pipeline`` with its talkers' sampling defaults set to ``fields``
     (``StageParams``' names: ``temperature=0.0`` for greedy, ``max_tokens``
     for a bound on frames, which random weights never end by themselves)."""
+    return with_sampling(pipeline, TalkerArgs, **fields)
+
+
+def with_sampling(pipeline: PipelineConfig, engine: type, **fields: Any) -> PipelineConfig:
+    """``pipeline`` with the sampling defaults of its ``engine`` stages set to ``fields``."""
     return msgspec.structs.replace(
         pipeline,
         stages=tuple(
             msgspec.structs.replace(st, sampling=msgspec.structs.replace(st.sampling, **fields))
-            if isinstance(st.engine, TalkerArgs)
+            if isinstance(st.engine, engine)
             else st
             for st in pipeline.stages
         ),

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -22,6 +21,7 @@ from omnix.stages.worker_cli import CPUS_ENV
 from omnix.stages.worker_process import EXIT_NO_SERVER
 from omnix.stages.zygote import Zygote, zygote_env
 
+from ..waiting import wait_until_blocking
 from .conftest import pid_alive
 
 #: A worker that waits for a server nobody runs, then exits EXIT_NO_SERVER.
@@ -31,13 +31,6 @@ LONELY = ("--connect", "tcp://127.0.0.1:9", "--stage", "x", "--reconnect-for", "
 def _stat(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()
-
-
-def _until(pred, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {pred}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -59,7 +52,9 @@ def test_a_forked_worker_has_its_own_session_environment_cpus_and_output(zygote)
         proc = zygote.fork((*LONELY, "--hello-timeout", "30"), env, w, how.get("cpus", ()))
         os.close(w)
         try:
-            _until(lambda pid=proc.pid: os.sched_getaffinity(pid) == {cpu})
+            wait_until_blocking(
+                lambda pid=proc.pid: os.sched_getaffinity(pid) == {cpu}, "its CPUs", 10.0
+            )
             fields = _stat(proc.pid)
             assert int(fields[1]) == zygote.pid  # its parent
             assert int(fields[3]) == proc.pid  # the leader of its own session
@@ -88,7 +83,7 @@ def test_a_killed_zygote_takes_its_workers_down_and_says_so() -> None:
     os.close(r)
     os.kill(z.proc.pid, signal.SIGKILL)
     assert proc.wait(10) == -signal.SIGKILL
-    _until(lambda: not pid_alive(proc.pid))
+    wait_until_blocking(lambda: not pid_alive(proc.pid), "the worker gone", 10.0)
     assert z.dead
 
 
@@ -107,7 +102,7 @@ def test_a_zygote_dies_with_the_process_that_started_it(tmp_path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
     pid = int(out.stdout.split()[0])
-    _until(lambda: not pid_alive(pid))
+    wait_until_blocking(lambda: not pid_alive(pid), "the zygote gone", 10.0)
 
 
 @pytest.mark.asyncio(loop_scope="session")
