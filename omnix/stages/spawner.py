@@ -36,7 +36,14 @@ from omnix.stages.procs import Start, WorkerProcess, popen
 from omnix.stages.slots import Slot
 from omnix.stages.worker_cli import CPUS_ENV
 from omnix.stages.worker_process import AUTH_ENV, PARENT_ENV, TOKEN_ENV
-from omnix.stages.zygote import ForkedProcess, Zygote, ZygoteGone, shared_zygote, zygote_env
+from omnix.stages.zygote import (
+    ForkedProcess,
+    Zygote,
+    ZygoteGone,
+    acquire_zygote,
+    release_zygote,
+    zygote_env,
+)
 from omnix.transport.sockets import remove_endpoint_dir
 
 log = logging.getLogger("omnix.runtime")
@@ -170,10 +177,11 @@ class Spawner:
         if not self.preload:
             return
         env = zygote_env(worker_environ(os.environ, self.worker_env))
-        zygote = shared_zygote(self.python, self.preload, env)
+        zygote = acquire_zygote(self.python, self.preload, env)
         if await asyncio.to_thread(zygote.wait_ready, 300.0):
             self.zygote = zygote
         else:
+            release_zygote(zygote)
             log.warning("the workers' zygote did not start; starting workers in a fresh Python")
 
     def stop(self, slot: Slot) -> None:
@@ -218,6 +226,9 @@ class Spawner:
             p.poll()
             p.kill()  # any grandchildren left in its group
             p.close()
+        if self.zygote is not None:
+            release_zygote(self.zygote)
+            self.zygote = None
 
 
 def _kill_if_running(proc: WorkerProcess) -> None:

@@ -118,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
         format=f"%(asctime)s %(levelname)s worker[{args.stage}/{args.replica}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from omnix.engines.vllm_setup import fresh_process
     from omnix.stages.worker import AUTH_ENV, PARENT_ENV, TOKEN_ENV, Worker, exit_without_finalizing
+
+    fresh_process()  # nothing computed yet: a vLLM engine core may fork from here
 
     # Popped: the engine's own processes need none of these.
     auth = os.environ.pop(AUTH_ENV, "")

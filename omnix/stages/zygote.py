@@ -6,10 +6,12 @@ engines a runtime spawns (torch, transformers' Qwen3-Omni model code,
 vLLM) and forks each worker from itself (``fork``), and ``ForkedProcess``,
 one forked worker as ``procs.WorkerProcess`` watches it (the part of
 ``subprocess.Popen`` it uses: ``pid``, ``poll``, ``wait``,
-``returncode``), its exit status told by the zygote.  ``shared_zygote``
-keeps one zygote per Python, module list and environment for the whole
-process: the servers of a test session share theirs, and a worker the
-runtime restarts is forked warm.
+``returncode``), its exit status told by the zygote.  ``acquire_zygote``
+and ``release_zygote`` share one zygote per Python, module list and
+environment among a process's runtimes: the servers of a test session
+share theirs, and a worker the runtime restarts is forked warm.  One idle
+zygote is kept for the next runtime like it; starting one of another kind
+closes the idle ones (each holds a few hundred MB).
 
 Why: a cold worker of tiny-omni spends ~4 CPU-s importing transformers'
 model code (talker, code2wav) and ~9 importing vLLM (thinker) before it
@@ -111,6 +113,8 @@ class Zygote:
         self.modules = tuple(modules)
         self.pid = 0  # the zygote's, once ready: its workers' parent
         self.dead = False
+        self.users = 0  # the runtimes using it (``acquire_zygote``)
+        self._closing = False
         self._sock = ours
         self._tickets = itertools.count()
         self._send_lock = threading.Lock()
@@ -148,6 +152,7 @@ class Zygote:
 
     def close(self) -> None:
         """Its end of the socket closed: the zygote exits (its workers stay)."""
+        self._closing = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
@@ -179,7 +184,9 @@ class Zygote:
         self._died()
 
     def _died(self) -> None:
-        """Its workers could report no exit now: killed, and told so."""
+        """Its workers could report no exit now: killed, and told so.  Closed
+        on purpose (``close``), those it still tracks are left alone: their
+        runtimes have stopped them already."""
         self.dead = True
         with self._state:
             children, self._children = self._children, {}
@@ -189,9 +196,13 @@ class Zygote:
         self._ready.set()
         with contextlib.suppress(OSError):
             self._sock.close()
+        if self._closing:
+            children = {}
         for pid, child in children.items():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+            # By pid too: a child forked a moment ago may not lead its group yet.
+            for kill in (os.kill, os.killpg):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(pid, signal.SIGKILL)
             child.exited(-signal.SIGKILL)
         if children:
             log.warning(
@@ -203,19 +214,40 @@ class Zygote:
             self.proc.wait(5.0)
 
 
-_shared: dict[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], Zygote] = {}
+_Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
+_shared: dict[_Key, Zygote] = {}
 _shared_lock = threading.Lock()
+#: Variables that differ from one runtime to the next and that no library
+#: reads at import: left out of the key (a worker still gets its own).
+_NOT_READ_AT_IMPORT = frozenset({"PYTEST_CURRENT_TEST"})
 
 
-def shared_zygote(python: str, modules: Sequence[str], env: Mapping[str, str]) -> Zygote:
+def acquire_zygote(python: str, modules: Sequence[str], env: Mapping[str, str]) -> Zygote:
     """This process's zygote for ``python``, ``modules`` and ``env``
-    (``zygote_env``), started if there is none alive."""
-    key = (python, tuple(modules), tuple(sorted(env.items())))
+    (``zygote_env``), started if there is none alive; hand it back with
+    ``release_zygote`` once its runtime has stopped its workers."""
+    key = (
+        python,
+        tuple(modules),
+        tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_READ_AT_IMPORT)),
+    )
     with _shared_lock:
         zygote = _shared.get(key)
         if zygote is None or zygote.dead:
+            for other_key, other in list(_shared.items()):
+                if other.users == 0 or other.dead:
+                    other.close()
+                    del _shared[other_key]
             zygote = _shared[key] = Zygote(python, modules, env)
+        zygote.users += 1
         return zygote
+
+
+def release_zygote(zygote: Zygote) -> None:
+    """One runtime less uses ``zygote``; the last leaves it idle, alive for
+    the next runtime like it until one of another kind starts."""
+    with _shared_lock:
+        zygote.users -= 1
 
 
 def zygote_env(worker_env: Mapping[str, str]) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 A forked worker is the zygote's child in a session of its own, with the
 environment, CPUs and output pipe it was given, and its exit status
-(code or signal) comes back; a zygote killed with SIGKILL takes its
+(code or signal) comes back; runtimes alike share one zygote, and an idle
+one goes when one of another kind starts; a zygote killed with SIGKILL takes its
 workers down and says so, and the runtime then starts them cold; a zygote
 dies with the process that started it."""
 
@@ -19,7 +20,7 @@ import pytest
 from omnix.pipelines.config import CodecArgs, PipelineConfig, StageConfig
 from omnix.stages.worker_cli import CPUS_ENV
 from omnix.stages.worker_process import EXIT_NO_SERVER
-from omnix.stages.zygote import Zygote, zygote_env
+from omnix.stages.zygote import Zygote, acquire_zygote, release_zygote, zygote_env
 
 from ..waiting import wait_until_blocking
 from .conftest import pid_alive
@@ -103,6 +104,25 @@ def test_a_zygote_dies_with_the_process_that_started_it(tmp_path) -> None:
     )
     pid = int(out.stdout.split()[0])
     wait_until_blocking(lambda: not pid_alive(pid), "the zygote gone", 10.0)
+
+
+def test_runtimes_alike_share_a_zygote_and_one_of_another_kind_closes_the_idle_one() -> None:
+    env = zygote_env(os.environ)
+    first = acquire_zygote(sys.executable, (), {**env, "PYTEST_CURRENT_TEST": "a"})
+    # Another test's runtime: pytest's variable is no reason for a zygote of its own.
+    same = acquire_zygote(sys.executable, (), {**env, "PYTEST_CURRENT_TEST": "b"})
+    assert same is first and first.users == 2
+    release_zygote(same)
+    release_zygote(first)
+    assert first.wait_ready(60) and not first.dead  # idle, kept for the next runtime like it
+    busy = acquire_zygote(sys.executable, (), {**env, "OMNIX_TEST_KIND": "busy"})
+    wait_until_blocking(lambda: first.dead, "the idle zygote closed", 10.0)
+    wait_until_blocking(lambda: first.proc.poll() is not None, "its process gone", 10.0)
+    other = acquire_zygote(sys.executable, (), {**env, "OMNIX_TEST_KIND": "other"})
+    assert other is not busy and not busy.dead  # in use: kept
+    for z in (busy, other):
+        release_zygote(z)
+        assert z.wait_ready(60)
 
 
 @pytest.mark.asyncio(loop_scope="session")

