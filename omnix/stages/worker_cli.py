@@ -118,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
         format=f"%(asctime)s %(levelname)s worker[{args.stage}/{args.replica}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from omnix.engines.vllm_setup import fresh_process
     from omnix.stages.worker import AUTH_ENV, PARENT_ENV, TOKEN_ENV, Worker, exit_without_finalizing
+    from omnix.stages.worker_process import FRESH_ENV
 
-    fresh_process()  # nothing computed yet: a vLLM engine core may fork from here
+    os.environ[FRESH_ENV] = "1"  # nothing computed yet: its engine may fork from here
 
     # Popped: the engine's own processes need none of these.
     auth = os.environ.pop(AUTH_ENV, "")

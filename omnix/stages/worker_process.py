@@ -22,6 +22,10 @@ import sys
 TOKEN_ENV = "OMNIX_WORKER_INCARNATION"  # set by the runtime for the workers it spawns
 AUTH_ENV = "OMNIX_WORKER_TOKEN"  # the shared secret a server started with --worker-token requires
 PARENT_ENV = "OMNIX_PARENT_PID"  # the spawning runtime's pid: die with it
+#: Set by a worker's entry point, taken by its first engine: this process
+#: has computed nothing yet, so a child may be forked from it
+#: (``omnix.engines.vllm_setup.fork_engine_core``).
+FRESH_ENV = "OMNIX_FRESH_PROCESS"
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
