@@ -457,3 +457,6 @@ def test_startup():
         "load_avg_1m_before", "load_avg_1m_after",
     )  # fmt: skip
     assert out["pipeline"] == "tiny-tts" and out["runs"] == 1
+    # Each start was timed and its processes' CPU counted (the server alone spends seconds).
+    for kind in ("warm", "cold"):
+        assert out[f"ready_s_{kind}_min"] > 0 and out[f"cpu_s_{kind}_median"] >= 1.0, out
